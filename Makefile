@@ -1,0 +1,27 @@
+# Two entry points a newcomer needs: `make demo` and `make test`. Both create ./.venv.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: venv demo install-test test lint bench
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+venv: $(BIN)/python
+
+# Install kvbucket with what the demo needs (torch CPU + transformers), then run it.
+demo: venv
+	$(BIN)/pip install -q -e '.[transformers]'
+	$(BIN)/kvbucket demo
+
+install-test: venv
+	$(BIN)/pip install -q -e '.[test,transformers]'
+
+lint: install-test
+	$(BIN)/ruff check src tests benchmarks
+
+# The whole suite. Tests start their own servers (Hub emulator, S3 server) on 127.0.0.1.
+test: install-test lint
+	$(BIN)/python -m pytest -q

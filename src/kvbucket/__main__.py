@@ -1,0 +1,3 @@
+from kvbucket.cli import main
+
+main()

@@ -1,0 +1,39 @@
+"""Exception types shared by every layer.
+
+Messages are written for the person who has to fix the problem: they say what is wrong and
+what to do. They never contain tokens or secrets (see ``kvbucket.secrets``).
+"""
+
+from __future__ import annotations
+
+
+class KVBucketError(Exception):
+    """Base class of every error kvbucket raises on purpose."""
+
+
+class ConfigError(KVBucketError, ValueError):
+    """A configuration value is missing, unknown or of the wrong type."""
+
+
+class InvalidKeyError(KVBucketError, ValueError):
+    """A cache key or object name is malformed or would escape its prefix."""
+
+
+class StoreError(KVBucketError):
+    """An object store operation failed (network, permissions, server)."""
+
+
+class NotFoundError(StoreError):
+    """The bucket, container or object does not exist."""
+
+
+class AuthError(StoreError):
+    """Credentials are missing, wrong, or lack the needed permission."""
+
+
+class TransientStoreError(StoreError):
+    """A failure worth retrying (throttling, 5xx, timeout, dropped connection)."""
+
+
+class SizeMismatchError(StoreError):
+    """A stored object's size is not what the caller expected (e.g. not a full chunk)."""

@@ -1,0 +1,53 @@
+"""Object stores behind one protocol, chosen by URL.
+
+``open_store(url)`` picks the implementation from the URL scheme:
+
+- ``memory://[name]``: :class:`MemoryStore` (tests)
+- ``file:///abs/dir`` or a bare path: ``FileStore`` (the embedded default)
+- ``hf://buckets/<namespace>/<bucket>[/<prefix>]``: ``HFBucketStore``
+- ``s3://<bucket>[/<prefix>]``: ``S3Store``
+
+Backends register themselves in ``_OPENERS`` lazily so that importing kvbucket does not import
+every client library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from kvbucket.errors import ConfigError
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_name
+from kvbucket.stores.memory import MemoryStore
+
+# scheme -> "module:function" taking (url, **options) and returning an ObjectStore
+_OPENERS: dict[str, str] = {
+    "memory": "kvbucket.stores.memory:MemoryStore",
+    "file": "kvbucket.stores.file:open_file_store",
+    "hf": "kvbucket.stores.hfbucket:open_hfbucket_store",
+    "s3": "kvbucket.stores.s3:open_s3_store",
+}
+
+
+def open_store(url: str, **options: Any) -> ObjectStore:
+    """Open the object store a URL names. Unknown schemes get an error listing the known ones."""
+    if not isinstance(url, str) or not url:
+        raise ConfigError("a store URL is required, e.g. file:///var/cache/kvbucket or hf://buckets/org/name")
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        scheme = "file"
+    if scheme == "memory":
+        return MemoryStore(url.partition("://")[2])
+    target = _OPENERS.get(scheme)
+    if target is None:
+        known = ", ".join(f"{s}://" for s in _OPENERS)
+        raise ConfigError(f"unknown store URL scheme {scheme!r} in {url!r}; use one of {known} or a path")
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:  # pragma: no cover - depends on installed extras
+        raise ConfigError(f"the {scheme}:// store is not available: {e}") from e
+    return getattr(module, attr)(url, **options)
+
+
+__all__ = ["Buffer", "ItemResult", "MemoryStore", "ObjectInfo", "ObjectStore", "check_name", "open_store"]

@@ -1,0 +1,218 @@
+"""The object-store protocol: a flat namespace of immutable blobs, batch-first.
+
+Every persistent tier of kvbucket (chunk backends, L2 adapters, the compile cache, the CLI) is
+written once against :class:`ObjectStore`. A store holds objects under *names*: relative,
+``/``-separated paths that can never climb out of the store's prefix (see :func:`check_name`).
+
+All verbs take batches and answer with one :class:`ItemResult` per input, in input order,
+because remote batches can partly fail and callers must count exactly what landed. A verb
+raises only when the whole call is unusable (bad arguments, closed store); per-object
+failures are reported in the results.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError
+
+# Anything exposing the buffer protocol: bytes, bytearray, memoryview, numpy arrays,
+# contiguous CPU torch tensors viewed through ``memoryview(t.numpy())``.
+Buffer: TypeAlias = Any
+
+MAX_NAME_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """The outcome of one object in a batch.
+
+    ``size`` is the object's size when it exists (stored, found, or removed), ``None`` when it is
+    missing. ``data`` is set by ``get_many``: the caller's buffer when one was given, else a
+    bytes-like object. ``error`` is set when this item failed; ``size``/``data`` are then ``None``.
+    """
+
+    name: str
+    size: int | None = None
+    data: Buffer | None = None
+    error: StoreError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def found(self) -> bool:
+        return self.error is None and self.size is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One entry of a listing. ``mtime`` is seconds since the epoch when the store knows it."""
+
+    name: str
+    size: int
+    mtime: float | None = None
+
+
+def check_name(name: str) -> str:
+    """Validate an object name and return it, or raise :class:`InvalidKeyError`.
+
+    A name is a relative path of non-empty segments joined by ``/``; it has no ``.``/``..``
+    segment, no backslash, no NUL or other control character, and at most 1,024 UTF-8 bytes.
+    These rules make it impossible for a name to escape the store's prefix on any backend
+    (a directory, S3, a bucket).
+    """
+    if not isinstance(name, str):
+        raise InvalidKeyError(f"object name must be a str, got {type(name).__name__}")
+    if not name:
+        raise InvalidKeyError("object name is empty")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise InvalidKeyError(f"object name is longer than {MAX_NAME_BYTES} bytes: {name[:60]!r}...")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise InvalidKeyError(f"object name contains a control character: {name!r}")
+    if "\\" in name:
+        raise InvalidKeyError(f"object name contains a backslash: {name!r}")
+    for seg in name.split("/"):
+        if seg in ("", ".", ".."):
+            raise InvalidKeyError(
+                f"object name {name!r} has an empty, '.' or '..' segment; names are relative "
+                "paths that cannot leave the store's prefix"
+            )
+    return name
+
+
+def check_prefix(prefix: str) -> str:
+    """Normalise a store prefix (``""`` or a valid name without a trailing slash)."""
+    prefix = prefix.strip("/")
+    return check_name(prefix) if prefix else ""
+
+
+def check_buffer_size(name: str, size: int, buffer: Buffer) -> memoryview:
+    """Return a writable byte view of ``buffer`` when it holds exactly ``size`` bytes.
+
+    Reads into caller buffers must never write past (or short of) the buffer, so a size
+    difference is an error for that item, and the buffer is left untouched.
+    """
+    view = memoryview(buffer)
+    if view.readonly:
+        raise InvalidKeyError(f"the buffer given for {name!r} is read-only")
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    if view.nbytes != size:
+        raise SizeMismatchError(f"object {name!r} has {size} bytes but the buffer given for it has {view.nbytes}")
+    return view
+
+
+class ObjectStore(abc.ABC):
+    """A flat namespace of immutable blobs. Implementations are thread-safe.
+
+    Subclasses implement the five batch verbs. Names passed in are validated with
+    :func:`check_name` by the subclass (through :meth:`_names`); listing yields names relative
+    to the store's prefix, so ``list()`` output can be fed back to ``get_many``.
+    """
+
+    #: A URL naming this store, safe to print (never holds credentials).
+    url: str = ""
+
+    # ---- the protocol -------------------------------------------------------------------
+    @abc.abstractmethod
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        """Store each (name, bytes-like). Overwrites. ``size`` of a result is the bytes stored."""
+
+    @abc.abstractmethod
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        """Read objects. A missing object is a result with ``size=None`` and no error.
+
+        With ``out``, ``out[i]`` (when not None) is a writable buffer that receives object i;
+        its length must equal the object's size, otherwise that item fails with
+        :class:`SizeMismatchError` and the buffer is not written.
+        """
+
+    @abc.abstractmethod
+    def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        """Sizes of objects (``size=None`` when missing)."""
+
+    @abc.abstractmethod
+    def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        """Remove objects. Removing a missing object succeeds with ``size=None``.
+
+        ``size`` is the removed object's size when the store knows it cheaply, else ``None``.
+        """
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
+        """Lazily list objects whose name starts with ``prefix`` (a plain string prefix)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and threads. Idempotent."""
+
+    # ---- conveniences built on the protocol --------------------------------------------
+    def put(self, name: str, data: Buffer) -> int:
+        (r,) = self.put_many([(name, data)])
+        if r.error is not None:
+            raise r.error
+        return int(r.size or 0)
+
+    def get(self, name: str) -> bytes | None:
+        (r,) = self.get_many([name])
+        if r.error is not None:
+            raise r.error
+        return None if r.data is None else bytes(r.data)
+
+    def get_into(self, name: str, buffer: Buffer) -> bool:
+        """Read ``name`` into ``buffer``; False when missing, raises on a size mismatch."""
+        (r,) = self.get_many([name], [buffer])
+        if r.error is not None:
+            raise r.error
+        return r.size is not None
+
+    def head(self, name: str) -> int | None:
+        (r,) = self.head_many([name])
+        if r.error is not None:
+            raise r.error
+        return r.size
+
+    def exists(self, name: str) -> bool:
+        return self.head(name) is not None
+
+    def delete(self, name: str) -> None:
+        (r,) = self.delete_many([name])
+        if r.error is not None:
+            raise r.error
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # ---- helpers for implementations ----------------------------------------------------
+    @staticmethod
+    def _names(names: Sequence[str]) -> list[str]:
+        return [check_name(n) for n in names]
+
+
+def raise_first_error(results: Sequence[ItemResult]) -> None:
+    """Raise the first per-item error of a batch (for callers that want all-or-nothing)."""
+    for r in results:
+        if r.error is not None:
+            raise r.error
+
+
+__all__ = [
+    "Buffer",
+    "ItemResult",
+    "ObjectInfo",
+    "ObjectStore",
+    "StoreError",
+    "check_buffer_size",
+    "check_name",
+    "check_prefix",
+    "raise_first_error",
+]
