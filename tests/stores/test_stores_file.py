@@ -225,3 +225,28 @@ def test_write_failure_is_a_per_item_error_and_cleans_its_temp(tmp_path: Path) -
     assert "dir" in str(results[2].error) and "directory" in str(results[2].error)
     assert _tmp_files(tmp_path) == [], "a failed put removes its temp file"
     assert store.get("file") == b"1" and store.get("dir/x") == b"2"
+
+
+def test_fsync_covers_files_and_directories_once_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path / "r", fsync=True)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    results = store.put_many([("top", b"1"), ("new/dir/a", b"2"), ("new/dir/b", b"3")])
+    assert all(r.ok for r in results)
+    root = str(tmp_path / "r")
+    files = [p for p in synced if p.startswith(f"{root}/{TMP_DIR_NAME}/")]
+    dirs = [p for p in synced if p not in files]
+    assert len(files) == 3, "each object's data is synced before its rename"
+    # the renames' directories, plus the parents of the directories this batch created
+    assert sorted(dirs) == sorted([root, f"{root}/new/dir", f"{root}/new"])
+    synced.clear()
+    FileStore(tmp_path / "r2").put("x", b"1")
+    assert synced == [], "fsync is off by default"

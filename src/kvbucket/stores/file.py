@@ -147,17 +147,29 @@ class FileStore(ObjectStore):
                 raise ValueError(f"data for {n!r} is not a contiguous buffer; pass a contiguous copy")
             views.append(v.cast("B") if v.format != "B" or v.ndim != 1 else v)
         self._ensure_tmp_dir()
-        results = []
-        for n, v in zip(names, views, strict=True):
+        results: list[ItemResult] = []
+        to_sync: dict[str, list[int]] = {}  # directory -> indexes of the items waiting on its fsync
+        for i, (n, v) in enumerate(zip(names, views, strict=True)):
             try:
-                self._put_one(n, v)
+                dirs = self._put_one(n, v)
             except OSError as e:
                 results.append(ItemResult(n, error=_store_error("write", n, e)))
-            else:
-                results.append(ItemResult(n, size=v.nbytes))
+                continue
+            results.append(ItemResult(n, size=v.nbytes))
+            for d in dirs:
+                to_sync.setdefault(d, []).append(i)
+        # One fsync per directory per batch (not per object): the renames are durable before
+        # put_many returns, which is when they count as stored.
+        for d, idxs in to_sync.items():
+            try:
+                self._fsync_dir(d)
+            except OSError as e:
+                for i in idxs:
+                    results[i] = ItemResult(names[i], error=_store_error("make durable", names[i], e))
         return results
 
-    def _put_one(self, name: str, view: memoryview) -> None:
+    def _put_one(self, name: str, view: memoryview) -> list[str]:
+        """Write one object atomically; return the directories whose fsync makes it durable."""
         tmp = os.path.join(self._tmp, uuid.uuid4().hex)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC, FILE_MODE)
         try:
@@ -190,10 +202,9 @@ class FileStore(ObjectStore):
                     raise NotADirectoryError(
                         errno.ENOTDIR, "a leading part of this name is an object, so it cannot be a directory"
                     ) from None
-            if self.fsync:
-                self._fsync_dir(os.path.dirname(dest))
-                for d in created:
-                    self._fsync_dir(os.path.dirname(d))
+            if not self.fsync:
+                return []
+            return [os.path.dirname(dest), *(os.path.dirname(d) for d in created)]
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
