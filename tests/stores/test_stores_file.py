@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -250,3 +251,44 @@ def test_fsync_covers_files_and_directories_once_per_batch(
     synced.clear()
     FileStore(tmp_path / "r2").put("x", b"1")
     assert synced == [], "fsync is off by default"
+
+
+def test_segment_longer_than_filesystem_limit_is_refused_clearly(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    store.put("d/" + "x" * limit, b"at the limit is fine")
+    with pytest.raises(InvalidKeyError, match=f"allows {limit} per file"):
+        store.put_many([("ok", b"1"), ("d/" + "é" * (limit // 2 + 1), b"2")])
+    assert store.head("ok") is None
+
+
+def test_concurrent_puts_and_deletes_in_shared_directories(tmp_path: Path) -> None:
+    """Deletes prune emptied directories while other threads put into them: no put may fail."""
+
+    store = FileStore(tmp_path)
+    errors: list[str] = []
+    rounds = 150
+
+    def worker(w: int) -> None:
+        for i in range(rounds):
+            name = f"shared/{i % 3}/w{w}"
+            (r,) = store.put_many([(name, f"{w}-{i}".encode())])
+            if not r.ok:
+                errors.append(str(r.error))
+            elif i % 2:  # odd rounds remove what they wrote, pruning the directory when it empties
+                (d,) = store.delete_many([name])
+                if not d.ok:
+                    errors.append(str(d.error))
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    # Each name belongs to one worker, so its final state is that of its last round.
+    for w in range(4):
+        for k in range(3):
+            last = max(i for i in range(rounds) if i % 3 == k)
+            expected = None if last % 2 else f"{w}-{last}".encode()
+            assert store.get(f"shared/{k}/w{w}") == expected
