@@ -186,7 +186,12 @@ class FileStore(ObjectStore):
     def _put_one(self, name: str, view: memoryview) -> list[str]:
         """Write one object atomically; return the directories whose fsync makes it durable."""
         tmp = os.path.join(self._tmp, uuid.uuid4().hex)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC, FILE_MODE)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, FILE_MODE)
+        except FileNotFoundError:  # the temp dir was removed behind our back (e.g. rm -rf): recreate
+            os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
+            fd = os.open(tmp, flags, FILE_MODE)
         try:
             try:
                 written = 0
