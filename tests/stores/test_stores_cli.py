@@ -174,7 +174,7 @@ def test_ls_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    FileStore(tmp_path / "p").put_many([(f"o{i:05d}", b"") for i in range(20000)])
+    FileStore(tmp_path / "p").put_many([(f"o{i:05d}", b"") for i in range(6000)])
     proc = subprocess.run(
         f"{sys.executable} -m kvbucket ls {tmp_path / 'p'} | head -n 2",
         shell=True, capture_output=True, text=True, timeout=60,
