@@ -340,3 +340,17 @@ def test_killed_from_outside_while_writing_in_a_loop(tmp_path: Path) -> None:
     data = store.get("looped")
     assert data is not None and len(data) == BIG and data == data[:1] * BIG, "a torn or partial value"
     assert [i.name for i in store.list()] == ["looped"]
+
+
+def test_sweep_skips_what_it_cannot_remove(tmp_path: Path) -> None:
+    FileStore(tmp_path).put("a", b"1")
+    odd = tmp_path / TMP_DIR_NAME / "a-directory"
+    odd.mkdir()
+    stale = tmp_path / TMP_DIR_NAME / "stale"
+    stale.write_bytes(b"partial")
+    old = time.time() - 3600
+    os.utime(odd, (old, old))
+    os.utime(stale, (old, old))
+    store = FileStore(tmp_path)  # must open despite the directory it cannot unlink
+    assert odd.exists() and not stale.exists()
+    assert store.get("a") == b"1"

@@ -388,7 +388,9 @@ class FileStore(ObjectStore):
                             removed += 1
                     except FileNotFoundError:
                         continue  # renamed into place or swept by another process meanwhile
-        except FileNotFoundError:
+                    except OSError:
+                        continue  # not ours to remove (a directory, read-only mount): opening must not fail
+        except (FileNotFoundError, NotADirectoryError):
             return 0
         return removed
 
