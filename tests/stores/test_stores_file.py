@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbucket.errors import ConfigError, InvalidKeyError, NotFoundError
+from kvbucket.errors import ConfigError, InvalidKeyError, NotFoundError, StoreError
 from kvbucket.stores import open_store
 from kvbucket.stores.file import TMP_DIR_NAME, FileStore, open_file_store
 
@@ -354,3 +354,12 @@ def test_sweep_skips_what_it_cannot_remove(tmp_path: Path) -> None:
     store = FileStore(tmp_path)  # must open despite the directory it cannot unlink
     assert odd.exists() and not stale.exists()
     assert store.get("a") == b"1"
+
+
+def test_unwritable_root_is_a_store_error(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    root.mkdir()
+    store = FileStore(root)
+    (root / TMP_DIR_NAME).write_bytes(b"a file where the temp dir should be")
+    with pytest.raises(StoreError, match="cannot write to store directory"):
+        store.put("x", b"1")

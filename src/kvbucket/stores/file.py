@@ -123,7 +123,13 @@ class FileStore(ObjectStore):
 
     def _ensure_tmp_dir(self) -> None:
         if not self._tmp_ready:
-            os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
+            try:
+                os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
+            except OSError as e:
+                raise StoreError(
+                    f"cannot write to store directory {self._root_str!r}: creating {TMP_DIR_NAME} "
+                    f"failed: {e.strerror}"
+                ) from None
             self._tmp_ready = True
 
     def _make_parents(self, name: str) -> list[str]:
