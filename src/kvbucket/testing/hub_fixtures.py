@@ -78,23 +78,49 @@ class HubBucket:
         return self.hub.api()
 
 
-def isolate_hf_env(home: Path) -> dict[str, str | None]:
-    """Point huggingface_hub/hf_xet at a private HF_HOME; returns the previous values to restore."""
-    saved = {k: os.environ.get(k) for k in _ENV_VARS}
+_CONSTANTS = (
+    "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN_PATH", "HF_STORED_TOKENS_PATH", "HF_XET_CACHE",
+    "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS",
+)  # fmt: skip
+
+
+def isolate_hf_env(home: Path) -> dict[str, Any]:
+    """Point huggingface_hub/hf_xet at a private HF_HOME; returns what to give ``restore_env``.
+
+    huggingface_hub reads these variables once, at import, into ``huggingface_hub.constants``;
+    test modules usually import it before any fixture runs, so the constants are patched too.
+    Otherwise a client created with ``token=None`` would send the developer's real stored token.
+    hf_xet reads ``HF_XET_CACHE``/``HF_HOME`` itself when its session is first created.
+    """
+    saved: dict[str, Any] = {"env": {k: os.environ.get(k) for k in _ENV_VARS}}
     os.environ["HF_HOME"] = str(home)
     os.environ["HF_XET_CACHE"] = str(home / "xet")
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     os.environ.pop("HF_TOKEN", None)
+    from huggingface_hub import constants
+
+    saved["constants"] = {k: getattr(constants, k) for k in _CONSTANTS}
+    new = {
+        "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"), "HF_TOKEN_PATH": str(home / "token"),
+        "HF_STORED_TOKENS_PATH": str(home / "stored_tokens"), "HF_XET_CACHE": str(home / "xet"),
+        "HF_HUB_DISABLE_TELEMETRY": True, "HF_HUB_DISABLE_PROGRESS_BARS": True,
+    }  # fmt: skip
+    for k, v in new.items():
+        setattr(constants, k, v)
     return saved
 
 
-def restore_env(saved: dict[str, str | None]) -> None:
-    for k, v in saved.items():
+def restore_env(saved: dict[str, Any]) -> None:
+    for k, v in saved["env"].items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    from huggingface_hub import constants
+
+    for k, v in saved["constants"].items():
+        setattr(constants, k, v)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import sqlite3
@@ -44,6 +45,7 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+@functools.lru_cache(maxsize=65536)  # a batch shares one mtime; listings repeat them
 def ms_to_iso(ms: int) -> str:
     when = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -167,19 +169,14 @@ class State:
     _FILE_COLS = "path, xet_hash, size, mtime, uploaded_at, content_type"
 
     def get_files(self, bucket_id: str, paths: list[str]) -> list[FileRow]:
-        out: list[FileRow] = []
+        """The rows of ``paths`` that exist, in the order asked (one query, whatever the count)."""
         with self._lock:
-            for i in range(0, len(paths), 500):
-                part = paths[i : i + 500]
-                marks = ",".join("?" * len(part))
-                rows = self._db.execute(
-                    f"SELECT {self._FILE_COLS} FROM files WHERE bucket = ? AND path IN ({marks})",
-                    (bucket_id, *part),
-                ).fetchall()
-                out.extend(self._file_row(r) for r in rows)
-        order = {p: i for i, p in enumerate(paths)}
-        out.sort(key=lambda f: order[f.path])
-        return out
+            rows = self._db.execute(
+                "SELECT f.path, f.xet_hash, f.size, f.mtime, f.uploaded_at, f.content_type"
+                " FROM json_each(?) AS p JOIN files AS f ON f.bucket = ? AND f.path = p.value ORDER BY p.key",
+                (json.dumps(paths), bucket_id),
+            ).fetchall()
+        return [self._file_row(r) for r in rows]
 
     def iter_files(self, bucket_id: str, prefix: str, after: str | None = None) -> Iterator[FileRow]:
         """Files whose path starts with ``prefix`` (lexically, as the Hub does), in path order."""
@@ -268,7 +265,7 @@ class State:
         self._xorb_cache[xorb_hex] = idx
         return idx
 
-    def put_xorb(self, idx: XorbIndex, data: bytes) -> bool:
+    def put_xorb(self, idx: XorbIndex, data: bytes | bytearray) -> bool:
         """Store a verified xorb; False if it was already there. Body first, then the index row."""
         if self.has_xorb(idx.hash_hex):
             return False
