@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -191,3 +192,40 @@ def test_cli_serve_prints_endpoint_and_never_the_secret(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert "cli-super-secret" not in out + err + line
     assert "cli (write)" in err
+
+
+def test_no_token_in_logs_or_error_replies(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from huggingface_hub.errors import HfHubHTTPError
+
+    secret, reader = "tok-write-0123456789", "tok-read-0123456789"
+    with (
+        caplog.at_level(logging.DEBUG),
+        HubEmulator(tmp_path / "d", {"w": (secret, "write"), "r": (reader, "read")}) as emu,
+    ):
+        api = HfApi(endpoint=emu.endpoint, token=secret)
+        api.create_bucket("w/logs", private=True)
+        api.batch_bucket_files("w/logs", add=[(b"x" * 1000, "f")])
+        replies = []
+        for token in ("tok-wrong-0123456789", reader):
+            with pytest.raises((HfHubHTTPError, ConnectionError)) as e:
+                HfApi(endpoint=emu.endpoint, token=token).batch_bucket_files("w/logs", delete=["f"])
+            replies.append(str(e.value))
+            if isinstance(e.value, HfHubHTTPError):
+                replies.append(e.value.response.text + str(dict(e.value.response.headers)))
+        xet = api._build_hf_headers()  # a Xet token, then a bad xorb logged as refused
+        req = urllib.request.Request(f"{emu.endpoint}/api/buckets/w/logs/xet-write-token", headers=xet)
+        with urllib.request.urlopen(req) as r:
+            xet_token = json.loads(r.read())["accessToken"]
+        bad = urllib.request.Request(
+            f"{emu.endpoint}/cas/v1/xorbs/default/{'ab' * 32}",
+            data=b"\x00" * 16,
+            headers={"Authorization": f"Bearer {xet_token}"},
+        )
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(bad)
+    assert "refused xorb" in caplog.text  # the refusal was logged...
+    for s in (secret, reader, "tok-wrong-0123456789", xet_token):
+        assert s not in caplog.text  # ...without any token
+        assert all(s not in r for r in replies)

@@ -237,6 +237,8 @@ def route_name(method: str, path: str) -> str:
         return "resolve"
     if path.startswith("/api/whoami"):
         return "whoami"
+    if path.startswith("/api/repos/move"):
+        return "move_bucket"
     if path.startswith("/api/buckets/"):
         segs = path[len("/api/buckets/") :].split("/")
         if len(segs) == 1:
@@ -562,6 +564,21 @@ class HubRoutes:
         cas = f"{origin(request)}/cas"
         headers = {"X-Xet-Cas-Url": cas, "X-Xet-Access-Token": token, "X-Xet-Token-Expiration": str(exp)}
         return web.json_response({"accessToken": token, "exp": exp, "casUrl": cas}, headers=headers)
+
+    async def move(self, request: web.Request) -> web.StreamResponse:
+        body = await read_json(request)
+        if not isinstance(body, dict) or body.get("type") != "bucket":
+            raise HubError(400, "the emulator moves buckets only: {'fromRepo', 'toRepo', 'type': 'bucket'}")
+        src, dst = body.get("fromRepo"), body.get("toRepo")
+        if not isinstance(src, str) or not isinstance(dst, str) or dst.count("/") != 1:
+            raise HubError(400, "'fromRepo' and 'toRepo' must be bucket ids (namespace/name)")
+        self.bucket(request, src, write=True)
+        ns, name = dst.split("/")
+        check_name(ns, "namespace")
+        check_name(name, "bucket name")
+        if not self.state.move_bucket(src, dst):
+            raise HubError(409, f"bucket {dst!r} already exists")
+        return web.json_response({})
 
     async def whoami(self, request: web.Request) -> web.StreamResponse:
         c = self.caller(request)
@@ -899,6 +916,7 @@ def build_app(emu: Emulator) -> web.Application:
     hub.emu_cas = cas
     r = app.router
     r.add_get("/api/whoami-v2", hub.whoami)
+    r.add_post("/api/repos/move", hub.move)
     r.add_route("*", "/api/buckets/{tail:.+}", hub.dispatch)
     r.add_get("/buckets/{tail:.+}", hub.resolve)  # add_get also answers HEAD
     r.add_post("/cas/v1/xorb-grants/{prefix}/{hash}", cas.xorb_grant)

@@ -162,6 +162,15 @@ class State:
             self._db.execute("DELETE FROM buckets WHERE id = ?", (bucket_id,))
             self._db.execute("COMMIT")
 
+    def move_bucket(self, src: str, dst: str) -> bool:
+        """Rename a bucket with its files; False if ``dst`` exists already."""
+        with self.transaction():
+            if self._db.execute("SELECT 1 FROM buckets WHERE id = ?", (dst,)).fetchone():
+                return False
+            self._db.execute("UPDATE buckets SET id = ? WHERE id = ?", (dst, src))
+            self._db.execute("UPDATE files SET bucket = ? WHERE bucket = ?", (dst, src))
+        return True
+
     # -- files -----------------------------------------------------------------------------
     def _file_row(self, r: tuple) -> FileRow:  # type: ignore[type-arg]
         return FileRow(r[0], r[1], int(r[2]), int(r[3]), r[4], r[5])
