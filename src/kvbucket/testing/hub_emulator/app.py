@@ -97,7 +97,6 @@ class Emulator:
             max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="emu"
         )
         self.started = time.monotonic()
-        self.loop_cpu_s = 0.0
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -260,7 +259,7 @@ def route_name(method: str, path: str) -> str:
 def make_middleware(emu: Emulator) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        t0 = time.thread_time()
+        t0 = time.perf_counter()
         name = route_name(request.method, request.path)
         st = emu.stats[name]
         st.requests += 1
@@ -292,7 +291,11 @@ def make_middleware(emu: Emulator) -> Any:
                 return resp
             return _count(emu, st, resp)
         finally:
-            emu.loop_cpu_s += time.thread_time() - t0
+            if log.isEnabledFor(logging.DEBUG):
+                ms = (time.perf_counter() - t0) * 1e3
+                log.debug(
+                    "%s %s (%d bytes in) %.1f ms", request.method, name, request.content_length or 0, ms
+                )
 
     return middleware
 
