@@ -135,6 +135,9 @@ def test_emulator_with_tokens_open_server_and_repr(tmp_path: Path) -> None:
         assert (data_dir / "index.sqlite3").exists()
         assert oct(data_dir.stat().st_mode & 0o777) == "0o700"
         assert oct((data_dir / "signing.key").stat().st_mode & 0o777) == "0o600"
+        api.batch_bucket_files("local/open-bucket", add=[(b"user data", "p")])
+        for f in [data_dir / "index.sqlite3", *data_dir.glob("xorbs/*/*")]:
+            assert oct(f.stat().st_mode & 0o777) == "0o600", f
     assert not data_dir.exists()  # a temporary data dir is removed at exit
 
 

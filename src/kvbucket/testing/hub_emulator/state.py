@@ -96,7 +96,9 @@ class State:
         self.xorb_dir = self.root / "xorbs"
         self.xorb_dir.mkdir(exist_ok=True, mode=0o700)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.root / "index.sqlite3", check_same_thread=False, isolation_level=None)
+        db_path = self.root / "index.sqlite3"
+        os.close(os.open(db_path, os.O_CREAT | os.O_RDWR, 0o600))  # user data: owner-only (WAL inherits)
+        self._db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
