@@ -232,3 +232,29 @@ def test_no_token_in_logs_or_error_replies(tmp_path: Path, caplog: pytest.LogCap
     for s in (secret, reader, "tok-wrong-0123456789", xet_token):
         assert s not in caplog.text  # ...without any token
         assert all(s not in r for r in replies)
+
+
+def test_xet_tokens_expire_and_the_client_keeps_working(tmp_path: Path) -> None:
+    """Xet tokens live 2 s here: an old one is refused, the client fetches new ones by itself."""
+    with HubEmulator(tmp_path / "d", xet_token_ttl_s=2) as emu:
+        api = HfApi(endpoint=emu.endpoint, token=False)
+        api.create_bucket("local/ttl")
+        data = os.urandom(100_000)
+        api.batch_bucket_files("local/ttl", add=[(data, "a")])
+        (info,) = api.get_bucket_paths_info("local/ttl", ["a"])
+        with urllib.request.urlopen(f"{emu.endpoint}/api/buckets/local/ttl/xet-read-token") as r:
+            old = json.loads(r.read())
+        recon = urllib.request.Request(
+            f"{old['casUrl']}/v2/reconstructions/{info.xet_hash}",
+            headers={"Authorization": f"Bearer {old['accessToken']}"},
+        )
+        with urllib.request.urlopen(recon) as r:
+            assert r.status == 200
+        time.sleep(3.1)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(recon)
+        assert e.value.code == 401
+        before = emu.stats()["routes"]["xet_token"]["requests"]
+        api.download_bucket_files("local/ttl", [("a", tmp_path / "a")])
+        assert (tmp_path / "a").read_bytes() == data
+        assert emu.stats()["routes"]["xet_token"]["requests"] > before

@@ -140,7 +140,7 @@ class ThreadServer:
 
 
 class SubprocessServer:
-    """The emulator in a child Python process (``python -m kvbucket.testing.hub_emulator.server``)."""
+    """The emulator in a child Python process (``python -m kvbucket.testing.hub_emulator``)."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -152,7 +152,7 @@ class SubprocessServer:
         src = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvbucket.testing.hub_emulator.server"],
+            [sys.executable, "-m", "kvbucket.testing.hub_emulator"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -317,7 +317,7 @@ class HubEmulator:
         return f"HubEmulator({state}, data_dir={str(self.data_dir)!r}, tokens={len(self.config.tokens)})"
 
 
-def _child_main() -> None:
+def child_main() -> None:
     """Entry point of the subprocess mode: config on stdin, ``READY <port>`` on stdout."""
     config = ServerConfig.from_json(sys.stdin.readline())
     server = ThreadServer(config)
@@ -329,7 +329,3 @@ def _child_main() -> None:
     while not stop.wait(0.5):
         pass
     server.stop()
-
-
-if __name__ == "__main__":
-    _child_main()
