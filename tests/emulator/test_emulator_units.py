@@ -258,3 +258,14 @@ def test_xet_tokens_expire_and_the_client_keeps_working(tmp_path: Path) -> None:
         api.download_bucket_files("local/ttl", [("a", tmp_path / "a")])
         assert (tmp_path / "a").read_bytes() == data
         assert emu.stats()["routes"]["xet_token"]["requests"] > before
+
+
+def test_fixture_isolates_xet_cache_and_hides_stored_tokens(hub_bucket) -> None:  # type: ignore[no-untyped-def]
+    from huggingface_hub import constants
+    from huggingface_hub.errors import BucketNotFoundError
+
+    assert os.environ["HF_XET_CACHE"] == constants.HF_XET_CACHE
+    assert "kvbucket-hfhome-" in os.environ["HF_XET_CACHE"]
+    assert "HF_TOKEN" not in os.environ and not Path(constants.HF_TOKEN_PATH).exists()
+    with pytest.raises(BucketNotFoundError):  # token=None: no stored token is found or sent
+        HfApi(endpoint=hub_bucket.hub.endpoint).bucket_info(hub_bucket.bucket_id)

@@ -1,9 +1,9 @@
 """Pytest fixtures around ``HubEmulator``; enable with ``pytest_plugins = ["kvbucket.testing.hub_fixtures"]``.
 
 - ``hub_emulator`` (session): a running emulator with its own data dir, a write token and a read
-  token. Before any client is used it points ``HF_HOME`` / ``HF_XET_CACHE`` at a private temp dir,
-  so hf_xet's shard cache never meets a server whose state it does not match, and so no real
-  Hugging Face token from the developer's machine is ever sent to it.
+  token. It gives the process a private ``HF_XET_CACHE`` (hf_xet's shard cache never meets a
+  server whose state it does not match) and hides any stored Hugging Face token (see
+  ``isolate_hf_env``).
 - ``hub_bucket`` (function): a fresh private bucket with a unique name; faults are reset before
   and after the test.
 - ``hub_faults`` (function): the fault control, reset before and after the test.
@@ -27,9 +27,6 @@ from .hub_emulator import FaultControl, HubEmulator
 
 WRITE_USER = "kvtest"
 READ_USER = "kvreader"
-_ENV_VARS = (
-    "HF_HOME", "HF_XET_CACHE", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_TOKEN",
-)  # fmt: skip
 
 
 @dataclass
@@ -84,16 +81,26 @@ _CONSTANTS = (
 )  # fmt: skip
 
 
-def isolate_hf_env(home: Path) -> dict[str, Any]:
-    """Point huggingface_hub/hf_xet at a private HF_HOME; returns what to give ``restore_env``.
+_ENV_VARS = ("HF_XET_CACHE", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_TOKEN")
+_CONSTANTS = (
+    "HF_TOKEN_PATH", "HF_STORED_TOKENS_PATH", "HF_XET_CACHE", "HF_HUB_DISABLE_TELEMETRY",
+    "HF_HUB_DISABLE_PROGRESS_BARS",
+)  # fmt: skip
 
-    huggingface_hub reads these variables once, at import, into ``huggingface_hub.constants``;
-    test modules usually import it before any fixture runs, so the constants are patched too.
-    Otherwise a client created with ``token=None`` would send the developer's real stored token.
-    hf_xet reads ``HF_XET_CACHE``/``HF_HOME`` itself when its session is first created.
+
+def isolate_hf_env(home: Path) -> dict[str, Any]:
+    """Give this process a private Xet cache and no stored token; returns what ``restore_env`` needs.
+
+    - ``HF_XET_CACHE``: hf_xet dedups uploads against the shards it cached; a cache that
+      remembers xorbs this emulator never saw makes uploads fail ("references unknown xorb").
+      hf_xet reads the variable when its session is first created in the process.
+    - Token: huggingface_hub reads its token path at import into ``huggingface_hub.constants``
+      (test modules import it before fixtures run), so the constants are patched too, and
+      ``HF_TOKEN`` is unset: a client made with ``token=None`` never sends a real token here.
+    - ``HF_HOME`` and the model cache are left alone: other tests in the same session may rely
+      on models cached there.
     """
     saved: dict[str, Any] = {"env": {k: os.environ.get(k) for k in _ENV_VARS}}
-    os.environ["HF_HOME"] = str(home)
     os.environ["HF_XET_CACHE"] = str(home / "xet")
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -102,9 +109,9 @@ def isolate_hf_env(home: Path) -> dict[str, Any]:
 
     saved["constants"] = {k: getattr(constants, k) for k in _CONSTANTS}
     new = {
-        "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"), "HF_TOKEN_PATH": str(home / "token"),
-        "HF_STORED_TOKENS_PATH": str(home / "stored_tokens"), "HF_XET_CACHE": str(home / "xet"),
-        "HF_HUB_DISABLE_TELEMETRY": True, "HF_HUB_DISABLE_PROGRESS_BARS": True,
+        "HF_TOKEN_PATH": str(home / "token"), "HF_STORED_TOKENS_PATH": str(home / "stored_tokens"),
+        "HF_XET_CACHE": str(home / "xet"), "HF_HUB_DISABLE_TELEMETRY": True,
+        "HF_HUB_DISABLE_PROGRESS_BARS": True,
     }  # fmt: skip
     for k, v in new.items():
         setattr(constants, k, v)
