@@ -267,3 +267,30 @@ def test_oversized_request_is_refused_before_reading_it(hub_bucket: HubBucket) -
         )
         reply = s.recv(4096)
     assert reply.startswith(b"HTTP/1.1 413")
+
+
+@pytest.mark.parametrize("recursive", [False, True])
+def test_tree_pages_never_repeat_or_skip_entries(hub_bucket: HubBucket, recursive: bool) -> None:
+    """Small pages (limit=2) over names that sort around directories ('a-b' < 'a/x' < 'a0')."""
+    hub, bid = hub_bucket.hub, hub_bucket.bucket_id
+    paths = ["a-b", "a/x", "a/y/z", "a/zz", "a0", "b/c", "b/d", "c", "d/e/f", "d/g"]
+    hub_bucket.api.batch_bucket_files(bid, add=[(p.encode(), p) for p in paths])
+    url: str | None = f"{hub.endpoint}/api/buckets/{bid}/tree?limit=2&recursive={str(recursive).lower()}"
+    seen: list[tuple[str, str]] = []
+    pages = 0
+    while url:
+        status, headers, body = http("GET", url, headers={"Authorization": f"Bearer {hub.write_token}"})
+        assert status == 200
+        page = json.loads(body)
+        assert 1 <= len(page) <= 2
+        seen += [(e["type"], e["path"]) for e in page]
+        link = headers.get("Link", "")
+        url = link[1 : link.index(">")] if 'rel="next"' in link else None
+        pages += 1
+    if recursive:
+        assert seen == [("file", p) for p in sorted(paths)]
+    else:
+        expected = {("file", "a-b"), ("directory", "a"), ("file", "a0"), ("directory", "b"), ("file", "c")}
+        assert sorted(seen) == sorted(expected | {("directory", "d")})
+        assert len(seen) == len(set(seen))
+    assert pages == (len(seen) + 1) // 2

@@ -451,35 +451,34 @@ class HubRoutes:
         except ValueError:
             raise HubError(400, "limit must be an integer") from None
         out: list[dict[str, Any]] = []
-        last: str | None = None
+        last_file: str | None = None  # the cursor: every file up to here is in this page
         more = False
         pending_dir: dict[str, Any] | None = None
         for f in self.state.iter_files(bucket_id, prefix, after=cursor):
             if recursive:
-                entry_path, entry = f.path, f.to_json()
+                entry = f.to_json()
             else:
                 # the first '/' after the prefix (after "prefix/" when the prefix names a directory)
                 base = len(prefix) + (1 if prefix and f.path[len(prefix) : len(prefix) + 1] == "/" else 0)
                 slash = f.path.find("/", base)
                 if slash < 0:
-                    entry_path, entry = f.path, f.to_json()
+                    entry = f.to_json()
+                elif pending_dir is not None and pending_dir["path"] == f.path[:slash]:
+                    # a directory's files are contiguous in path order: fold them into its entry
+                    pending_dir["uploadedAt"] = max(pending_dir["uploadedAt"], f.uploaded_at)
+                    last_file = f.path
+                    continue
                 else:
-                    entry_path = f.path[:slash]
-                    if pending_dir is not None and pending_dir["path"] == entry_path:
-                        pending_dir["uploadedAt"] = max(pending_dir["uploadedAt"], f.uploaded_at)
-                        continue
-                    if cursor is not None and entry_path == cursor:
-                        continue  # this directory was the last entry of the previous page
-                    entry = {"type": "directory", "path": entry_path, "uploadedAt": f.uploaded_at}
+                    entry = {"type": "directory", "path": f.path[:slash], "uploadedAt": f.uploaded_at}
             if len(out) == limit:
                 more = True
                 break
             out.append(entry)
-            last = entry_path
+            last_file = f.path
             pending_dir = entry if entry["type"] == "directory" else None
         resp = web.json_response(out)
-        if more and last is not None:
-            nxt = request.url.update_query(cursor=last)
+        if more and last_file is not None:
+            nxt = request.url.update_query(cursor=last_file)
             resp.headers["Link"] = f'<{nxt}>; rel="next"'
         return resp
 
