@@ -29,6 +29,7 @@ from .xet import (
     EMPTY_FILE_HASH_HEX,
     FileRecord,
     XetFormatError,
+    decode_chunk,
     file_hash,
     hash_to_hex,
     is_hex_hash,
@@ -48,6 +49,7 @@ MAX_PATH_LEN = 4096
 TREE_PAGE = 1000
 LIST_PAGE = 100
 FETCH_URL_TTL_S = 3600
+_READ_WINDOW = 8 * 1024 * 1024
 _NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?$")
 
 FAULT = web.RequestKey("fault", Fault)
@@ -838,9 +840,11 @@ class CasRoutes:
         )
 
     async def stream_range(self, rec: FileRecord, start: int, end: int) -> Any:
-        """Yield the file's bytes [start, end), decoding only the chunks that overlap."""
-        from .xet import decode_chunk
+        """Yield the file's bytes [start, end), reading and decoding only the chunks that overlap.
 
+        Chunks are read in windows of at most ~8 MiB of stored bytes, so a small range read of a
+        huge file costs a few chunks, and a full read never holds a whole xorb in memory.
+        """
         pos = 0
         for s in rec.segments:
             if pos >= end:
@@ -851,19 +855,32 @@ class CasRoutes:
                 continue
             idx = self.state.get_xorb(s.xorb_hex)
             assert idx is not None
-            lo, hi = idx.byte_offsets[s.chunk_start], idx.byte_offsets[s.chunk_end]
-            raw = await self.emu.cpu(_pread, str(self.state.xorb_path(s.xorb_hex)), lo, hi - lo)
-            for c in range(s.chunk_start, s.chunk_end):
-                ulen = idx.unpacked_lens[c]
-                if pos + ulen > start and pos < end:
-                    off = idx.byte_offsets[c] - lo
-                    hdr = raw[off : off + 8]
-                    clen = int.from_bytes(hdr[1:4], "little")
-                    data = decode_chunk(hdr[4], raw[off + 8 : off + 8 + clen], ulen)
+            path = str(self.state.xorb_path(s.xorb_hex))
+            c = s.chunk_start
+            while c < s.chunk_end and pos + idx.unpacked_lens[c] <= start:  # skip chunks before start
+                pos += idx.unpacked_lens[c]
+                c += 1
+            while c < s.chunk_end and pos < end:
+                # the window: chunks from c while under the byte budget and before `end`
+                w_end, upos = c, pos
+                while (
+                    w_end < s.chunk_end
+                    and upos < end
+                    and (w_end == c or idx.byte_offsets[w_end + 1] - idx.byte_offsets[c] <= _READ_WINDOW)
+                ):
+                    upos += idx.unpacked_lens[w_end]
+                    w_end += 1
+                lo = idx.byte_offsets[c]
+                raw = await self.emu.cpu(_pread, path, lo, idx.byte_offsets[w_end] - lo)
+                for k in range(c, w_end):
+                    ulen = idx.unpacked_lens[k]
+                    off = idx.byte_offsets[k] - lo
+                    clen = int.from_bytes(raw[off + 1 : off + 4], "little")
+                    data = decode_chunk(raw[off + 4], raw[off + 8 : off + 8 + clen], ulen)
                     yield data[max(0, start - pos) : min(ulen, end - pos)]
-                pos += ulen
-                if pos >= end:
-                    break
+                    pos += ulen
+                c = w_end
+            pos = seg_end
 
 
 def _pread(path: str, offset: int, length: int) -> bytes:
