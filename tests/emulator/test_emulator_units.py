@@ -15,11 +15,12 @@ from pathlib import Path
 import lz4.frame
 import pytest
 from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kvbucket.errors import ConfigError
-from kvbucket.testing import HubEmulator
+from kvbucket.testing import FaultControl, HubEmulator
 from kvbucket.testing.hub_emulator.auth import Auth, TokenSpec
 from kvbucket.testing.hub_emulator.faults import FaultPlan, FaultRule
 from kvbucket.testing.hub_emulator.xet import (
@@ -164,6 +165,7 @@ def test_list_buckets_paginates(tmp_path: Path) -> None:
 def test_cli_serve_prints_endpoint_and_never_the_secret(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     env["KVBUCKET_EMULATOR_TOKENS"] = "cli=cli-super-secret:write"
+    env["KVBUCKET_EMULATOR_ADMIN_KEY"] = "cli-admin-key"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -189,6 +191,11 @@ def test_cli_serve_prints_endpoint_and_never_the_secret(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"{endpoint}/_emulator/health", timeout=10) as r:
             assert json.loads(r.read()) == {"ok": True}
         assert HfApi(endpoint=endpoint, token="cli-super-secret").whoami()["name"] == "cli"
+        faults = FaultControl(endpoint, "cli-admin-key")
+        faults.add("whoami", status=500, nth=1)
+        with pytest.raises(HfHubHTTPError):
+            HfApi(endpoint=endpoint, token="cli-super-secret").whoami()
+        assert [r["fired"] for r in faults.rules()] == [1]
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -199,8 +206,6 @@ def test_cli_serve_prints_endpoint_and_never_the_secret(tmp_path: Path) -> None:
 
 def test_no_token_in_logs_or_error_replies(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import logging
-
-    from huggingface_hub.errors import HfHubHTTPError
 
     secret, reader = "tok-write-0123456789", "tok-read-0123456789"
     with (

@@ -289,8 +289,7 @@ def make_middleware(emu: Emulator) -> Any:
                 log.exception("internal error on %s %s", request.method, name)
                 resp = error_response(500, f"internal emulator error on {name}; see the server log")
             if fault is not None and fault.drop and isinstance(resp, web.Response) and resp.body:
-                await _drop_mid_body(request, resp)
-                return resp
+                return await _drop_mid_body(request, resp)
             return _count(emu, st, resp)
         finally:
             if log.isEnabledFor(logging.DEBUG):
@@ -309,8 +308,11 @@ def _count(emu: Emulator, st: RouteStats, resp: web.StreamResponse) -> web.Strea
     return resp
 
 
-async def _drop_mid_body(request: web.Request, resp: web.Response) -> None:
-    """Send the headers and half the body, then cut the connection (a dropped transfer)."""
+async def _drop_mid_body(request: web.Request, resp: web.Response) -> web.StreamResponse:
+    """Send the headers and half the body, then cut the connection (a dropped transfer).
+
+    The request itself was processed: for uploads this plays "the reply got lost".
+    """
     body = bytes(resp.body)  # type: ignore[arg-type]
     stream = web.StreamResponse(status=resp.status, headers=resp.headers)
     stream.content_length = len(body)
@@ -318,6 +320,7 @@ async def _drop_mid_body(request: web.Request, resp: web.Response) -> None:
     await stream.write(body[: max(1, len(body) // 2)])
     if request.transport is not None:
         request.transport.abort()
+    return stream
 
 
 # --------------------------------------------------------------------------------------------

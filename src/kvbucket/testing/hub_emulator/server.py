@@ -230,18 +230,23 @@ class HubEmulator:
         subprocess: bool = False,
         xet_token_ttl_s: int = 3600,
         fault_seed: int = 0,
+        admin_key: str | None = None,
     ) -> None:
         if isinstance(tokens, dict):
             specs = [TokenSpec.parse(f"{n}={s}:{scope}") for n, (s, scope) in tokens.items()]
         else:
             specs = list(tokens or [])
+        if xet_token_ttl_s <= 0:
+            raise ConfigError("xet_token_ttl_s must be positive")
+        if admin_key is not None and len(admin_key) < 8:
+            raise ConfigError("the admin key (fault control) must be at least 8 characters")
         self._tmp: str | None = None
         if data_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="kvbucket-hub-")
             data_dir = self._tmp
-        if xet_token_ttl_s <= 0:
-            raise ConfigError("xet_token_ttl_s must be positive")
         self.config = ServerConfig(Path(data_dir), host, port, specs, xet_token_ttl_s, fault_seed=fault_seed)
+        if admin_key is not None:
+            self.config.admin_key = admin_key
         self.use_subprocess = subprocess
         self._server: ThreadServer | SubprocessServer | None = None
 
