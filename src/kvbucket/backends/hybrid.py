@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open
 from kvbucket.chunks import as_view
 from kvbucket.errors import KVBucketError
 from kvbucket.keys import as_key_string
@@ -74,6 +74,7 @@ class HybridBackend(StorageBackend):
     def batched_put_results(
         self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
     ) -> list[Exception | None]:
+        check_open(self, self._closed)
         items = list(items)
         names = [as_key_string(k) for k, _ in items]
         failures: list[list[str]] = [[] for _ in items]

@@ -19,7 +19,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend, copy_chunk_into
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open, copy_chunk_into
 from kvbucket.chunks import ChunkSizeError, as_view
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
@@ -77,6 +77,7 @@ class LocalDiskBackend(StorageBackend):
 
     # ---- interface -----------------------------------------------------------------------
     def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
+        check_open(self, self._closed)
         k = as_key_string(key)
         view = as_view(chunk)
         if view.nbytes > self.max_bytes:
