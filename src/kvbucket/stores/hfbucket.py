@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kvbucket.errors import ConfigError, NotFoundError, StoreError
+from kvbucket.errors import ConfigError, NotFoundError, StoreError, TransientStoreError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size, check_name
 from kvbucket.stores.hfbucket_config import (
     HFBucketConfig,
@@ -179,8 +179,10 @@ class HFBucketStore(ObjectStore):
         failed: dict[str, str] = {}
         try:
             failed = self._client.commit_batch(ops)
-        except StoreError as e:
+        except TransientStoreError as e:  # the outcome is unknown: the batch may have been applied
             failure = e
+        except StoreError as e:  # refused as a whole (missing bucket, auth, bad request): nothing applied
+            return {i: ItemResult(n, error=e) for i, n, _ in batch}
         if failure is None and not failed:
             self._cache.set_many(
                 (p, RemoteFile(p, size, h)) for p, (h, size) in zip(paths, uploaded, strict=True)
@@ -315,8 +317,10 @@ class HFBucketStore(ObjectStore):
         failed: dict[str, str] = {}
         try:
             failed = self._client.commit_batch([{"type": "deleteFile", "path": p} for p in chunk])
-        except StoreError as e:
+        except TransientStoreError as e:
             err = e
+        except StoreError as e:
+            return dict.fromkeys(chunk, e)
         if err is None and not failed:
             return {}
         self._cache.invalidate(chunk)
