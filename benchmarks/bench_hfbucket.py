@@ -4,8 +4,9 @@
 
 Both clients talk to one local Hub emulator (kvbucket.testing.HubEmulator, run in a child process
 so its CPU work does not share this process's GIL) through the unmodified huggingface_hub and
-hf_xet. Each system gets its own bucket and its own random (incompressible, never deduplicated)
-chunks of the same sizes. Measured per round, medians printed:
+hf_xet. Each system gets its own bucket and its own random (incompressible) chunks of the same
+sizes, refilled with new random bytes before every round so no store is helped by deduplication.
+Rounds alternate which system goes first. Measured per round, medians printed:
 
 - store: all chunks in one call (LMCache: one store task; kvbucket: one put_many)
 - lookup cold: 1,000 keys (the stored ones + misses) on a fresh instance (empty metadata cache)
@@ -44,6 +45,7 @@ from kvbucket.stores.hfbucket_config import HFBucketConfig  # noqa: E402
 from kvbucket.testing import HubEmulator  # noqa: E402
 
 TOKEN = "hf_bench_write_token_0001"
+OPS = ("store", "lookup cold", "lookup warm", "load")
 MODEL = "bench-model"
 
 
@@ -65,6 +67,7 @@ class LMCacheSide:
         self.handle = f"hf://buckets/me/{bucket}"
         self.endpoint = endpoint
         n, size = len(chunks), chunks[0].nbytes
+        self.chunks = chunks
         self.keys = make_object_keys(n, model_name=MODEL)
         self.lookup_keys = self.keys + make_object_keys(lookup_extra, model_name=MODEL, key_offset=10**6)
         self.src = [self._obj(torch.from_numpy(c)) for c in chunks]
@@ -148,36 +151,34 @@ class KVBucketSide:
         return sum(r.found for r in s.get_many(self.names, self.views))
 
 
-def run_side(side: Any, rounds: int, verify: Callable[[], bool]) -> dict[str, list[float]]:
-    t: dict[str, list[float]] = {"store": [], "lookup cold": [], "lookup warm": [], "load": []}
+def run_round(side: Any, t: dict[str, list[float]], verify: Callable[[], bool]) -> None:
+    """One round of every operation, each on the instance a real deployment would have."""
     n = len(side.keys) if hasattr(side, "keys") else len(side.names)
-    for _ in range(rounds):
-        a = side.adapter()
-        try:
-            dt, stored = _timed(lambda a=a: side.store(a))
-            assert stored == n
-            t["store"].append(dt)
-        finally:
-            a.close()
-        a = side.adapter()
-        try:
-            dt, hits = _timed(lambda a=a: side.lookup(a))
-            assert hits == n, f"cold lookup found {hits} of {n}"
-            t["lookup cold"].append(dt)
-            dt, hits = _timed(lambda a=a: side.lookup(a))
-            assert hits == n
-            t["lookup warm"].append(dt)
-        finally:
-            a.close()
-        a = side.adapter()
-        try:
-            dt, loaded = _timed(lambda a=a: side.load(a))
-            assert loaded == n, f"loaded {loaded} of {n}"
-            assert verify(), "loaded bytes differ from stored bytes"
-            t["load"].append(dt)
-        finally:
-            a.close()
-    return t
+    a = side.adapter()
+    try:
+        dt, stored = _timed(lambda: side.store(a))
+        assert stored == n
+        t["store"].append(dt)
+    finally:
+        a.close()
+    a = side.adapter()
+    try:
+        dt, hits = _timed(lambda: side.lookup(a))
+        assert hits == n, f"cold lookup found {hits} of {n}"
+        t["lookup cold"].append(dt)
+        dt, hits = _timed(lambda: side.lookup(a))
+        assert hits == n
+        t["lookup warm"].append(dt)
+    finally:
+        a.close()
+    a = side.adapter()
+    try:
+        dt, loaded = _timed(lambda: side.load(a))
+        assert loaded == n, f"loaded {loaded} of {n}"
+        assert verify(), "loaded bytes differ from stored bytes"
+        t["load"].append(dt)
+    finally:
+        a.close()
 
 
 def main() -> int:
@@ -211,9 +212,17 @@ def main() -> int:
             return all(np.array_equal(np.frombuffer(v, np.uint8), c) for v, c in zip(kv.views, kv_chunks,
                                                                                       strict=True))
 
-        results = {"LMCache 0.5.6 HFBucketL2Adapter": run_side(lm, args.rounds, lm_ok),
-                   "kvbucket HFBucketStore": run_side(kv, args.rounds, kv_ok)}
-    lm_t, kv_t = results.values()
+        lm_t: dict[str, list[float]] = {op: [] for op in OPS}
+        kv_t: dict[str, list[float]] = {op: [] for op in OPS}
+        # Interleaved, alternating who goes first, so a noisy machine hurts both sides alike.
+        for r in range(args.rounds):
+            order = [(lm, lm_t, lm_ok), (kv, kv_t, kv_ok)]
+            for side, t, ok in order if r % 2 == 0 else order[::-1]:
+                for c in side.chunks:  # new bytes every round: each store is a real upload, no dedup
+                    c[:] = rng.integers(0, 256, c.nbytes, dtype=np.uint8)
+                run_round(side, t, ok)
+            print(f"round {r + 1}: " + "  ".join(
+                f"{op} {lm_t[op][-1] / kv_t[op][-1]:.2f}x" for op in OPS), flush=True)
     head = f"{'operation':<14}{'LMCache s':>12}{'kvbucket s':>12}{'LMCache':>14}{'kvbucket':>14}{'ratio':>8}"
     print("\n" + head)
     goals = {"store": 1.0, "lookup cold": 1.5, "lookup warm": None, "load": 1.5}
