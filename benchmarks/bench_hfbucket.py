@@ -21,7 +21,9 @@ and cold lookup, >= 1.0 on store.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -31,6 +33,7 @@ from typing import Any
 
 # Own HF_HOME/xet cache before huggingface_hub or hf_xet are imported (see docs/emulator.md).
 _HOME = tempfile.mkdtemp(prefix="kvbucket-bench-hf-")
+atexit.register(shutil.rmtree, _HOME, True)
 os.environ["HF_HOME"] = _HOME
 os.environ["HF_XET_CACHE"] = os.path.join(_HOME, "xet")
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
