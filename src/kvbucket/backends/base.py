@@ -73,6 +73,10 @@ class StorageBackend(abc.ABC):
             out.append(None)
         return out
 
+    def batched_contains(self, keys: Sequence[Key]) -> list[bool]:
+        """``contains`` for many keys; remote tiers answer with one request per batch."""
+        return [self.contains(k) for k in keys]
+
     def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
         return [self.get(k) for k in keys]
 

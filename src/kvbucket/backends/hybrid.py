@@ -163,6 +163,19 @@ class HybridBackend(StorageBackend):
     def contains(self, key: Key) -> bool:
         return any(tier.contains(key) for tier in self.tiers)
 
+    def batched_contains(self, keys: Sequence[Key]) -> list[bool]:
+        """Ask the fastest tier first; slower tiers only see the keys still missing."""
+        out = [False] * len(keys)
+        todo = list(range(len(keys)))
+        for tier in self.tiers:
+            if not todo:
+                break
+            found = tier.batched_contains([keys[i] for i in todo])
+            for i, hit in zip(todo, found, strict=True):
+                out[i] = hit
+            todo = [i for i, hit in zip(todo, found, strict=True) if not hit]
+        return out
+
     def remove(self, key: Key) -> bool:
         names = [as_key_string(key)]
         removed = False

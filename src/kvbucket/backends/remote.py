@@ -186,6 +186,27 @@ class RemoteBackend(StorageBackend):
         self._cache_size(name, r.size)
         return True
 
+    def batched_contains(self, keys: Sequence[Key]) -> list[bool]:
+        """One ``head_many`` for every key not pending or cached (a lookup of 1,000 keys is one batch)."""
+        ks = [as_key_string(k) for k in keys]
+        out = [False] * len(ks)
+        ask: list[int] = []
+        for i, k in enumerate(ks):
+            if self._queue.pending(k) is not None or self._cached_size(self._name(k)) is not None:
+                out[i] = True
+            else:
+                ask.append(i)
+        if ask:
+            names = [self._name(ks[i]) for i in ask]
+            results = self._call(self.store.head_many, "head", names)
+            for i, r in zip(ask, results, strict=True):
+                if r.error is not None:
+                    raise r.error
+                if r.size is not None and self._size_ok(r.size):
+                    self._cache_size(r.name, r.size)
+                    out[i] = True
+        return out
+
     def remove(self, key: Key) -> bool:
         k = as_key_string(key)
         dropped = self._queue.cancel(k)

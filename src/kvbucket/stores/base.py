@@ -13,6 +13,7 @@ failures are reported in the results.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -68,6 +69,13 @@ def check_name(name: str) -> str:
     """
     if not isinstance(name, str):
         raise InvalidKeyError(f"object name must be a str, got {type(name).__name__}")
+    return _check_name_cached(name)
+
+
+@functools.lru_cache(maxsize=65536)
+def _check_name_cached(name: str) -> str:
+    # Cached: lookups of 1,000 keys validate the same names again and again; only valid
+    # names are cached (a raise is not).
     if not name:
         raise InvalidKeyError("object name is empty")
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:

@@ -86,6 +86,15 @@ class BackendTests:
         assert backend.get(key(404)) is None
         assert not backend.contains(key(404))
 
+    def test_batched_contains_matches_contains(self, backend: StorageBackend) -> None:
+        keys = [key(i) for i in range(300, 306)]
+        assert backend.batched_put([(k, chunk_bytes(self.layout, i)) for i, k in enumerate(keys[:3])]) == 3
+        backend.flush()
+        probe = [keys[4], keys[0], keys[3], keys[2], keys[1], keys[5]]
+        assert backend.batched_contains(probe) == [False, True, False, True, True, False]
+        assert backend.batched_contains(probe) == [backend.contains(k) for k in probe]
+        assert backend.batched_contains([]) == []
+
     def test_contains_after_put(self, backend: StorageBackend) -> None:
         backend.put(key(2), chunk_bytes(self.layout, 2))
         assert backend.contains(key(2))
