@@ -24,7 +24,6 @@ the retries); only bad arguments or a closed store raise.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -93,7 +92,7 @@ class HFBucketStore(ObjectStore):
     def _names(names: Sequence[str]) -> list[str]:
         # KV lookups ask for the same names again and again; validating each once keeps a
         # 1,000-key warm lookup from spending most of its time in check_name.
-        return [_valid_name(n) if isinstance(n, str) else check_name(n) for n in names]
+        return [check_name(n) for n in names]
 
     def _path(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -393,11 +392,6 @@ class HFBucketStore(ObjectStore):
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._client.close()
         self._cache.clear()
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _valid_name(name: str) -> str:
-    return check_name(name)
 
 
 def _byte_view(name: str, data: Buffer) -> memoryview:
