@@ -88,12 +88,6 @@ class HFBucketStore(ObjectStore):
         return f"HFBucketStore({self.url!r}, endpoint={self.endpoint!r})"
 
     # ---- helpers ------------------------------------------------------------------------
-    @staticmethod
-    def _names(names: Sequence[str]) -> list[str]:
-        # KV lookups ask for the same names again and again; validating each once keeps a
-        # 1,000-key warm lookup from spending most of its time in check_name.
-        return [check_name(n) for n in names]
-
     def _path(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
