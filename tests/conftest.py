@@ -7,5 +7,6 @@ here, one line each.
 from __future__ import annotations
 
 pytest_plugins: list[str] = [
+    "kvbucket.testing.capabilities",
     "kvbucket.testing.hub_fixtures",
 ]

@@ -38,6 +38,7 @@ import pytest
 from kvbucket.backends.base import BackendClosedError, StorageBackend
 from kvbucket.chunks import KVLayout, as_view
 from kvbucket.keys import CacheEngineKey
+from kvbucket.testing.capabilities import requires
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
@@ -239,6 +240,7 @@ class BackendTests:
             backend.batched_put([(key(82), chunk_bytes(self.layout, 82))])
 
     # ---- the full-chunk rule -------------------------------------------------------------------
+    @requires("refuses_unfull_chunks")
     def test_unfull_chunk_refused(self, backend: StorageBackend) -> None:
         if not self.refuses_unfull_chunks:
             pytest.skip("this backend keeps partial chunks (refuses_unfull_chunks = False)")
@@ -250,6 +252,7 @@ class BackendTests:
         assert n == 1
         assert as_bytes(backend.get(key(92))) == chunk_bytes(self.layout, 92)
 
+    @requires("refuses_unfull_chunks", False)
     def test_unfull_chunk_kept_by_local_tiers(self, backend: StorageBackend) -> None:
         if self.refuses_unfull_chunks:
             pytest.skip("this backend refuses partial chunks (tested by test_unfull_chunk_refused)")
@@ -258,6 +261,7 @@ class BackendTests:
         assert as_bytes(backend.get(key(93))) == data
 
     # ---- bounds -------------------------------------------------------------------------------------
+    @requires("bounded")
     def test_lru_eviction_within_bound(self, request: pytest.FixtureRequest) -> None:
         if not self.bounded:
             pytest.skip("not a byte-bounded LRU tier (bounded = False)")
@@ -279,6 +283,7 @@ class BackendTests:
             b.close()
 
     # ---- persistence ------------------------------------------------------------------------------
+    @requires("supports_reopen")
     def test_reopen_sees_acknowledged_chunks(self, backend: StorageBackend) -> None:
         if not self.supports_reopen:
             pytest.skip("the backend does not persist across instances (supports_reopen = False)")

@@ -44,6 +44,7 @@ import pytest
 
 from kvbucket.errors import InvalidKeyError, SizeMismatchError
 from kvbucket.stores.base import ObjectInfo, ObjectStore
+from kvbucket.testing.capabilities import requires
 
 ROUND_TRIP_SIZES = (0, 1, 65_535, 65_537, 2 * 1024 * 1024)
 
@@ -292,6 +293,7 @@ class StoreTests:
         assert first.name.startswith("l/")
         assert len([first, *it]) == 5
 
+    @requires("lists_sorted")
     def test_list_sorted(self, store: ObjectStore) -> None:
         if not self.lists_sorted:
             pytest.skip(f"{type(self).__name__} declares lists_sorted = False")
@@ -321,6 +323,7 @@ class StoreTests:
         store.close()
         store.close()
 
+    @requires("supports_reopen")
     def test_reopen_sees_data(self, store: ObjectStore) -> None:
         if not self.supports_reopen:
             pytest.skip(f"{type(self).__name__} declares supports_reopen = False")
