@@ -283,6 +283,7 @@ class Fault:
     times: int
     methods: frozenset[str] | None = None
     delay: float = 0.0
+    path_contains: str | None = None
 
 
 class FaultProxy:
@@ -320,9 +321,13 @@ class FaultProxy:
         times: int = 1,
         methods: set[str] | None = None,
         delay: float = 0.0,
+        path_contains: str | None = None,
     ) -> None:
+        """Answer the next ``times`` matching requests with ``status``/``code`` (after ``delay``)."""
         with self._lock:
-            self.faults.append(Fault(status, code, times, frozenset(methods) if methods else None, delay))
+            self.faults.append(
+                Fault(status, code, times, frozenset(methods) if methods else None, delay, path_contains)
+            )
 
     def drop(self, times: int = 1, methods: set[str] | None = None) -> None:
         self.fail(0, "", times, methods)
@@ -331,11 +336,15 @@ class FaultProxy:
         with self._lock:
             self.faults.clear()
 
-    def _take(self, method: str) -> Fault | None:
+    def _take(self, method: str, path: str) -> Fault | None:
         with self._lock:
             self.requests += 1
             for f in self.faults:
-                if f.times > 0 and (f.methods is None or method in f.methods):
+                if (
+                    f.times > 0
+                    and (f.methods is None or method in f.methods)
+                    and (f.path_contains is None or f.path_contains in path)
+                ):
                     f.times -= 1
                     self.injected += 1
                     return f
@@ -368,7 +377,7 @@ class FaultProxy:
                 body = self._body()
                 with proxy._lock:
                     proxy.hosts.append(self.headers.get("Host", ""))
-                fault = proxy._take(self.command)
+                fault = proxy._take(self.command, self.path)
                 if fault is not None:
                     if fault.delay:
                         time.sleep(fault.delay)
@@ -430,6 +439,9 @@ class FaultProxy:
         class Server(ThreadingHTTPServer):
             daemon_threads = True
             request_queue_size = 128
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # clients that timed out on purpose hang up mid-answer
 
         self._httpd = Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(
