@@ -366,8 +366,11 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def open_s3_store(url: str, **options: Any) -> S3Store:
+def open_s3_store(url: str, *, create: bool = False, **options: Any) -> S3Store:
     """Open ``s3://bucket[/prefix]``, filling unset options from the standard AWS env vars.
+
+    ``create`` is accepted for symmetry with other openers and ignored: kvbucket never creates
+    (or deletes) buckets, it only reports a missing one.
 
     ``AWS_ENDPOINT_URL`` (custom endpoint), ``AWS_REGION``/``AWS_DEFAULT_REGION``,
     ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN`` and ``AWS_ALLOW_HTTP``
