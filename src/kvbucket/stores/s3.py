@@ -150,37 +150,39 @@ class S3Store(ObjectStore):
             result = obstore.get(self._store, name)
         except Exception as e:
             return self._missing_or_error(e, "get", name)
-        size = int(result.meta["size"])
+        size = int(result.meta["size"])  # Content-Length, known before any body byte is read
         if buf is None:
             try:
                 data = result.bytes()
             except Exception as e:
                 return ItemResult(name, error=self._error(e, "get", name))
             if len(data) != size:
-                return ItemResult(
-                    name,
-                    error=SizeMismatchError(
-                        f"S3 object {self._where(name)} announced {size} bytes but {len(data)} arrived"
-                    ),
-                )
+                return ItemResult(name, error=self._short(name, size, len(data)))
             return ItemResult(name, size=size, data=data)
         try:
             view = check_buffer_size(name, size, buf)  # before any byte is written
         except StoreError as e:
             return ItemResult(name, error=e)
+        # Body frames go straight into the caller's buffer: one copy, no 2 MiB temporary. If the
+        # transfer breaks midway the item is an error and the buffer's content is unspecified.
+        got = 0
         try:
-            data = result.bytes()
+            for frame in result.stream(min_chunk_size=1):
+                n = len(frame)
+                if got + n > size:
+                    return ItemResult(name, error=self._short(name, size, got + n))
+                view[got : got + n] = frame
+                got += n
         except Exception as e:
             return ItemResult(name, error=self._error(e, "get", name))
-        if len(data) != size:
-            return ItemResult(
-                name,
-                error=SizeMismatchError(
-                    f"S3 object {self._where(name)} announced {size} bytes but {len(data)} arrived"
-                ),
-            )
-        view[:] = data
+        if got != size:
+            return ItemResult(name, error=self._short(name, size, got))
         return ItemResult(name, size=size, data=buf)
+
+    def _short(self, name: str, announced: int, arrived: int) -> SizeMismatchError:
+        return SizeMismatchError(
+            f"S3 object {self._where(name)} announced {announced} bytes but {arrived} arrived"
+        )
 
     def _head_one(self, name: str) -> ItemResult:
         try:

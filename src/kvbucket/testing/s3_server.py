@@ -159,10 +159,18 @@ class SeaweedFS:
     )
 
     def __init__(
-        self, domain_name: str = ",".join((DOMAIN, *EXTRA_DOMAINS)), startup_timeout: float = 60.0
+        self,
+        domain_name: str = ",".join((DOMAIN, *EXTRA_DOMAINS)),
+        startup_timeout: float = 60.0,
+        client_host: str = "127.0.0.1",
+        extra_args: tuple[str, ...] = (),
     ) -> None:
+        """``client_host`` is the host clients (and the readiness probe) use in path-style URLs;
+        ``localhost`` when ``domain_name`` makes ``127.0.0.1`` itself a virtual-hosted name."""
         self.domain_name = domain_name
         self.startup_timeout = startup_timeout
+        self.client_host = client_host
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.dir: str | None = None
         self.server: S3Server | None = None
@@ -186,7 +194,7 @@ class SeaweedFS:
             f"-s3.domainName={self.domain_name}",
             f"-filer.localSocket={self.dir}/filer.sock",
             f"-s3.localSocket={self.dir}/s3.sock",
-        ] + [f"-{flag}={port}" for flag, port in ports.items()]
+        ] + [f"-{flag}={port}" for flag, port in ports.items()] + list(self.extra_args)
         os.makedirs(f"{self.dir}/data", mode=0o700)
         # TMPDIR: weed puts its gRPC unix sockets and logs under the temp dir; keep them in ours.
         env = {
@@ -199,7 +207,7 @@ class SeaweedFS:
         self.proc = subprocess.Popen(
             args, cwd=self.dir, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        self.server = S3Server(f"http://127.0.0.1:{ports['s3.port']}")
+        self.server = S3Server(f"http://{self.client_host}:{ports['s3.port']}")
         try:
             self._wait_ready()
         except BaseException:
