@@ -374,6 +374,14 @@ def main() -> int:
             f"{CLIENTS[cname].name:<30} {row['store']:>12.0f} {row['lookup']:>10.0f} {row['load']:>11.0f} "
             f"{cpu:>22} {scpu:>22}"
         )
+    print("\nper-round wall seconds (store / lookup / load), in run order:")
+    for cname in chosen:
+        r = results[cname]
+        spans = "  ".join(
+            f"{r['store'][i][0]:.1f}/{r['lookup'][i][0]:.2f}/{r['load'][i][0]:.2f}"
+            for i in range(len(r["store"]))
+        )
+        print(f"  {cname:<9} {spans}")
     if "kvbucket" in rows:
         print()
         k = rows["kvbucket"]
