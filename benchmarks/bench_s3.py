@@ -271,6 +271,12 @@ def main() -> int:
         "--io-threads", type=int, default=64, help="s3_num_io_threads / pool size for every client"
     )
     ap.add_argument("--clients", default="kvbucket,lmcache,boto3")
+    ap.add_argument(
+        "--server-cache-mb",
+        type=int,
+        default=0,
+        help="SeaweedFS -s3.cacheCapacityMB (in-memory GET cache; 0 = off, its default)",
+    )
     args = ap.parse_args()
 
     import logging
@@ -295,10 +301,12 @@ def main() -> int:
     print(
         f"S3 benchmark: {args.chunks} x {args.chunk_mib:g} MiB chunks ({total / MiB:.0f} MiB), "
         f"{args.lookups} lookups ({expect_hits} hits), {args.rounds} rounds, {args.io_threads} I/O threads, "
-        f"{os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f}); SeaweedFS (weed mini) on 127.0.0.1",
+        f"{os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f}); SeaweedFS (weed mini) on 127.0.0.1, "
+        f"GET cache {args.server_cache_mb} MB",
         flush=True,
     )
-    weed = SeaweedFS(domain_name="0.0.1", client_host="localhost")
+    extra = (f"-s3.cacheCapacityMB={args.server_cache_mb}",) if args.server_cache_mb else ()
+    weed = SeaweedFS(domain_name="0.0.1", client_host="localhost", extra_args=extra)
     server = weed.start()
     assert weed.proc is not None
     Timer.server_pid = weed.proc.pid

@@ -8,7 +8,7 @@ from pathlib import Path
 from kvbucket.testing.s3_server import SeaweedFS
 
 
-def test_seaweedfs_starts_checks_signatures_and_cleans_up() -> None:
+def test_seaweedfs_starts_serves_and_cleans_up() -> None:
     weed = SeaweedFS()
     server = weed.start()
     assert weed.proc is not None and weed.dir is not None
