@@ -135,7 +135,8 @@ def test_multipart_objects(seaweedfs: S3Server, s3_bucket: str) -> None:
         buf = bytearray(len(data))
         assert store.get_into("big", buf) and buf == data
         store.put("small", b"s" * MiB)
-        assert "-" not in seaweedfs.client().head_object(Bucket=s3_bucket, Key="small")["ETag"]
+        head = seaweedfs.client().head_object(Bucket=s3_bucket, Key="small")
+        assert "-" not in head["ETag"] and head["ContentType"] == "application/octet-stream"
 
 
 def test_closed_store_refuses_work(seaweedfs: S3Server, s3_bucket: str) -> None:

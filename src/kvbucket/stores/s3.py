@@ -306,6 +306,8 @@ def _build_client(cfg: S3Config, target: S3Target) -> _ObS3Store:
         "timeout": timedelta(seconds=cfg.s3_request_timeout_secs),
         "connect_timeout": timedelta(seconds=cfg.s3_connect_timeout_secs),
         "pool_max_idle_per_host": str(cfg.s3_num_io_threads),
+        # Chunks are opaque bytes; saying so spares servers and proxies content sniffing.
+        "default_content_type": "application/octet-stream",
     }
     if cfg.s3_ca_bundle:
         path = Path(cfg.s3_ca_bundle).expanduser()
