@@ -11,8 +11,10 @@ import logging
 import threading
 import zlib
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
-from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open
+from kvbucket.chunks import as_view
 from kvbucket.errors import KVBucketError
 from kvbucket.keys import as_key_string
 
@@ -27,6 +29,8 @@ class TierPutError(KVBucketError):
 class HybridBackend(StorageBackend):
     """Tiers fastest first. A chunk counts as stored only when every tier took it.
 
+    With ``parallel_writes`` (the default) a put writes all tiers at the same time, so a
+    disk write overlaps the upload; the put returns when every tier has answered.
     ``promote_blocking`` chooses whether promotions into faster tiers wait (the default,
     so a read is followed by a memory hit) or go through the tiers' non-blocking queues.
 
@@ -38,7 +42,9 @@ class HybridBackend(StorageBackend):
     memory after a concurrent put of a new version had landed there.
     """
 
-    def __init__(self, tiers: Sequence[StorageBackend], *, promote_blocking: bool = True) -> None:
+    def __init__(
+        self, tiers: Sequence[StorageBackend], *, promote_blocking: bool = True, parallel_writes: bool = True
+    ) -> None:
         if not tiers:
             raise ValueError("HybridBackend needs at least one tier")
         self.tiers = list(tiers)
@@ -51,6 +57,11 @@ class HybridBackend(StorageBackend):
         self._writing = [0] * _STRIPES
         self._gen_locks = [threading.Lock() for _ in range(_STRIPES)]
         self._closed = False
+        self._writers = (
+            # threads start lazily; enough for several callers putting at once
+            ThreadPoolExecutor(8 * (len(self.tiers) - 1), thread_name_prefix="kvbucket-hybrid-put")
+            if parallel_writes and len(self.tiers) > 1 else None
+        )
 
     def __repr__(self) -> str:
         return f"HybridBackend({self.tiers!r})"
@@ -63,13 +74,21 @@ class HybridBackend(StorageBackend):
     def batched_put_results(
         self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
     ) -> list[Exception | None]:
+        check_open(self, self._closed)
         items = list(items)
         names = [as_key_string(k) for k, _ in items]
         failures: list[list[str]] = [[] for _ in items]
         self._begin_writes(names)
         try:
-            for tier in self.tiers:
-                for i, err in enumerate(tier.batched_put_results(items, blocking=blocking)):
+            if self._writers is None or len(self.tiers) == 1:
+                per_tier = [tier.batched_put_results(items, blocking=blocking) for tier in self.tiers]
+            else:  # the tiers write at the same time: the disk write overlaps the upload
+                futures = [self._writers.submit(tier.batched_put_results, items, blocking)
+                           for tier in self.tiers[1:]]
+                per_tier = [self.tiers[0].batched_put_results(items, blocking=blocking)]  # in this thread
+                per_tier += [f.result() for f in futures]
+            for tier, results in zip(self.tiers, per_tier, strict=True):
+                for i, err in enumerate(results):
                     if err is not None:
                         failures[i].append(f"{type(tier).__name__}: {err}")
         finally:
@@ -113,6 +132,34 @@ class HybridBackend(StorageBackend):
         self.misses += len(missing)
         return out
 
+    def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
+        if len(keys) != len(buffers):
+            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        ks = [as_key_string(k) for k in keys]
+        gens = [self._gen[self._stripe(k)] for k in ks]
+        out = [False] * len(ks)
+        missing = list(range(len(ks)))
+        for t, tier in enumerate(self.tiers):
+            if not missing:
+                break
+            found = tier.batched_get_into([ks[i] for i in missing], [buffers[i] for i in missing])
+            still: list[int] = []
+            promote: list[tuple[str, Chunk, int]] = []
+            for i, hit in zip(missing, found, strict=True):
+                if not hit:
+                    still.append(i)
+                    continue
+                out[i] = True
+                self.hits[t] += 1
+                if t:  # the caller owns the buffer: promote a copy unless promotion is synchronous
+                    chunk = buffers[i] if self.promote_blocking else as_view(buffers[i]).tobytes()
+                    promote.append((ks[i], chunk, gens[i]))
+            if promote:
+                self._promote(self.tiers[:t], promote)
+            missing = still
+        self.misses += len(missing)
+        return out
+
     def contains(self, key: Key) -> bool:
         return any(tier.contains(key) for tier in self.tiers)
 
@@ -142,6 +189,8 @@ class HybridBackend(StorageBackend):
         if self._closed:
             return
         self._closed = True
+        if self._writers is not None:
+            self._writers.shutdown(wait=True)
         errors: list[BaseException] = []
         for tier in self.tiers:
             try:
