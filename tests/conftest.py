@@ -9,4 +9,5 @@ from __future__ import annotations
 pytest_plugins: list[str] = [
     "kvbucket.testing.capabilities",
     "kvbucket.testing.hub_fixtures",
+    "kvbucket.testing.s3_server",
 ]
