@@ -19,7 +19,8 @@ from the store's listing at start (in the background) and kept exact afterwards:
 Full-chunk size: stores of buffers smaller than the full chunk are refused. The full size is,
 in order: ``full_chunk_bytes`` given to the adapter, the size of the layout passed with a
 lookup (LMCache's ``MemoryLayoutDesc``; the LMCache shim computes it), else the largest buffer
-stored so far. Lookups count an object as a hit only when its size is the full size.
+stored so far (each per object group). Lookups count an object as a hit only when its size
+is the full size.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._capacity = int(max_capacity_bytes)
         self._eviction = eviction
         self._neg_ttl = float(metadata_cache_ttl_secs)
-        self._full_bytes: int | None = full_chunk_bytes
-        self._full_fixed = full_chunk_bytes is not None
+        # Full chunk size per object group (``kv_rank >> 32``, see kvbucket.integrations.lmcache).
+        self._full_fixed = full_chunk_bytes
+        self._full: dict[int, int] = {}
         self._owns_store = owns_store
         self._delete_timeout = delete_timeout_secs
         self.listener = listener
@@ -109,9 +111,18 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._rebuilt = not rebuild_usage
         self._deleted_while_rebuilding: set[str] = set()
         self._stats = {
-            "stores": 0, "store_failures": 0, "lookups": 0, "loads": 0, "load_misses": 0,
-            "size_mismatches": 0, "refused_unfull": 0, "evicted_keys": 0, "evicted_bytes": 0,
-            "deleted_keys": 0, "delete_failures": 0, "foreign_objects": 0,
+            "stores": 0,
+            "store_failures": 0,
+            "lookups": 0,
+            "loads": 0,
+            "load_misses": 0,
+            "size_mismatches": 0,
+            "refused_unfull": 0,
+            "evicted_keys": 0,
+            "evicted_bytes": 0,
+            "deleted_keys": 0,
+            "delete_failures": 0,
+            "foreign_objects": 0,
         }
         self._last_error: str | None = None
 
@@ -146,8 +157,12 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._inflight.add(fut)
         fut.add_done_callback(self._inflight.discard)
 
-    def _usable(self, size: int) -> bool:
-        return size > 0 and (self._full_bytes is None or size == self._full_bytes)
+    def _full_for(self, key: ObjectKey) -> int | None:
+        return self._full_fixed if self._full_fixed is not None else self._full.get(key.kv_rank >> 32)
+
+    def _usable(self, key: ObjectKey, size: int) -> bool:
+        full = self._full_for(key)
+        return size > 0 and (full is None or size == full)
 
     async def _sliced(
         self, fn: Callable[..., list[ItemResult]], names: Sequence[Any], extra: Sequence[Any] | None = None
@@ -161,8 +176,11 @@ class ObjectStoreL2Adapter(L2Adapter):
         loop = asyncio.get_running_loop()
         futs = []
         for i in range(0, n, step):
-            args = (list(names[i : i + step]),) if extra is None else (list(names[i : i + step]),
-                                                                        list(extra[i : i + step]))
+            args = (
+                (list(names[i : i + step]),)
+                if extra is None
+                else (list(names[i : i + step]), list(extra[i : i + step]))
+            )
             futs.append(loop.run_in_executor(self._pool, fn, *args))
         parts = await asyncio.gather(*futs, return_exceptions=True)
         out: list[ItemResult] = []
@@ -216,14 +234,20 @@ class ObjectStoreL2Adapter(L2Adapter):
             names = [self._name(k) for k in keys]
             sizes = [_nbytes(b) for b in buffers]
             with self._lock:
-                if not self._full_fixed and sizes:
-                    self._full_bytes = max(self._full_bytes or 0, max(sizes))
-                full = self._full_bytes
-            take = [i for i in range(n) if sizes[i] > 0 and sizes[i] == full]
+                if self._full_fixed is None:
+                    for key, size in zip(keys, sizes, strict=True):
+                        group = key.kv_rank >> 32
+                        if size > self._full.get(group, 0):
+                            self._full[group] = size
+                full = [self._full_for(key) for key in keys]
+            take = [i for i in range(n) if sizes[i] > 0 and sizes[i] == full[i]]
             if len(take) < n:
                 self._stats["refused_unfull"] += n - len(take)
-                log.warning("store task %d: refused %d chunk(s) smaller than the full chunk (%s bytes)",
-                            tid, n - len(take), full)
+                log.warning(
+                    "store task %d: refused %d chunk(s) whose size is not the full chunk size",
+                    tid,
+                    n - len(take),
+                )
             results = await self._sliced(self._store.put_many, [(names[i], buffers[i]) for i in take])
             landed: dict[int, int] = {}
             failed: list[int] = []
@@ -234,8 +258,13 @@ class ObjectStoreL2Adapter(L2Adapter):
                     failed.append(i)
             if failed:
                 # Remote batches are not transactional: ask which objects are there now.
-                log.warning("store task %d: %d of %d puts failed (%s); checking what landed",
-                            tid, len(failed), len(take), results[take.index(failed[0])].error)
+                log.warning(
+                    "store task %d: %d of %d puts failed (%s); checking what landed",
+                    tid,
+                    len(failed),
+                    len(take),
+                    results[take.index(failed[0])].error,
+                )
                 heads = await self._sliced(self._store.head_many, [names[i] for i in failed])
                 for i, h in zip(failed, heads, strict=True):
                     if h.found and h.size == sizes[i]:
@@ -271,8 +300,11 @@ class ObjectStoreL2Adapter(L2Adapter):
         keys = list(keys)
         with self._lock:
             tid = self._new_id()
-            if isinstance(layout, int) and layout > 0 and not self._full_fixed:
-                self._full_bytes = layout
+            if self._full_fixed is None:
+                if isinstance(layout, int) and layout > 0:
+                    layout = {0: layout}
+                if isinstance(layout, dict):
+                    self._full.update({int(g): int(b) for g, b in layout.items() if int(b) > 0})
             if self._closed:
                 self._lookup_done[tid] = [False] * len(keys)
             else:
@@ -333,7 +365,7 @@ class ObjectStoreL2Adapter(L2Adapter):
             with self._lock:
                 for i, name in enumerate(names):
                     entry = self._index.get(name)
-                    if entry is None or name in self._deleting or not self._usable(entry.size):
+                    if entry is None or name in self._deleting or not self._usable(keys[i], entry.size):
                         continue
                     hits[i] = True
                     self._locks[name] = self._locks.get(name, 0) + 1
@@ -470,8 +502,9 @@ class ObjectStoreL2Adapter(L2Adapter):
                     return
                 removed = await self._delete_names(victims)
                 self._stats["evicted_keys"] += sum(removed)
-                self._stats["evicted_bytes"] += sum(sizes.get(v, 0) for v, r in zip(victims, removed,
-                                                                                    strict=True) if r)
+                self._stats["evicted_bytes"] += sum(
+                    sizes.get(v, 0) for v, r in zip(victims, removed, strict=True) if r
+                )
                 if not any(removed):
                     return  # the store refuses deletes; try again after the next store
         finally:
@@ -500,8 +533,9 @@ class ObjectStoreL2Adapter(L2Adapter):
         try:
             await asyncio.get_running_loop().run_in_executor(self._pool, self._rebuild_sync)
         except Exception as e:
-            log.exception("could not list %s to rebuild usage; usage counts only this run's stores",
-                          self._store.url)
+            log.exception(
+                "could not list %s to rebuild usage; usage counts only this run's stores", self._store.url
+            )
             self._last_error = f"usage rebuild failed: {type(e).__name__}: {e}"
         finally:
             with self._lock:
@@ -541,12 +575,18 @@ class ObjectStoreL2Adapter(L2Adapter):
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
         if cursor is not None and (not isinstance(cursor, str) or not cursor):
             raise ValueError("cursor must be the non-empty string returned as next_cursor")
-        start = key_to_name(f"{model_name}@", self._prefix) if model_name else (
-            f"{self._prefix}/" if self._prefix else "")
+        start = (
+            key_to_name(f"{model_name}@", self._prefix)
+            if model_name
+            else (f"{self._prefix}/" if self._prefix else "")
+        )
         if self._rebuilt:
             with self._lock:
-                names = sorted((n, e.key, e.size) for n in self._index.names()
-                               if n.startswith(start) and (e := self._index.get(n)) is not None)
+                names = sorted(
+                    (n, e.key, e.size)
+                    for n in self._index.names()
+                    if n.startswith(start) and (e := self._index.get(n)) is not None
+                )
         else:
             names = []
             for info in self._store.list(start):
@@ -577,7 +617,7 @@ class ObjectStoreL2Adapter(L2Adapter):
             "usage_complete": usage.complete,
             "locked_keys": locked,
             "inflight_tasks": len(self._inflight),
-            "full_chunk_bytes": self._full_bytes,
+            "full_chunk_bytes": self._full_fixed if self._full_fixed is not None else dict(self._full),
             "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
             "last_error": self._last_error,
             **self._stats,

@@ -162,10 +162,12 @@ class L2Adapter(abc.ABC):
 
     # ---- lookup and lock --------------------------------------------------------------------
     @abc.abstractmethod
-    def submit_lookup_and_lock_task(
-        self, keys: Sequence[ObjectKey], layout: Any | None = None
-    ) -> L2TaskId:
-        """Find which keys are stored; each hit is locked (refcount +1) against delete/eviction."""
+    def submit_lookup_and_lock_task(self, keys: Sequence[ObjectKey], layout: Any | None = None) -> L2TaskId:
+        """Find which keys are stored; each hit is locked (refcount +1) against delete/eviction.
+
+        ``layout`` optionally gives the full chunk size in bytes: an int, or a dict from object
+        group (``kv_rank >> 32``) to bytes. Objects of another size are misses.
+        """
 
     @abc.abstractmethod
     def query_lookup_and_lock_result(self, task_id: L2TaskId) -> list[bool] | None:

@@ -46,9 +46,7 @@ class EvictionConfig(BaseModel):
         return max(0, int((self.trigger_watermark - self.eviction_ratio) * capacity))
 
     def triggered(self, used: int, capacity: int) -> bool:
-        return (
-            self.eviction_policy != "noop" and capacity > 0 and used >= self.trigger_watermark * capacity
-        )
+        return self.eviction_policy != "noop" and capacity > 0 and used >= self.trigger_watermark * capacity
 
 
 def choose_victims(

@@ -47,7 +47,7 @@ def parse_l2_config(spec: str | dict[str, Any] | L2CommonConfig) -> L2CommonConf
     d = load_spec(spec)
     type_name = d.get("type")
     if not isinstance(type_name, str) or not type_name:
-        raise ConfigError(f"the L2 adapter spec needs a \"type\" field, one of: {', '.join(l2_types())}")
+        raise ConfigError(f'the L2 adapter spec needs a "type" field, one of: {", ".join(l2_types())}')
     entry = _TYPES.get(type_name)
     if entry is None:
         raise ConfigError(f"unknown L2 adapter type {type_name!r}; known types: {', '.join(l2_types())}")

@@ -56,8 +56,9 @@ def _wait(fetch: Any, fd: int, timeout: float) -> Any:
         wait_fd(fd, left)
 
 
-def store(adapter: L2Adapter, keys: Sequence[ObjectKey], buffers: Sequence[Any], timeout: float = 30.0
-          ) -> StoreResult:
+def store(
+    adapter: L2Adapter, keys: Sequence[ObjectKey], buffers: Sequence[Any], timeout: float = 30.0
+) -> StoreResult:
     tid = adapter.submit_store_task(keys, buffers)
     seen: dict[int, StoreResult] = {}
 
@@ -70,12 +71,14 @@ def store(adapter: L2Adapter, keys: Sequence[ObjectKey], buffers: Sequence[Any],
 
 def lookup(adapter: L2Adapter, keys: Sequence[ObjectKey], timeout: float = 30.0) -> list[bool]:
     tid = adapter.submit_lookup_and_lock_task(keys)
-    return _wait(lambda: adapter.query_lookup_and_lock_result(tid), adapter.get_lookup_and_lock_event_fd(),
-                 timeout)
+    return _wait(
+        lambda: adapter.query_lookup_and_lock_result(tid), adapter.get_lookup_and_lock_event_fd(), timeout
+    )
 
 
-def load(adapter: L2Adapter, keys: Sequence[ObjectKey], buffers: Sequence[Any], timeout: float = 30.0
-         ) -> list[bool]:
+def load(
+    adapter: L2Adapter, keys: Sequence[ObjectKey], buffers: Sequence[Any], timeout: float = 30.0
+) -> list[bool]:
     tid = adapter.submit_load_task(keys, buffers)
     return _wait(lambda: adapter.query_load_result(tid), adapter.get_load_event_fd(), timeout)
 
