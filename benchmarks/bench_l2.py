@@ -1,0 +1,151 @@
+"""LMCache's built-in L2 adapters next to kvbucket's plugin adapter, on the same servers, as ratios.
+
+Each adapter runs under the unmodified ``lmcache bench l2`` (a subprocess per adapter, so every
+adapter gets a fresh process and identical methodology: same keys, sizes, rounds, in-flight
+depth, round-trip verification). Pairs:
+
+- ``hfbucket``: LMCache's ``{"type": "hfbucket"}`` vs kvbucket's plugin with ``{"type": "hfbucket"}``,
+  both against the local Hub emulator (``kvbucket.testing.hub_emulator``, its own process);
+- ``s3``: LMCache's ``{"type": "s3"}`` (awscrt) vs kvbucket's ``{"type": "s3"}``, both against
+  SeaweedFS (``kvbucket.testing.s3_server``). LMCache's adapter only speaks virtual-hosted
+  requests to the host in ``s3_endpoint``, so it is pointed at ``127.0.0.1:<port>`` with SeaweedFS
+  serving domain ``0.0.1`` (Host ``127.0.0.1`` = bucket ``127``); kvbucket uses path-style requests
+  to the same server and bucket;
+- ``fs``: LMCache's ``{"type": "fs"}`` vs kvbucket's ``{"type": "fs"}`` on a local directory.
+
+Prints ops/s per operation and the ratio kvbucket / LMCache. Goal: >= 1.5x on lookup and load,
+>= 1.0x on store.
+
+    PYTHONPATH=src python benchmarks/bench_l2.py --backends hfbucket,s3,fs --num-keys 32 \
+        --data-size-kb 256 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+PLUGIN = {"type": "plugin", "module_path": "kvbucket.integrations.lmcache", "class_name": "KVBucketL2Adapter"}
+OPS = ("Store", "Lookup", "Load")
+GOALS = {"Store": 1.0, "Lookup": 1.5, "Load": 1.5}
+
+
+def run_bench(spec: dict[str, Any], env: dict[str, str], args: argparse.Namespace, workdir: Path) -> dict:
+    out = workdir / f"result-{os.urandom(4).hex()}.json"
+    cmd = [
+        sys.executable, "-m", "lmcache.cli.main", "bench", "l2",
+        "--l2-adapter", json.dumps(spec),
+        "--num-keys", str(args.num_keys), "--data-size-kb", str(args.data_size_kb),
+        "--rounds", str(args.rounds), "--warmup-rounds", "1", "--in-flight", str(args.in_flight),
+        "--lookup-max-hit-rate", "1.0", "--no-skip-verify", "--format", "json", "--output", str(out),
+    ]  # fmt: skip
+    full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **env}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=workdir, timeout=1800)
+    if proc.returncode != 0 or not out.exists():
+        tail = (proc.stdout + proc.stderr)[-2500:]
+        raise RuntimeError(f"lmcache bench l2 failed for {spec.get('type')}: {tail}")
+    verified = "data verified OK" in proc.stdout
+    metrics = json.loads(out.read_text())["metrics"]
+    ops = {m["operation"]: m for k, m in metrics.items() if k.startswith("op_")}
+    ops["verified"] = verified
+    return ops
+
+
+# ---- servers -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def hub_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
+    from kvbucket.testing.hub_emulator import HubEmulator
+
+    token = "hf_bench_" + os.urandom(8).hex()
+    with HubEmulator(tokens={"bench": (token, "write")}, subprocess=True) as emu:
+        env = {"HF_ENDPOINT": emu.endpoint, "HF_TOKEN": token, "HF_HUB_DISABLE_TELEMETRY": "1"}
+        builtin = {"type": "hfbucket", "bucket_handle": "hf://buckets/bench/lmcache-builtin",
+                   "create_bucket_if_missing": True, "download_tmp_dir": str(tmp / "dl-builtin")}
+        ours = {"type": "hfbucket", "bucket_handle": "hf://buckets/bench/kvbucket",
+                "create_bucket_if_missing": True, "download_tmp_dir": str(tmp / "dl-kvbucket")}
+        yield builtin, ours, env
+
+
+@contextlib.contextmanager
+def s3_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
+    from kvbucket.testing.s3_server import DOMAIN, SeaweedFS
+
+    weed = SeaweedFS(domain_name=f"{DOMAIN},0.0.1")
+    server = weed.start()
+    try:
+        server.create_bucket("127")
+        host = f"127.0.0.1:{server.port}"
+        creds = {"aws_access_key_id": server.access_key, "aws_secret_access_key": server.secret_key}
+        builtin = {"type": "s3", "s3_endpoint": host, "s3_region": server.region, "disable_tls": True,
+                   "s3_prefer_http2": False, **creds}
+        ours = {"type": "s3", **server.config("127", prefix="kvbucket"), "disable_tls": True}
+        yield builtin, ours, {}
+    finally:
+        weed.stop()
+
+
+@contextlib.contextmanager
+def fs_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
+    yield ({"type": "fs", "base_path": str(tmp / "fs-builtin")},
+           {"type": "fs", "base_path": str(tmp / "fs-kvbucket")}, {})
+
+
+SERVERS = {"hfbucket": hub_servers, "s3": s3_servers, "fs": fs_servers}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backends", default="hfbucket,s3,fs")
+    p.add_argument("--num-keys", type=int, default=32)
+    p.add_argument("--data-size-kb", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--in-flight", type=int, default=1)
+    p.add_argument("--num-workers", type=int, default=None, help="kvbucket num_workers (default: its own)")
+    args = p.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-l2-"))
+    rows: list[tuple[str, str, float, float]] = []
+    failures = 0
+    try:
+        for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
+            try:
+                with SERVERS[backend](tmp) as (builtin, ours, env):
+                    if args.num_workers:
+                        ours["num_workers"] = args.num_workers
+                    base = run_bench(builtin, env, args, tmp)
+                    mine = run_bench({**PLUGIN, "adapter_params": ours}, env, args, tmp)
+            except Exception as e:  # report and go on with the other backends
+                print(f"[{backend}] could not run: {e}", file=sys.stderr)
+                failures += 1
+                continue
+            for op in OPS:
+                rows.append((backend, op, base[op]["ops_per_sec_avg"], mine[op]["ops_per_sec_avg"]))
+            if not (base["verified"] and mine["verified"]):
+                print(f"[{backend}] round-trip verification: lmcache={base['verified']} "
+                      f"kvbucket={mine['verified']}", file=sys.stderr)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"\nlmcache bench l2: {args.num_keys} keys x {args.data_size_kb} KiB per submit, "
+          f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)")
+    print(f"{'backend':<9} {'op':<7} {'lmcache ops/s':>14} {'kvbucket ops/s':>15} {'ratio':>7}  goal")
+    for backend, op, base_ops, my_ops in rows:
+        ratio = my_ops / base_ops if base_ops > 0 else float("inf")
+        goal = GOALS[op]
+        mark = "ok" if ratio >= goal else "MISSED"
+        print(f"{backend:<9} {op:<7} {base_ops:>14.1f} {my_ops:>15.1f} {ratio:>6.2f}x  >={goal}x {mark}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
