@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from kvbucket.errors import ConfigError
 from kvbucket.l2.eviction import EvictionConfig
+from kvbucket.stores.hfbucket_config import HFBucketConfig
 
 GIB = 1024**3
 
@@ -53,15 +54,18 @@ class FsL2Config(L2CommonConfig):
     fsync: bool = False
 
 
-class HFBucketL2Config(L2CommonConfig):
-    """Seed 000's fields: ``{"type": "hfbucket", "bucket_handle": "hf://buckets/org/name[/prefix]"}``."""
+class HFBucketL2Config(HFBucketConfig, L2CommonConfig):
+    """Seed 000's fields: ``{"type": "hfbucket", "bucket_handle": "hf://buckets/org/name[/prefix]"}``.
+
+    Every field of the hfbucket store's :class:`~kvbucket.stores.hfbucket_config.HFBucketConfig`
+    (``bucket_handle``, ``token_env``, ``token``, ``create_bucket_if_missing``,
+    ``download_tmp_dir``, ``metadata_cache_ttl_secs``, ``num_workers``, and kvbucket's
+    ``endpoint``/``max_retries``/``retry_backoff_secs``) plus the adapter fields above.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, validate_default=True)
 
     type: Literal["hfbucket"] = "hfbucket"
-    bucket_handle: str = Field(min_length=1)
-    token_env: str = "HF_TOKEN"
-    token: SecretStr | None = None
-    create_bucket_if_missing: bool = False
-    download_tmp_dir: str | None = None
 
 
 class S3L2Config(L2CommonConfig):
@@ -84,7 +88,7 @@ def format_validation_error(e: ValidationError, where: str) -> str:
     lines = []
     for err in e.errors(include_input=False, include_url=False):
         field = ".".join(str(p) for p in err["loc"]) or "(spec)"
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling; see the docs for the fields this type takes)"
         elif err["type"] == "missing":
