@@ -160,7 +160,7 @@ class KVBucketL2Adapter(L2AdapterInterface):
 
     def submit_store_task(self, keys: list[LMObjectKey], objects: list[Any]) -> L2TaskId:
         return self._impl.submit_store_task(
-            [to_kvbucket_key(k) for k in keys], [o.byte_array for o in objects]
+            [to_kvbucket_key(k) for k in keys], [o.byte_array for o in objects], keepalive=objects
         )
 
     def pop_completed_store_tasks(self) -> dict[L2TaskId, L2StoreResult]:
@@ -185,7 +185,7 @@ class KVBucketL2Adapter(L2AdapterInterface):
 
     def submit_load_task(self, keys: list[LMObjectKey], objects: list[Any]) -> L2TaskId:
         return self._impl.submit_load_task(
-            [to_kvbucket_key(k) for k in keys], [o.byte_array for o in objects]
+            [to_kvbucket_key(k) for k in keys], [o.byte_array for o in objects], keepalive=objects
         )
 
     def query_load_result(self, task_id: L2TaskId) -> Bitmap | None:

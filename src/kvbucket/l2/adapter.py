@@ -205,7 +205,11 @@ class ObjectStoreL2Adapter(L2Adapter):
         return self._load_efd.fileno()
 
     # ---- store ------------------------------------------------------------------------------
-    def submit_store_task(self, keys: Sequence[ObjectKey], buffers: Sequence[Buffer]) -> L2TaskId:
+    def submit_store_task(
+        self, keys: Sequence[ObjectKey], buffers: Sequence[Buffer], *, keepalive: Any = None
+    ) -> L2TaskId:
+        """``keepalive``: objects owning the buffers' memory, held until the task completes (a
+        ctypes view of an LMCache MemoryObj does not keep the MemoryObj alive)."""
         keys, buffers = list(keys), list(buffers)
         with self._lock:
             tid = self._new_id()
@@ -216,7 +220,7 @@ class ObjectStoreL2Adapter(L2Adapter):
                 failed_now = True
             else:
                 failed_now = False
-                self._schedule(self._run_store(tid, keys, buffers))
+                self._schedule(self._run_store(tid, keys, buffers, keepalive))
         if failed_now:
             self._store_efd.notify()
         return tid
@@ -226,7 +230,9 @@ class ObjectStoreL2Adapter(L2Adapter):
             done, self._store_done = self._store_done, {}
         return done
 
-    async def _run_store(self, tid: L2TaskId, keys: list[ObjectKey], buffers: list[Buffer]) -> None:
+    async def _run_store(
+        self, tid: L2TaskId, keys: list[ObjectKey], buffers: list[Buffer], keepalive: Any = None
+    ) -> None:
         n = len(keys)
         new_keys: list[ObjectKey] = []
         new_sizes: list[int] = []
@@ -382,14 +388,16 @@ class ObjectStoreL2Adapter(L2Adapter):
             self.listener.on_keys_accessed(accessed)
 
     # ---- load -------------------------------------------------------------------------------------
-    def submit_load_task(self, keys: Sequence[ObjectKey], buffers: Sequence[Buffer]) -> L2TaskId:
+    def submit_load_task(
+        self, keys: Sequence[ObjectKey], buffers: Sequence[Buffer], *, keepalive: Any = None
+    ) -> L2TaskId:
         keys, buffers = list(keys), list(buffers)
         with self._lock:
             tid = self._new_id()
             if self._closed or len(keys) != len(buffers):
                 self._load_done[tid] = [False] * len(keys)
             else:
-                self._schedule(self._run_load(tid, keys, buffers))
+                self._schedule(self._run_load(tid, keys, buffers, keepalive))
                 return tid
         self._load_efd.notify()
         return tid
@@ -398,7 +406,9 @@ class ObjectStoreL2Adapter(L2Adapter):
         with self._lock:
             return self._load_done.pop(task_id, None)
 
-    async def _run_load(self, tid: L2TaskId, keys: list[ObjectKey], buffers: list[Buffer]) -> None:
+    async def _run_load(
+        self, tid: L2TaskId, keys: list[ObjectKey], buffers: list[Buffer], keepalive: Any = None
+    ) -> None:
         n = len(keys)
         ok = [False] * n
         gone_keys: list[ObjectKey] = []

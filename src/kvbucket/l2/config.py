@@ -21,11 +21,12 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbucket.errors import ConfigError
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.hfbucket_config import HFBucketConfig
+from kvbucket.stores.s3_config import S3Config
 
 GIB = 1024**3
 
@@ -68,18 +69,19 @@ class HFBucketL2Config(HFBucketConfig, L2CommonConfig):
     type: Literal["hfbucket"] = "hfbucket"
 
 
-class S3L2Config(L2CommonConfig):
-    """Seed 004's MP fields: ``{"type": "s3", "s3_endpoint": "s3://bucket", "s3_region": "..."}``."""
+class S3L2Config(S3Config, L2CommonConfig):
+    """Seed 004's MP fields: ``{"type": "s3", "s3_endpoint": "s3://bucket", "s3_region": "..."}``.
+
+    Every field of the s3 store's :class:`~kvbucket.stores.s3_config.S3Config` (``s3_endpoint`` as
+    ``s3://bucket[/prefix]`` or a bare bucket host, ``s3_region``, ``s3_num_io_threads``,
+    ``s3_prefer_http2``, ``s3_enable_s3express``, ``disable_tls``, ``aws_access_key_id``,
+    ``aws_secret_access_key``, and kvbucket's ``s3_endpoint_url`` etc. for S3-compatible servers)
+    plus the adapter fields above.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     type: Literal["s3"] = "s3"
-    s3_endpoint: str = Field(min_length=1)
-    s3_region: str = Field(min_length=1)
-    s3_num_io_threads: int = Field(64, ge=1)
-    s3_prefer_http2: bool = True
-    s3_enable_s3express: bool = False
-    disable_tls: bool = False
-    aws_access_key_id: SecretStr | None = None
-    aws_secret_access_key: SecretStr | None = None
     num_workers: int = Field(8, ge=1, le=512)
 
 
