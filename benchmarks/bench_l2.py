@@ -78,9 +78,18 @@ def hub_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
 
 @contextlib.contextmanager
 def s3_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
-    from kvbucket.testing.s3_server import DOMAIN, SeaweedFS
+    from kvbucket.testing.s3_server import DOMAIN, S3Server, SeaweedFS
 
-    weed = SeaweedFS(domain_name=f"{DOMAIN},0.0.1")
+    class LocalhostSeaweedFS(SeaweedFS):
+        """Path-style clients go to ``localhost`` (Host ``localhost``), because SeaweedFS reads every
+        request whose Host is ``127.0.0.1`` as virtual-hosted bucket ``127`` (domain ``0.0.1``)."""
+
+        def _wait_ready(self) -> None:
+            assert self.server is not None
+            self.server = S3Server(self.server.endpoint_url.replace("127.0.0.1", "localhost"))
+            super()._wait_ready()
+
+    weed = LocalhostSeaweedFS(domain_name=f"{DOMAIN},0.0.1")
     server = weed.start()
     try:
         server.create_bucket("127")
@@ -88,7 +97,10 @@ def s3_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
         creds = {"aws_access_key_id": server.access_key, "aws_secret_access_key": server.secret_key}
         builtin = {"type": "s3", "s3_endpoint": host, "s3_region": server.region, "disable_tls": True,
                    "s3_prefer_http2": False, **creds}
-        ours = {"type": "s3", **server.config("127", prefix="kvbucket"), "disable_tls": True}
+        # Same request concurrency as LMCache's default (64) and, like awscrt, UNSIGNED-PAYLOAD
+        # signatures (kvbucket signs bodies over plain HTTP unless told otherwise).
+        ours = {"type": "s3", **server.config("127", prefix="kvbucket"), "disable_tls": True,
+                "s3_num_io_threads": 64, "s3_unsigned_payload": True}
         yield builtin, ours, {}
     finally:
         weed.stop()

@@ -66,7 +66,26 @@ _GROUP_SHIFT = 32
 
 
 # ---- keys --------------------------------------------------------------------------------------
+_KEY_CACHE_MAX = 1 << 20
+_key_cache: dict[LMObjectKey, ObjectKey] = {}
+_lm_key_cache: dict[ObjectKey, LMObjectKey] = {}
+
+
 def to_kvbucket_key(key: LMObjectKey) -> ObjectKey:
+    """kvbucket's key for an LMCache key (memoised: the controllers pass the same keys to
+    lookup, load and unlock, and building a validated key is not free)."""
+    hit = _key_cache.get(key)
+    if hit is not None:
+        return hit
+    if len(_key_cache) >= _KEY_CACHE_MAX:
+        _key_cache.clear()
+        _lm_key_cache.clear()
+    converted = _key_cache[key] = _convert_key(key)
+    _lm_key_cache[converted] = key
+    return converted
+
+
+def _convert_key(key: LMObjectKey) -> ObjectKey:
     group = int(getattr(key, "object_group_id", 0) or 0)
     return ObjectKey(
         key.model_name, int(key.kv_rank) | group << _GROUP_SHIFT, bytes(key.chunk_hash), key.cache_salt
@@ -74,6 +93,9 @@ def to_kvbucket_key(key: LMObjectKey) -> ObjectKey:
 
 
 def to_lmcache_key(key: ObjectKey) -> LMObjectKey:
+    hit = _lm_key_cache.get(key)
+    if hit is not None:
+        return hit
     return LMObjectKey(
         chunk_hash=bytes(key.chunk_hash),
         model_name=key.model_name,
@@ -85,9 +107,10 @@ def to_lmcache_key(key: ObjectKey) -> LMObjectKey:
 
 def _bitmap(bits: Sequence[bool]) -> Bitmap:
     bm = Bitmap(len(bits))
-    for i, b in enumerate(bits):
-        if b:
-            bm.set(i)
+    if all(bits):
+        bm.set_range(0, len(bits))
+    else:
+        bm.batched_set([i for i, b in enumerate(bits) if b])
     return bm
 
 

@@ -47,6 +47,7 @@ from kvbucket.stores.base import Buffer, ItemResult, ObjectStore, check_prefix
 log = logging.getLogger(__name__)
 
 _REBUILD_PAGE = 1000
+_NAME_CACHE_MAX = 1 << 20
 
 
 class L2Listener(Protocol):
@@ -97,6 +98,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         self.listener = listener
 
         self._lock = threading.Lock()
+        self._name_cache: dict[ObjectKey, str] = {}
         self._index = KeyIndex()
         self._locks: dict[str, int] = {}
         self._deleting: set[str] = set()
@@ -144,7 +146,15 @@ class ObjectStoreL2Adapter(L2Adapter):
         return self._store
 
     def _name(self, key: ObjectKey) -> str:
-        return key_to_name(key, self._prefix)
+        # Encoding a name is a Python loop over its bytes; keys repeat (lookup, load, unlock), so
+        # remember the last ~million names.
+        name = self._name_cache.get(key)
+        if name is None:
+            name = key_to_name(key, self._prefix)
+            if len(self._name_cache) >= _NAME_CACHE_MAX:
+                self._name_cache.clear()
+            self._name_cache[key] = name
+        return name
 
     def _new_id(self) -> L2TaskId:
         tid = self._next_id
@@ -304,6 +314,11 @@ class ObjectStoreL2Adapter(L2Adapter):
     # ---- lookup and lock ----------------------------------------------------------------------
     def submit_lookup_and_lock_task(self, keys: Sequence[ObjectKey], layout: Any | None = None) -> L2TaskId:
         keys = list(keys)
+        try:
+            names: list[str] | None = [self._name(k) for k in keys]
+        except InvalidKeyError:
+            names = None  # the task reports it (as misses) from the loop
+        accessed: list[ObjectKey] = []
         with self._lock:
             tid = self._new_id()
             if self._full_fixed is None:
@@ -313,11 +328,37 @@ class ObjectStoreL2Adapter(L2Adapter):
                     self._full.update({int(g): int(b) for g, b in layout.items() if int(b) > 0})
             if self._closed:
                 self._lookup_done[tid] = [False] * len(keys)
+            elif names is not None and self._all_known(names):
+                # Every key is answered by the index (or a fresh remembered miss): no I/O is
+                # needed, so answer now instead of paying a hop through the loop thread.
+                self._lookup_done[tid] = self._lock_hits(keys, names, accessed)
             else:
                 self._schedule(self._run_lookup(tid, keys))
                 return tid
         self._lookup_efd.notify()
+        self._stats["lookups"] += 1
+        if accessed and self.listener is not None:
+            self.listener.on_keys_accessed(accessed)
         return tid
+
+    def _all_known(self, names: list[str]) -> bool:
+        """Whether every name is in the index or a remembered miss (call with ``_lock``)."""
+        now = time.monotonic()
+        index, missing = self._index, self._missing
+        return all(n in index or missing.get(n, 0.0) > now for n in names)
+
+    def _lock_hits(self, keys: list[ObjectKey], names: list[str], accessed: list[ObjectKey]) -> list[bool]:
+        """Hits among indexed names; lock and touch each (call with ``_lock``)."""
+        hits = [False] * len(keys)
+        for i, name in enumerate(names):
+            entry = self._index.get(name)
+            if entry is None or name in self._deleting or not self._usable(keys[i], entry.size):
+                continue
+            hits[i] = True
+            self._locks[name] = self._locks.get(name, 0) + 1
+            self._index.touch(name)
+            accessed.append(keys[i])
+        return hits
 
     def query_lookup_and_lock_result(self, task_id: L2TaskId) -> list[bool] | None:
         with self._lock:
@@ -369,14 +410,7 @@ class ObjectStoreL2Adapter(L2Adapter):
                 if found and self.listener is not None:
                     self.listener.on_keys_stored(found, found_sizes)
             with self._lock:
-                for i, name in enumerate(names):
-                    entry = self._index.get(name)
-                    if entry is None or name in self._deleting or not self._usable(keys[i], entry.size):
-                        continue
-                    hits[i] = True
-                    self._locks[name] = self._locks.get(name, 0) + 1
-                    self._index.touch(name)
-                    accessed.append(keys[i])
+                hits = self._lock_hits(keys, names, accessed)
         except Exception as e:
             log.exception("lookup task %d failed", tid)
             self._last_error = f"{type(e).__name__}: {e}"
