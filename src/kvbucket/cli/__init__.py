@@ -9,11 +9,10 @@ import importlib
 
 import typer
 
-
-
 COMMAND_MODULES: list[str] = [
     "kvbucket.cli.version_cmd",
     "kvbucket.cli.emulator_cmd",
+    "kvbucket.cli.store_cmd",
 ]
 
 app = typer.Typer(
