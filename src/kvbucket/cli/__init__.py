@@ -11,8 +11,8 @@ import typer
 
 COMMAND_MODULES: list[str] = [
     "kvbucket.cli.version_cmd",
-    "kvbucket.cli.emulator_cmd",
     "kvbucket.cli.store_cmd",
+    "kvbucket.cli.emulator_cmd",
 ]
 
 app = typer.Typer(
