@@ -57,7 +57,7 @@ from kvbucket.l2.config import (
     S3L2Config,
     format_validation_error,
 )
-from kvbucket.l2.registry import build_store, parse_l2_config
+from kvbucket.l2.registry import build_store, parse_l2_config, store_options
 from kvbucket.stores.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,7 @@ class KVBucketL2Adapter(L2AdapterInterface):
                 metadata_cache_ttl_secs=cfg.metadata_cache_ttl_secs,
                 full_chunk_bytes=cfg.full_chunk_bytes,
                 listener=_Listener(self),
+                **store_options(cfg),
             )
         except Exception:
             store.close()

@@ -81,6 +81,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         rebuild_usage: bool = True,
         delete_timeout_secs: float = 30.0,
         listener: L2Listener | None = None,
+        split_batches: bool = True,
     ) -> None:
         if num_workers < 1:
             raise ValueError("num_workers must be at least 1")
@@ -95,6 +96,9 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._full: dict[int, int] = {}
         self._owns_store = owns_store
         self._delete_timeout = delete_timeout_secs
+        # Stores that run a batch's items concurrently themselves (S3, HF buckets) get whole
+        # batches; others (a directory) get one slice per worker.
+        self._split = split_batches
         self.listener = listener
 
         self._lock = threading.Lock()
@@ -182,7 +186,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         n = len(names)
         if n == 0:
             return []
-        step = math.ceil(n / min(self._num_workers, n))
+        step = math.ceil(n / min(self._num_workers, n)) if self._split else n
         loop = asyncio.get_running_loop()
         futs = []
         for i in range(0, n, step):

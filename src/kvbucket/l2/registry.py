@@ -64,6 +64,12 @@ def build_store(config: L2CommonConfig) -> ObjectStore:
     return _TYPES[type_name][1](config)
 
 
+def store_options(config: L2CommonConfig) -> dict[str, bool]:
+    """How the adapter should drive this type's store: the S3 and bucket stores run a batch's
+    items concurrently themselves (and a bucket batch is one commit), so they get whole batches."""
+    return {"split_batches": getattr(config, "type", None) not in ("hfbucket", "s3")}
+
+
 def open_l2_adapter(
     spec: str | dict[str, Any] | L2CommonConfig, *, listener: L2Listener | None = None
 ) -> ObjectStoreL2Adapter:
@@ -79,6 +85,7 @@ def open_l2_adapter(
             metadata_cache_ttl_secs=config.metadata_cache_ttl_secs,
             full_chunk_bytes=config.full_chunk_bytes,
             listener=listener,
+            **store_options(config),
         )
     except Exception:
         store.close()
@@ -108,4 +115,11 @@ register_l2_type("fs", FsL2Config, _fs_store)
 register_l2_type("hfbucket", HFBucketL2Config, _hfbucket_store)
 register_l2_type("s3", S3L2Config, _s3_store)
 
-__all__ = ["build_store", "l2_types", "open_l2_adapter", "parse_l2_config", "register_l2_type"]
+__all__ = [
+    "build_store",
+    "l2_types",
+    "open_l2_adapter",
+    "parse_l2_config",
+    "register_l2_type",
+    "store_options",
+]
