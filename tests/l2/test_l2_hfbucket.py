@@ -110,3 +110,65 @@ def test_lmcache_bench_l2_with_kvbucket_plugin_on_the_emulator(hub_bucket: HubBu
             data = store.get(name)
             assert data is not None and data == bytes([data[0]]) * len(data)
             assert name.startswith("bench-model@")
+
+
+@pytest.mark.lmcache
+def test_connector_on_a_bucket_through_lmcache_remote_backend(hub_bucket: HubBucket) -> None:
+    pytest.importorskip("lmcache")
+    import asyncio
+    import threading
+    import time
+
+    import torch
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.memory_management import MemoryFormat
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+    from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
+    pre = "remote_storage_plugin.hf.eu."
+    hub = hub_bucket.hub
+    extra = {
+        pre + "module_path": "kvbucket.integrations.lmcache",
+        pre + "class_name": "KVBucketConnector",
+        pre + "bucket_handle": f"hf://buckets/{hub_bucket.bucket_id}/kv",
+        pre + "token": hub.write_token,
+        pre + "endpoint": hub.endpoint,
+        pre + "metadata_cache_ttl_secs": 0,
+    }
+    cfg = LMCacheEngineConfig.from_defaults(
+        chunk_size=16, local_cpu=False, max_local_cpu_size=0.05, save_unfull_chunk=False,
+        remote_serde="naive", remote_storage_plugins=["hf.eu"], extra_config=extra,
+    )  # fmt: skip
+    md = LMCacheMetadata(model_name="org/llama", world_size=1, local_world_size=1, worker_id=0,
+                         local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=(2, 2, 16, 2, 8),
+                         chunk_size=16)  # fmt: skip
+    loop = asyncio.new_event_loop()
+    th = threading.Thread(target=loop.run_forever, daemon=True)
+    th.start()
+    cpu = LocalCPUBackend(cfg, md, dst_device="cpu")
+    backend = RemoteBackend(cfg, md, loop, cpu, "cpu", plugin_name="hf.eu")
+    try:
+        keys = [CacheEngineKey("org/llama", 1, 0, h, torch.bfloat16) for h in (0x51, 0x52)]
+        objs = []
+        for i, _ in enumerate(keys):
+            obj = cpu.allocate(md.get_shapes(), md.get_dtypes(), MemoryFormat.KV_2LTD)
+            obj.raw_data.view(torch.uint8).fill_(0x40 + i)
+            objs.append(obj)
+        backend.batched_submit_put_task(keys, objs)
+        deadline = time.monotonic() + 30
+        while backend.batched_contains(keys) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert backend.batched_contains(keys) == 2
+        got = backend.get_blocking(keys[1])
+        assert got is not None and bytes(got.byte_array) == bytes([0x41]) * got.get_size()
+        got.ref_count_down()
+        for obj in objs:
+            obj.ref_count_down()
+        assert sorted(bucket_files(hub_bucket)) == sorted(key_to_name(k.to_string()) for k in keys)
+    finally:
+        backend.close()
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(5)
+        loop.close()
