@@ -68,3 +68,20 @@ def test_cli_errors_are_one_line_and_never_create(hub_emulator: Any, monkeypatch
     monkeypatch.setenv("HF_TOKEN", "hf_wrong_cli_token_000")
     code, _, err = run("du", f"hf://buckets/{missing}")
     assert code == 2 and "hf_wrong_cli_token_000" not in err
+
+
+def test_demo_targets_a_bucket(hub_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = hub_bucket.hub
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("HF_TOKEN", hub.write_token)
+    url = f"hf://buckets/{hub_bucket.bucket_id}/demo"
+    code, out, err = run("demo", "--target", url, "--chunks", "4", "--model", "qwen2.5-0.5b", "--keep")
+    assert code == 0, err
+    assert hub.write_token not in out + err
+    with HFBucketStore(HFBucketConfig(bucket_handle=url)) as s:
+        listed = list(s.list())
+    assert len(listed) == 4 and len({i.size for i in listed}) == 1  # four full chunks landed
+    code, _, err = run("demo", "--target", url + "2", "--chunks", "2", "--model", "qwen2.5-0.5b")
+    assert code == 0, err
+    with HFBucketStore(HFBucketConfig(bucket_handle=url + "2")) as s:
+        assert list(s.list()) == []  # cleaned up without --keep
