@@ -101,6 +101,9 @@ def test_object_over_64_mib_spans_several_xorbs(hub_bucket: HubBucket, tmp_path:
         off = 64 * 1024 * 1024 - 1000
         f.seek(off)
         assert f.read(5000) == src.read_bytes()[off : off + 5000]
+    # a 20 MiB range: the resolve route reads it in several windows, across the xorb boundary
+    a, b = 46 * 1024 * 1024 + 7, 66 * 1024 * 1024 - 3
+    assert fs.cat_file(f"buckets/{bid}/big.bin", start=a, end=b) == src.read_bytes()[a:b]
 
 
 def test_sync_bucket_both_ways(hub_bucket: HubBucket, tmp_path: Path) -> None:

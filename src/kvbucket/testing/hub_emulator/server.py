@@ -140,7 +140,7 @@ class ThreadServer:
 
 
 class SubprocessServer:
-    """The emulator in a child Python process (``python -m kvbucket.testing.hub_emulator.server``)."""
+    """The emulator in a child Python process (``python -m kvbucket.testing.hub_emulator``)."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -152,7 +152,7 @@ class SubprocessServer:
         src = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvbucket.testing.hub_emulator.server"],
+            [sys.executable, "-m", "kvbucket.testing.hub_emulator"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -230,18 +230,23 @@ class HubEmulator:
         subprocess: bool = False,
         xet_token_ttl_s: int = 3600,
         fault_seed: int = 0,
+        admin_key: str | None = None,
     ) -> None:
         if isinstance(tokens, dict):
             specs = [TokenSpec.parse(f"{n}={s}:{scope}") for n, (s, scope) in tokens.items()]
         else:
             specs = list(tokens or [])
+        if xet_token_ttl_s <= 0:
+            raise ConfigError("xet_token_ttl_s must be positive")
+        if admin_key is not None and len(admin_key) < 8:
+            raise ConfigError("the admin key (fault control) must be at least 8 characters")
         self._tmp: str | None = None
         if data_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="kvbucket-hub-")
             data_dir = self._tmp
-        if xet_token_ttl_s <= 0:
-            raise ConfigError("xet_token_ttl_s must be positive")
         self.config = ServerConfig(Path(data_dir), host, port, specs, xet_token_ttl_s, fault_seed=fault_seed)
+        if admin_key is not None:
+            self.config.admin_key = admin_key
         self.use_subprocess = subprocess
         self._server: ThreadServer | SubprocessServer | None = None
 
@@ -317,7 +322,7 @@ class HubEmulator:
         return f"HubEmulator({state}, data_dir={str(self.data_dir)!r}, tokens={len(self.config.tokens)})"
 
 
-def _child_main() -> None:
+def child_main() -> None:
     """Entry point of the subprocess mode: config on stdin, ``READY <port>`` on stdout."""
     config = ServerConfig.from_json(sys.stdin.readline())
     server = ThreadServer(config)
@@ -329,7 +334,3 @@ def _child_main() -> None:
     while not stop.wait(0.5):
         pass
     server.stop()
-
-
-if __name__ == "__main__":
-    _child_main()

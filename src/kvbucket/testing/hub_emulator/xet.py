@@ -186,7 +186,7 @@ def iter_chunk_headers(data: bytes | memoryview) -> list[tuple[int, int, int, in
     return out
 
 
-def verify_xorb(data: bytes, claimed_hex: str) -> XorbIndex:
+def verify_xorb(data: bytes | bytearray, claimed_hex: str) -> XorbIndex:
     """Decode every chunk, recompute the xorb hash and refuse a mismatch."""
     if not data:
         raise XetFormatError("a xorb holds at least one chunk")
@@ -197,10 +197,15 @@ def verify_xorb(data: bytes, claimed_hex: str) -> XorbIndex:
     lens: list[int] = []
     hashes: list[bytes] = []
     for off, clen, scheme, ulen in iter_chunk_headers(view):
-        raw = decode_chunk(scheme, view[off : off + clen], ulen)
+        if scheme == 0:  # stored raw: hash it in place, no copy
+            if clen != ulen:
+                raise XetFormatError(f"raw chunk at byte {off - 8} has {clen} bytes, header says {ulen}")
+            h = blake3.blake3(view[off : off + clen], key=DATA_KEY).digest()
+        else:
+            h = chunk_hash(decode_chunk(scheme, view[off : off + clen], ulen))
         offsets.append(off - 8)
         lens.append(ulen)
-        hashes.append(chunk_hash(raw))
+        hashes.append(h)
     offsets.append(len(data))
     got = hash_to_hex(xorb_hash(list(zip(hashes, lens, strict=True))))
     if got != claimed_hex:
