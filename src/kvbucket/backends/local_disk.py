@@ -97,6 +97,8 @@ class LocalDiskBackend(StorageBackend):
             # removed or evicted (or replaced by a chunk of another size) since we looked
             if r.error is not None:
                 log.debug("disk tier read of %s failed: %s", k, r.error)
+            else:
+                self._forget_if_gone(k)
             return None
         return memoryview(buf).toreadonly()
 
@@ -120,8 +122,21 @@ class LocalDiskBackend(StorageBackend):
             for i, r in zip(todo, results, strict=True):
                 if r.error is not None:
                     log.warning("disk tier read of %s into the caller's buffer failed: %s", ks[i], r.error)
+                elif r.size is None:
+                    self._forget_if_gone(ks[i])
                 out[i] = r.found
         return out
+
+    def _forget_if_gone(self, key: str) -> None:
+        """Drop an index entry whose file was deleted behind our back (not by us: we unindex first)."""
+        with self._stripe(key):
+            (h,) = self.store.head_many([key_to_name(key)])
+            if h.error is None and h.size is None:
+                with self._lock:
+                    size = self._index.pop(key, None)
+                    if size is not None:
+                        self.used_bytes -= size
+                        log.warning("disk tier: the file of %s was deleted outside kvbucket; forgotten", key)
 
     def contains(self, key: Key) -> bool:
         k = as_key_string(key)

@@ -99,6 +99,7 @@ class RemoteBackend(StorageBackend):
         for i, (key, chunk) in enumerate(items):
             try:
                 k = as_key_string(key)
+                self._name(k)  # a key that cannot be an object name fails here, for this item only
                 view = as_view(chunk)
                 self._check_put_size(k, view.nbytes)
             except Exception as e:

@@ -138,7 +138,8 @@ def run_synthetic_demo(
             _run_phases(backend, keys, layout, seed, workdir, report, console)
         finally:
             try:
-                if not keep and target is not None:
+                embedded = config.remote_url == f"file://{workdir / 'remote'}"
+                if not keep and not embedded:  # a user's store: take back what the demo put there
                     for k in keys:
                         for tier in backend.tiers[2:]:
                             tier.remove(k)
