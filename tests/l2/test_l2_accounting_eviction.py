@@ -224,3 +224,18 @@ def test_open_fs_adapter_from_json(tmp_path) -> None:
         assert a.get_usage().capacity_bytes == 1024**3
         assert isinstance(a.store, FileStore)
     assert (tmp_path / "kv").stat().st_mode & 0o777 == 0o700
+
+
+def test_failed_overwrite_of_an_older_object_counts_the_old_one_not_the_new() -> None:
+    inner = MemoryStore()
+    inner.put(key_to_name(k(3)), b"x" * 10)  # an old object of another size under the same key
+    flaky = FlakyStore(inner)
+    a = ObjectStoreL2Adapter(flaky, full_chunk_bytes=CHUNK, rebuild_usage=False)
+    try:
+        flaky.dropped = {key_to_name(k(3))}
+        res = t.store(a, [k(3)], [chunk(3)])
+        assert res.landed == (False,) and res.bytes_stored == 0
+        assert a.get_usage().bytes_used == 10  # what the store really holds under that name
+        assert t.lookup(a, [k(3)]) == [False]  # not a full chunk: never a hit
+    finally:
+        a.close()

@@ -286,9 +286,16 @@ class ObjectStoreL2Adapter(L2Adapter):
                     results[take.index(failed[0])].error,
                 )
                 heads = await self._sliced(self._store.head_many, [names[i] for i in failed])
+                present: dict[int, int] = {}  # there, but not what we wrote (an older object)
                 for i, h in zip(failed, heads, strict=True):
                     if h.found and h.size == sizes[i]:
                         landed[i] = h.size
+                    elif h.found and h.size:
+                        present[i] = h.size
+                with self._lock:
+                    for i, size in present.items():
+                        if names[i] not in self._deleting:
+                            self._index.add(names[i], keys[i], size, touch=False)
             with self._lock:
                 for i, size in landed.items():
                     self._missing.pop(names[i], None)
