@@ -115,6 +115,27 @@ def fs_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
 SERVERS = {"hfbucket": hub_servers, "s3": s3_servers, "fs": fs_servers}
 
 
+def _fresh_location(spec: dict[str, Any], n: int) -> dict[str, Any]:
+    """The same adapter spec writing to a location of its own for run ``n`` (no warm cache)."""
+    params = dict(spec.get("adapter_params", spec))
+    if "bucket_handle" in params:
+        params["bucket_handle"] += f"-{n}"
+    elif "base_path" in params:
+        params["base_path"] += f"-{n}"
+    elif "s3_endpoint_url" in params:  # kvbucket's s3: a prefix of its own
+        params["s3_endpoint"] = params["s3_endpoint"].rstrip("/") + f"-{n}"
+    if "adapter_params" in spec:
+        return {**spec, "adapter_params": params}
+    return params
+
+
+def _mean(runs: list[dict]) -> dict:
+    out: dict[str, Any] = {"verified": all(r["verified"] for r in runs)}
+    for op in OPS:
+        out[op] = {"ops_per_sec_avg": sum(r[op]["ops_per_sec_avg"] for r in runs) / len(runs)}
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backends", default="hfbucket,s3,fs")
@@ -123,6 +144,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--in-flight", type=int, default=1)
     p.add_argument("--num-workers", type=int, default=None, help="kvbucket num_workers (default: its own)")
+    p.add_argument("--no-abba", dest="abba", action="store_false",
+                   help="run each adapter once (default: lmcache, kvbucket, kvbucket, lmcache, averaged)")
     args = p.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-l2-"))
@@ -134,8 +157,15 @@ def main() -> int:
                 with SERVERS[backend](tmp) as (builtin, ours, env):
                     if args.num_workers:
                         ours["num_workers"] = args.num_workers
-                    base = run_bench(builtin, env, args, tmp)
-                    mine = run_bench({**PLUGIN, "adapter_params": ours}, env, args, tmp)
+                    # ABBA order on the same server, averaged: a server that slows down (or warms
+                    # up) as it fills penalises both sides equally.
+                    plugin = {**PLUGIN, "adapter_params": ours}
+                    runs: dict[str, list[dict]] = {"lmcache": [], "kvbucket": []}
+                    order = ["lmcache", "kvbucket"] + (["kvbucket", "lmcache"] if args.abba else [])
+                    for n, who in enumerate(order):
+                        spec = builtin if who == "lmcache" else plugin
+                        runs[who].append(run_bench(_fresh_location(spec, n), env, args, tmp))
+                    base, mine = _mean(runs["lmcache"]), _mean(runs["kvbucket"])
             except Exception as e:  # report and go on with the other backends
                 print(f"[{backend}] could not run: {e}", file=sys.stderr)
                 failures += 1
