@@ -211,3 +211,16 @@ def test_lookup_with_layout_size_sets_full_chunk(store) -> None:
 def test_eviction_config_rejects_ratio_above_watermark() -> None:
     with pytest.raises(ValueError, match="eviction_ratio"):
         EvictionConfig(eviction_policy="LRU", trigger_watermark=0.5, eviction_ratio=0.6)
+
+
+def test_full_chunk_size_is_relearned_from_the_listing_after_a_restart(tmp_path) -> None:
+    a = ObjectStoreL2Adapter(FileStore(tmp_path / "kv"))
+    t.store(a, [k(1)], [chunk(1)])
+    a.close()
+    b = ObjectStoreL2Adapter(FileStore(tmp_path / "kv"))
+    try:
+        assert b.wait_until_rebuilt(10)
+        res = t.store(b, [k(2)], [chunk(2, CHUNK // 4)])  # an unfull chunk, refused after a restart too
+        assert not res.success and b.report_status()["refused_unfull"] == 1
+    finally:
+        b.close()

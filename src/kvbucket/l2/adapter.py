@@ -608,6 +608,9 @@ class ObjectStoreL2Adapter(L2Adapter):
                 for name, key, size, _ in page:
                     if name not in self._deleted_while_rebuilding and name not in self._deleting:
                         self._index.add(name, key, size, touch=False)
+                        if self._full_fixed is None:  # what was stored before is the full size
+                            group = key.kv_rank >> 32
+                            self._full[group] = max(self._full.get(group, 0), size)
             page.clear()
 
         for info in self._store.list(prefix):
@@ -685,9 +688,12 @@ class ObjectStoreL2Adapter(L2Adapter):
                 return
             self._closed = True
             pending = list(self._inflight)
-        for fut in pending:  # let submitted work finish: buffers may be read/written until then
+        # Let submitted work finish (callers' buffers may be read or written until then), within
+        # one overall deadline.
+        deadline = time.monotonic() + self._delete_timeout
+        for fut in pending:
             with contextlib.suppress(Exception):
-                fut.result(timeout=self._delete_timeout)
+                fut.result(timeout=max(0.0, deadline - time.monotonic()))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
