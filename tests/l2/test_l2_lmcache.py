@@ -249,9 +249,18 @@ def test_connector_config_is_strict(tmp_path: Path) -> None:
         "s",
     )
     assert s3.type == "s3"
-    with pytest.raises(ConfigError, match="'create_bucket_if_missing'"):
+    # read as leniently as LMCache reads its plugin options, but junk is an error naming the key
+    lenient = connector_config_from_extra({pre + "bucket_handle": "hf://buckets/org/kv",
+                                           pre + "create_bucket_if_missing": "yes",
+                                           pre + "metadata_cache_ttl_secs": "5"}, "hf.eu")  # fmt: skip
+    assert lenient.create_bucket_if_missing is True and lenient.metadata_cache_ttl_secs == 5.0
+    with pytest.raises(ConfigError, match="create_bucket_if_missing"):
         connector_config_from_extra(
-            {pre + "bucket_handle": "hf://buckets/org/kv", pre + "create_bucket_if_missing": "yes"}, "hf.eu"
+            {pre + "bucket_handle": "hf://buckets/org/kv", pre + "create_bucket_if_missing": "maybe"}, "hf.eu"
+        )
+    with pytest.raises(ConfigError, match="'bucket_hanlde'"):
+        connector_config_from_extra(
+            {pre + "bucket_handle": "hf://buckets/org/kv", pre + "bucket_hanlde": "x"}, "hf.eu"
         )
     with pytest.raises(ConfigError, match="bucket_handle is required"):
         connector_config_from_extra({}, "hf.eu")

@@ -59,6 +59,7 @@ from kvbucket.l2.config import (
 )
 from kvbucket.l2.registry import build_store, parse_l2_config, store_options
 from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.hfbucket_config import lenient_bool
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,11 @@ _PLUGIN_CONTROL_KEYS = {"module_path", "class_name"}
 
 
 def connector_config_from_extra(extra_config: dict[str, Any] | None, plugin_name: str) -> L2CommonConfig:
-    """The kvbucket store config for ``remote_storage_plugin.<plugin_name>.*`` keys (strict)."""
+    """The kvbucket store config for ``remote_storage_plugin.<plugin_name>.*`` keys.
+
+    Booleans and numbers are read as leniently as LMCache reads them (``"yes"``, ``"30"``);
+    unknown keys and wrong types are errors naming the key.
+    """
     prefix = f"remote_storage_plugin.{plugin_name}."
     keys = {
         k[len(prefix) :]: v
@@ -268,10 +273,28 @@ def connector_config_from_extra(extra_config: dict[str, Any] | None, plugin_name
         cls, d["base_path"] = FsL2Config, handle[len("file://") :]
     else:
         raise ConfigError(f"{where}: bucket_handle must start with hf://, s3:// or file://")
+    d = {k: _lenient(cls, prefix + k, k, v) for k, v in d.items()}
     try:
         return cls.model_validate(d)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, where)) from None
+
+
+def _lenient(cls: type[L2CommonConfig], full_key: str, key: str, value: Any) -> Any:
+    """LMCache reads plugin options leniently (YAML/env strings "30", "yes", "off"); do the same for
+    booleans and numbers, and let the strict model reject anything else by name."""
+    field = cls.model_fields.get(key)
+    if field is None:
+        return value  # unknown: the model names it
+    kinds = {field.annotation} | set(getattr(field.annotation, "__args__", ()))
+    if bool in kinds:
+        return lenient_bool(full_key, value)
+    if isinstance(value, str) and (int in kinds or float in kinds):
+        try:
+            return int(value.strip()) if int in kinds else float(value.strip())
+        except ValueError:
+            raise ConfigError(f"{full_key} must be a number, got {value!r}") from None
+    return value
 
 
 def _own_plugin_names(config: Any) -> list[str]:
