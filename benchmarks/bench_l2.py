@@ -61,6 +61,78 @@ def run_bench(spec: dict[str, Any], env: dict[str, str], args: argparse.Namespac
     return ops
 
 
+def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argparse.Namespace,
+                    workdir: Path) -> tuple[dict, dict]:
+    """Both adapters in one process (a subprocess, so HF_ENDPOINT etc. apply from the start),
+    driven by LMCache's own bench runners one round at a time, alternating which goes first.
+    Load drift on a shared machine then hits both sides alike. Ops/s from the median round."""
+    job = workdir / f"job-{os.urandom(4).hex()}.json"
+    job.write_text(json.dumps({"specs": {"lmcache": builtin, "kvbucket": plugin}, "num_keys": args.num_keys,
+                               "data_size": args.data_size_kb * 1024, "rounds": args.rounds}))
+    full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **env}
+    proc = subprocess.run([sys.executable, __file__, "--worker", str(job)], capture_output=True, text=True,
+                          env=full_env, cwd=workdir, timeout=1800)  # fmt: skip
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"interleaved run failed: {(proc.stdout + proc.stderr)[-2500:]}")
+    out = json.loads(lines[-1][len("RESULT "):])
+    return out["lmcache"], out["kvbucket"]
+
+
+def _worker(job_path: str) -> None:
+    import statistics
+
+    from lmcache.cli.commands.bench.l2_adapter_bench.data import (
+        create_l1_memory_desc,
+        make_aligned_tensor,
+        make_memory_objects,
+        make_object_keys,
+        verify_round_trip,
+    )
+    from lmcache.cli.commands.bench.l2_adapter_bench.runner import bench_load, bench_lookup, bench_store
+    from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+    from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
+
+    job = json.loads(Path(job_path).read_text())
+    n, size, rounds = job["num_keys"], job["data_size"], job["rounds"] + 1  # + 1 warmup
+    names = list(job["specs"])
+    adapters, store_objs, load_objs = {}, {}, {}
+    for who in names:
+        cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(job["specs"][who])]))
+        buf = make_aligned_tensor(2 * n * size)
+        adapters[who] = create_l2_adapter(cfg.adapters[0], l1_memory_desc=create_l1_memory_desc(buf))
+        store_objs[who] = make_memory_objects(buf, n, size, 0)
+        load_objs[who] = make_memory_objects(buf, n, size, n * size, fill_offset=1)
+    durations: dict[str, dict[str, list[float]]] = {w: {op: [] for op in OPS} for w in names}
+    verified = {w: True for w in names}
+    quiet = lambda _msg: None  # noqa: E731
+    for op in OPS:
+        for r in range(rounds):
+            for who in names if r % 2 == 0 else names[::-1]:
+                a = adapters[who]
+                keys = make_object_keys(n, key_offset=r * n)
+                if op == "Store":
+                    res = bench_store(a, 1, n, size, 1, lambda _r, k=keys: [k],
+                                      lambda _r, w=who: [store_objs[w]], quiet)  # fmt: skip
+                elif op == "Lookup":
+                    res = bench_lookup(a, 1, n, 1, lambda _r, k=keys: [k], quiet)
+                else:
+                    res = bench_load(a, 1, n, size, 1, lambda _r, k=keys: [k],
+                                     lambda _r, w=who: [load_objs[w]], quiet)  # fmt: skip
+                    verified[who] &= verify_round_trip(keys, store_objs[who], load_objs[who], quiet)
+                if r > 0:  # the first round warms up
+                    ok = res.success_counts and res.success_counts[0] == n and res.round_durations
+                    durations[who][op].append(res.round_durations[0] if ok else float("inf"))
+    out = {}
+    for who in names:
+        out[who] = {"verified": verified[who]}
+        for op in OPS:
+            med = statistics.median(durations[who][op])
+            out[who][op] = {"ops_per_sec_avg": n / med if med > 0 else 0.0}
+        adapters[who].close()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
 # ---- servers -----------------------------------------------------------------------------------
 @contextlib.contextmanager
 def hub_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
@@ -144,9 +216,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--in-flight", type=int, default=1)
     p.add_argument("--num-workers", type=int, default=None, help="kvbucket num_workers (default: its own)")
-    p.add_argument("--no-abba", dest="abba", action="store_false",
-                   help="run each adapter once (default: lmcache, kvbucket, kvbucket, lmcache, averaged)")
+    p.add_argument("--mode", choices=["interleaved", "cli"], default="interleaved",
+                   help="interleaved: both adapters in one process, rounds alternating (default); "
+                        "cli: the lmcache bench l2 command per adapter, ABBA order, averaged")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.worker:
+        _worker(args.worker)
+        return 0
 
     tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-l2-"))
     rows: list[tuple[str, str, float, float]] = []
@@ -157,15 +234,17 @@ def main() -> int:
                 with SERVERS[backend](tmp) as (builtin, ours, env):
                     if args.num_workers:
                         ours["num_workers"] = args.num_workers
-                    # ABBA order on the same server, averaged: a server that slows down (or warms
-                    # up) as it fills penalises both sides equally.
                     plugin = {**PLUGIN, "adapter_params": ours}
-                    runs: dict[str, list[dict]] = {"lmcache": [], "kvbucket": []}
-                    order = ["lmcache", "kvbucket"] + (["kvbucket", "lmcache"] if args.abba else [])
-                    for n, who in enumerate(order):
-                        spec = builtin if who == "lmcache" else plugin
-                        runs[who].append(run_bench(_fresh_location(spec, n), env, args, tmp))
-                    base, mine = _mean(runs["lmcache"]), _mean(runs["kvbucket"])
+                    if args.mode == "interleaved":
+                        base, mine = run_interleaved(builtin, plugin, env, args, tmp)
+                    else:
+                        # ABBA order on the same server, averaged: a server that slows down (or
+                        # warms up) as it fills penalises both sides equally.
+                        runs: dict[str, list[dict]] = {"lmcache": [], "kvbucket": []}
+                        for n, who in enumerate(["lmcache", "kvbucket", "kvbucket", "lmcache"]):
+                            spec = builtin if who == "lmcache" else plugin
+                            runs[who].append(run_bench(_fresh_location(spec, n), env, args, tmp))
+                        base, mine = _mean(runs["lmcache"]), _mean(runs["kvbucket"])
             except Exception as e:  # report and go on with the other backends
                 print(f"[{backend}] could not run: {e}", file=sys.stderr)
                 failures += 1
@@ -178,7 +257,8 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\nlmcache bench l2: {args.num_keys} keys x {args.data_size_kb} KiB per submit, "
+    how = "rounds interleaved in one process" if args.mode == "interleaved" else "lmcache bench l2, ABBA"
+    print(f"\n{how}: {args.num_keys} keys x {args.data_size_kb} KiB per submit, "
           f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)")
     print(f"{'backend':<9} {'op':<7} {'lmcache ops/s':>14} {'kvbucket ops/s':>15} {'ratio':>7}  goal")
     for backend, op, base_ops, my_ops in rows:
