@@ -239,3 +239,50 @@ def test_failed_overwrite_of_an_older_object_counts_the_old_one_not_the_new() ->
         assert t.lookup(a, [k(3)]) == [False]  # not a full chunk: never a hit
     finally:
         a.close()
+
+
+def test_two_controller_threads_at_once_keep_exact_accounting() -> None:
+    """LMCache calls the adapter from a store controller and a prefetch controller at once."""
+    import threading
+
+    cfg = EvictionConfig(trigger_watermark=0.8, eviction_ratio=0.2)
+    a = ObjectStoreL2Adapter(MemoryStore(), num_workers=4, max_capacity_bytes=60 * CHUNK, eviction=cfg,
+                             full_chunk_bytes=CHUNK)  # fmt: skip
+    errors: list[BaseException] = []
+
+    def storer() -> None:
+        try:
+            for i in range(150):
+                t.store(a, [k(i % 90), k((i * 7) % 90, "s")], [chunk(i), chunk(i)])
+        except BaseException as e:
+            errors.append(e)
+
+    def prefetcher() -> None:
+        try:
+            for i in range(150):
+                keys = [k(i % 90), k((i + 3) % 90, "s")]
+                hits = t.lookup(a, keys)
+                bufs = [bytearray(CHUNK) for _ in keys]
+                ok = t.load(a, keys, bufs)
+                # a hit is locked until the unlock below, so eviction cannot take it before the load
+                assert all(o for o, h in zip(ok, hits, strict=True) if h), (hits, ok)
+                for b, good in zip(bufs, ok, strict=True):
+                    if good:
+                        assert b == bytes([b[0]]) * CHUNK  # never a torn or foreign buffer
+                a.submit_unlock(keys)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=storer), threading.Thread(target=prefetcher)]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        _settle(a)
+        assert not errors, errors
+        u = a.get_usage()
+        assert u.bytes_used == sum(info.size for info in a.store.list())
+        assert u.bytes_used < 0.8 * 60 * CHUNK + 2 * CHUNK
+    finally:
+        a.close()
