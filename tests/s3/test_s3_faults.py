@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from types import SimpleNamespace
 
@@ -19,7 +20,10 @@ def open_store(server: S3Server, bucket: str, prefix: str = "", **overrides: obj
     return S3Store(S3Config.parse(server.config(bucket, prefix, **overrides)))
 
 
-def test_wrong_secret_is_a_clear_auth_error_without_the_secret(seaweedfs: S3Server, s3_bucket: str) -> None:
+def test_wrong_secret_is_a_clear_auth_error_without_the_secret(
+    seaweedfs: S3Server, s3_bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
     secret = "definitely-not-the-secret"
     with open_store(seaweedfs, s3_bucket, aws_secret_access_key=secret) as store:
         for results in (store.put_many([("a", b"1")]), store.get_many(["a"]), store.head_many(["a"])):
@@ -29,6 +33,7 @@ def test_wrong_secret_is_a_clear_auth_error_without_the_secret(seaweedfs: S3Serv
         (put,) = store.put_many([("a", b"1")])
         assert "SignatureDoesNotMatch" in str(put.error) and "secret access key is wrong" in str(put.error)
         assert secret not in repr(store) and secret not in repr(store.config)
+    assert secret not in caplog.text
 
 
 def test_unknown_access_key_is_an_auth_error(seaweedfs: S3Server, s3_bucket: str) -> None:
@@ -166,3 +171,24 @@ def test_seed_coreweave_example_runs_unchanged_but_for_proxy_and_keys(
         assert fault_proxy.hosts[-1] == "test-127.cwlota.com"
     finally:
         seaweedfs.delete_bucket("test-127")
+
+
+def test_default_chain_reads_aws_configure_profiles(
+    seaweedfs: S3Server, s3_bucket: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No keys in the config or env: credentials come from the shared file `aws configure` writes."""
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        f"[kvb]\naws_access_key_id = {seaweedfs.access_key}\naws_secret_access_key = {seaweedfs.secret_key}\n"
+    )
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "kvb")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    cfg = seaweedfs.config(s3_bucket)
+    del cfg["aws_access_key_id"], cfg["aws_secret_access_key"]
+    with S3Store(S3Config.parse(cfg)) as store:
+        assert store.put_many([("p", b"profile")])[0].ok
+        assert store.get("p") == b"profile"
