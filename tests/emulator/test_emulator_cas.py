@@ -320,3 +320,44 @@ def test_resolve_serves_any_byte_range(hub_bucket: HubBucket) -> None:
     assert http("GET", url, headers={**auth, "Range": "bytes=0-1,5-6"})[0] == 416
     status, headers, body = http("HEAD", url, headers=auth)
     assert status == 200 and headers["X-Linked-Size"] == str(len(data)) and body == b""
+
+
+def _big_chunks(n: int = 20) -> list[bytes]:
+    return [os.urandom(100_000) for _ in range(n)]  # ~2 MB: above the zero-copy threshold
+
+
+def test_large_xorbs_take_the_zero_copy_path_and_are_still_verified(hub_bucket: HubBucket) -> None:
+    assert hub_bucket.hub.stats()["zero_copy_uploads"] is True  # Linux: splice is available
+    cas, tok = xet_token(hub_bucket)
+    chunks = _big_chunks()
+    xh, body = build_xorb(chunks)
+    other, _ = build_xorb(chunks[:-1])
+    status, headers, msg = upload_xorb(cas, tok, other, body)
+    assert status == 400 and headers.get("X-Error-Code") == "InvalidXorb" and b"hashes to" in msg
+    assert headers.get("Connection") == "close"  # the parser never saw the body: no reuse
+    tampered = bytearray(body)
+    tampered[len(body) // 2] ^= 1
+    assert upload_xorb(cas, tok, xh, bytes(tampered))[0] == 400
+    assert json.loads(upload_xorb(cas, tok, xh, body)[2]) == {"was_inserted": True}
+    assert json.loads(upload_xorb(cas, tok, xh, body)[2]) == {"was_inserted": False}
+    stored = hub_bucket.hub.data_dir / "xorbs" / xh[:2] / xh
+    assert stored.read_bytes() == body
+    assert not list((hub_bucket.hub.data_dir / "xorbs").rglob(".tmp-*"))
+
+
+def test_a_body_cut_short_leaves_nothing_behind(hub_bucket: HubBucket) -> None:
+    cas, tok = xet_token(hub_bucket)
+    xh, body = build_xorb(_big_chunks())
+    host, port = hub_bucket.hub.endpoint.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(
+            f"POST /cas/v1/xorbs/default/{xh} HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {tok}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        )
+        s.sendall(body[: len(body) // 2])
+        s.shutdown(socket.SHUT_WR)  # the client gives up half way
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 400")
+    assert not list((hub_bucket.hub.data_dir / "xorbs").rglob(".tmp-*"))
+    assert not (hub_bucket.hub.data_dir / "xorbs" / xh[:2] / xh).exists()
+    assert upload_xorb(cas, tok, xh, body)[0] == 200  # and the server carries on

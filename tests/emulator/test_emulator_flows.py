@@ -149,3 +149,15 @@ def test_hffilesystem_ls_info_open_seek_read(hub_bucket: HubBucket) -> None:
         assert f.read() == data
     assert fs.cat_file(f"{root}/fs/data.bin", start=70_000, end=70_100) == data[70_000:70_100]
     assert sorted(fs.find(root)) == sorted(f"{root}/{p}" for p in ["fs/data.bin", "fs/dir/y.txt", "fs%2Fz@1"])
+
+
+def test_uploads_without_zero_copy(tmp_path: Path) -> None:
+    """The portable receive path (no splice) gives the same result through the real client."""
+    data = os.urandom(5 * 1024 * 1024)
+    with HubEmulator(tmp_path / "d", zero_copy=False) as emu:
+        assert emu.stats()["zero_copy_uploads"] is False
+        api = HfApi(endpoint=emu.endpoint, token=False)
+        api.create_bucket("local/nozc")
+        api.batch_bucket_files("local/nozc", add=[(data, "x")])
+        api.download_bucket_files("local/nozc", [("x", tmp_path / "x")])
+        assert (tmp_path / "x").read_bytes() == data

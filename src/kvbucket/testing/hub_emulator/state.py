@@ -276,6 +276,28 @@ class State:
         self._xorb_cache[xorb_hex] = idx
         return idx
 
+    def put_xorb_file(self, idx: XorbIndex, tmp: str) -> bool:
+        """Store a verified xorb already written to ``tmp`` (in ``xorb_dir``): fsync, rename, index."""
+        if self.has_xorb(idx.hash_hex):
+            return False
+        final = self.xorb_path(idx.hash_hex)
+        final.parent.mkdir(exist_ok=True, mode=0o700)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        return self._index_xorb(idx)
+
+    def _index_xorb(self, idx: XorbIndex) -> bool:
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO xorbs (hash, offsets, lens, chunk_hashes) VALUES (?, ?, ?, ?)",
+                (idx.hash_hex, _pack(idx.byte_offsets), _pack(idx.unpacked_lens), b"".join(idx.chunk_hashes)),
+            )
+        return cur.rowcount == 1
+
     def put_xorb(self, idx: XorbIndex, data: bytes | bytearray) -> bool:
         """Store a verified xorb; False if it was already there. Body first, then the index row."""
         if self.has_xorb(idx.hash_hex):
@@ -292,9 +314,4 @@ class State:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT OR IGNORE INTO xorbs (hash, offsets, lens, chunk_hashes) VALUES (?, ?, ?, ?)",
-                (idx.hash_hex, _pack(idx.byte_offsets), _pack(idx.unpacked_lens), b"".join(idx.chunk_hashes)),
-            )
-        return cur.rowcount == 1
+        return self._index_xorb(idx)

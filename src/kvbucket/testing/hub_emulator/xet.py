@@ -7,6 +7,7 @@ so it is unit-testable and runs off the event loop in a thread pool.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, field
 
@@ -211,6 +212,27 @@ def verify_xorb(data: bytes | bytearray, claimed_hex: str) -> XorbIndex:
     if got != claimed_hex:
         raise XetFormatError(f"xorb content hashes to {got}, not to the {claimed_hex} named in the URL")
     return XorbIndex(claimed_hex, offsets, lens, hashes)
+
+
+def verify_xorb_file(path: str, claimed_hex: str) -> XorbIndex:
+    """``verify_xorb`` over a file, read through mmap (no copy into Python memory)."""
+    import mmap
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise XetFormatError("a xorb holds at least one chunk")
+        mm = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+        error: str | None = None
+        try:
+            idx = verify_xorb(mm, claimed_hex)  # type: ignore[arg-type]
+        except XetFormatError as e:
+            error = str(e)
+        # the exception (and the frames holding views of the map) is gone here: now it can close
+        mm.close()
+        if error is not None:
+            raise XetFormatError(error)
+        return idx
 
 
 @dataclass(frozen=True)
