@@ -192,3 +192,18 @@ def test_default_chain_reads_aws_configure_profiles(
     with S3Store(S3Config.parse(cfg)) as store:
         assert store.put_many([("p", b"profile")])[0].ok
         assert store.get("p") == b"profile"
+
+
+def test_unreachable_server_is_a_per_item_transient_error(s3_bucket: str, seaweedfs: S3Server) -> None:
+    from kvbucket.testing.s3_server import free_port
+
+    cfg = seaweedfs.config(s3_bucket, s3_endpoint_url=f"http://127.0.0.1:{free_port()}", s3_max_retries=2)
+    with S3Store(S3Config.parse(cfg)) as store:
+        start = time.monotonic()
+        results = store.get_many(["a", "b"])
+        assert time.monotonic() - start < 10
+        assert all(
+            isinstance(r.error, TransientStoreError) and "could not reach" in str(r.error) for r in results
+        )
+        with pytest.raises(TransientStoreError, match="could not reach"):
+            list(store.list())
