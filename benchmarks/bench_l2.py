@@ -1,0 +1,273 @@
+"""LMCache's built-in L2 adapters next to kvbucket's plugin adapter, on the same servers, as ratios.
+
+Each adapter runs under the unmodified ``lmcache bench l2`` (a subprocess per adapter, so every
+adapter gets a fresh process and identical methodology: same keys, sizes, rounds, in-flight
+depth, round-trip verification). Pairs:
+
+- ``hfbucket``: LMCache's ``{"type": "hfbucket"}`` vs kvbucket's plugin with ``{"type": "hfbucket"}``,
+  both against the local Hub emulator (``kvbucket.testing.hub_emulator``, its own process);
+- ``s3``: LMCache's ``{"type": "s3"}`` (awscrt) vs kvbucket's ``{"type": "s3"}``, both against
+  SeaweedFS (``kvbucket.testing.s3_server``). LMCache's adapter only speaks virtual-hosted
+  requests to the host in ``s3_endpoint``, so it is pointed at ``127.0.0.1:<port>`` with SeaweedFS
+  serving domain ``0.0.1`` (Host ``127.0.0.1`` = bucket ``127``); kvbucket uses path-style requests
+  to the same server and bucket;
+- ``fs``: LMCache's ``{"type": "fs"}`` vs kvbucket's ``{"type": "fs"}`` on a local directory.
+
+Prints ops/s per operation and the ratio kvbucket / LMCache. Goal: >= 1.5x on lookup and load,
+>= 1.0x on store.
+
+    PYTHONPATH=src python benchmarks/bench_l2.py --backends hfbucket,s3,fs --num-keys 32 \
+        --data-size-kb 256 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+PLUGIN = {"type": "plugin", "module_path": "kvbucket.integrations.lmcache", "class_name": "KVBucketL2Adapter"}
+OPS = ("Store", "Lookup", "Load")
+GOALS = {"Store": 1.0, "Lookup": 1.5, "Load": 1.5}
+
+
+def run_bench(spec: dict[str, Any], env: dict[str, str], args: argparse.Namespace, workdir: Path) -> dict:
+    out = workdir / f"result-{os.urandom(4).hex()}.json"
+    cmd = [
+        sys.executable, "-m", "lmcache.cli.main", "bench", "l2",
+        "--l2-adapter", json.dumps(spec),
+        "--num-keys", str(args.num_keys), "--data-size-kb", str(args.data_size_kb),
+        "--rounds", str(args.rounds), "--warmup-rounds", "1", "--in-flight", str(args.in_flight),
+        "--lookup-max-hit-rate", "1.0", "--no-skip-verify", "--format", "json", "--output", str(out),
+    ]  # fmt: skip
+    full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **env}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=workdir, timeout=1800)
+    if proc.returncode != 0 or not out.exists():
+        tail = (proc.stdout + proc.stderr)[-2500:]
+        raise RuntimeError(f"lmcache bench l2 failed for {spec.get('type')}: {tail}")
+    verified = "data verified OK" in proc.stdout
+    metrics = json.loads(out.read_text())["metrics"]
+    ops = {m["operation"]: m for k, m in metrics.items() if k.startswith("op_")}
+    ops["verified"] = verified
+    return ops
+
+
+def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argparse.Namespace,
+                    workdir: Path) -> tuple[dict, dict]:
+    """Both adapters in one process (a subprocess, so HF_ENDPOINT etc. apply from the start),
+    driven by LMCache's own bench runners one round at a time, alternating which goes first.
+    Load drift on a shared machine then hits both sides alike. Ops/s from the median round."""
+    job = workdir / f"job-{os.urandom(4).hex()}.json"
+    job.write_text(json.dumps({"specs": {"lmcache": builtin, "kvbucket": plugin}, "num_keys": args.num_keys,
+                               "data_size": args.data_size_kb * 1024, "rounds": args.rounds}))
+    full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **env}
+    proc = subprocess.run([sys.executable, __file__, "--worker", str(job)], capture_output=True, text=True,
+                          env=full_env, cwd=workdir, timeout=1800)  # fmt: skip
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"interleaved run failed: {(proc.stdout + proc.stderr)[-2500:]}")
+    out = json.loads(lines[-1][len("RESULT "):])
+    return out["lmcache"], out["kvbucket"]
+
+
+def _worker(job_path: str) -> None:
+    import statistics
+
+    from lmcache.cli.commands.bench.l2_adapter_bench.data import (
+        create_l1_memory_desc,
+        make_aligned_tensor,
+        make_memory_objects,
+        make_object_keys,
+        verify_round_trip,
+    )
+    from lmcache.cli.commands.bench.l2_adapter_bench.runner import bench_load, bench_lookup, bench_store
+    from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+    from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
+
+    job = json.loads(Path(job_path).read_text())
+    n, size, rounds = job["num_keys"], job["data_size"], job["rounds"] + 1  # + 1 warmup
+    names = list(job["specs"])
+    adapters, store_objs, load_objs = {}, {}, {}
+    for who in names:
+        cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(job["specs"][who])]))
+        buf = make_aligned_tensor(2 * n * size)
+        adapters[who] = create_l2_adapter(cfg.adapters[0], l1_memory_desc=create_l1_memory_desc(buf))
+        store_objs[who] = make_memory_objects(buf, n, size, 0)
+        load_objs[who] = make_memory_objects(buf, n, size, n * size, fill_offset=1)
+    durations: dict[str, dict[str, list[float]]] = {w: {op: [] for op in OPS} for w in names}
+    verified = {w: True for w in names}
+    quiet = lambda _msg: None  # noqa: E731
+    for op in OPS:
+        for r in range(rounds):
+            for who in names if r % 2 == 0 else names[::-1]:
+                a = adapters[who]
+                keys = make_object_keys(n, key_offset=r * n)
+                if op == "Store":
+                    res = bench_store(a, 1, n, size, 1, lambda _r, k=keys: [k],
+                                      lambda _r, w=who: [store_objs[w]], quiet)  # fmt: skip
+                elif op == "Lookup":
+                    res = bench_lookup(a, 1, n, 1, lambda _r, k=keys: [k], quiet)
+                else:
+                    res = bench_load(a, 1, n, size, 1, lambda _r, k=keys: [k],
+                                     lambda _r, w=who: [load_objs[w]], quiet)  # fmt: skip
+                    verified[who] &= verify_round_trip(keys, store_objs[who], load_objs[who], quiet)
+                if r > 0:  # the first round warms up
+                    ok = res.success_counts and res.success_counts[0] == n and res.round_durations
+                    durations[who][op].append(res.round_durations[0] if ok else float("inf"))
+    out = {}
+    for who in names:
+        out[who] = {"verified": verified[who]}
+        for op in OPS:
+            med = statistics.median(durations[who][op])
+            out[who][op] = {"ops_per_sec_avg": n / med if med > 0 else 0.0}
+        adapters[who].close()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+# ---- servers -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def hub_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
+    from kvbucket.testing.hub_emulator import HubEmulator
+
+    token = "hf_bench_" + os.urandom(8).hex()
+    with HubEmulator(tokens={"bench": (token, "write")}, subprocess=True) as emu:
+        env = {"HF_ENDPOINT": emu.endpoint, "HF_TOKEN": token, "HF_HUB_DISABLE_TELEMETRY": "1"}
+        builtin = {"type": "hfbucket", "bucket_handle": "hf://buckets/bench/lmcache-builtin",
+                   "create_bucket_if_missing": True, "download_tmp_dir": str(tmp / "dl-builtin")}
+        ours = {"type": "hfbucket", "bucket_handle": "hf://buckets/bench/kvbucket",
+                "create_bucket_if_missing": True, "download_tmp_dir": str(tmp / "dl-kvbucket")}
+        yield builtin, ours, env
+
+
+@contextlib.contextmanager
+def s3_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
+    from kvbucket.testing.s3_server import DOMAIN, S3Server, SeaweedFS
+
+    class LocalhostSeaweedFS(SeaweedFS):
+        """Path-style clients go to ``localhost`` (Host ``localhost``), because SeaweedFS reads every
+        request whose Host is ``127.0.0.1`` as virtual-hosted bucket ``127`` (domain ``0.0.1``)."""
+
+        def _wait_ready(self) -> None:
+            assert self.server is not None
+            self.server = S3Server(self.server.endpoint_url.replace("127.0.0.1", "localhost"))
+            super()._wait_ready()
+
+    weed = LocalhostSeaweedFS(domain_name=f"{DOMAIN},0.0.1")
+    server = weed.start()
+    try:
+        server.create_bucket("127")
+        host = f"127.0.0.1:{server.port}"
+        creds = {"aws_access_key_id": server.access_key, "aws_secret_access_key": server.secret_key}
+        builtin = {"type": "s3", "s3_endpoint": host, "s3_region": server.region, "disable_tls": True,
+                   "s3_prefer_http2": False, **creds}
+        # Same request concurrency as LMCache's default (64) and, like awscrt, UNSIGNED-PAYLOAD
+        # signatures (kvbucket signs bodies over plain HTTP unless told otherwise).
+        ours = {"type": "s3", **server.config("127", prefix="kvbucket"), "disable_tls": True,
+                "s3_num_io_threads": 64, "s3_unsigned_payload": True}
+        yield builtin, ours, {}
+    finally:
+        weed.stop()
+
+
+@contextlib.contextmanager
+def fs_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
+    yield ({"type": "fs", "base_path": str(tmp / "fs-builtin")},
+           {"type": "fs", "base_path": str(tmp / "fs-kvbucket")}, {})
+
+
+SERVERS = {"hfbucket": hub_servers, "s3": s3_servers, "fs": fs_servers}
+
+
+def _fresh_location(spec: dict[str, Any], n: int) -> dict[str, Any]:
+    """The same adapter spec writing to a location of its own for run ``n`` (no warm cache)."""
+    params = dict(spec.get("adapter_params", spec))
+    if "bucket_handle" in params:
+        params["bucket_handle"] += f"-{n}"
+    elif "base_path" in params:
+        params["base_path"] += f"-{n}"
+    elif "s3_endpoint_url" in params:  # kvbucket's s3: a prefix of its own
+        params["s3_endpoint"] = params["s3_endpoint"].rstrip("/") + f"-{n}"
+    if "adapter_params" in spec:
+        return {**spec, "adapter_params": params}
+    return params
+
+
+def _mean(runs: list[dict]) -> dict:
+    out: dict[str, Any] = {"verified": all(r["verified"] for r in runs)}
+    for op in OPS:
+        out[op] = {"ops_per_sec_avg": sum(r[op]["ops_per_sec_avg"] for r in runs) / len(runs)}
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backends", default="hfbucket,s3,fs")
+    p.add_argument("--num-keys", type=int, default=32)
+    p.add_argument("--data-size-kb", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--in-flight", type=int, default=1)
+    p.add_argument("--num-workers", type=int, default=None, help="kvbucket num_workers (default: its own)")
+    p.add_argument("--mode", choices=["interleaved", "cli"], default="interleaved",
+                   help="interleaved: both adapters in one process, rounds alternating (default); "
+                        "cli: the lmcache bench l2 command per adapter, ABBA order, averaged")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        _worker(args.worker)
+        return 0
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-l2-"))
+    rows: list[tuple[str, str, float, float]] = []
+    failures = 0
+    try:
+        for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
+            try:
+                with SERVERS[backend](tmp) as (builtin, ours, env):
+                    if args.num_workers:
+                        ours["num_workers"] = args.num_workers
+                    plugin = {**PLUGIN, "adapter_params": ours}
+                    if args.mode == "interleaved":
+                        base, mine = run_interleaved(builtin, plugin, env, args, tmp)
+                    else:
+                        # ABBA order on the same server, averaged: a server that slows down (or
+                        # warms up) as it fills penalises both sides equally.
+                        runs: dict[str, list[dict]] = {"lmcache": [], "kvbucket": []}
+                        for n, who in enumerate(["lmcache", "kvbucket", "kvbucket", "lmcache"]):
+                            spec = builtin if who == "lmcache" else plugin
+                            runs[who].append(run_bench(_fresh_location(spec, n), env, args, tmp))
+                        base, mine = _mean(runs["lmcache"]), _mean(runs["kvbucket"])
+            except Exception as e:  # report and go on with the other backends
+                print(f"[{backend}] could not run: {e}", file=sys.stderr)
+                failures += 1
+                continue
+            for op in OPS:
+                rows.append((backend, op, base[op]["ops_per_sec_avg"], mine[op]["ops_per_sec_avg"]))
+            if not (base["verified"] and mine["verified"]):
+                print(f"[{backend}] round-trip verification: lmcache={base['verified']} "
+                      f"kvbucket={mine['verified']}", file=sys.stderr)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    how = "rounds interleaved in one process" if args.mode == "interleaved" else "lmcache bench l2, ABBA"
+    print(f"\n{how}: {args.num_keys} keys x {args.data_size_kb} KiB per submit, "
+          f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)")
+    print(f"{'backend':<9} {'op':<7} {'lmcache ops/s':>14} {'kvbucket ops/s':>15} {'ratio':>7}  goal")
+    for backend, op, base_ops, my_ops in rows:
+        ratio = my_ops / base_ops if base_ops > 0 else float("inf")
+        goal = GOALS[op]
+        mark = "ok" if ratio >= goal else "MISSED"
+        print(f"{backend:<9} {op:<7} {base_ops:>14.1f} {my_ops:>15.1f} {ratio:>6.2f}x  >={goal}x {mark}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

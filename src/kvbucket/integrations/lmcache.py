@@ -1,0 +1,538 @@
+"""kvbucket inside the real LMCache (``pip install kvbucket[lmcache]``; tested with 0.5.6).
+
+Two entry points, both loaded by LMCache from this module path:
+
+- :class:`KVBucketL2Adapter`, an MP-mode L2 adapter (``lmcache server`` / ``lmcache bench l2``)::
+
+      --l2-adapter '{"type": "plugin", "module_path": "kvbucket.integrations.lmcache",
+                     "class_name": "KVBucketL2Adapter",
+                     "adapter_params": {"type": "hfbucket", "bucket_handle": "hf://buckets/org/kv"}}'
+
+  ``adapter_params`` is exactly a kvbucket adapter spec (types ``hfbucket``, ``s3``, ``fs``; see
+  :mod:`kvbucket.l2.config`), parsed strictly. The adapter delegates to
+  :class:`kvbucket.l2.ObjectStoreL2Adapter` and reports stored/accessed/deleted keys to
+  LMCache's listeners, so LMCache's own eviction controller (the plugin spec's top-level
+  ``"eviction"``) also works; use either that or kvbucket's (``adapter_params.eviction``).
+
+- :class:`KVBucketConnector`, a non-MP remote connector loaded through ``remote_storage_plugins``
+  with ``remote_storage_plugin.<name>.module_path: kvbucket.integrations.lmcache`` and
+  ``.class_name: KVBucketConnector``, configured by seed 001's ``remote_storage_plugin.<name>.*``
+  keys. ``bucket_handle`` may be ``hf://buckets/...``, ``s3://bucket[/prefix]`` (plus the s3
+  keys of the ``s3`` adapter type) or ``file:///dir``.
+
+Key mapping: LMCache 0.5.6's ``ObjectKey`` has an ``object_group_id`` that the documented object
+name ``<model>@<kv_rank_hex>@<chunk_hash_hex>[@salt]`` lacks. kvbucket folds it into the rank as
+``kv_rank | object_group_id << 32``, so group 0 (every non-hybrid model) gets exactly the
+documented name and other groups never collide with it.
+
+Importing this module needs lmcache; importing ``kvbucket`` does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import math
+import time
+from collections.abc import Sequence
+from types import MappingProxyType
+from typing import Any
+
+from lmcache.lmcache_native import Bitmap
+from lmcache.v1.distributed.api import KeyEntry, KeyListPage
+from lmcache.v1.distributed.api import ObjectKey as LMObjectKey
+from lmcache.v1.distributed.internal_api import L2StoreResult
+from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInterface, L2TaskId
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+from pydantic import ValidationError
+
+from kvbucket.errors import ConfigError, SizeMismatchError, StoreError
+from kvbucket.keys import ObjectKey, as_key_string, key_to_name, name_to_key
+from kvbucket.l2.adapter import ObjectStoreL2Adapter
+from kvbucket.l2.config import (
+    FsL2Config,
+    HFBucketL2Config,
+    L2CommonConfig,
+    S3L2Config,
+    format_validation_error,
+)
+from kvbucket.l2.registry import build_store, parse_l2_config, store_options
+from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.hfbucket_config import lenient_bool
+
+log = logging.getLogger(__name__)
+
+_GROUP_SHIFT = 32
+
+
+# ---- keys --------------------------------------------------------------------------------------
+_KEY_CACHE_MAX = 1 << 20
+_key_cache: dict[LMObjectKey, ObjectKey] = {}
+_lm_key_cache: dict[ObjectKey, LMObjectKey] = {}
+
+
+def to_kvbucket_key(key: LMObjectKey) -> ObjectKey:
+    """kvbucket's key for an LMCache key (memoised: the controllers pass the same keys to
+    lookup, load and unlock, and building a validated key is not free)."""
+    hit = _key_cache.get(key)
+    if hit is not None:
+        return hit
+    if len(_key_cache) >= _KEY_CACHE_MAX:
+        _key_cache.clear()
+        _lm_key_cache.clear()
+    converted = _key_cache[key] = _convert_key(key)
+    _lm_key_cache[converted] = key
+    return converted
+
+
+def _convert_key(key: LMObjectKey) -> ObjectKey:
+    group = int(getattr(key, "object_group_id", 0) or 0)
+    return ObjectKey(
+        key.model_name, int(key.kv_rank) | group << _GROUP_SHIFT, bytes(key.chunk_hash), key.cache_salt
+    )
+
+
+def to_lmcache_key(key: ObjectKey) -> LMObjectKey:
+    hit = _lm_key_cache.get(key)
+    if hit is not None:
+        return hit
+    return LMObjectKey(
+        chunk_hash=bytes(key.chunk_hash),
+        model_name=key.model_name,
+        kv_rank=key.kv_rank & ((1 << _GROUP_SHIFT) - 1),
+        object_group_id=key.kv_rank >> _GROUP_SHIFT,
+        cache_salt=key.cache_salt,
+    )
+
+
+def _bitmap(bits: Sequence[bool]) -> Bitmap:
+    bm = Bitmap(len(bits))
+    if all(bits):
+        bm.set_range(0, len(bits))
+    else:
+        bm.batched_set([i for i, b in enumerate(bits) if b])
+    return bm
+
+
+def _layout_bytes(group_layout_descs: Any) -> dict[int, int] | None:
+    """Full chunk bytes per object group from LMCache's ``MemoryLayoutDesc`` hints."""
+    if not isinstance(group_layout_descs, dict):
+        return None
+    out: dict[int, int] = {}
+    for group, desc in group_layout_descs.items():
+        shapes = getattr(desc, "shapes", None) or []
+        dtypes = getattr(desc, "dtypes", None) or []
+        total = sum(math.prod(shape) * dtype.itemsize for shape, dtype in zip(shapes, dtypes, strict=False))
+        if total > 0:
+            out[int(group)] = int(total)
+    return out or None
+
+
+# ---- MP mode: the L2 adapter ------------------------------------------------------------------------
+class _Listener:
+    def __init__(self, owner: KVBucketL2Adapter) -> None:
+        self._owner = owner
+
+    def on_keys_stored(self, keys: list[ObjectKey], sizes: list[int]) -> None:
+        self._owner._notify_keys_stored([to_lmcache_key(k) for k in keys], sizes)
+
+    def on_keys_accessed(self, keys: list[ObjectKey]) -> None:
+        self._owner._notify_keys_accessed([to_lmcache_key(k) for k in keys])
+
+    def on_keys_deleted(self, keys: list[ObjectKey], sizes: list[int]) -> None:
+        self._owner._notify_keys_deleted([to_lmcache_key(k) for k in keys], sizes)
+
+
+class KVBucketL2Adapter(L2AdapterInterface):
+    """LMCache's ``L2AdapterInterface`` over :class:`kvbucket.l2.ObjectStoreL2Adapter`."""
+
+    def __init__(
+        self, config: dict[str, Any] | str | L2CommonConfig, l1_memory_desc: Any = None, **_: Any
+    ) -> None:
+        cfg = parse_l2_config(config)  # ConfigError is a ValueError: LMCache reports it as a bad spec
+        super().__init__(max_capacity_bytes=cfg.max_capacity_bytes)
+        self.config = cfg
+        store = build_store(cfg)
+        try:
+            self._impl = ObjectStoreL2Adapter(
+                store,
+                num_workers=cfg.num_workers,
+                max_capacity_bytes=cfg.max_capacity_bytes,
+                eviction=cfg.eviction,
+                metadata_cache_ttl_secs=cfg.metadata_cache_ttl_secs,
+                full_chunk_bytes=cfg.full_chunk_bytes,
+                listener=_Listener(self),
+                **store_options(cfg),
+            )
+        except Exception:
+            store.close()
+            raise
+        log.info("kvbucket L2 adapter on %s (%s workers)", store.url, cfg.num_workers)
+
+    @property
+    def impl(self) -> ObjectStoreL2Adapter:
+        return self._impl
+
+    def get_store_event_fd(self) -> int:
+        return self._impl.get_store_event_fd()
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return self._impl.get_lookup_and_lock_event_fd()
+
+    def get_load_event_fd(self) -> int:
+        return self._impl.get_load_event_fd()
+
+    def submit_store_task(self, keys: list[LMObjectKey], objects: list[Any]) -> L2TaskId:
+        return self._impl.submit_store_task(
+            [to_kvbucket_key(k) for k in keys], [o.byte_array for o in objects], keepalive=objects
+        )
+
+    def pop_completed_store_tasks(self) -> dict[L2TaskId, L2StoreResult]:
+        return {
+            tid: L2StoreResult(r.success, r.bytes_stored)
+            for tid, r in self._impl.pop_completed_store_tasks().items()
+        }
+
+    def submit_lookup_and_lock_task(
+        self, keys: list[LMObjectKey], group_layout_descs: Any = None
+    ) -> L2TaskId:
+        return self._impl.submit_lookup_and_lock_task(
+            [to_kvbucket_key(k) for k in keys], _layout_bytes(group_layout_descs)
+        )
+
+    def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Bitmap | None:
+        bits = self._impl.query_lookup_and_lock_result(task_id)
+        return None if bits is None else _bitmap(bits)
+
+    def submit_unlock(self, keys: list[LMObjectKey]) -> None:
+        self._impl.submit_unlock([to_kvbucket_key(k) for k in keys])
+
+    def submit_load_task(self, keys: list[LMObjectKey], objects: list[Any]) -> L2TaskId:
+        return self._impl.submit_load_task(
+            [to_kvbucket_key(k) for k in keys], [o.byte_array for o in objects], keepalive=objects
+        )
+
+    def query_load_result(self, task_id: L2TaskId) -> Bitmap | None:
+        bits = self._impl.query_load_result(task_id)
+        return None if bits is None else _bitmap(bits)
+
+    def delete(self, keys: list[LMObjectKey]) -> None:
+        self._impl.delete([to_kvbucket_key(k) for k in keys])
+
+    def get_usage(self) -> AdapterUsage:
+        u = self._impl.get_usage()
+        return AdapterUsage(u.bytes_used, u.capacity_bytes, MappingProxyType(dict(u.bytes_by_cache_salt)))
+
+    def list_l2_keys(
+        self, model_name: str | None = None, page_size: int = 500, cursor: str | None = None
+    ) -> KeyListPage:
+        page = self._impl.list_keys(model_name, page_size, cursor)
+        entries = tuple(
+            KeyEntry(key=to_lmcache_key(k).to_encoded_object_key(), size_bytes=s) for k, s in page.entries
+        )
+        return KeyListPage(entries=entries, next_page_token=page.next_cursor)
+
+    def report_status(self) -> dict:
+        return self._impl.report_status()
+
+    def close(self) -> None:
+        self._impl.close()
+
+
+# ---- non-MP: the remote connector ----------------------------------------------------------------------
+_PLUGIN_CONTROL_KEYS = {"module_path", "class_name"}
+
+
+def connector_config_from_extra(extra_config: dict[str, Any] | None, plugin_name: str) -> L2CommonConfig:
+    """The kvbucket store config for ``remote_storage_plugin.<plugin_name>.*`` keys.
+
+    Booleans and numbers are read as leniently as LMCache reads them (``"yes"``, ``"30"``);
+    unknown keys and wrong types are errors naming the key.
+    """
+    prefix = f"remote_storage_plugin.{plugin_name}."
+    keys = {
+        k[len(prefix) :]: v
+        for k, v in (extra_config or {}).items()
+        if isinstance(k, str) and k.startswith(prefix) and "." not in k[len(prefix) :]
+    }
+    d = {k: v for k, v in keys.items() if k not in _PLUGIN_CONTROL_KEYS}
+    handle = d.pop("bucket_handle", None)
+    where = f"extra_config {prefix}*"
+    if not isinstance(handle, str) or not handle:
+        raise ConfigError(
+            f"{where}: {prefix}bucket_handle is required (hf://buckets/<ns>/<bucket>[/<prefix>], "
+            "s3://<bucket>[/<prefix>] or file:///<dir>)"
+        )
+    cls: type[L2CommonConfig]
+    if handle.startswith("hf://"):
+        cls, d["bucket_handle"] = HFBucketL2Config, handle
+    elif handle.startswith("s3://"):
+        cls, d["s3_endpoint"] = S3L2Config, handle
+    elif handle.startswith("file://"):
+        cls, d["base_path"] = FsL2Config, handle[len("file://") :]
+    else:
+        raise ConfigError(f"{where}: bucket_handle must start with hf://, s3:// or file://")
+    d = {k: _lenient(cls, prefix + k, k, v) for k, v in d.items()}
+    try:
+        return cls.model_validate(d)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, where)) from None
+
+
+def _lenient(cls: type[L2CommonConfig], full_key: str, key: str, value: Any) -> Any:
+    """LMCache reads plugin options leniently (YAML/env strings "30", "yes", "off"); do the same for
+    booleans and numbers, and let the strict model reject anything else by name."""
+    field = cls.model_fields.get(key)
+    if field is None:
+        return value  # unknown: the model names it
+    kinds = {field.annotation} | set(getattr(field.annotation, "__args__", ()))
+    if bool in kinds:
+        return lenient_bool(full_key, value)
+    if isinstance(value, str) and (int in kinds or float in kinds):
+        try:
+            return int(value.strip()) if int in kinds else float(value.strip())
+        except ValueError:
+            raise ConfigError(f"{full_key} must be a number, got {value!r}") from None
+    return value
+
+
+def _own_plugin_names(config: Any) -> list[str]:
+    extra = getattr(config, "extra_config", None) or {}
+    names = []
+    for name in getattr(config, "remote_storage_plugins", None) or []:
+        if (
+            extra.get(f"remote_storage_plugin.{name}.module_path") == __name__
+            and extra.get(f"remote_storage_plugin.{name}.class_name") == "KVBucketConnector"
+        ):
+            names.append(name)
+    return names
+
+
+class KVBucketConnector(RemoteConnector):
+    """LMCache's non-MP ``RemoteConnector`` over a kvbucket object store.
+
+    LMCache builds a plugin connector as ``cls(loop=, local_cpu_backend=, config=)`` without
+    telling it its plugin name, so the name is found in ``config.remote_storage_plugins`` (the
+    entry whose ``module_path``/``class_name`` point here); configure at most one such entry per
+    engine, or pass ``plugin_name=`` when constructing it yourself.
+
+    Only full chunks are stored (``save_unfull_chunk`` must be false) and objects hold raw chunk
+    bytes (``save_chunk_meta`` must be false or unset). A stored object whose size is not the
+    full chunk is never loaded.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop | None = None,
+        local_cpu_backend: Any = None,
+        config: Any = None,
+        metadata: Any = None,
+        plugin_name: str | None = None,
+        store: ObjectStore | None = None,
+    ) -> None:
+        if config is None:
+            raise ConfigError("KVBucketConnector needs the LMCache engine config")
+        if metadata is None:
+            metadata = getattr(local_cpu_backend, "metadata", None)
+        if metadata is None:
+            raise ConfigError("KVBucketConnector needs LMCache metadata (from the local CPU backend)")
+        extra = dict(getattr(config, "extra_config", None) or {})
+        if extra.get("save_chunk_meta") is True:
+            raise ConfigError(
+                "KVBucketConnector stores raw chunk bytes: set extra_config.save_chunk_meta: false"
+            )
+        if getattr(config, "save_unfull_chunk", False):
+            raise ConfigError("KVBucketConnector stores full chunks only: set save_unfull_chunk: false")
+        extra["save_chunk_meta"] = False
+        config_view = _ConfigView(config, extra)
+        super().__init__(config_view, metadata)
+        if plugin_name is None:
+            names = _own_plugin_names(config)
+            if len(names) != 1:
+                raise ConfigError(
+                    "KVBucketConnector could not tell which remote_storage_plugins entry it is "
+                    f"(found {names or 'none'}); LMCache does not pass the name to plugin connectors, so "
+                    "configure exactly one entry with class_name KVBucketConnector"
+                )
+            plugin_name = names[0]
+        self.plugin_name = plugin_name
+        self.loop = loop
+        self.local_cpu_backend = local_cpu_backend
+        self._cfg = connector_config_from_extra(extra, plugin_name)
+        self.store = store if store is not None else build_store(self._cfg)
+        self._ttl = self._cfg.metadata_cache_ttl_secs
+        self._sizes: dict[str, tuple[int | None, float]] = {}  # name -> (size, expiry)
+        log.info("kvbucket connector %r on %s", plugin_name, self.store.url)
+
+    # -- helpers
+    def _name(self, key: Any) -> str:
+        return key_to_name(as_key_string(key))
+
+    def _sizes_of(self, names: list[str]) -> list[int | None]:
+        now = time.monotonic()
+        out: dict[str, int | None] = {}
+        ask = []
+        for n in names:
+            hit = self._sizes.get(n)
+            if hit is not None and hit[1] > now:
+                out[n] = hit[0]
+            else:
+                ask.append(n)
+        if ask:
+            for r in self.store.head_many(ask):
+                if r.error is not None:
+                    raise r.error
+                out[r.name] = r.size
+                self._sizes[r.name] = (r.size, now + self._ttl)
+        return [out[n] for n in names]
+
+    # -- RemoteConnector
+    async def exists(self, key: Any) -> bool:
+        return await asyncio.to_thread(self.exists_sync, key)
+
+    def exists_sync(self, key: Any) -> bool:
+        return self._sizes_of([self._name(key)])[0] == self.full_chunk_size_bytes
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    def batched_contains(self, keys: builtins.list[Any]) -> int:
+        hits = 0
+        for size in self._sizes_of([self._name(k) for k in keys]):
+            if size != self.full_chunk_size_bytes:
+                break
+            hits += 1
+        return hits
+
+    async def batched_async_contains(
+        self, lookup_id: str, keys: builtins.list[Any], pin: bool = False
+    ) -> int:
+        return await asyncio.to_thread(self.batched_contains, keys)
+
+    async def get(self, key: Any) -> Any:
+        return (await self.batched_get([key]))[0]
+
+    def support_batched_get(self) -> bool:
+        return True
+
+    async def batched_get(self, keys: builtins.list[Any]) -> builtins.list[Any]:
+        return await asyncio.to_thread(self._batched_get_sync, keys)
+
+    def _batched_get_sync(self, keys: builtins.list[Any]) -> builtins.list[Any]:
+        objs: builtins.list[Any] = []
+        for _ in keys:
+            obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt)
+            objs.append(obj)
+        names = [self._name(k) for k in keys]
+        todo = [i for i, o in enumerate(objs) if o is not None]
+        results = self.store.get_many([names[i] for i in todo], [objs[i].byte_array for i in todo])
+        out: builtins.list[Any] = [None] * len(keys)
+        for i, r in zip(todo, results, strict=True):
+            if r.found:
+                out[i] = objs[i]
+                self._sizes[names[i]] = (r.size, time.monotonic() + self._ttl)
+                continue
+            if isinstance(r.error, SizeMismatchError):
+                log.warning("not loading %s: %s", names[i], r.error)
+            elif r.error is not None:
+                log.warning("load of %s failed: %s", names[i], r.error)
+            else:
+                self._sizes.pop(names[i], None)
+            objs[i].ref_count_down()
+        return out
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: builtins.list[Any]) -> builtins.list[Any]:
+        results = await self.batched_get(keys)
+        prefix: builtins.list[Any] = []
+        for j, obj in enumerate(results):
+            if obj is None:
+                for rest in results[j + 1 :]:
+                    if rest is not None:
+                        rest.ref_count_down()
+                break
+            prefix.append(obj)
+        return prefix
+
+    async def put(self, key: Any, memory_obj: Any) -> None:
+        await self.batched_put([key], [memory_obj])
+
+    def support_batched_put(self) -> bool:
+        return True
+
+    async def batched_put(self, keys: builtins.list[Any], memory_objs: builtins.list[Any]) -> None:
+        await asyncio.to_thread(self._batched_put_sync, keys, memory_objs)
+
+    def _batched_put_sync(self, keys: builtins.list[Any], memory_objs: builtins.list[Any]) -> None:
+        if len(keys) != len(memory_objs):
+            raise ValueError(f"batched_put got {len(keys)} keys but {len(memory_objs)} chunks")
+        items = []
+        for key, obj in zip(keys, memory_objs, strict=True):
+            data = obj.byte_array
+            if memoryview(data).nbytes != self.full_chunk_size_bytes:
+                log.warning(
+                    "not storing %s: %d bytes is not a full chunk (%d bytes)",
+                    as_key_string(key),
+                    memoryview(data).nbytes,
+                    self.full_chunk_size_bytes,
+                )
+                continue
+            items.append((self._name(key), data))
+        results = self.store.put_many(items)
+        now = time.monotonic()
+        errors = []
+        for r in results:
+            if r.ok:
+                self._sizes[r.name] = (r.size, now + self._ttl)
+            else:
+                self._sizes.pop(r.name, None)
+                errors.append(r)
+        if errors:
+            raise StoreError(
+                f"{len(errors)} of {len(items)} chunks were not stored; first: {errors[0].error}"
+            )
+
+    def remove_sync(self, key: Any) -> bool:
+        name = self._name(key)
+        (r,) = self.store.delete_many([name])
+        self._sizes.pop(name, None)
+        return r.ok and r.size is not None
+
+    async def list(self) -> builtins.list[str]:
+        return await asyncio.to_thread(self._list_sync)
+
+    def _list_sync(self) -> builtins.list[str]:
+        out = []
+        for info in self.store.list():
+            try:
+                out.append(name_to_key(info.name))
+            except Exception:
+                continue
+        return out
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.store.close)
+
+    def __repr__(self) -> str:
+        return f"<KVBucketConnector {self.plugin_name!r} {self.store.url}>"
+
+
+class _ConfigView:
+    """The engine config with a normalised ``extra_config`` (LMCache reads ``save_chunk_meta``
+    there), without mutating the caller's config object."""
+
+    def __init__(self, config: Any, extra: dict[str, Any]) -> None:
+        self._config = config
+        self.extra_config = extra
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+__all__ = [
+    "KVBucketConnector",
+    "KVBucketL2Adapter",
+    "connector_config_from_extra",
+    "to_kvbucket_key",
+    "to_lmcache_key",
+]

@@ -1,0 +1,719 @@
+"""One L2 adapter implementation over any :class:`~kvbucket.stores.base.ObjectStore`.
+
+Threads: callers (LMCache's controllers) only take a lock and hand a coroutine to an asyncio
+loop running on a daemon thread; that loop runs the store's blocking batch verbs on a bounded
+``ThreadPoolExecutor(num_workers)``, splitting each batch into at most ``num_workers`` slices so
+one task uses the whole pool. Completion is a write to the matching event fd.
+
+What it knows about the store lives in a :class:`~kvbucket.l2.accounting.KeyIndex` rebuilt
+from the store's listing at start (in the background) and kept exact afterwards:
+
+- lookups answer from the index when they can, so a hit costs no request; unknown keys are
+  asked with one ``head_many`` and a miss is remembered for ``metadata_cache_ttl_secs``
+  (objects written by another server show up after that long at most);
+- a load that finds an object gone removes it from the index (self-healing when another
+  server deleted it); a size unlike the caller's buffer is a miss and the buffer is untouched;
+- a store whose batch partly failed asks the store (``head_many``) which objects landed and
+  counts exactly those.
+
+Full-chunk size: stores of buffers smaller than the full chunk are refused. The full size is,
+in order: ``full_chunk_bytes`` given to the adapter, the size of the layout passed with a
+lookup (LMCache's ``MemoryLayoutDesc``; the LMCache shim computes it), else the largest buffer
+stored so far (each per object group). Lookups count an object as a hit only when its size
+is the full size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError
+from kvbucket.keys import ObjectKey, key_to_name, name_to_key
+from kvbucket.l2.accounting import KeyIndex
+from kvbucket.l2.base import EventNotifier, KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
+from kvbucket.l2.eviction import EvictionConfig, choose_victims
+from kvbucket.stores.base import Buffer, ItemResult, ObjectStore, check_prefix
+
+log = logging.getLogger(__name__)
+
+_REBUILD_PAGE = 1000
+_NAME_CACHE_MAX = 1 << 20
+
+
+class L2Listener(Protocol):
+    """Told about keys entering, being used, and leaving the store (LMCache's listeners)."""
+
+    def on_keys_stored(self, keys: list[ObjectKey], sizes: list[int]) -> None: ...
+
+    def on_keys_accessed(self, keys: list[ObjectKey]) -> None: ...
+
+    def on_keys_deleted(self, keys: list[ObjectKey], sizes: list[int]) -> None: ...
+
+
+def _nbytes(buf: Buffer) -> int:
+    return memoryview(buf).nbytes
+
+
+class ObjectStoreL2Adapter(L2Adapter):
+    """See the module docstring. Build one with :func:`kvbucket.l2.open_l2_adapter` or directly."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        prefix: str = "",
+        num_workers: int = 4,
+        max_capacity_bytes: int = 0,
+        eviction: EvictionConfig | None = None,
+        metadata_cache_ttl_secs: float = 30.0,
+        full_chunk_bytes: int | None = None,
+        owns_store: bool = True,
+        rebuild_usage: bool = True,
+        delete_timeout_secs: float = 30.0,
+        listener: L2Listener | None = None,
+        split_batches: bool = True,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError("num_workers must be at least 1")
+        self._store = store
+        self._prefix = check_prefix(prefix)
+        self._num_workers = num_workers
+        self._capacity = int(max_capacity_bytes)
+        self._eviction = eviction
+        self._neg_ttl = float(metadata_cache_ttl_secs)
+        # Full chunk size per object group (``kv_rank >> 32``, see kvbucket.integrations.lmcache).
+        self._full_fixed = full_chunk_bytes
+        self._full: dict[int, int] = {}
+        self._owns_store = owns_store
+        self._delete_timeout = delete_timeout_secs
+        # Stores that run a batch's items concurrently themselves (S3, HF buckets) get whole
+        # batches; others (a directory) get one slice per worker.
+        self._split = split_batches
+        self.listener = listener
+
+        self._lock = threading.Lock()
+        self._name_cache: dict[ObjectKey, str] = {}
+        self._index = KeyIndex()
+        self._locks: dict[str, int] = {}
+        self._deleting: set[str] = set()
+        self._missing: dict[str, float] = {}  # name -> monotonic expiry of a remembered miss
+        self._next_id = 0
+        self._store_done: dict[L2TaskId, StoreResult] = {}
+        self._lookup_done: dict[L2TaskId, list[bool]] = {}
+        self._load_done: dict[L2TaskId, list[bool]] = {}
+        self._inflight: set[Future[None]] = set()
+        self._closed = False
+        self._evicting = False
+        self._rebuilt = not rebuild_usage
+        self._deleted_while_rebuilding: set[str] = set()
+        self._stats = {
+            "stores": 0,
+            "store_failures": 0,
+            "lookups": 0,
+            "loads": 0,
+            "load_misses": 0,
+            "size_mismatches": 0,
+            "refused_unfull": 0,
+            "evicted_keys": 0,
+            "evicted_bytes": 0,
+            "deleted_keys": 0,
+            "delete_failures": 0,
+            "foreign_objects": 0,
+        }
+        self._last_error: str | None = None
+
+        self._store_efd = EventNotifier()
+        self._lookup_efd = EventNotifier()
+        self._load_efd = EventNotifier()
+
+        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="kvbucket-l2")
+        self._loop = asyncio.new_event_loop()
+        self._loop.set_default_executor(self._pool)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kvbucket-l2-loop", daemon=True)
+        self._thread.start()
+        if rebuild_usage:
+            self._schedule(self._rebuild())
+
+    # ---- small helpers ------------------------------------------------------------------
+    @property
+    def store(self) -> ObjectStore:
+        return self._store
+
+    def _name(self, key: ObjectKey) -> str:
+        # Encoding a name is a Python loop over its bytes; keys repeat (lookup, load, unlock), so
+        # remember the last ~million names.
+        name = self._name_cache.get(key)
+        if name is None:
+            name = key_to_name(key, self._prefix)
+            if len(self._name_cache) >= _NAME_CACHE_MAX:
+                self._name_cache.clear()
+            self._name_cache[key] = name
+        return name
+
+    def _new_id(self) -> L2TaskId:
+        tid = self._next_id
+        self._next_id += 1
+        return tid
+
+    def _schedule(self, coro: Any) -> None:
+        """Run ``coro`` on the loop; called with or without ``_lock`` held (cheap, non-blocking)."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._inflight.add(fut)
+        fut.add_done_callback(self._inflight.discard)
+
+    def _full_for(self, key: ObjectKey) -> int | None:
+        return self._full_fixed if self._full_fixed is not None else self._full.get(key.kv_rank >> 32)
+
+    def _usable(self, key: ObjectKey, size: int) -> bool:
+        full = self._full_for(key)
+        return size > 0 and (full is None or size == full)
+
+    async def _sliced(
+        self, fn: Callable[..., list[ItemResult]], names: Sequence[Any], extra: Sequence[Any] | None = None
+    ) -> list[ItemResult]:
+        """Call a batch verb over up to ``num_workers`` slices at once; a slice that raises
+        becomes one error result per item (never a lost item)."""
+        n = len(names)
+        if n == 0:
+            return []
+        step = math.ceil(n / min(self._num_workers, n)) if self._split else n
+        loop = asyncio.get_running_loop()
+        futs = []
+        for i in range(0, n, step):
+            args = (
+                (list(names[i : i + step]),)
+                if extra is None
+                else (list(names[i : i + step]), list(extra[i : i + step]))
+            )
+            futs.append(loop.run_in_executor(self._pool, fn, *args))
+        parts = await asyncio.gather(*futs, return_exceptions=True)
+        out: list[ItemResult] = []
+        for i, part in zip(range(0, n, step), parts, strict=True):
+            chunk = names[i : i + step]
+            if isinstance(part, BaseException):
+                err = part if isinstance(part, StoreError) else StoreError(f"{type(part).__name__}: {part}")
+                self._last_error = str(err)
+                out.extend(ItemResult(_item_name(x), error=err) for x in chunk)
+            else:
+                out.extend(part)
+        return out
+
+    # ---- event fds --------------------------------------------------------------------------
+    def get_store_event_fd(self) -> int:
+        return self._store_efd.fileno()
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return self._lookup_efd.fileno()
+
+    def get_load_event_fd(self) -> int:
+        return self._load_efd.fileno()
+
+    # ---- store ------------------------------------------------------------------------------
+    def submit_store_task(
+        self, keys: Sequence[ObjectKey], buffers: Sequence[Buffer], *, keepalive: Any = None
+    ) -> L2TaskId:
+        """``keepalive``: objects owning the buffers' memory, held until the task completes (a
+        ctypes view of an LMCache MemoryObj does not keep the MemoryObj alive)."""
+        keys, buffers = list(keys), list(buffers)
+        with self._lock:
+            tid = self._new_id()
+            if self._closed or len(keys) != len(buffers):
+                if len(keys) != len(buffers):
+                    log.error("store task %d: %d keys but %d buffers; refused", tid, len(keys), len(buffers))
+                self._store_done[tid] = StoreResult.failed(len(keys))
+                failed_now = True
+            else:
+                failed_now = False
+                self._schedule(self._run_store(tid, keys, buffers, keepalive))
+        if failed_now:
+            self._store_efd.notify()
+        return tid
+
+    def pop_completed_store_tasks(self) -> dict[L2TaskId, StoreResult]:
+        with self._lock:
+            done, self._store_done = self._store_done, {}
+        return done
+
+    async def _run_store(
+        self, tid: L2TaskId, keys: list[ObjectKey], buffers: list[Buffer], keepalive: Any = None
+    ) -> None:
+        n = len(keys)
+        new_keys: list[ObjectKey] = []
+        new_sizes: list[int] = []
+        try:
+            names = [self._name(k) for k in keys]
+            sizes = [_nbytes(b) for b in buffers]
+            with self._lock:
+                if self._full_fixed is None:
+                    for key, size in zip(keys, sizes, strict=True):
+                        group = key.kv_rank >> 32
+                        if size > self._full.get(group, 0):
+                            self._full[group] = size
+                full = [self._full_for(key) for key in keys]
+            take = [i for i in range(n) if sizes[i] > 0 and sizes[i] == full[i]]
+            if len(take) < n:
+                self._stats["refused_unfull"] += n - len(take)
+                log.warning(
+                    "store task %d: refused %d chunk(s) whose size is not the full chunk size",
+                    tid,
+                    n - len(take),
+                )
+            results = await self._sliced(self._store.put_many, [(names[i], buffers[i]) for i in take])
+            landed: dict[int, int] = {}
+            failed: list[int] = []
+            for i, r in zip(take, results, strict=True):
+                if r.ok:
+                    landed[i] = r.size if r.size is not None else sizes[i]
+                else:
+                    failed.append(i)
+            if failed:
+                # Remote batches are not transactional: ask which objects are there now.
+                log.warning(
+                    "store task %d: %d of %d puts failed (%s); checking what landed",
+                    tid,
+                    len(failed),
+                    len(take),
+                    results[take.index(failed[0])].error,
+                )
+                heads = await self._sliced(self._store.head_many, [names[i] for i in failed])
+                present: dict[int, int] = {}  # there, but not what we wrote (an older object)
+                for i, h in zip(failed, heads, strict=True):
+                    if h.found and h.size == sizes[i]:
+                        landed[i] = h.size
+                    elif h.found and h.size:
+                        present[i] = h.size
+                with self._lock:
+                    for i, size in present.items():
+                        if names[i] not in self._deleting:
+                            self._index.add(names[i], keys[i], size, touch=False)
+            with self._lock:
+                for i, size in landed.items():
+                    self._missing.pop(names[i], None)
+                    if names[i] in self._deleting:
+                        continue
+                    was_new = names[i] not in self._index
+                    self._index.add(names[i], keys[i], size)
+                    if was_new:
+                        new_keys.append(keys[i])
+                        new_sizes.append(size)
+            ok = len(landed) == n
+            result = StoreResult(ok, sum(landed.values()), tuple(i in landed for i in range(n)))
+        except Exception as e:
+            log.exception("store task %d failed", tid)
+            self._last_error = f"{type(e).__name__}: {e}"
+            result = StoreResult.failed(n)
+        self._stats["stores"] += 1
+        if not result.success:
+            self._stats["store_failures"] += 1
+        with self._lock:
+            self._store_done[tid] = result
+        self._store_efd.notify()
+        if new_keys and self.listener is not None:
+            self.listener.on_keys_stored(new_keys, new_sizes)
+        self._maybe_evict()
+
+    # ---- lookup and lock ----------------------------------------------------------------------
+    def submit_lookup_and_lock_task(self, keys: Sequence[ObjectKey], layout: Any | None = None) -> L2TaskId:
+        keys = list(keys)
+        try:
+            names: list[str] | None = [self._name(k) for k in keys]
+        except InvalidKeyError:
+            names = None  # the task reports it (as misses) from the loop
+        accessed: list[ObjectKey] = []
+        with self._lock:
+            tid = self._new_id()
+            if self._full_fixed is None:
+                if isinstance(layout, int) and layout > 0:
+                    layout = {0: layout}
+                if isinstance(layout, dict):
+                    self._full.update({int(g): int(b) for g, b in layout.items() if int(b) > 0})
+            if self._closed:
+                self._lookup_done[tid] = [False] * len(keys)
+            elif names is not None and self._all_known(names):
+                # Every key is answered by the index (or a fresh remembered miss): no I/O is
+                # needed, so answer now instead of paying a hop through the loop thread.
+                self._lookup_done[tid] = self._lock_hits(keys, names, accessed)
+            else:
+                self._schedule(self._run_lookup(tid, keys))
+                return tid
+        self._lookup_efd.notify()
+        self._stats["lookups"] += 1
+        if accessed and self.listener is not None:
+            self.listener.on_keys_accessed(accessed)
+        return tid
+
+    def _all_known(self, names: list[str]) -> bool:
+        """Whether every name is in the index or a remembered miss (call with ``_lock``)."""
+        now = time.monotonic()
+        index, missing = self._index, self._missing
+        return all(n in index or missing.get(n, 0.0) > now for n in names)
+
+    def _lock_hits(self, keys: list[ObjectKey], names: list[str], accessed: list[ObjectKey]) -> list[bool]:
+        """Hits among indexed names; lock and touch each (call with ``_lock``)."""
+        hits = [False] * len(keys)
+        for i, name in enumerate(names):
+            entry = self._index.get(name)
+            if entry is None or name in self._deleting or not self._usable(keys[i], entry.size):
+                continue
+            hits[i] = True
+            self._locks[name] = self._locks.get(name, 0) + 1
+            self._index.touch(name)
+            accessed.append(keys[i])
+        return hits
+
+    def query_lookup_and_lock_result(self, task_id: L2TaskId) -> list[bool] | None:
+        with self._lock:
+            return self._lookup_done.pop(task_id, None)
+
+    def submit_unlock(self, keys: Sequence[ObjectKey]) -> None:
+        with self._lock:
+            for key in keys:
+                try:
+                    name = self._name(key)
+                except InvalidKeyError:
+                    continue
+                count = self._locks.get(name, 0)
+                if count <= 1:
+                    self._locks.pop(name, None)
+                else:
+                    self._locks[name] = count - 1
+
+    async def _run_lookup(self, tid: L2TaskId, keys: list[ObjectKey]) -> None:
+        n = len(keys)
+        hits = [False] * n
+        accessed: list[ObjectKey] = []
+        try:
+            names = [self._name(k) for k in keys]
+            unknown: list[int] = []
+            now = time.monotonic()
+            with self._lock:
+                for i, name in enumerate(names):
+                    entry = self._index.get(name)
+                    if entry is not None:
+                        continue
+                    if self._missing.get(name, 0.0) > now:
+                        continue
+                    unknown.append(i)
+            if unknown:
+                heads = await self._sliced(self._store.head_many, [names[i] for i in unknown])
+                expiry = time.monotonic() + self._neg_ttl
+                found: list[ObjectKey] = []
+                found_sizes: list[int] = []
+                with self._lock:
+                    for i, h in zip(unknown, heads, strict=True):
+                        if h.found and h.size:
+                            if names[i] not in self._index and names[i] not in self._deleting:
+                                self._index.add(names[i], keys[i], h.size)
+                                found.append(keys[i])
+                                found_sizes.append(h.size)
+                        elif h.ok and self._neg_ttl > 0:
+                            self._missing[names[i]] = expiry
+                if found and self.listener is not None:
+                    self.listener.on_keys_stored(found, found_sizes)
+            with self._lock:
+                hits = self._lock_hits(keys, names, accessed)
+        except Exception as e:
+            log.exception("lookup task %d failed", tid)
+            self._last_error = f"{type(e).__name__}: {e}"
+        self._stats["lookups"] += 1
+        with self._lock:
+            self._lookup_done[tid] = hits
+        self._lookup_efd.notify()
+        if accessed and self.listener is not None:
+            self.listener.on_keys_accessed(accessed)
+
+    # ---- load -------------------------------------------------------------------------------------
+    def submit_load_task(
+        self, keys: Sequence[ObjectKey], buffers: Sequence[Buffer], *, keepalive: Any = None
+    ) -> L2TaskId:
+        keys, buffers = list(keys), list(buffers)
+        with self._lock:
+            tid = self._new_id()
+            if self._closed or len(keys) != len(buffers):
+                self._load_done[tid] = [False] * len(keys)
+            else:
+                self._schedule(self._run_load(tid, keys, buffers, keepalive))
+                return tid
+        self._load_efd.notify()
+        return tid
+
+    def query_load_result(self, task_id: L2TaskId) -> list[bool] | None:
+        with self._lock:
+            return self._load_done.pop(task_id, None)
+
+    async def _run_load(
+        self, tid: L2TaskId, keys: list[ObjectKey], buffers: list[Buffer], keepalive: Any = None
+    ) -> None:
+        n = len(keys)
+        ok = [False] * n
+        gone_keys: list[ObjectKey] = []
+        gone_sizes: list[int] = []
+        try:
+            names = [self._name(k) for k in keys]
+            results = await self._sliced(self._store.get_many, names, buffers)
+            with self._lock:
+                for i, r in enumerate(results):
+                    if r.found:
+                        ok[i] = True
+                        self._index.touch(names[i])
+                    elif isinstance(r.error, SizeMismatchError):
+                        self._stats["size_mismatches"] += 1
+                        log.warning("load task %d: %s; reported as a miss", tid, r.error)
+                    elif r.ok:  # the object is not there (deleted elsewhere): forget it
+                        size = self._index.remove(names[i])
+                        if size:
+                            gone_keys.append(keys[i])
+                            gone_sizes.append(size)
+                    else:
+                        self._last_error = str(r.error)
+        except Exception as e:
+            log.exception("load task %d failed", tid)
+            self._last_error = f"{type(e).__name__}: {e}"
+        self._stats["loads"] += 1
+        self._stats["load_misses"] += ok.count(False)
+        with self._lock:
+            self._load_done[tid] = ok
+        self._load_efd.notify()
+        if gone_keys and self.listener is not None:
+            self.listener.on_keys_deleted(gone_keys, gone_sizes)
+
+    # ---- delete and eviction -------------------------------------------------------------------------
+    def delete(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        keys = list(keys)
+        names = [self._name(k) for k in keys]
+        with self._lock:
+            if self._closed:
+                return [False] * len(keys)
+            take = [i for i, nm in enumerate(names) if not self._locks.get(nm) and nm not in self._deleting]
+            self._deleting.update(names[i] for i in take)
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("delete() must not be called from the adapter's own loop thread")
+        fut = asyncio.run_coroutine_threadsafe(self._delete_names([names[i] for i in take]), self._loop)
+        removed = fut.result(timeout=self._delete_timeout)
+        out = [False] * len(keys)
+        for i, r in zip(take, removed, strict=True):
+            out[i] = r
+        self._stats["deleted_keys"] += sum(out)
+        return out
+
+    async def _delete_names(self, names: list[str]) -> list[bool]:
+        """Delete from the store, then from the index; names must be in ``_deleting``."""
+        try:
+            results = await self._sliced(self._store.delete_many, names)
+        except Exception as e:
+            results = [ItemResult(n, error=StoreError(str(e))) for n in names]
+        removed = [r.ok for r in results]
+        gone_keys: list[ObjectKey] = []
+        gone_sizes: list[int] = []
+        with self._lock:
+            for name, r in zip(names, results, strict=True):
+                self._deleting.discard(name)
+                if not r.ok:
+                    self._stats["delete_failures"] += 1
+                    self._last_error = str(r.error)
+                    continue
+                if not self._rebuilt:
+                    self._deleted_while_rebuilding.add(name)
+                entry = self._index.get(name)
+                size = self._index.remove(name)
+                if entry is not None:
+                    gone_keys.append(entry.key)
+                    gone_sizes.append(size)
+        if gone_keys and self.listener is not None:
+            self.listener.on_keys_deleted(gone_keys, gone_sizes)
+        return removed
+
+    def _maybe_evict(self) -> None:
+        """Called on the loop thread after a store: start one eviction pass if needed."""
+        cfg = self._eviction
+        if cfg is None or self._evicting or self._closed:
+            return
+        with self._lock:
+            if not cfg.triggered(self._index.bytes_used, self._capacity):
+                return
+            self._evicting = True
+        self._loop.create_task(self._evict())
+
+    async def _evict(self) -> None:
+        assert self._eviction is not None
+        try:
+            while not self._closed:
+                with self._lock:
+                    busy = set(self._locks) | self._deleting
+                    victims = choose_victims(self._index, self._capacity, self._eviction, busy)
+                    sizes = {v: e.size for v in victims if (e := self._index.get(v)) is not None}
+                    self._deleting.update(victims)
+                if not victims:
+                    return
+                removed = await self._delete_names(victims)
+                self._stats["evicted_keys"] += sum(removed)
+                self._stats["evicted_bytes"] += sum(
+                    sizes.get(v, 0) for v, r in zip(victims, removed, strict=True) if r
+                )
+                if not any(removed):
+                    return  # the store refuses deletes; try again after the next store
+        finally:
+            self._evicting = False
+
+    # ---- usage, listing, status ------------------------------------------------------------------------
+    def get_usage(self) -> Usage:
+        with self._lock:
+            return Usage(
+                bytes_used=self._index.bytes_used,
+                capacity_bytes=self._capacity,
+                bytes_by_cache_salt=MappingProxyType(self._index.bytes_by_salt()),
+                complete=self._rebuilt,
+            )
+
+    def wait_until_rebuilt(self, timeout: float | None = None) -> bool:
+        """Block until the startup listing has been read (for tools and tests)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._rebuilt:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    async def _rebuild(self) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._rebuild_sync)
+        except Exception as e:
+            log.exception(
+                "could not list %s to rebuild usage; usage counts only this run's stores", self._store.url
+            )
+            self._last_error = f"usage rebuild failed: {type(e).__name__}: {e}"
+        finally:
+            with self._lock:
+                self._rebuilt = True
+                self._deleted_while_rebuilding.clear()
+
+    def _rebuild_sync(self) -> None:
+        prefix = f"{self._prefix}/" if self._prefix else ""
+        page: list[tuple[str, ObjectKey, int, float]] = []
+
+        def flush() -> None:
+            # Newest first with touch=False, so the oldest ends up at the LRU end.
+            page.sort(key=lambda t: t[3], reverse=True)
+            with self._lock:
+                for name, key, size, _ in page:
+                    if name not in self._deleted_while_rebuilding and name not in self._deleting:
+                        self._index.add(name, key, size, touch=False)
+                        if self._full_fixed is None:  # what was stored before is the full size
+                            group = key.kv_rank >> 32
+                            self._full[group] = max(self._full.get(group, 0), size)
+            page.clear()
+
+        for info in self._store.list(prefix):
+            if self._closed:
+                return
+            try:
+                key = ObjectKey.from_string(name_to_key(info.name, self._prefix))
+            except InvalidKeyError:
+                self._stats["foreign_objects"] += 1
+                continue
+            page.append((info.name, key, info.size, info.mtime or 0.0))
+            if len(page) >= _REBUILD_PAGE:
+                flush()
+        flush()
+
+    def list_keys(
+        self, model_name: str | None = None, page_size: int = 500, cursor: str | None = None
+    ) -> KeyPage:
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
+            raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+        if cursor is not None and (not isinstance(cursor, str) or not cursor):
+            raise ValueError("cursor must be the non-empty string returned as next_cursor")
+        start = (
+            key_to_name(f"{model_name}@", self._prefix)
+            if model_name
+            else (f"{self._prefix}/" if self._prefix else "")
+        )
+        if self._rebuilt:
+            with self._lock:
+                names = sorted(
+                    (n, e.key, e.size)
+                    for n in self._index.names()
+                    if n.startswith(start) and (e := self._index.get(n)) is not None
+                )
+        else:
+            names = []
+            for info in self._store.list(start):
+                try:
+                    key = ObjectKey.from_string(name_to_key(info.name, self._prefix))
+                except InvalidKeyError:
+                    continue
+                names.append((info.name, key, info.size))
+            names.sort()
+        pos = bisect_right([n for n, _, _ in names], cursor) if cursor else 0
+        chunk = names[pos : pos + page_size]
+        more = pos + page_size < len(names)
+        return KeyPage(tuple((k, s) for _, k, s in chunk), chunk[-1][0] if more and chunk else None)
+
+    def report_status(self) -> dict[str, Any]:
+        usage = self.get_usage()
+        with self._lock:
+            locked = sum(1 for c in self._locks.values() if c > 0)
+            keys = len(self._index)
+        return {
+            "is_healthy": not self._closed,
+            "store": self._store.url,
+            "prefix": self._prefix,
+            "keys": keys,
+            "bytes_used": usage.bytes_used,
+            "capacity_bytes": usage.capacity_bytes,
+            "usage_fraction": usage.usage_fraction,
+            "usage_complete": usage.complete,
+            "locked_keys": locked,
+            "inflight_tasks": len(self._inflight),
+            "full_chunk_bytes": self._full_fixed if self._full_fixed is not None else dict(self._full),
+            "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
+            "last_error": self._last_error,
+            **self._stats,
+        }
+
+    # ---- close --------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = list(self._inflight)
+        # Let submitted work finish (callers' buffers may be read or written until then), within
+        # one overall deadline.
+        deadline = time.monotonic() + self._delete_timeout
+        for fut in pending:
+            with contextlib.suppress(Exception):
+                fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if not self._thread.is_alive():
+            self._loop.close()
+        for efd in (self._store_efd, self._lookup_efd, self._load_efd):
+            efd.close()
+        if self._owns_store:
+            self._store.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreL2Adapter({self._store.url!r}, prefix={self._prefix!r})"
+
+
+def _item_name(x: Any) -> str:
+    return x[0] if isinstance(x, tuple) else str(x)
+
+
+__all__ = ["L2Listener", "ObjectStoreL2Adapter"]

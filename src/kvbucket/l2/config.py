@@ -1,0 +1,122 @@
+"""Typed ``--l2-adapter`` JSON specs, parsed strictly.
+
+Every adapter type is a pydantic model in strict mode with unknown fields forbidden, so a typo
+(``"num_worker"``), a wrong type (``"num_workers": "8"``) or a string ``"false"`` for a bool is
+an error naming the field, instead of a silently ignored or truthy value. Error messages never
+echo the offending value (it may be a token).
+
+Fields shared by every type (kvbucket's, on top of each type's own):
+
+- ``num_workers`` (int, default 4): the worker pool doing blocking store calls;
+- ``max_capacity_gb`` (float, default 0): the capacity ``get_usage()`` reports and eviction
+  works against; 0 means unbounded (usage fraction -1, no eviction);
+- ``eviction`` (dict, optional): see :class:`kvbucket.l2.eviction.EvictionConfig`;
+- ``metadata_cache_ttl_secs`` (float, default 30): how long a lookup miss is remembered;
+- ``full_chunk_bytes`` (int, optional): the full chunk size; stores of smaller buffers are
+  refused. Unset, it is learned (see :mod:`kvbucket.l2.adapter`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvbucket.errors import ConfigError
+from kvbucket.l2.eviction import EvictionConfig
+from kvbucket.stores.hfbucket_config import HFBucketConfig
+from kvbucket.stores.s3_config import S3Config
+
+GIB = 1024**3
+
+
+class L2CommonConfig(BaseModel):
+    """The fields every kvbucket L2 adapter type accepts."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    num_workers: int = Field(4, ge=1, le=512)
+    max_capacity_gb: float = Field(0.0, ge=0.0)
+    eviction: EvictionConfig | None = None
+    metadata_cache_ttl_secs: float = Field(30.0, ge=0.0)
+    full_chunk_bytes: int | None = Field(None, gt=0)
+
+    @property
+    def max_capacity_bytes(self) -> int:
+        return int(self.max_capacity_gb * GIB)
+
+
+class FsL2Config(L2CommonConfig):
+    """``{"type": "fs", "base_path": "/var/cache/kv"}``: a directory (FileStore)."""
+
+    type: Literal["fs"] = "fs"
+    base_path: str = Field(min_length=1)
+    fsync: bool = False
+
+
+class HFBucketL2Config(HFBucketConfig, L2CommonConfig):
+    """Seed 000's fields: ``{"type": "hfbucket", "bucket_handle": "hf://buckets/org/name[/prefix]"}``.
+
+    Every field of the hfbucket store's :class:`~kvbucket.stores.hfbucket_config.HFBucketConfig`
+    (``bucket_handle``, ``token_env``, ``token``, ``create_bucket_if_missing``,
+    ``download_tmp_dir``, ``metadata_cache_ttl_secs``, ``num_workers``, and kvbucket's
+    ``endpoint``/``max_retries``/``retry_backoff_secs``) plus the adapter fields above.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, validate_default=True)
+
+    type: Literal["hfbucket"] = "hfbucket"
+
+
+class S3L2Config(S3Config, L2CommonConfig):
+    """Seed 004's MP fields: ``{"type": "s3", "s3_endpoint": "s3://bucket", "s3_region": "..."}``.
+
+    Every field of the s3 store's :class:`~kvbucket.stores.s3_config.S3Config` (``s3_endpoint`` as
+    ``s3://bucket[/prefix]`` or a bare bucket host, ``s3_region``, ``s3_num_io_threads``,
+    ``s3_prefer_http2``, ``s3_enable_s3express``, ``disable_tls``, ``aws_access_key_id``,
+    ``aws_secret_access_key``, and kvbucket's ``s3_endpoint_url`` etc. for S3-compatible servers)
+    plus the adapter fields above.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    type: Literal["s3"] = "s3"
+    num_workers: int = Field(8, ge=1, le=512)
+
+
+def format_validation_error(e: ValidationError, where: str) -> str:
+    """One line per problem, naming the field, never showing the value."""
+    lines = []
+    for err in e.errors(include_input=False, include_url=False):
+        field = ".".join(str(p) for p in err["loc"]) or "(spec)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see the docs for the fields this type takes)"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"{where}: field {field!r}: {msg}")
+    return "; ".join(lines)
+
+
+def load_spec(spec: str | dict[str, Any]) -> dict[str, Any]:
+    """A JSON object string or a dict, as a dict (a copy)."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"the L2 adapter spec is not valid JSON: {e.msg} at char {e.pos}") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"the L2 adapter spec must be a JSON object, got {type(spec).__name__}")
+    return dict(spec)
+
+
+__all__ = [
+    "GIB",
+    "FsL2Config",
+    "HFBucketL2Config",
+    "L2CommonConfig",
+    "S3L2Config",
+    "format_validation_error",
+    "load_spec",
+]

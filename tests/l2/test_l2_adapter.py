@@ -1,0 +1,226 @@
+"""The L2 interface over MemoryStore and FileStore: semantics, fds, locks, close, accounting."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from kvbucket.keys import ObjectKey, key_to_name
+from kvbucket.l2 import EvictionConfig, ObjectStoreL2Adapter
+from kvbucket.stores.file import FileStore
+from kvbucket.stores.memory import MemoryStore
+from kvbucket.testing import l2 as t
+
+CHUNK = 4096
+
+
+def k(i: int, salt: str = "", model: str = "org/model-a") -> ObjectKey:
+    return ObjectKey(model, 0x01000100, i.to_bytes(8, "big"), salt)
+
+
+def chunk(i: int, size: int = CHUNK) -> bytes:
+    return bytes([i % 251]) * size
+
+
+@pytest.fixture(params=["memory", "file"])
+def store(request: pytest.FixtureRequest, tmp_path) -> Iterator:
+    s = MemoryStore("l2") if request.param == "memory" else FileStore(tmp_path / "kv")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def adapter(store) -> Iterator[ObjectStoreL2Adapter]:
+    a = ObjectStoreL2Adapter(store, num_workers=3, owns_store=False, full_chunk_bytes=CHUNK)
+    assert a.wait_until_rebuilt(10)
+    yield a
+    a.close()
+
+
+def test_store_lookup_load_round_trip(adapter: ObjectStoreL2Adapter) -> None:
+    keys = [k(i) for i in range(10)]
+    res = t.store(adapter, keys, [chunk(i) for i in range(10)])
+    assert res.success and res.bytes_stored == 10 * CHUNK and all(res.landed)
+    hits = t.lookup(adapter, [*keys, k(99)])
+    assert hits == [True] * 10 + [False]
+    bufs = [bytearray(CHUNK) for _ in range(11)]
+    ok = t.load(adapter, [*keys, k(99)], bufs)
+    assert ok == [True] * 10 + [False]
+    assert all(bufs[i] == chunk(i) for i in range(10))
+    assert bufs[10] == bytearray(CHUNK)
+    assert adapter.get_usage().bytes_used == 10 * CHUNK
+
+
+def test_three_distinct_event_fds_each_signalled_by_its_own_op(adapter: ObjectStoreL2Adapter) -> None:
+    fds = {adapter.get_store_event_fd(), adapter.get_lookup_and_lock_event_fd(), adapter.get_load_event_fd()}
+    assert len(fds) == 3
+    tid = adapter.submit_store_task([k(1)], [chunk(1)])
+    assert t.wait_fd(adapter.get_store_event_fd(), 10)
+    assert not t.fd_ready(adapter.get_lookup_and_lock_event_fd())
+    assert not t.fd_ready(adapter.get_load_event_fd())
+    assert adapter.pop_completed_store_tasks()[tid].success
+    assert adapter.pop_completed_store_tasks() == {}  # popped once
+
+    tid = adapter.submit_lookup_and_lock_task([k(1)])
+    assert t.wait_fd(adapter.get_lookup_and_lock_event_fd(), 10)
+    assert not t.fd_ready(adapter.get_load_event_fd())
+    assert adapter.query_lookup_and_lock_result(tid) == [True]
+    assert adapter.query_lookup_and_lock_result(tid) is None  # one-shot
+
+    buf = bytearray(CHUNK)
+    tid = adapter.submit_load_task([k(1)], [buf])
+    assert t.wait_fd(adapter.get_load_event_fd(), 10)
+    assert adapter.query_load_result(tid) == [True]
+    assert adapter.query_load_result(tid) is None
+    assert buf == chunk(1)
+
+
+def test_lock_refcount_protects_from_delete(adapter: ObjectStoreL2Adapter) -> None:
+    t.store(adapter, [k(1), k(2)], [chunk(1), chunk(2)])
+    assert t.lookup(adapter, [k(1)]) == [True]
+    assert t.lookup(adapter, [k(1)]) == [True]  # two locks on k(1)
+    assert adapter.delete([k(1), k(2)]) == [False, True]
+    adapter.submit_unlock([k(1)])
+    assert adapter.delete([k(1)]) == [False]  # one lock left
+    adapter.submit_unlock([k(1)])
+    adapter.submit_unlock([k(1)])  # extra unlock is harmless
+    assert adapter.delete([k(1)]) == [True]
+    assert adapter.get_usage().bytes_used == 0
+    assert t.lookup(adapter, [k(1), k(2)]) == [False, False]
+    assert not adapter.store.exists(key_to_name(k(1)))
+
+
+def test_close_completes_later_submits_as_failed(store) -> None:
+    a = ObjectStoreL2Adapter(store, owns_store=False)
+    t.store(a, [k(1)], [chunk(1)])
+    fds = [a.get_store_event_fd(), a.get_lookup_and_lock_event_fd(), a.get_load_event_fd()]
+    a.close()
+    a.close()  # idempotent
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed by close()
+    sid = a.submit_store_task([k(2)], [chunk(2)])
+    res = a.pop_completed_store_tasks()[sid]
+    assert not res.success and res.landed == (False,)
+    lid = a.submit_lookup_and_lock_task([k(1)])
+    assert a.query_lookup_and_lock_result(lid) == [False]
+    did = a.submit_load_task([k(1)], [bytearray(CHUNK)])
+    assert a.query_load_result(did) == [False]
+    assert a.delete([k(1)]) == [False]
+    assert a.report_status()["is_healthy"] is False
+    assert not store.exists(key_to_name(k(2)))
+
+
+def test_unfull_chunks_refused_and_load_size_mismatch_is_a_miss(adapter: ObjectStoreL2Adapter) -> None:
+    res = t.store(adapter, [k(1), k(2)], [chunk(1), chunk(2, CHUNK // 2)])
+    assert not res.success and res.landed == (True, False) and res.bytes_stored == CHUNK
+    assert adapter.get_usage().bytes_used == CHUNK
+    assert not adapter.store.exists(key_to_name(k(2)))
+    # an object of the wrong size written behind the adapter's back: lookup and load miss
+    adapter.store.put(key_to_name(k(3)), chunk(3, CHUNK + 8))
+    assert t.lookup(adapter, [k(3)]) == [False]
+    buf = bytearray(b"\x07" * CHUNK)
+    assert t.load(adapter, [k(3)], [buf]) == [False]
+    assert buf == bytearray(b"\x07" * CHUNK)  # untouched, never overflowed
+    assert adapter.report_status()["size_mismatches"] == 1
+
+
+def test_restore_is_not_double_counted_and_salts_are_separate(adapter: ObjectStoreL2Adapter) -> None:
+    t.store(adapter, [k(1), k(2, "alice")], [chunk(1), chunk(2)])
+    t.store(adapter, [k(1), k(2, "alice")], [chunk(1), chunk(2)])
+    t.store(adapter, [k(1)], [chunk(1)])
+    u = adapter.get_usage()
+    assert u.bytes_used == 2 * CHUNK
+    assert dict(u.bytes_by_cache_salt) == {"": CHUNK, "alice": CHUNK}
+    assert u.capacity_bytes == 0 and u.usage_fraction == -1.0
+    # same hash, other salt: a different object
+    assert t.lookup(adapter, [k(2), k(2, "alice"), k(2, "bob")]) == [False, True, False]
+
+
+def test_key_written_by_another_writer_is_found(store) -> None:
+    a = ObjectStoreL2Adapter(store, owns_store=False, metadata_cache_ttl_secs=0)
+    b = ObjectStoreL2Adapter(store, owns_store=False, metadata_cache_ttl_secs=0)
+    try:
+        assert t.lookup(a, [k(5)]) == [False]
+        t.store(b, [k(5)], [chunk(5)])
+        assert t.lookup(a, [k(5)]) == [True]
+        assert a.get_usage().bytes_used == CHUNK  # found by head, now counted
+        # b deletes it; a's load misses and a forgets it
+        a.submit_unlock([k(5)])
+        assert b.delete([k(5)]) == [True]
+        assert t.load(a, [k(5)], [bytearray(CHUNK)]) == [False]
+        assert a.get_usage().bytes_used == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_list_keys_paginates_by_model(adapter: ObjectStoreL2Adapter) -> None:
+    keys = [k(i) for i in range(7)] + [k(i, model="other") for i in range(3)]
+    t.store(adapter, keys, [chunk(i) for i in range(10)])
+    seen = []
+    cursor = None
+    pages = 0
+    while True:
+        page = adapter.list_keys("org/model-a", page_size=3, cursor=cursor)
+        pages += 1
+        seen += [key for key, size in page.entries if size == CHUNK]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert pages == 3 and sorted(seen, key=str) == sorted(keys[:7], key=str)
+    assert len(adapter.list_keys(page_size=100).entries) == 10
+    with pytest.raises(ValueError, match="page_size"):
+        adapter.list_keys(page_size=0)
+
+
+def test_usage_rebuilt_after_restart(tmp_path) -> None:
+    a = ObjectStoreL2Adapter(FileStore(tmp_path / "kv"))
+    t.store(a, [k(i) for i in range(5)], [chunk(i) for i in range(5)])
+    t.store(a, [k(9, "t1")], [chunk(9)])
+    before = a.get_usage()
+    a.close()
+    (tmp_path / "kv" / "not-a-key.txt").write_bytes(b"x")  # a foreign object is not counted
+    b = ObjectStoreL2Adapter(FileStore(tmp_path / "kv"))
+    try:
+        assert b.wait_until_rebuilt(10)
+        after = b.get_usage()
+        assert after.complete
+        assert after.bytes_used == before.bytes_used == 6 * CHUNK
+        assert dict(after.bytes_by_cache_salt) == dict(before.bytes_by_cache_salt)
+        assert t.lookup(b, [k(3), k(9, "t1")]) == [True, True]
+        assert b.report_status()["foreign_objects"] == 1
+    finally:
+        b.close()
+
+
+def test_lookup_with_layout_size_sets_full_chunk(store) -> None:
+    a = ObjectStoreL2Adapter(store, owns_store=False)
+    try:
+        t.store(a, [k(1), k(2)], [chunk(1, 100), chunk(2, 100)])
+        a.submit_lookup_and_lock_task([k(1)], 200)  # layout says a full chunk is 200 bytes
+        assert t.lookup(a, [k(1)]) == [False]
+        res = t.store(a, [k(3)], [chunk(3, 100)])
+        assert not res.success
+    finally:
+        a.close()
+
+
+def test_eviction_config_rejects_ratio_above_watermark() -> None:
+    with pytest.raises(ValueError, match="eviction_ratio"):
+        EvictionConfig(eviction_policy="LRU", trigger_watermark=0.5, eviction_ratio=0.6)
+
+
+def test_full_chunk_size_is_relearned_from_the_listing_after_a_restart(tmp_path) -> None:
+    a = ObjectStoreL2Adapter(FileStore(tmp_path / "kv"))
+    t.store(a, [k(1)], [chunk(1)])
+    a.close()
+    b = ObjectStoreL2Adapter(FileStore(tmp_path / "kv"))
+    try:
+        assert b.wait_until_rebuilt(10)
+        res = t.store(b, [k(2)], [chunk(2, CHUNK // 4)])  # an unfull chunk, refused after a restart too
+        assert not res.success and b.report_status()["refused_unfull"] == 1
+    finally:
+        b.close()
