@@ -1,4 +1,4 @@
-"""Fixtures of the compile-cache tests: a store per backend, cache dirs per "host"."""
+"""Fixtures of the compile-cache tests: one store per backend, a stand-in compiler per "host"."""
 
 from __future__ import annotations
 
@@ -8,17 +8,39 @@ from pathlib import Path
 import pytest
 
 from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.file import FileStore
 from kvbucket.stores.memory import MemoryStore
 from kvbucket.testing.counting_store import CountingStore
 from kvbucket.testing.neuron_standin import DEFAULT_VERSION as VERSION
 from kvbucket.testing.neuron_standin import StandInCompiler
 
 
-@pytest.fixture(params=["memory"])
+def _open(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    if kind == "memory":
+        return MemoryStore("compile")
+    if kind == "file":
+        return FileStore(tmp_path / "bucket")
+    if kind == "s3":
+        from kvbucket.stores.s3 import S3Config, S3Store
+
+        server = request.getfixturevalue("seaweedfs")
+        bucket = request.getfixturevalue("s3_bucket")
+        return S3Store(S3Config.parse(server.config(bucket, "compile-cache")))
+    raise AssertionError(kind)
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CountingStore]:
-    """The same compile-cache tests run on every store kvbucket offers."""
-    inner: ObjectStore = MemoryStore("compile")
-    s = CountingStore(inner)
+    """The same compile-cache tests run on every store kvbucket offers (S3: a real SeaweedFS)."""
+    s = CountingStore(_open(request.param, request, tmp_path))
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=["memory", "file"])
+def local_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CountingStore]:
+    """For tests about request counts, which do not depend on the backend."""
+    s = CountingStore(_open(request.param, request, tmp_path))
     yield s
     s.close()
 

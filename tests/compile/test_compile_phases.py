@@ -254,7 +254,9 @@ def test_a_failed_download_leaves_no_entry_behind(store: CountingStore, host_a: 
     assert not [p for p in host_b.cache_dir.rglob("*") if ".kvbucket-tmp" in p.name]
 
 
-def test_requests_are_batched(store: CountingStore, host_a: StandInCompiler, host_b: StandInCompiler) -> None:
+def test_requests_are_batched(local_store: CountingStore, host_a: StandInCompiler,
+                              host_b: StandInCompiler) -> None:
+    store = local_store
     host_a.neff_size = 64
     for i in range(600):  # 600 entries x 4 files
         host_a.compile(f"g{i}")

@@ -40,10 +40,10 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except ConfigError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        err.print(f"error: {e}", markup=False, highlight=False, style="red")
         raise typer.Exit(2) from None
     except KVBucketError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        err.print(f"error: {e}", markup=False, highlight=False, style="red")
         raise typer.Exit(1) from None
 
 
@@ -81,7 +81,7 @@ def _emit(data: Any, as_json: bool, text: str) -> None:
     if as_json:
         out.print_json(json.dumps(data, default=str))
     else:
-        out.print(text, highlight=False)
+        out.print(text, highlight=False, markup=False)
 
 
 def _progress() -> bool:
@@ -122,7 +122,7 @@ def create(
                 err.print(f"warning: bucket {ns}/{name} already existed and is "
                           f"{'private' if private else 'PUBLIC'}; its visibility was not changed")
             vis = "private" if private else "public"
-            out.print(f"bucket {ns}/{name} ready ({vis}): {url}", highlight=False)
+            out.print(f"bucket {ns}/{name} ready ({vis}): {url}", highlight=False, markup=False)
         elif t.startswith("s3://"):
             if public:
                 raise ConfigError("--public is for Hub buckets; kvbucket never makes S3 buckets public")
@@ -135,16 +135,16 @@ def create(
                 store.delete_many([probe])
             finally:
                 store.close()
-            out.print(f"{t} is reachable and writable", highlight=False)
+            out.print(f"{t} is reachable and writable", highlight=False, markup=False)
         else:
             if public:
                 raise ConfigError("--public is for Hub buckets")
             path = Path(t.removeprefix("file://"))
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
-            out.print(f"directory {path} ready", highlight=False)
+            out.print(f"directory {path} ready", highlight=False, markup=False)
         if remember:
             p = save_target(t)
-            out.print(f"default target saved in {p}", highlight=False)
+            out.print(f"default target saved in {p}", highlight=False, markup=False)
 
 
 @app.command("set")
@@ -154,7 +154,7 @@ def set_target(target: Annotated[str, typer.Argument(help=_TARGET_HELP)]) -> Non
 
     with _errors():
         p = save_target(target)
-        out.print(f"compile cache target saved in {p}", highlight=False)
+        out.print(f"compile cache target saved in {p}", highlight=False, markup=False)
 
 
 @app.command("fetch")
@@ -232,7 +232,7 @@ def lookup_cmd(
             _emit([r.to_dict() for r in recs], True, "")
             return
         if not recs:
-            out.print(f"no export records for {model_id} match", highlight=False)
+            out.print(f"no export records for {model_id} match", highlight=False, markup=False)
             raise typer.Exit(1)
         table = Table("task", "compiler", "config", title=f"{model_id}: {len(recs)} cached export(s)")
         for r in recs:
