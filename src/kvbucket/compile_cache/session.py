@@ -47,6 +47,7 @@ class CompileCacheSession:
     fetched: TransferReport | None = None
     synced: TransferReport | None = None
     loaded: list[str] = field(default_factory=list)  # torch layout: entries loaded into torch
+    torch_known: set[tuple[str, str]] = field(default_factory=set)  # artifacts those entries held
     warnings: int = 0
 
     def warn(self, msg: str, *args: Any) -> None:
@@ -156,7 +157,7 @@ def compile_cache(
                 log.debug("fetch from %s failed", target_url, exc_info=True)
                 session.degrade(f"fetch failed ({_describe(exc)})")
         if lay.name == "torch":
-            session.loaded = torch_artifacts.load(root, (groups or [""])[0], torch_key)
+            session.loaded, session.torch_known = torch_artifacts.load(root, (groups or [""])[0], torch_key)
         yield session
     finally:
         try:
@@ -172,7 +173,7 @@ def _exit(session: CompileCacheSession, store: ObjectStore | None, root: Path, g
     lay = session.layout
     if lay.name == "torch":
         try:
-            torch_artifacts.save(root, (groups or [""])[0], torch_key)
+            torch_artifacts.save(root, (groups or [""])[0], torch_key, session.torch_known)
         except Exception as exc:
             session.warn("could not save torch compile artifacts: %s", _describe(exc))
     if store is None or session.degraded is not None:

@@ -83,37 +83,53 @@ def write_entry(root: Path, group: str, key: str, blob: bytes, info: dict[str, o
     return name
 
 
-def save(root: Path, group: str, key: str) -> str | None:
-    """Serialize this process's compile artifacts into a local entry (None: nothing compiled)."""
+def _pairs(info: object) -> set[tuple[str, str]]:
+    """(artifact type, key) pairs of a torch ``CacheInfo``."""
+    arts = getattr(info, "artifacts", None) or {}
+    return {(str(t), str(k)) for t, keys in dict(arts).items() for k in keys}
+
+
+def save(root: Path, group: str, key: str, known: set[tuple[str, str]] | None = None) -> str | None:
+    """Serialize this process's compile artifacts into a local entry.
+
+    None when nothing was compiled, or when every artifact is one ``load`` brought in (``known``):
+    a warm process then publishes nothing.
+    """
     import torch
 
     res = torch.compiler.save_cache_artifacts()
     if res is None:
         return None
     blob, info = res
-    if not blob:
+    pairs = _pairs(info)
+    if not blob or (known is not None and pairs and pairs <= known):
         return None
-    summary = {k: len(v) for k, v in vars(info).items() if isinstance(v, list)} if info is not None else {}
-    return write_entry(root, group, key, blob, summary)
+    arts = {t: sorted(k for tt, k in pairs if tt == t) for t in sorted({t for t, _ in pairs})}
+    return write_entry(root, group, key, blob, {"artifacts": arts})
 
 
-def load(root: Path, group: str, key: str) -> list[str]:
-    """Load every good local entry of ``key`` into torch's caches; returns the entries loaded."""
+def load(root: Path, group: str, key: str) -> tuple[list[str], set[tuple[str, str]]]:
+    """Load every good local entry of ``key`` into torch's caches.
+
+    Returns the entries loaded and the (type, key) pairs of the artifacts they held.
+    """
     import torch
 
-    loaded = []
+    loaded: list[str] = []
+    known: set[tuple[str, str]] = set()
     prefix = f"{group}/{key_prefix(key)}"
     for e in TorchLayout(group).scan(root):
         if e.state is not EntryState.GOOD or not e.name.startswith(prefix):
             continue
         blob = (root / e.name / TorchLayout.BLOB).read_bytes()
         try:
-            torch.compiler.load_cache_artifacts(blob)
+            info = torch.compiler.load_cache_artifacts(blob)
         except Exception as exc:  # a bad blob must not stop the compile
             log.warning("could not load torch compile artifacts %s: %s", e.name, exc)
             continue
         loaded.append(e.name)
-    return loaded
+        known |= _pairs(info)
+    return loaded, known
 
 
 __all__ = ["entry_name", "key_prefix", "load", "save", "torch_device", "torch_group", "write_entry"]
