@@ -67,17 +67,25 @@ def _walk_files(path: Path, root: Path) -> Iterator[tuple[str, os.stat_result]]:
     if path.is_file():
         yield path.relative_to(root).as_posix(), path.stat()
         return
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            p = Path(dirpath, fn)
+    base = path.relative_to(root).as_posix()
+    stack = [(path, base)]
+    while stack:
+        d, rel = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                items = sorted(it, key=lambda x: x.name)
+        except FileNotFoundError:  # removed while we looked: a writer is active
+            continue
+        for de in items:
             try:
-                st = p.lstat()
-            except FileNotFoundError:  # removed while we looked: a writer is active
+                if de.is_symlink():
+                    continue  # never follow links out of the cache dir
+                if de.is_dir(follow_symlinks=False):
+                    stack.append((Path(de.path), f"{rel}/{de.name}"))
+                elif de.is_file(follow_symlinks=False):
+                    yield f"{rel}/{de.name}", de.stat(follow_symlinks=False)
+            except FileNotFoundError:
                 continue
-            if p.is_symlink():
-                continue  # never follow links out of the cache dir
-            yield p.relative_to(root).as_posix(), st
 
 
 def _read_entry(path: Path, root: Path) -> tuple[dict[str, int], float]:

@@ -367,12 +367,15 @@ class _Staging:
         self.tmp = self.final.parent / f"{TMP_PREFIX}{self.final.name}-{secrets.token_hex(4)}"
         self.remaining = nfiles
         self.error: str | None = None
+        self._dirs: set[Path] = set()
 
     def path_of(self, name: str) -> Path:
         if name == self.entry:
             return self.tmp
         p = self.tmp / name[len(self.entry) + 1 :]
-        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.parent not in self._dirs:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self._dirs.add(p.parent)
         return p
 
     def discard(self) -> None:
