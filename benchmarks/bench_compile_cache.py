@@ -85,7 +85,8 @@ def naive_fetch(store: ObjectStore, root: Path) -> None:
 
 
 @contextlib.contextmanager
-def open_stores(kind: str, tmp: Path) -> Iterator[tuple[Callable[[str], ObjectStore], Callable[[], int] | None]]:
+def open_stores(kind: str, tmp: Path) -> Iterator[tuple[Callable[[str], ObjectStore],
+                                                        Callable[[], int] | None]]:
     """Yield (open a fresh area by name, HTTP request counter or None)."""
     if kind == "file":
         from kvbucket.stores.file import FileStore
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         src = tmp / "src-cache"
         nbytes = build_cache(src, args.entries, args.files, args.neff_kib * 1024)
-        print(f"local cache: {args.entries} entries x {args.files} files = {args.entries * args.files} files, "
+        nfiles = args.entries * args.files
+        print(f"local cache: {args.entries} entries x {args.files} files = {nfiles} files, "
               f"{nbytes / 2**20:.1f} MiB")
         print(f"{'store':6} {'case':16} {'seconds':>9} {'store calls':>12} {'HTTP reqs':>10}")
         for kind in [s for s in args.stores.split(",") if s]:
