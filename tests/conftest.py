@@ -8,4 +8,5 @@ from __future__ import annotations
 
 pytest_plugins: list[str] = [
     "kvbucket.testing.s3_server",
+    "kvbucket.testing.hub_fixtures",
 ]

@@ -15,6 +15,7 @@ COMMAND_MODULES: list[str] = [
     "kvbucket.cli.version_cmd",
     "kvbucket.cli.store_cmd",
     "kvbucket.cli.compile_cache_cmd",
+    "kvbucket.cli.emulator_cmd",
 ]
 
 app = typer.Typer(
