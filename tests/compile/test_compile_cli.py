@@ -151,3 +151,19 @@ def test_bad_input_gets_actionable_errors(cli: Any, tmp_path: Path) -> None:
     assert "unknown compile cache layout" in res.output
     res = cli("create", str(tmp_path / "d"), "--public", code=2)
     assert "--public is for Hub buckets" in res.output
+
+
+def test_create_makes_a_private_hub_bucket_unless_public(cli: Any, hub_emulator: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", hub_emulator.endpoint)
+    monkeypatch.setenv("HF_TOKEN", hub_emulator.write_token)
+    ns = hub_emulator.namespace
+    res = cli("create", f"hf://buckets/{ns}/cc-private", "--no-set")
+    assert "(private)" in res.stdout
+    assert hub_emulator.api().bucket_info(f"{ns}/cc-private").private is True
+    res = cli("create", f"hf://buckets/{ns}/cc-public", "--public")
+    assert "(public)" in res.stdout and "default target saved" in res.stdout
+    assert hub_emulator.api().bucket_info(f"{ns}/cc-public").private is False
+    res = cli("create", f"hf://buckets/{ns}/cc-public")  # exists and public: kept, and said so
+    assert "PUBLIC" in res.output and hub_emulator.api().bucket_info(f"{ns}/cc-public").private is False
+    assert hub_emulator.write_token not in res.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -111,7 +112,7 @@ def create(
             from huggingface_hub import HfApi
 
             ns, name = t.removeprefix("hf://buckets/").split("/")[:2]
-            api = HfApi()
+            api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)  # read now, not at import
             try:
                 url = api.create_bucket(f"{ns}/{name}", private=not public, exist_ok=True)
                 info = api.bucket_info(f"{ns}/{name}")
