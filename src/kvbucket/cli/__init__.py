@@ -9,8 +9,6 @@ import importlib
 
 import typer
 
-
-
 COMMAND_MODULES: list[str] = [
     "kvbucket.cli.version_cmd",
     "kvbucket.cli.store_cmd",

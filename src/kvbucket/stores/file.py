@@ -123,7 +123,13 @@ class FileStore(ObjectStore):
 
     def _ensure_tmp_dir(self) -> None:
         if not self._tmp_ready:
-            os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
+            try:
+                os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
+            except OSError as e:
+                raise StoreError(
+                    f"cannot write to store directory {self._root_str!r}: creating {TMP_DIR_NAME} "
+                    f"failed: {e.strerror}"
+                ) from None
             self._tmp_ready = True
 
     def _make_parents(self, name: str) -> list[str]:
@@ -186,7 +192,12 @@ class FileStore(ObjectStore):
     def _put_one(self, name: str, view: memoryview) -> list[str]:
         """Write one object atomically; return the directories whose fsync makes it durable."""
         tmp = os.path.join(self._tmp, uuid.uuid4().hex)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC, FILE_MODE)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, FILE_MODE)
+        except FileNotFoundError:  # the temp dir was removed behind our back (e.g. rm -rf): recreate
+            os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
+            fd = os.open(tmp, flags, FILE_MODE)
         try:
             try:
                 written = 0
@@ -383,7 +394,9 @@ class FileStore(ObjectStore):
                             removed += 1
                     except FileNotFoundError:
                         continue  # renamed into place or swept by another process meanwhile
-        except FileNotFoundError:
+                    except OSError:
+                        continue  # not ours to remove (a directory, read-only mount): opening must not fail
+        except (FileNotFoundError, NotADirectoryError):
             return 0
         return removed
 
