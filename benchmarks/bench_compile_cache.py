@@ -67,7 +67,11 @@ class Row:
     case: str
     seconds: float
     calls: int
-    http: int | None
+    routes: dict[str, int] | None
+
+    @property
+    def http(self) -> int | None:
+        return None if self.routes is None else sum(self.routes.values())
 
 
 def naive_sync(store: ObjectStore, root: Path) -> None:
@@ -86,8 +90,8 @@ def naive_fetch(store: ObjectStore, root: Path) -> None:
 
 @contextlib.contextmanager
 def open_stores(kind: str, tmp: Path) -> Iterator[tuple[Callable[[str], ObjectStore],
-                                                        Callable[[], int] | None]]:
-    """Yield (open a fresh area by name, HTTP request counter or None)."""
+                                                        Callable[[], dict[str, int]] | None]]:
+    """Yield (open a fresh area by name, HTTP requests per route so far, or None)."""
     if kind == "file":
         from kvbucket.stores.file import FileStore
 
@@ -100,10 +104,29 @@ def open_stores(kind: str, tmp: Path) -> Iterator[tuple[Callable[[str], ObjectSt
             bucket = server.create_bucket()
             yield (lambda area: S3Store(S3Config.parse(server.config(bucket, area)))), None
     elif kind == "hf":
-        from kvbucket.testing.compile_bench_hf import hf_areas  # the emulator, when installed
+        from huggingface_hub import HfApi
 
-        with hf_areas(tmp) as pair:
-            yield pair
+        from kvbucket.stores.hfbucket import open_hfbucket_store
+        from kvbucket.testing import HubEmulator
+        from kvbucket.testing.hub_fixtures import isolate_hf_env, restore_env
+
+        saved = isolate_hf_env(tmp / "hf-home")  # hf_xet's caches must match this emulator's state
+        token = "hf_bench_" + os.urandom(8).hex()
+        try:
+            with HubEmulator(tokens={"bench": (token, "write")}, data_dir=tmp / "hub") as emu:
+                HfApi(endpoint=emu.endpoint, token=token).create_bucket("bench/compile-cache", private=True)
+
+                def http() -> dict[str, int]:
+                    routes = emu.stats()["routes"]
+                    return {k: v["requests"] for k, v in routes.items() if k not in ("control", "telemetry")}
+
+                def area(name: str) -> ObjectStore:
+                    return open_hfbucket_store(f"hf://buckets/bench/compile-cache/{name}",
+                                               endpoint=emu.endpoint, token=token, token_env="")
+
+                yield area, http
+        finally:
+            restore_env(saved)
     else:
         raise SystemExit(f"unknown store {kind!r}; use file, s3 or hf")
 
@@ -124,7 +147,7 @@ def bench_store(kind: str, src: Path, tmp: Path, repeat: int) -> list[Row]:
                 dest = tmp / f"dest-{kind}-{case}-{r}"
                 for phase in ("sync", "fetch"):
                     store.reset()
-                    h0 = http() if http else 0
+                    h0 = http() if http else {}
                     if case == "kvbucket" and phase == "sync":
                         sec, rep = timed(lambda s=store: sync(s, lay, src))
                         assert not rep.failed, rep.failed
@@ -136,13 +159,17 @@ def bench_store(kind: str, src: Path, tmp: Path, repeat: int) -> list[Row]:
                     else:
                         sec, _ = timed(lambda s=store, d=dest: naive_fetch(s, d))
                     calls = store.total_calls
-                    rows.setdefault(f"{case} {phase}", []).append(
-                        Row(kind, f"{case} {phase}", sec, calls, (http() - h0) if http else None))
+                    routes = None
+                    if http:
+                        h1 = http()
+                        routes = {k: n - h0.get(k, 0) for k, n in h1.items() if n - h0.get(k, 0)}
+                    row = Row(kind, f"{case} {phase}", sec, calls, routes)
+                    rows.setdefault(row.case, []).append(row)
                 shutil.rmtree(dest, ignore_errors=True)
                 store.close()
     out = []
     for case, rs in rows.items():
-        out.append(Row(kind, case, statistics.median(r.seconds for r in rs), rs[0].calls, rs[0].http))
+        out.append(Row(kind, case, statistics.median(r.seconds for r in rs), rs[0].calls, rs[0].routes))
     return out
 
 
@@ -188,12 +215,19 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows:
                 http = "-" if r.http is None else str(r.http)
                 print(f"{r.store:6} {r.case:16} {r.seconds:9.3f} {r.calls:12d} {http:>10}")
+                if r.routes:
+                    by_route = ", ".join(f"{k} {n}" for k, n in sorted(r.routes.items()))
+                    print(f"{'':24} HTTP by route: {by_route}")
             for phase in ("sync", "fetch"):
                 k, n = by[f"kvbucket {phase}"], by[f"naive {phase}"]
                 line = (f"{kind:6} {phase:5} naive/kvbucket: time x{n.seconds / k.seconds:.1f}, "
                         f"store calls x{n.calls / max(k.calls, 1):.0f}")
-                if k.http is not None and n.http is not None:
-                    line += f", HTTP requests x{n.http / max(k.http, 1):.1f}"
+                if k.routes is not None and n.routes is not None:
+                    line += f", HTTP requests x{n.http / max(k.http or 0, 1):.1f}"
+                    # hf_xet probes the global-dedup route per new file on its own; without those:
+                    kd = (k.http or 0) - k.routes.get("dedup", 0)
+                    nd = (n.http or 0) - n.routes.get("dedup", 0)
+                    line += f" (x{nd / max(kd, 1):.1f} without hf_xet's dedup probes)"
                 print(line)
         if args.torch:
             cold, warm = torch_ratio(tmp, args.repeat)

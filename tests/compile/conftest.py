@@ -26,12 +26,22 @@ def _open(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> ObjectSt
         server = request.getfixturevalue("seaweedfs")
         bucket = request.getfixturevalue("s3_bucket")
         return S3Store(S3Config.parse(server.config(bucket, "compile-cache")))
+    if kind == "hf":
+        from kvbucket.stores.hfbucket import open_hfbucket_store
+
+        bucket = request.getfixturevalue("hub_bucket")
+        return open_hfbucket_store(f"hf://buckets/{bucket.bucket_id}/compile-cache",
+                                   endpoint=bucket.hub.endpoint, token=bucket.hub.write_token, token_env="")
     raise AssertionError(kind)
 
 
-@pytest.fixture(params=["memory", "file", "s3"])
+@pytest.fixture(params=["memory", "file", "s3", "hf"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CountingStore]:
-    """The same compile-cache tests run on every store kvbucket offers (S3: a real SeaweedFS)."""
+    """The same compile-cache tests run on every store kvbucket offers.
+
+    S3 is a real SeaweedFS; hf is the project's Hub emulator driven by the unmodified
+    huggingface_hub/hf_xet through HFBucketStore.
+    """
     s = CountingStore(_open(request.param, request, tmp_path))
     yield s
     s.close()

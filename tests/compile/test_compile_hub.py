@@ -1,0 +1,105 @@
+"""The compile cache on the Hub emulator, counted at the HTTP level with its stats route."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvbucket.compile_cache import compile_cache
+from kvbucket.stores.hfbucket import open_hfbucket_store
+from kvbucket.testing import HubEmulator
+from kvbucket.testing.neuron_standin import DEFAULT_VERSION as VERSION
+from kvbucket.testing.neuron_standin import StandInCompiler
+
+MODEL = "org/model"
+CONFIG = {"tp_degree": 2, "dtype": "bf16"}
+DATA_ROUTES = ("batch", "xorb_upload", "shard_upload", "reconstruction", "fetch", "xorb_grant")
+
+
+def _requests(hub: Any) -> dict[str, int]:
+    return {k: v["requests"] for k, v in hub.stats()["routes"].items()}
+
+
+def _diff(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0)}
+
+
+@pytest.fixture
+def hub_store(hub_bucket: Any) -> Any:
+    s = open_hfbucket_store(f"hf://buckets/{hub_bucket.bucket_id}", endpoint=hub_bucket.hub.endpoint,
+                            token=hub_bucket.hub.write_token, token_env="")
+    yield s
+    s.close()
+
+
+def test_phases_on_the_hub_and_a_warm_cache_moves_nothing(hub_store: Any, hub_bucket: Any,
+                                                           tmp_path: Path) -> None:
+    hub = hub_bucket.hub
+    a, b = StandInCompiler(tmp_path / "a", VERSION), StandInCompiler(tmp_path / "b", VERSION)
+    t0 = _requests(hub)
+    with compile_cache(model_id=MODEL, export_config=CONFIG, target=hub_store, cache_dir=a.cache_dir,
+                       version=VERSION):
+        for i in range(30):
+            a.compile(f"g{i}")
+    t1 = _requests(hub)
+    up = _diff(t0, t1)
+    assert up.get("batch", 0) <= 3, up  # files, markers, references + record: 120+ files in 3 commits
+    with compile_cache(model_id=MODEL, export_config=CONFIG, target=hub_store, cache_dir=b.cache_dir,
+                       version=VERSION):
+        for i in range(30):
+            b.compile(f"g{i}")
+    assert b.compilations == 0 and b.cache_hits == 30
+    t2 = _requests(hub)
+    with compile_cache(model_id=MODEL, export_config=CONFIG, target=hub_store, cache_dir=b.cache_dir,
+                       version=VERSION):
+        for i in range(30):
+            b.compile(f"g{i}")
+    warm = _diff(t2, _requests(hub))
+    assert not [r for r in DATA_ROUTES if warm.get(r)], warm
+    assert warm.get("tree", 0) <= 2, warm  # one listing on enter, one on exit
+
+
+def _dead_endpoint() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens here any more
+
+
+def test_unreachable_hub_degrades_to_local_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", _dead_endpoint())
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token_0123")
+    caplog.set_level(logging.WARNING, "kvbucket")
+    a = StandInCompiler(tmp_path / "a", VERSION)
+    with compile_cache(model_id=MODEL, target="hf://buckets/acme/unreachable", cache_dir=a.cache_dir,
+                       version=VERSION) as s:
+        a.compile("g")
+    assert a.compilations == 1 and s.degraded is not None
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "hf_not_a_real_token_0123" not in caplog.text
+
+
+def test_hub_outage_during_the_block_degrades_with_one_warning(hub_emulator: Any, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    a = StandInCompiler(tmp_path / "a", VERSION)
+    caplog.set_level(logging.WARNING, "kvbucket")
+    with HubEmulator(tokens={"me": ("hf_outage_token_0123", "write")}, data_dir=tmp_path / "hub") as emu:
+        from huggingface_hub import HfApi
+
+        # (hub_emulator only isolates HF_HOME here; this test stops its own emulator)
+        HfApi(endpoint=emu.endpoint, token="hf_outage_token_0123").create_bucket("me/outage", private=True)
+        store = open_hfbucket_store("hf://buckets/me/outage", endpoint=emu.endpoint,
+                                    token="hf_outage_token_0123", token_env="")
+        with compile_cache(target=store, cache_dir=a.cache_dir, version=VERSION) as s:
+            a.compile("g")
+            emu.stop()  # the Hub goes away while we compile
+        store.close()
+    assert s.fetched is not None and s.degraded is not None and s.synced is None
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
+    assert "hf_outage_token_0123" not in caplog.text
