@@ -167,3 +167,18 @@ def test_create_makes_a_private_hub_bucket_unless_public(cli: Any, hub_emulator:
     res = cli("create", f"hf://buckets/{ns}/cc-public")  # exists and public: kept, and said so
     assert "PUBLIC" in res.output and hub_emulator.api().bucket_info(f"{ns}/cc-public").private is False
     assert hub_emulator.write_token not in res.output
+
+
+def test_directory_layout_from_the_command_line(cli: Any, tmp_path: Path) -> None:
+    src, dst, bucket = tmp_path / "ind", tmp_path / "ind2", tmp_path / "bucket"
+    (src / "fxgraph" / "ab").mkdir(parents=True)
+    (src / "fxgraph" / "ab" / "graph.py").write_text("x = 1")
+    (src / "fxgraph" / "cd.tmp").write_text("half")
+    args = ["--layout", "directory:inductor:2", "--target", str(bucket), "--json"]
+    rep = _json(cli("sync", "--cache-dir", str(src), *args))
+    assert rep["transferred"] == ["fxgraph/ab"] and rep["held_back"] == {"in_progress": 1}
+    rep = _json(cli("fetch", "--cache-dir", str(dst), *args))
+    assert rep["transferred"] == ["fxgraph/ab"]
+    assert (dst / "fxgraph" / "ab" / "graph.py").read_text() == "x = 1"
+    res = cli("status", "--layout", "directory:inductor:x", code=2)
+    assert "depth must be a number" in res.output

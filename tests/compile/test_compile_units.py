@@ -163,3 +163,26 @@ def test_directory_layout_states_markers_and_growth(tmp_path: Path) -> None:
 def test_directory_layout_needs_a_cache_dir() -> None:
     with pytest.raises(ConfigError, match="cache_dir"):
         compile_cache(layout="directory", target=MemoryStore()).__enter__()
+
+
+def test_nested_directory_entries_round_trip_with_model_references(tmp_path: Path) -> None:
+    """Inductor-like tree with depth=2: entries are fxgraph/<xx> and aotautograd/<hash>."""
+    src = tmp_path / "src"
+    lay = DirectoryLayout("inductor-test", depth=2)
+    store = CountingStore(MemoryStore())
+    with compile_cache(model_id="org/m", task="t", layout=lay, cache_dir=src, target=store) as s:
+        for rel, data in {"fxgraph/ab/key1/graph.py": b"g1", "fxgraph/cd/key2/graph.py": b"g2",
+                          "aotautograd/hash1/entry": b"a1", "locks/ab.lock": b""}.items():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_bytes(data)
+    assert s.synced is not None
+    assert sorted(s.synced.transferred) == ["aotautograd/hash1", "fxgraph/ab", "fxgraph/cd"]
+    assert s.synced.held_back == {"in_progress": 1}
+    refs = [o.name for o in store.list(".kvbucket/models/inductor-test/org/m/t/any/")]
+    assert sorted(refs)[0].endswith("/aotautograd%2Fhash1")
+    dst = tmp_path / "dst"
+    with compile_cache(model_id="org/m", task="t", layout=lay, cache_dir=dst, target=store) as s2:
+        pass
+    assert s2.fetched is not None and sorted(s2.fetched.transferred) == sorted(s.synced.transferred)
+    assert (tmp_path / "dst" / "fxgraph" / "cd" / "key2" / "graph.py").read_bytes() == b"g2"
+    assert not (tmp_path / "dst" / "locks").exists()

@@ -29,7 +29,8 @@ _TARGET_HELP = ("hf://buckets/ns/name[/prefix], s3://bucket[/prefix] or a direct
 TargetOpt = Annotated[str | None, typer.Option("--target", "-t", help=_TARGET_HELP)]
 CacheDirOpt = Annotated[Path | None, typer.Option("--cache-dir", help="Local cache dir (neuron: resolved as "
                                                   "Neuron does; torch: ~/.cache/kvbucket/torch-compile).")]
-LayoutOpt = Annotated[str, typer.Option("--layout", help="neuron, torch or directory.")]
+LayoutOpt = Annotated[str, typer.Option("--layout", help="neuron, torch or directory (directory:NAME[:DEPTH] "
+                                        "names the version and the entry depth, e.g. directory:inductor:2).")]
 VersionOpt = Annotated[str | None, typer.Option("--compiler-version", help="Compiler version (neuron: "
                                                 "2.15.128.0+56dc5a86; default: the installed neuronx-cc).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
@@ -49,14 +50,28 @@ def _errors() -> Iterator[None]:
 
 
 def _layout_and_dir(layout: str, version: str | None, cache_dir: Path | None) -> tuple[Any, Path, str | None]:
-    from kvbucket.compile_cache.layout import get_layout
     from kvbucket.compile_cache.session import _resolve_dir
 
-    lay = get_layout(layout, version=version)
+    lay = _parse_layout(layout, version)
     root, remote, disabled = _resolve_dir(lay, cache_dir)
     if disabled:
         err.print("note: NEURON_CC_FLAGS has --no-cache; the compiler will not use this cache")
     return lay, root, remote
+
+
+def _parse_layout(layout: str, version: str | None) -> Any:
+    from kvbucket.compile_cache.layout import get_layout
+
+    name, _, rest = layout.partition(":")
+    if name != "directory" or not rest:
+        return get_layout(layout, version=version)
+    group, _, depth = rest.partition(":")
+    try:
+        d = int(depth) if depth else 1
+    except ValueError:
+        raise ConfigError(f"--layout {layout!r}: the depth must be a number, e.g. directory:inductor:2"
+                          ) from None
+    return get_layout("directory", version=group or version, depth=d)
 
 
 def _target(explicit: str | None, neuron_remote: str | None) -> str:
@@ -218,12 +233,13 @@ def lookup_cmd(
     Filter names and values are normalized (tp_degree = tensor_parallel_size, bf16 = bfloat16,
     max_model_len = sequence_length, ...), so records written by one front end match another's.
     """
-    from kvbucket.compile_cache.layout import get_layout
     from kvbucket.compile_cache.lookup import lookup, parse_filter_args
 
     with _errors():
         filters = parse_filter_args(ctx.args)
-        group = get_layout(layout, version=compiler_version).current_groups()[0] if compiler_version else None
+        lay = _parse_layout(layout, compiler_version)
+        groups = lay.current_groups() if compiler_version else None
+        group = groups[0] if groups else None
         store = _open(_target(target, None))
         try:
             recs = lookup(store, model_id, task=task, group=group, filters=filters)

@@ -145,8 +145,12 @@ class CacheLayout(abc.ABC):
         """Root-relative prefix of a model's area in one group (``model_path`` = org/name/task...)."""
         return f"{self.model_area_root}{group}/{model_path}"
 
+    def ref_leaf(self, entry_name: str) -> str:
+        """The name of an entry's reference in a per-model area (one path segment)."""
+        return entry_name.rsplit("/", 1)[-1]
+
     def entry_from_leaf(self, group: str, leaf: str) -> str:
-        """The entry a per-model reference (named by the entry's last segment) points to."""
+        """The entry a per-model reference (named by :meth:`ref_leaf`) points to."""
         return f"{group}/{leaf}"
 
     def entry_state(self, root: Path, entry_name: str) -> EntryState | None:
@@ -330,27 +334,43 @@ def is_temp_name(basename: str) -> bool:
 
 
 class DirectoryLayout(CacheLayout):
-    """Any cache dir of immutable files (Triton, Inductor, JAX, vLLM): entry = a top-level child.
+    """Any cache dir of immutable files (Triton, Inductor, JAX, vLLM).
 
-    An entry is good when none of its files has a temp or lock name and, with ``settle_seconds``,
-    nothing in it changed for that long (for writers that do not use temp-then-rename). Such
-    directories have no marker of their own, so the marker is a manifest kept outside the
-    mirrored tree, at ``.kvbucket/complete/<entry>.json``, and uploaded last.
+    An entry is a child at ``depth`` levels below the root (or a file above that level):
+    ``depth=1`` suits Triton (one dir per kernel hash), ``depth=2`` Inductor
+    (``fxgraph/<xx>/...``, ``aotautograd/<hash>/...``). An entry is good when none of its files
+    has a temp or lock name and, with ``settle_seconds``, nothing in it changed for that long
+    (for writers that do not use temp-then-rename). Such directories have no marker of their
+    own, so the marker is a manifest kept outside the mirrored tree, at
+    ``.kvbucket/complete/<entry>.json``, and uploaded last.
     """
 
     name = "directory"
     model_area_root = REMOTE_META_PREFIX + "models/"
     MARKERS = REMOTE_META_PREFIX + "complete/"
 
-    def __init__(self, group: str | None = None, settle_seconds: float = 0.0) -> None:
+    def __init__(self, group: str | None = None, settle_seconds: float = 0.0, depth: int = 1) -> None:
         if group is not None and not re.match(r"^[0-9A-Za-z.+_-]+$", group):
             raise ConfigError(f"directory cache version {group!r} must be one path segment of letters, "
                               "digits, '.', '+', '-', '_' (e.g. triton-3.5.0)")
+        if not isinstance(depth, int) or not 1 <= depth <= 8:
+            raise ConfigError(f"directory layout depth must be 1..8, got {depth!r}")
         self._group = group or "any"
         self.settle_seconds = settle_seconds
+        self.depth = depth
 
     def current_groups(self) -> list[str] | None:
-        return None  # the flat area has no version level; every top-level child is an entry
+        return None  # the flat area has no version level
+
+    def _children(self, d: Path, rel: str, level: int) -> Iterator[tuple[Path, str]]:
+        for child in sorted(d.iterdir()):
+            if child.name.startswith(LOCAL_RESERVED_PREFIX) or child.is_symlink():
+                continue
+            name = f"{rel}/{child.name}" if rel else child.name
+            if level < self.depth and child.is_dir() and not is_temp_name(child.name):
+                yield from self._children(child, name, level + 1)
+            else:
+                yield child, name
 
     def scan(self, root: Path) -> list[LocalEntry]:
         import time
@@ -359,11 +379,10 @@ class DirectoryLayout(CacheLayout):
         if not root.is_dir():
             return out
         now = time.time()
-        for child in sorted(root.iterdir()):
-            if child.name.startswith(LOCAL_RESERVED_PREFIX) or child.is_symlink():
-                continue
+        for child, name in self._children(root, "", 1):
             files, newest = _read_entry(child, root)
-            if is_temp_name(child.name) or any(is_temp_name(n.rsplit("/", 1)[-1]) for n in files):
+            if any(is_temp_name(seg) for seg in name.split("/")) or any(
+                    is_temp_name(n.rsplit("/", 1)[-1]) for n in files):
                 state = EntryState.IN_PROGRESS
             elif not files:
                 state = EntryState.INCOMPLETE
@@ -371,14 +390,22 @@ class DirectoryLayout(CacheLayout):
                 state = EntryState.IN_PROGRESS
             else:
                 state = EntryState.GOOD
-            out.append(LocalEntry(child.name, self._group, state, files, newest))
+            out.append(LocalEntry(name, self._group, state, files, newest))
         return out
 
     def entry_of(self, object_name: str) -> str | None:
         if object_name.startswith(REMOTE_META_PREFIX):
             return None
-        head = object_name.split("/", 1)[0]
-        return None if is_temp_name(head) else head
+        parts = object_name.split("/")
+        head = parts[: self.depth] if len(parts) > self.depth else parts
+        if any(is_temp_name(p) or p.startswith(LOCAL_RESERVED_PREFIX) for p in head):
+            return None
+        return "/".join(head)
+
+    def ref_leaf(self, entry_name: str) -> str:
+        from kvbucket.keys import encode_key
+
+        return encode_key(entry_name)  # one segment even for nested entries
 
     def group_of(self, entry_name: str) -> str:
         return self._group
@@ -393,7 +420,9 @@ class DirectoryLayout(CacheLayout):
         return [""]  # the flat area is the root: give each directory cache its own target prefix
 
     def entry_from_leaf(self, group: str, leaf: str) -> str:
-        return leaf
+        from kvbucket.keys import decode_key
+
+        return decode_key(leaf)
 
 
 LAYOUTS: dict[str, type[CacheLayout]] = {
@@ -403,7 +432,7 @@ LAYOUTS: dict[str, type[CacheLayout]] = {
 }
 
 
-def get_layout(layout: str | CacheLayout, *, version: str | None = None) -> CacheLayout:
+def get_layout(layout: str | CacheLayout, *, version: str | None = None, depth: int = 1) -> CacheLayout:
     """A layout from its name (``version`` = compiler version / group) or an instance as is."""
     if isinstance(layout, CacheLayout):
         return layout
@@ -412,7 +441,7 @@ def get_layout(layout: str | CacheLayout, *, version: str | None = None) -> Cach
     if layout == "torch":
         return TorchLayout(version)
     if layout == "directory":
-        return DirectoryLayout(version)
+        return DirectoryLayout(version, depth=depth)
     raise ConfigError(f"unknown compile cache layout {layout!r}; use one of {', '.join(LAYOUTS)}")
 
 

@@ -35,7 +35,7 @@ from filelock import FileLock, Timeout
 
 from kvbucket.compile_cache.layout import LOCAL_RESERVED_PREFIX, CacheLayout, EntryState, LocalEntry
 from kvbucket.compile_cache.lookup import config_id, make_record, model_path, record_name, task_segment
-from kvbucket.errors import KVBucketError
+from kvbucket.errors import InvalidKeyError, KVBucketError
 from kvbucket.stores.base import ObjectStore
 
 log = logging.getLogger("kvbucket.compile_cache")
@@ -255,7 +255,7 @@ def _sync_locked(store: ObjectStore, layout: CacheLayout, root: Path, report: Tr
     for e in good:
         if e.name not in attribute or e.name in report.failed:
             continue
-        ref = f"{layout.model_area(e.group, scope.write_path())}/{e.leaf}"
+        ref = f"{layout.model_area(e.group, scope.write_path())}/{layout.ref_leaf(e.name)}"
         if ref not in names:
             extra.append((ref, json.dumps({"entry": e.name}).encode()))
     records: list[tuple[str, bytes]] = []
@@ -335,7 +335,10 @@ def fetch(store: ObjectStore, layout: CacheLayout, root: Path, *, groups: Sequen
             area = layout.model_area(g, scope.read_path())
             for n in names:
                 if n.startswith(area):
-                    wanted.add(layout.entry_from_leaf(g, n.rsplit("/", 1)[-1]))
+                    try:
+                        wanted.add(layout.entry_from_leaf(g, n.rsplit("/", 1)[-1]))
+                    except InvalidKeyError:
+                        continue  # not a reference kvbucket wrote
         wanted &= complete
     else:
         wanted = complete
