@@ -186,3 +186,25 @@ def test_nested_directory_entries_round_trip_with_model_references(tmp_path: Pat
     assert s2.fetched is not None and sorted(s2.fetched.transferred) == sorted(s.synced.transferred)
     assert (tmp_path / "dst" / "fxgraph" / "cd" / "key2" / "graph.py").read_bytes() == b"g2"
     assert not (tmp_path / "dst" / "locks").exists()
+
+
+def test_remote_names_cannot_climb_out_of_the_cache_dir(tmp_path: Path) -> None:
+    from kvbucket.compile_cache import NeuronLayout
+    from kvbucket.stores.base import ItemResult, ObjectInfo
+
+    group = f"neuronxcc-{VERSION}"
+
+    class Hostile(MemoryStore):
+        def list(self, prefix: str = "", *, page_size: int = 1000):  # type: ignore[no-untyped-def]
+            for n in ("model.neff", "model.done", "../../escaped"):
+                yield ObjectInfo(f"{group}/MODULE_1+2/{n}", 4)
+
+        def get_many(self, names, out=None):  # type: ignore[no-untyped-def]
+            assert not [n for n in names if ".." in n]
+            for b in out or []:
+                memoryview(b)[:] = b"data"
+            return [ItemResult(n, size=4, data=b) for n, b in zip(names, out or [], strict=True)]
+
+    rep = fetch(Hostile(), NeuronLayout(VERSION), tmp_path / "c")
+    assert rep.transferred == [f"{group}/MODULE_1+2"] and rep.files == 2
+    assert not list(tmp_path.rglob("escaped"))

@@ -36,7 +36,7 @@ from filelock import FileLock, Timeout
 from kvbucket.compile_cache.layout import LOCAL_RESERVED_PREFIX, CacheLayout, EntryState, LocalEntry
 from kvbucket.compile_cache.lookup import config_id, make_record, model_path, record_name, task_segment
 from kvbucket.errors import InvalidKeyError, KVBucketError
-from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.base import ObjectStore, check_name
 
 log = logging.getLogger("kvbucket.compile_cache")
 
@@ -125,12 +125,21 @@ def batches(items: Iterable[T], size_of: Callable[[T], int], max_items: int = BA
 
 
 def list_remote(store: ObjectStore, prefixes: Sequence[str]) -> dict[str, int]:
-    """Name -> size of every object under the prefixes (prefixes nested in another are skipped)."""
+    """Name -> size of every object under the prefixes (prefixes nested in another are skipped).
+
+    Names become local paths on fetch, so a name that could climb out of the cache dir (``..``,
+    absolute, backslashes: only a hostile or broken server would list one) is dropped here.
+    """
     out: dict[str, int] = {}
     for p in sorted(set(prefixes)):
         if any(q != p and p.startswith(q) for q in prefixes):
             continue
         for o in store.list(p):
+            try:
+                check_name(o.name)
+            except InvalidKeyError:
+                log.warning("ignoring remote object with an unsafe name: %r", o.name[:200])
+                continue
             out[o.name] = o.size
     return out
 
