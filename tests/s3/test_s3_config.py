@@ -207,3 +207,46 @@ def test_subclassing_keeps_forbidding_unknown_keys() -> None:
     assert a.max_capacity_gb == 5 and a.resolve().bucket == "b"
     with pytest.raises(ConfigError, match="unknown key 'nope'"):
         Adapter.parse({"s3_endpoint": "s3://b", "nope": 1})
+
+
+def test_open_s3_store_reads_the_standard_env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvbucket.stores import open_store
+
+    for k in (
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_ALLOW_HTTP",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_CA_BUNDLE",
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
+    ):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENV")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret-value")
+    with open_store("s3://bkt/some/prefix", create=False) as store:
+        assert isinstance(store, S3Store)
+        t = store.target
+        assert (t.bucket, t.prefix, t.endpoint, t.allow_http, t.region) == (
+            "bkt",
+            "some/prefix",
+            "http://127.0.0.1:9",
+            True,
+            "eu-west-3",
+        )
+        assert store.config.aws_access_key_id is not None
+        assert store.config.aws_access_key_id.get_secret_value() == "AKIAENV"
+        assert "env-secret-value" not in repr(store) + repr(store.config)
+    # AWS without an endpoint: AWS_ALLOW_HTTP switches the AWS endpoint to http://
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    with open_store("s3://bkt") as store:
+        assert store.target.endpoint == "http://bkt.s3.eu-west-3.amazonaws.com"
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    with pytest.raises(ConfigError, match="s3_region is required"):
+        open_store("s3://bkt")

@@ -166,3 +166,24 @@ def test_seed_coreweave_example_runs_unchanged_but_for_proxy_and_keys(
         assert fault_proxy.hosts[-1] == "test-127.cwlota.com"
     finally:
         seaweedfs.delete_bucket("test-127")
+
+
+def test_default_chain_reads_aws_configure_profiles(
+    seaweedfs: S3Server, s3_bucket: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No keys in the config or env: credentials come from the shared file `aws configure` writes."""
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        f"[kvb]\naws_access_key_id = {seaweedfs.access_key}\naws_secret_access_key = {seaweedfs.secret_key}\n"
+    )
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "kvb")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    cfg = seaweedfs.config(s3_bucket)
+    del cfg["aws_access_key_id"], cfg["aws_secret_access_key"]
+    with S3Store(S3Config.parse(cfg)) as store:
+        assert store.put_many([("p", b"profile")])[0].ok
+        assert store.get("p") == b"profile"

@@ -1,6 +1,6 @@
 """``S3Store``: the object-store protocol over AWS S3 and S3-compatible servers.
 
-Client choice (measured, see docs/s3.md and benchmarks/bench_s3_clients.py): obstore's *sync*
+Client choice (measured with benchmarks/bench_s3.py, see docs/s3.md): obstore's *sync*
 API called from a thread pool. Each call releases the GIL while the Rust client (reqwest/hyper,
 object_store's SigV4, retries with jittered backoff) does the request, so a pool of
 ``s3_num_io_threads`` threads gives that many requests in flight at a fraction of boto3's CPU.
@@ -80,25 +80,25 @@ class S3Store(ObjectStore):
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
         names = self._names([n for n, _ in items])
         views = [_byte_view(d) for _, d in items]
-        self._ready()
+        self._ready(bool(names))
         return self._run(self._put_one, list(zip(names, views, strict=True)))
 
     def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
         names = self._names(names)
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
-        self._ready()
+        self._ready(bool(names))
         bufs: Sequence[Buffer | None] = out if out is not None else [None] * len(names)
         return self._run(self._get_one, list(zip(names, bufs, strict=True)))
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
-        self._ready()
+        self._ready(bool(names))
         return self._run(self._head_one, [(n,) for n in names])
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
-        self._ready()
+        self._ready(bool(names))
         if not names:
             return []
         try:  # one DeleteObjects request per 1,000 keys
@@ -150,37 +150,39 @@ class S3Store(ObjectStore):
             result = obstore.get(self._store, name)
         except Exception as e:
             return self._missing_or_error(e, "get", name)
-        size = int(result.meta["size"])
+        size = int(result.meta["size"])  # Content-Length, known before any body byte is read
         if buf is None:
             try:
                 data = result.bytes()
             except Exception as e:
                 return ItemResult(name, error=self._error(e, "get", name))
             if len(data) != size:
-                return ItemResult(
-                    name,
-                    error=SizeMismatchError(
-                        f"S3 object {self._where(name)} announced {size} bytes but {len(data)} arrived"
-                    ),
-                )
+                return ItemResult(name, error=self._short(name, size, len(data)))
             return ItemResult(name, size=size, data=data)
         try:
             view = check_buffer_size(name, size, buf)  # before any byte is written
         except StoreError as e:
             return ItemResult(name, error=e)
+        # Body frames go straight into the caller's buffer: one copy, no 2 MiB temporary. If the
+        # transfer breaks midway the item is an error and the buffer's content is unspecified.
+        got = 0
         try:
-            data = result.bytes()
+            for frame in result.stream(min_chunk_size=1):
+                n = len(frame)
+                if got + n > size:
+                    return ItemResult(name, error=self._short(name, size, got + n))
+                view[got : got + n] = frame
+                got += n
         except Exception as e:
             return ItemResult(name, error=self._error(e, "get", name))
-        if len(data) != size:
-            return ItemResult(
-                name,
-                error=SizeMismatchError(
-                    f"S3 object {self._where(name)} announced {size} bytes but {len(data)} arrived"
-                ),
-            )
-        view[:] = data
+        if got != size:
+            return ItemResult(name, error=self._short(name, size, got))
         return ItemResult(name, size=size, data=buf)
+
+    def _short(self, name: str, announced: int, arrived: int) -> SizeMismatchError:
+        return SizeMismatchError(
+            f"S3 object {self._where(name)} announced {announced} bytes but {arrived} arrived"
+        )
 
     def _head_one(self, name: str) -> ItemResult:
         try:
@@ -203,10 +205,11 @@ class S3Store(ObjectStore):
         futures = [self._pool.submit(fn, *a) for a in args]
         return [f.result() for f in futures]
 
-    def _ready(self) -> None:
+    def _ready(self, probe: bool = True) -> None:
+        """Refuse work on a closed store; once per store, make sure the bucket exists."""
         if self._closed:
             raise StoreError(f"{self.url} is closed")
-        if self._bucket_checked:
+        if self._bucket_checked or not probe:
             return
         with self._bucket_lock:
             if self._bucket_checked:

@@ -141,6 +141,10 @@ class S3Server:
         }
 
 
+class WeedExitedError(RuntimeError):
+    """weed stopped during startup (e.g. a port picked as free was taken meanwhile)."""
+
+
 class SeaweedFS:
     """``weed mini`` on 127.0.0.1 in a fresh temp dir, every port free; stop() kills it by PID."""
 
@@ -159,34 +163,58 @@ class SeaweedFS:
     )
 
     def __init__(
-        self, domain_name: str = ",".join((DOMAIN, *EXTRA_DOMAINS)), startup_timeout: float = 60.0
+        self,
+        domain_name: str = ",".join((DOMAIN, *EXTRA_DOMAINS)),
+        startup_timeout: float = 60.0,
+        client_host: str = "127.0.0.1",
+        extra_args: tuple[str, ...] = (),
     ) -> None:
+        """``client_host`` is the host clients (and the readiness probe) use in path-style URLs;
+        ``localhost`` when ``domain_name`` makes ``127.0.0.1`` itself a virtual-hosted name."""
         self.domain_name = domain_name
         self.startup_timeout = startup_timeout
+        self.client_host = client_host
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.dir: str | None = None
         self.server: S3Server | None = None
 
-    def start(self) -> S3Server:
+    def start(self, attempts: int = 3) -> S3Server:
+        """Start and wait until a bucket round trip works. Free ports are picked, then released
+        for weed to bind, so another process can take one in between: weed then exits and the
+        start is retried with new ports."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once()
+            except WeedExitedError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self) -> S3Server:
         self.dir = tempfile.mkdtemp(prefix="kvbucket-weed-")
         ports = self._ports = {flag: free_port() for flag in self._PORT_FLAGS}
-        args = [
-            weed_binary(),
-            f"-logdir={self.dir}",
-            "mini",
-            f"-dir={self.dir}/data",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-            "-master.telemetry=false",
-            "-admin.ui=false",
-            "-webdav=false",
-            "-s3.port.iceberg=0",
-            "-s3.port.lance=0",
-            "-s3.autoCreateBucket=false",
-            f"-s3.domainName={self.domain_name}",
-            f"-filer.localSocket={self.dir}/filer.sock",
-            f"-s3.localSocket={self.dir}/s3.sock",
-        ] + [f"-{flag}={port}" for flag, port in ports.items()]
+        args = (
+            [
+                weed_binary(),
+                f"-logdir={self.dir}",
+                "mini",
+                f"-dir={self.dir}/data",
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-master.telemetry=false",
+                "-admin.ui=false",
+                "-webdav=false",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+                "-s3.autoCreateBucket=false",
+                f"-s3.domainName={self.domain_name}",
+                f"-filer.localSocket={self.dir}/filer.sock",
+                f"-s3.localSocket={self.dir}/s3.sock",
+            ]
+            + [f"-{flag}={port}" for flag, port in ports.items()]
+            + list(self.extra_args)
+        )
         os.makedirs(f"{self.dir}/data", mode=0o700)
         # TMPDIR: weed puts its gRPC unix sockets and logs under the temp dir; keep them in ours.
         env = {
@@ -199,7 +227,7 @@ class SeaweedFS:
         self.proc = subprocess.Popen(
             args, cwd=self.dir, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        self.server = S3Server(f"http://127.0.0.1:{ports['s3.port']}")
+        self.server = S3Server(f"http://{self.client_host}:{ports['s3.port']}")
         try:
             self._wait_ready()
         except BaseException:
@@ -214,7 +242,7 @@ class SeaweedFS:
         last: BaseException | None = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited with {self.proc.returncode}: {self.log_tail()}")
+                raise WeedExitedError(f"weed mini exited with {self.proc.returncode}: {self.log_tail()}")
             try:  # a bucket round trip proves master, volume, filer and S3 are all up
                 self.server.create_bucket(probe)
                 self.server.delete_bucket(probe)
