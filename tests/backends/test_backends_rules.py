@@ -211,6 +211,18 @@ def test_hybrid_promotes_lower_tier_hits(tmp_path: Path) -> None:
         assert h.get(key(2)) is None and h.misses == 1
 
 
+def test_hybrid_get_into_promotes_from_the_callers_buffer(tmp_path: Path) -> None:
+    remote = RemoteBackend(MemoryStore(), LAYOUT)
+    remote.put(key(1), chunk_bytes(LAYOUT, 1))
+    cpu = LocalCPUBackend(10 * FULL)
+    with HybridBackend([cpu, remote]) as h:
+        buf = bytearray(FULL)
+        assert h.get_into(key(1), buf) and bytes(buf) == chunk_bytes(LAYOUT, 1)
+        buf[:] = b"\x00" * FULL  # the caller reuses its buffer: the promoted copy is unaffected
+        assert as_bytes(cpu.get(key(1))) == chunk_bytes(LAYOUT, 1)
+        assert h.hits == [0, 1]
+
+
 def test_hybrid_contains_asks_fast_tiers_first() -> None:
     store = CountingStore()
     cpu = LocalCPUBackend(10 * FULL)

@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 
 from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.chunks import as_view
 from kvbucket.errors import KVBucketError
 from kvbucket.keys import as_key_string
 
@@ -106,6 +107,34 @@ class HybridBackend(StorageBackend):
                 out[i] = chunk
                 self.hits[t] += 1
                 if t:
+                    promote.append((ks[i], chunk, gens[i]))
+            if promote:
+                self._promote(self.tiers[:t], promote)
+            missing = still
+        self.misses += len(missing)
+        return out
+
+    def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
+        if len(keys) != len(buffers):
+            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        ks = [as_key_string(k) for k in keys]
+        gens = [self._gen[self._stripe(k)] for k in ks]
+        out = [False] * len(ks)
+        missing = list(range(len(ks)))
+        for t, tier in enumerate(self.tiers):
+            if not missing:
+                break
+            found = tier.batched_get_into([ks[i] for i in missing], [buffers[i] for i in missing])
+            still: list[int] = []
+            promote: list[tuple[str, Chunk, int]] = []
+            for i, hit in zip(missing, found, strict=True):
+                if not hit:
+                    still.append(i)
+                    continue
+                out[i] = True
+                self.hits[t] += 1
+                if t:  # the caller owns the buffer: promote a copy unless promotion is synchronous
+                    chunk = buffers[i] if self.promote_blocking else as_view(buffers[i]).tobytes()
                     promote.append((ks[i], chunk, gens[i]))
             if promote:
                 self._promote(self.tiers[:t], promote)

@@ -24,6 +24,7 @@ the retries); only bad arguments or a closed store raise.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -32,7 +33,14 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kvbucket.errors import ConfigError, NotFoundError, StoreError, TransientStoreError
+from kvbucket.errors import (
+    AuthError,
+    ConfigError,
+    NotFoundError,
+    SizeMismatchError,
+    StoreError,
+    TransientStoreError,
+)
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size, check_name
 from kvbucket.stores.hfbucket_config import (
     HFBucketConfig,
@@ -81,6 +89,12 @@ class HFBucketStore(ObjectStore):
         return f"HFBucketStore({self.url!r}, endpoint={self.endpoint!r})"
 
     # ---- helpers ------------------------------------------------------------------------
+    @staticmethod
+    def _names(names: Sequence[str]) -> list[str]:
+        # KV lookups ask for the same names again and again; validating each once keeps a
+        # 1,000-key warm lookup from spending most of its time in check_name.
+        return [_valid_name(n) if isinstance(n, str) else check_name(n) for n in names]
+
     def _path(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
@@ -232,7 +246,6 @@ class HFBucketStore(ObjectStore):
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
         paths = [self._path(n) for n in names]
-        cached = self._cache.get_many(paths)
         try:
             meta = self._lookup(paths)
         except StoreError as e:
@@ -257,31 +270,49 @@ class HFBucketStore(ObjectStore):
                 target = buf
             jobs.append((i, f, view, target))
 
-        def fetch(job: tuple[int, RemoteFile, memoryview, Buffer]) -> StoreError | None:
-            _, f, view, _ = job
+        def fetch(job: tuple[int, RemoteFile, memoryview, Buffer]) -> ItemResult:
+            i, f, view, target = job
+            return self._download(names[i], f, view, target, out is not None and out[i] is not None)
+
+        for job, fut in zip(jobs, self._map(fetch, jobs), strict=True):
+            results[job[0]] = fut.result()
+        return [r for r in results if r is not None]
+
+    def _download(self, name: str, f: RemoteFile, view: memoryview, target: Buffer, caller_buffer: bool
+                  ) -> ItemResult:
+        """Stream one object into ``view``; on failure, back off, re-read its metadata, try again.
+
+        A cached hash can be stale (overwritten elsewhere), and a just-committed object can be
+        briefly unreadable while its storage metadata settles (seen under concurrent identical
+        uploads), so a failed read is retried with fresh metadata up to ``max_retries`` times.
+        """
+        delay = self.config.retry_backoff_secs
+        for attempt in range(self.config.max_retries + 1):
             try:
                 self._client.download_into(f, view)
-                return None
-            except Exception as e:  # becomes this item's error
-                return self._client.error(e, f"download {f.path!r}")
-
-        errors = [fut.result() for fut in self._map(fetch, jobs)]
-        retry = []
-        for job, err in zip(jobs, errors, strict=True):
-            i, f, _, target = job
-            if err is None:
-                results[i] = ItemResult(names[i], size=f.size, data=target)
-            elif f.path in cached:
-                retry.append(i)  # the cached hash may be stale: ask the Hub once more below
-            else:
-                results[i] = ItemResult(names[i], error=err)
-        if retry:
-            self._cache.invalidate(paths[i] for i in retry)
-            self._client.reset_download_group()
-            again = self.get_many([names[i] for i in retry], None if out is None else [out[i] for i in retry])
-            for i, r in zip(retry, again, strict=True):
-                results[i] = r
-        return [r for r in results if r is not None]
+                return ItemResult(name, size=f.size, data=target)
+            except Exception as e:  # becomes this item's error, unless a retry succeeds
+                err = self._client.error(e, f"download {f.path!r}")
+            if attempt == self.config.max_retries or isinstance(err, AuthError):
+                break
+            time.sleep(min(delay, 8.0))
+            delay *= 2
+            try:
+                fresh = self._client.paths_info([f.path]).get(f.path)
+            except StoreError as e:
+                return ItemResult(name, error=e)
+            self._cache.set_many([(f.path, fresh)])
+            if fresh is None:
+                return ItemResult(name)  # deleted meanwhile: a miss
+            if fresh.size != f.size:
+                if caller_buffer:
+                    return ItemResult(name, error=SizeMismatchError(
+                        f"object {name!r} now has {fresh.size} bytes but its buffer has {f.size}"))
+                target = bytearray(fresh.size)
+                view = memoryview(target)
+            f = fresh
+        self._cache.invalidate([f.path])
+        return ItemResult(name, error=err)
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         self._check_open()
@@ -363,6 +394,11 @@ class HFBucketStore(ObjectStore):
         self._cache.clear()
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _valid_name(name: str) -> str:
+    return check_name(name)
+
+
 def _byte_view(name: str, data: Buffer) -> memoryview:
     try:
         view = memoryview(data)
@@ -376,14 +412,18 @@ def _byte_view(name: str, data: Buffer) -> memoryview:
 
 # ---- openers and factories ---------------------------------------------------------------
 
-def open_hfbucket_store(url: str, **options: Any) -> HFBucketStore:
+def open_hfbucket_store(url: str, *, create: bool | None = None, **options: Any) -> HFBucketStore:
     """``open_store("hf://buckets/ns/name[/prefix]", **options)``; options are HFBucketConfig fields.
 
     Endpoint and token follow huggingface_hub: ``$HF_ENDPOINT`` and ``$HF_TOKEN`` (or the saved
-    login) unless ``endpoint``/``token``/``token_env`` say otherwise.
+    login) unless ``endpoint``/``token``/``token_env`` say otherwise. ``create`` is the generic
+    opener flag (the CLI passes ``create=False`` to inspect without creating anything); it sets
+    ``create_bucket_if_missing`` unless that option is given too.
     """
     if "bucket_handle" in options:
         raise ConfigError("give the bucket either as the URL or as bucket_handle, not both")
+    if create is not None:
+        options.setdefault("create_bucket_if_missing", bool(create))
     return HFBucketStore(build_config(bucket_handle=url, **options))
 
 

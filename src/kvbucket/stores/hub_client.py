@@ -137,7 +137,7 @@ class HubBucketClient:
                 f"check the token from {self._token_source}: "
                 "it must exist and have write access for stores"
             )
-        if status in _RETRY_STATUS or isinstance(exc, _RETRY_EXCEPTIONS | TimeoutError | ConnectionError):
+        if status in _RETRY_STATUS or isinstance(exc, (*_RETRY_EXCEPTIONS, TimeoutError, ConnectionError)):
             return TransientStoreError(
                 f"the Hub did not answer usefully for bucket {self.bucket_id!r} while trying to {what} "
                 f"after {self.max_retries} retries: {detail}"
@@ -302,7 +302,7 @@ class HubBucketClient:
                 token_refresh_url=f"{self._base}/xet-write-token", token_refresh_headers=self._headers,
                 custom_headers=xet_headers_without_auth(self._headers),
             ) as commit:
-                handles = [commit.start_upload_bytes(data, sha256=SKIP_SHA256) for _, data in items]
+                handles = [commit.start_upload_bytes(bytes(data), sha256=SKIP_SHA256) for _, data in items]
             out = []
             for h in handles:
                 info = h.result().xet_info
