@@ -77,7 +77,7 @@ def test_unreachable_hub_degrades_to_local_with_one_warning(tmp_path: Path, monk
     caplog.set_level(logging.WARNING, "kvbucket")
     a = StandInCompiler(tmp_path / "a", VERSION)
     with compile_cache(model_id=MODEL, target="hf://buckets/acme/unreachable", cache_dir=a.cache_dir,
-                       version=VERSION) as s:
+                       version=VERSION, store_options={"max_retries": 1, "retry_backoff_secs": 0.05}) as s:
         a.compile("g")
     assert a.compilations == 1 and s.degraded is not None
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -95,7 +95,8 @@ def test_hub_outage_during_the_block_degrades_with_one_warning(hub_emulator: Any
         # (hub_emulator only isolates HF_HOME here; this test stops its own emulator)
         HfApi(endpoint=emu.endpoint, token="hf_outage_token_0123").create_bucket("me/outage", private=True)
         store = open_hfbucket_store("hf://buckets/me/outage", endpoint=emu.endpoint,
-                                    token="hf_outage_token_0123", token_env="")
+                                    token="hf_outage_token_0123", token_env="", max_retries=1,
+                                    retry_backoff_secs=0.05)
         with compile_cache(target=store, cache_dir=a.cache_dir, version=VERSION) as s:
             a.compile("g")
             emu.stop()  # the Hub goes away while we compile

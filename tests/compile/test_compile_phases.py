@@ -258,16 +258,17 @@ def test_requests_are_batched(local_store: CountingStore, host_a: StandInCompile
                               host_b: StandInCompiler) -> None:
     store = local_store
     host_a.neff_size = 64
-    for i in range(600):  # 600 entries x 4 files
+    for i in range(400):  # 400 entries x 4 files
         host_a.compile(f"g{i}")
     store.reset()
     rep = sync(store, NeuronLayout(VERSION), host_a.cache_dir)
-    assert rep.files == 2400 and len(rep.transferred) == 600
-    assert store.calls["put"] == 3  # ceil(1800 / 1000) data batches + 1 marker batch
+    assert rep.files == 1600 and len(rep.transferred) == 400
+    assert store.calls["put"] == 3  # ceil(1200 / 1000) data batches + 1 marker batch
     assert store.calls["list"] == 1
     store.reset()
     rep = fetch(store, NeuronLayout(VERSION), host_b.cache_dir)
-    assert rep.files == 2400 and store.calls["get"] == 3 and store.calls["list"] == 3
+    # 1,600 names listed in 2 pages; the 1,200 non-empty files in 2 reads (empty ones need none)
+    assert rep.files == 1600 and store.calls["get"] == 2 and store.calls["list"] == 2
 
 
 def test_unreachable_store_degrades_with_one_warning(host_a: StandInCompiler,

@@ -91,6 +91,7 @@ def compile_cache(
     version: str | None = None,
     progress: bool = False,
     lock_timeout: float = 600.0,
+    store_options: Mapping[str, Any] | None = None,
 ) -> Iterator[CompileCacheSession]:
     """Fetch the cache on enter and publish new good entries on exit.
 
@@ -100,6 +101,8 @@ def compile_cache(
     ``model_id``/``task``/``export_config`` select the per-model area and write an export record;
     without ``model_id`` only the flat area is used. ``version`` pins the compiler version (neuron)
     or group (torch/directory). ``key`` names torch artifacts (default: the model id).
+    ``store_options`` go to the store (e.g. ``{"max_retries": 1}`` so an outage costs a compile
+    less waiting).
     """
     lay = get_layout(layout, version=version)
     root, neuron_remote, disabled = _resolve_dir(lay, cache_dir)
@@ -137,7 +140,7 @@ def compile_cache(
             session.degrade("HF_HUB_OFFLINE is set")
         else:
             try:
-                store = open_store(target_url)
+                store = open_store(target_url, **dict(store_options or {}))
                 opened_here = True
             except (ConfigError, InvalidKeyError):
                 raise
