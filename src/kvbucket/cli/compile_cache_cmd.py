@@ -271,8 +271,10 @@ def status_cmd(cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
             body = {"cache_dir": str(root), "current": current, "groups": [g.to_dict() for g in groups]}
             _emit(body, True, "")
             return
-        table = Table("version", "good", "failed", "in progress", "incomplete", "bytes", "",
-                      title=f"compile cache {root}")
+        table = Table(title=f"compile cache {root}")
+        table.add_column("version", no_wrap=True)
+        for col in ("good", "failed", "in progress", "incomplete", "bytes", ""):
+            table.add_column(col, justify="right")
         for g in groups:
             mark = "" if g.current is None else ("current" if g.current else "old")
             table.add_row(g.group, *(str(g.entries.get(s, 0)) for s in ("good", "failed", "in_progress",

@@ -268,7 +268,7 @@ def _sync_locked(store: ObjectStore, layout: CacheLayout, root: Path, report: Tr
         if ref not in names:
             extra.append((ref, json.dumps({"entry": e.name}).encode()))
     records: list[tuple[str, bytes]] = []
-    if scope.config:
+    if scope.config and not attribute & set(report.failed):  # a record says "compiled": only when true
         for g in record_groups:
             records.append((record_name(scope.model_id, scope.task, g, scope.config),
                             make_record(scope.model_id, scope.task, g, layout.name, scope.config)))
