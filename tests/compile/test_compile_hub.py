@@ -104,3 +104,40 @@ def test_hub_outage_during_the_block_degrades_with_one_warning(hub_emulator: Any
     assert s.fetched is not None and s.degraded is not None and s.synced is None
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
     assert "hf_outage_token_0123" not in caplog.text
+
+
+def test_cli_sync_fetch_lookup_against_an_hf_url(hub_bucket: Any, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line as a user runs it: only HF_ENDPOINT/HF_TOKEN and an hf:// target."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvbucket.cli import build_app
+
+    monkeypatch.setenv("HF_ENDPOINT", hub_bucket.hub.endpoint)
+    monkeypatch.setenv("HF_TOKEN", hub_bucket.hub.write_token)
+    monkeypatch.setenv("KVBUCKET_CONFIG_DIR", str(tmp_path / "cfg"))
+    target = f"hf://buckets/{hub_bucket.bucket_id}/neuron"
+    a, b = StandInCompiler(tmp_path / "a", VERSION), StandInCompiler(tmp_path / "b", VERSION)
+    with compile_cache(model_id=MODEL, task="text-generation", export_config=CONFIG, target=target,
+                       cache_dir=a.cache_dir, version=VERSION):
+        a.compile("g1")
+    a.compile("g2")  # compiled outside any block: `sync` publishes it
+    runner, app = CliRunner(), build_app()
+
+    def run(*args: str) -> Any:
+        res = runner.invoke(app, ["compile-cache", *args, "--json"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)
+
+    rep = run("sync", "--target", target, "--cache-dir", str(a.cache_dir))
+    assert len(rep["transferred"]) == 1 and len(rep["skipped"]) == 1
+    rep = run("fetch", "--target", target, "--cache-dir", str(b.cache_dir), "--compiler-version", VERSION)
+    assert len(rep["transferred"]) == 2
+    b.compile("g1")
+    b.compile("g2")
+    assert b.compilations == 0
+    recs = run("lookup", MODEL, "--target", target, "--tensor_parallel_size", "2",
+               "--torch_dtype", "bfloat16")
+    assert [r["task"] for r in recs] == ["text-generation"]
