@@ -208,3 +208,15 @@ def test_remote_names_cannot_climb_out_of_the_cache_dir(tmp_path: Path) -> None:
     rep = fetch(Hostile(), NeuronLayout(VERSION), tmp_path / "c")
     assert rep.transferred == [f"{group}/MODULE_1+2"] and rep.files == 2
     assert not list(tmp_path.rglob("escaped"))
+
+
+def test_torch_layout_default_dir_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stat
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KVBUCKET_TORCH_CACHE_DIR", raising=False)
+    with compile_cache(layout="torch", key="k", target=MemoryStore()) as s:
+        pass
+    assert s.cache_dir == tmp_path / ".cache" / "kvbucket" / "torch-compile"
+    assert stat.S_IMODE(s.cache_dir.stat().st_mode) == 0o700
+    assert s.degraded is None and s.fetched is not None and s.fetched.transferred == []

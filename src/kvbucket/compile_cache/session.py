@@ -125,6 +125,8 @@ def compile_cache(
         return
     groups = lay.current_groups()
     session.groups = groups
+    if lay.name == "torch" and cache_dir is None:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)  # kvbucket's own dir: private
     select = None
     if lay.name == "torch":
         prefix = torch_artifacts.key_prefix(torch_key)
