@@ -39,6 +39,8 @@ import numpy as np
 from kvbucket.backends.base import StorageBackend
 from kvbucket.backends.local_cpu import LocalCPUBackend
 from kvbucket.backends.local_disk import LocalDiskBackend
+from kvbucket.backends.remote import RemoteBackend
+from kvbucket.chunks import KVLayout
 from kvbucket.stores.file import FileStore
 
 MIB = 1024 * 1024
@@ -175,7 +177,17 @@ def build_cases(workdir: Path, n: int, size: int, fsync: bool) -> list[Case]:
         backend_case("LocalCPUBackend (cold)", lambda: LocalCPUBackend(room), MEMCPY, batch=32),
         backend_case("LocalDiskBackend", LocalDiskBackend(workdir / "disk", room, fsync=fsync), PLAIN_FILE,
                      batch=32),
+        backend_case("RemoteBackend (FileStore)",
+                     RemoteBackend(FileStore(workdir / "remote", fsync=fsync), _layout(size)), PLAIN_FILE,
+                     batch=32),
     ]
+
+
+def _layout(size: int) -> KVLayout:
+    """A KV layout whose full chunk is ``size`` bytes (the remote tier only takes full chunks)."""
+    if size % 512:
+        raise SystemExit("--chunk-mib must give a multiple of 512 bytes for the RemoteBackend row")
+    return KVLayout(num_layers=1, num_kv_heads=1, head_size=1, dtype="uint8", chunk_tokens=size // 2)
 
 
 def _empty_dir(root: Path) -> None:

@@ -258,7 +258,71 @@ class LMCacheClient:
         self.adapter.close()
 
 
-CLIENTS = {"kvbucket": KvbucketClient, "lmcache": LMCacheClient, "boto3": Boto3Client}
+class ObstoreAsyncClient(KvbucketClient):
+    """The alternative kvbucket did not take: obstore's async API on one asyncio loop (same client
+    settings as S3Store, a semaphore of ``s3_num_io_threads`` requests in flight)."""
+
+    name = "obstore async (not used)"
+
+    def _gather(self, make: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        import asyncio
+
+        async def run() -> list[Any]:
+            sem = asyncio.Semaphore(self.cfg.s3_num_io_threads)
+
+            async def one(item: Any) -> Any:
+                async with sem:
+                    return await make(item)
+
+            return await asyncio.gather(*(one(i) for i in items))
+
+        return asyncio.run(run())
+
+    def store_all(self, names: list[str], chunks: list[np.ndarray]) -> int:
+        import obstore
+
+        store = self.store._store
+
+        async def put(item: tuple[str, np.ndarray]) -> bool:
+            await obstore.put_async(store, item[0], memoryview(item[1]))
+            return True
+
+        return sum(self._gather(put, list(zip(names, chunks, strict=True))))
+
+    def lookup(self, names: list[str]) -> int:
+        import obstore
+
+        store = self.store._store
+
+        async def head(n: str) -> bool:
+            try:
+                await obstore.head_async(store, n)
+                return True
+            except FileNotFoundError:
+                return False
+
+        return sum(self._gather(head, names))
+
+    def load(self, names: list[str], outs: list[np.ndarray]) -> int:
+        import obstore
+
+        store = self.store._store
+
+        async def get(item: tuple[str, np.ndarray]) -> bool:
+            r = await obstore.get_async(store, item[0])
+            data = await r.bytes_async()
+            memoryview(item[1])[:] = data
+            return True
+
+        return sum(self._gather(get, list(zip(names, outs, strict=True))))
+
+
+CLIENTS = {
+    "kvbucket": KvbucketClient,
+    "lmcache": LMCacheClient,
+    "boto3": Boto3Client,
+    "obstore-async": ObstoreAsyncClient,
+}
 
 
 def main() -> int:
@@ -270,7 +334,7 @@ def main() -> int:
     ap.add_argument(
         "--io-threads", type=int, default=64, help="s3_num_io_threads / pool size for every client"
     )
-    ap.add_argument("--clients", default="kvbucket,lmcache,boto3")
+    ap.add_argument("--clients", default="kvbucket,lmcache,boto3", help="also: obstore-async")
     ap.add_argument(
         "--server-cache-mb",
         type=int,

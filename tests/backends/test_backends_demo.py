@@ -67,3 +67,20 @@ def test_demo_bad_options_exit_2_with_a_clear_line(isolated_tmp: Path) -> None:
     result = run("--target", "redis://x", "--chunks", "1")
     assert result.exit_code == 2
     assert "remote_url scheme 'redis' is not supported" in result.output
+
+
+def test_demo_help() -> None:
+    result = run("--help")
+    assert result.exit_code == 0, result.output
+    assert "--target" in result.output and "--chunks" in result.output
+
+
+def test_demo_uses_a_config_files_remote_and_cleans_it(isolated_tmp: Path, tmp_path: Path) -> None:
+    target = tmp_path / "from-config"
+    cfg = tmp_path / "engine.yaml"
+    cfg.write_text(f"remote_url: file://{target}\nextra_config:\n  fsync: true\n")
+    result = run("--chunks", "2", "--model", "qwen2.5-0.5b", "--config", str(cfg))
+    assert result.exit_code == 0, result.output
+    assert target.is_dir()  # the store the config names was used
+    assert f"file://{target}" in result.output.replace("\n", "")
+    assert [p for p in target.rglob("*") if p.is_file() and ".kvbucket-tmp" not in p.parts] == []

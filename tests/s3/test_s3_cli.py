@@ -85,3 +85,16 @@ def test_kvbucket_ls_subprocess(filled: str, aws_env: dict[str, str]) -> None:
         ["plain/a.bin", "plain/b.bin"],
         ["plain/b.bin", "plain/a.bin"],
     )
+
+
+def test_demo_target_s3_with_env_vars_only(
+    seaweedfs: S3Server, s3_bucket: str, aws_env: dict[str, str]
+) -> None:
+    """kvbucket demo --target s3://bucket/prefix: the hybrid stack over S3, every byte verified."""
+    code, out, err = run(
+        "demo", "--target", f"s3://{s3_bucket}/demo", "--chunks", "4", "--model", "qwen2.5-0.5b"
+    )
+    assert code == 0, out + err
+    assert f"s3://{s3_bucket}/demo" in out, out
+    leftovers = seaweedfs.client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])
+    assert leftovers == [], "the demo removes its chunks unless --keep"

@@ -250,3 +250,13 @@ def test_open_s3_store_reads_the_standard_env_vars(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     with pytest.raises(ConfigError, match="s3_region is required"):
         open_store("s3://bkt")
+
+
+def test_remote_url_fills_unset_options_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_REGION", "eu-north-1")
+    with store_from_remote_url("s3://plain-bucket/p", {"save_chunk_meta": False}, ENGINE) as store:
+        assert (store.target.endpoint, store.target.region) == ("http://127.0.0.1:9", "eu-north-1")
+    with store_from_remote_url(*COREWEAVE, ENGINE) as store:  # names its host: env endpoint not used
+        assert store.target.endpoint == "http://test-127.cwlota.com"
+        assert store.target.region == "US-WEST-04A"  # explicit beats env

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from types import SimpleNamespace
 
@@ -19,7 +20,10 @@ def open_store(server: S3Server, bucket: str, prefix: str = "", **overrides: obj
     return S3Store(S3Config.parse(server.config(bucket, prefix, **overrides)))
 
 
-def test_wrong_secret_is_a_clear_auth_error_without_the_secret(seaweedfs: S3Server, s3_bucket: str) -> None:
+def test_wrong_secret_is_a_clear_auth_error_without_the_secret(
+    seaweedfs: S3Server, s3_bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
     secret = "definitely-not-the-secret"
     with open_store(seaweedfs, s3_bucket, aws_secret_access_key=secret) as store:
         for results in (store.put_many([("a", b"1")]), store.get_many(["a"]), store.head_many(["a"])):
@@ -29,6 +33,7 @@ def test_wrong_secret_is_a_clear_auth_error_without_the_secret(seaweedfs: S3Serv
         (put,) = store.put_many([("a", b"1")])
         assert "SignatureDoesNotMatch" in str(put.error) and "secret access key is wrong" in str(put.error)
         assert secret not in repr(store) and secret not in repr(store.config)
+    assert secret not in caplog.text
 
 
 def test_unknown_access_key_is_an_auth_error(seaweedfs: S3Server, s3_bucket: str) -> None:
@@ -187,3 +192,18 @@ def test_default_chain_reads_aws_configure_profiles(
     with S3Store(S3Config.parse(cfg)) as store:
         assert store.put_many([("p", b"profile")])[0].ok
         assert store.get("p") == b"profile"
+
+
+def test_unreachable_server_is_a_per_item_transient_error(s3_bucket: str, seaweedfs: S3Server) -> None:
+    from kvbucket.testing.s3_server import free_port
+
+    cfg = seaweedfs.config(s3_bucket, s3_endpoint_url=f"http://127.0.0.1:{free_port()}", s3_max_retries=2)
+    with S3Store(S3Config.parse(cfg)) as store:
+        start = time.monotonic()
+        results = store.get_many(["a", "b"])
+        assert time.monotonic() - start < 10
+        assert all(
+            isinstance(r.error, TransientStoreError) and "could not reach" in str(r.error) for r in results
+        )
+        with pytest.raises(TransientStoreError, match="could not reach"):
+            list(store.list())

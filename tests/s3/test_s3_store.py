@@ -79,7 +79,23 @@ def test_encoded_key_names_round_trip_and_match_other_clients(
     key = CacheEngineKey("meta-llama/Llama-3.1-8B", 1, 0, -0xAB, "bf16", {"lora": "x y"})
     name = key_to_name(key, "layers")
     assert "%2F" in name and "@" in name
-    odd = ["m%2Fx@1@0@ab@bf16", "a~b", "sp ace+plus", "%25lit", "ünï/cødé"]
+    odd = [
+        "m%2Fx@1@0@ab@bf16",
+        "a~b",
+        "sp ace+plus",
+        "%25lit",
+        "ünï/cødé",
+        "a#b",
+        "q?x",
+        "st*r",
+        "br{a}ce",
+        "<lt>|pipe",
+        "eq=x&y",
+        "caret^`",
+        "semi;col:on",
+        "[br]",
+        "emoji😀",
+    ]
     store.put_many([(name, b"1")] + [(n, b"2") for n in odd])
     listed = sorted(o.name for o in store.list())
     assert listed == sorted([name, *odd])
@@ -135,7 +151,8 @@ def test_multipart_objects(seaweedfs: S3Server, s3_bucket: str) -> None:
         buf = bytearray(len(data))
         assert store.get_into("big", buf) and buf == data
         store.put("small", b"s" * MiB)
-        assert "-" not in seaweedfs.client().head_object(Bucket=s3_bucket, Key="small")["ETag"]
+        head = seaweedfs.client().head_object(Bucket=s3_bucket, Key="small")
+        assert "-" not in head["ETag"] and head["ContentType"] == "application/octet-stream"
 
 
 def test_closed_store_refuses_work(seaweedfs: S3Server, s3_bucket: str) -> None:

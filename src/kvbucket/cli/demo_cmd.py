@@ -11,8 +11,8 @@ def register(app: typer.Typer) -> None:
         target: str = typer.Option(
             None, "--target",
             help="Remote store to use instead of the embedded FileStore in a temp dir: file:///dir, a path, "
-            "hf://buckets/<ns>/<bucket>[/<prefix>] or s3://<bucket>[/<prefix>]. The demo's chunks are "
-            "removed from it afterwards unless --keep.",
+            "hf://buckets/<ns>/<bucket>/<optional prefix> or s3://<bucket>/<optional prefix>. The demo's "
+            "chunks are removed from it afterwards unless --keep.",
         ),
         chunks: int = typer.Option(32, "--chunks", min=1, help="How many 256-token chunks to store."),
         model: str = typer.Option("llama-3.2-1b", "--model", help="KV layout: qwen2.5-0.5b, llama-3.2-1b, "

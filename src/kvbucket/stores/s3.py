@@ -306,6 +306,8 @@ def _build_client(cfg: S3Config, target: S3Target) -> _ObS3Store:
         "timeout": timedelta(seconds=cfg.s3_request_timeout_secs),
         "connect_timeout": timedelta(seconds=cfg.s3_connect_timeout_secs),
         "pool_max_idle_per_host": str(cfg.s3_num_io_threads),
+        # Chunks are opaque bytes; saying so spares servers and proxies content sniffing.
+        "default_content_type": "application/octet-stream",
     }
     if cfg.s3_ca_bundle:
         path = Path(cfg.s3_ca_bundle).expanduser()
@@ -380,9 +382,14 @@ def open_s3_store(url: str, *, create: bool = False, **options: Any) -> S3Store:
     (or an ``http://`` endpoint) make ``kvbucket ls s3://b/p`` work with no config file.
     """
     opts: dict[str, Any] = {"s3_endpoint": url, **options}
+    return S3Store(S3Config.parse(_fill_from_env(opts, endpoint=True)))
+
+
+def _fill_from_env(opts: dict[str, Any], *, endpoint: bool) -> dict[str, Any]:
+    """Options not set explicitly, from the standard AWS env vars (explicit values always win)."""
     env = os.environ
     endpoint_url = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-    if "s3_endpoint_url" not in opts and endpoint_url:
+    if endpoint and "s3_endpoint_url" not in opts and endpoint_url:
         opts["s3_endpoint_url"] = endpoint_url
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     if "s3_region" not in opts and region:
@@ -398,7 +405,7 @@ def open_s3_store(url: str, *, create: bool = False, **options: Any) -> S3Store:
         opts["s3_addressing_style"] = "virtual"
     if "s3_ca_bundle" not in opts and env.get("AWS_CA_BUNDLE"):
         opts["s3_ca_bundle"] = env["AWS_CA_BUNDLE"]
-    return S3Store(S3Config.parse(opts))
+    return opts
 
 
 # Keys of the non-MP ``extra_config`` that are not S3Config fields.
@@ -409,7 +416,8 @@ def store_from_remote_url(url: str, extra_config: dict[str, Any] | None, engine:
     """Build the store of a non-MP ``remote_url: s3://...`` with LMCache's ``extra_config`` keys.
 
     LMCache's S3 connector stores bare chunks: ``save_chunk_meta`` must be false and the engine's
-    ``save_unfull_chunk`` must be false (a partial chunk would be read back as a full one).
+    ``save_unfull_chunk`` must be false (a partial chunk would be read back as a full one). Keys
+    not in ``extra_config`` are filled from the standard AWS env vars (see :func:`open_s3_store`).
     """
     extra = dict(extra_config or {})
     if extra.get("save_chunk_meta", False) is not False:
@@ -437,7 +445,11 @@ def store_from_remote_url(url: str, extra_config: dict[str, Any] | None, engine:
         opts["s3_retry_timeout_secs"] = float(timeout)
     if not url.startswith("s3://"):
         raise ConfigError(f"remote_url {url!r} is not an s3:// URL")
-    return S3Store(S3Config.parse({"s3_endpoint": url, **opts}))
+    # Unset options come from the standard AWS env vars, as in the CLI; AWS_ENDPOINT_URL only
+    # for a plain s3://bucket, so a remote_url that names its host (AWS, S3 Express, CoreWeave)
+    # is used as written.
+    plain_bucket = "." not in url[len("s3://") :].partition("/")[0]
+    return S3Store(S3Config.parse(_fill_from_env({"s3_endpoint": url, **opts}, endpoint=plain_bucket)))
 
 
 __all__ = ["S3Config", "S3Store", "S3Target", "open_s3_store", "store_from_remote_url"]

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from kvbucket.backends.base import StorageBackend
+from kvbucket.backends.base import BackendClosedError, StorageBackend
 from kvbucket.chunks import KVLayout, as_view
 from kvbucket.keys import CacheEngineKey
 
@@ -171,6 +171,12 @@ class BackendTests:
         assert results[0] is None and results[2] is None
         assert isinstance(results[1], Exception)
         assert backend.batched_put([(key(43), object()), (key(44), chunk_bytes(self.layout, 44))]) == 1
+        too_long = CacheEngineKey("m" * 2000, 1, 0, 1, "bfloat16")  # longer than any object name may be
+        (err, ok) = backend.batched_put_results([(too_long, chunk_bytes(self.layout, 45)),
+                                                 (key(45), chunk_bytes(self.layout, 45))])
+        assert ok is None and as_bytes(backend.get(key(45))) == chunk_bytes(self.layout, 45)
+        if err is None:  # memory tiers take any key; then it must also read back
+            assert as_bytes(backend.get(too_long)) == chunk_bytes(self.layout, 45)
         assert as_bytes(backend.get(key(42))) == chunk_bytes(self.layout, 42)
         assert backend.get(key(41)) is None and backend.get(key(43)) is None
 
@@ -214,10 +220,14 @@ class BackendTests:
         assert backend.get(key(77)) is None
         assert as_bytes(backend.get(key(76))) == chunk_bytes(self.layout, 76)
 
-    def test_close_is_idempotent(self, backend: StorageBackend) -> None:
+    def test_close_is_idempotent_and_refuses_later_puts(self, backend: StorageBackend) -> None:
         backend.put(key(80), chunk_bytes(self.layout, 80))
         backend.close()
         backend.close()
+        with pytest.raises(BackendClosedError, match="is closed"):
+            backend.put(key(81), chunk_bytes(self.layout, 81))
+        with pytest.raises(BackendClosedError):
+            backend.batched_put([(key(82), chunk_bytes(self.layout, 82))])
 
     # ---- the full-chunk rule -------------------------------------------------------------------
     def test_unfull_chunk_refused(self, backend: StorageBackend) -> None:
