@@ -220,3 +220,17 @@ def test_torch_layout_default_dir_is_private(tmp_path: Path, monkeypatch: pytest
     assert s.cache_dir == tmp_path / ".cache" / "kvbucket" / "torch-compile"
     assert stat.S_IMODE(s.cache_dir.stat().st_mode) == 0o700
     assert s.degraded is None and s.fetched is not None and s.fetched.transferred == []
+
+
+def test_progress_bars_report_the_bytes_moved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvbucket.compile_cache import NeuronLayout
+
+    host = StandInCompiler(tmp_path / "a", VERSION)
+    host.compile("g")
+    store = MemoryStore()
+    rep = sync(store, NeuronLayout(VERSION), host.cache_dir, progress=True)
+    assert rep.bytes == 4096 + len("g") + len('["--O2"]')
+    rep = fetch(store, NeuronLayout(VERSION), tmp_path / "b", progress=True)
+    assert rep.bytes == 4096 + len("g") + len('["--O2"]')
+    err = capsys.readouterr().err
+    assert "sync" in err and "fetch" in err
