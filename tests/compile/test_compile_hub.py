@@ -141,3 +141,50 @@ def test_cli_sync_fetch_lookup_against_an_hf_url(hub_bucket: Any, tmp_path: Path
     recs = run("lookup", MODEL, "--target", target, "--tensor_parallel_size", "2",
                "--torch_dtype", "bfloat16")
     assert [r["task"] for r in recs] == ["text-generation"]
+
+
+_HOST = """
+import sys
+from kvbucket.compile_cache import compile_cache
+from kvbucket.testing.neuron_standin import StandInCompiler
+target, cache_dir, own = sys.argv[1:4]
+h = StandInCompiler(cache_dir)
+with compile_cache(model_id="org/model", task="t", export_config={"tp_degree": 2}, target=target,
+                   cache_dir=cache_dir, version=h.version) as s:
+    for g in [f"shared{i}" for i in range(15)] + [f"{own}{i}" for i in range(15)]:
+        h.compile(g)
+assert s.degraded is None and s.synced is not None and not s.synced.failed, (s.degraded, s.synced)
+print(len(s.synced.transferred))
+"""
+
+
+def test_two_host_processes_sync_concurrently_to_one_bucket(hub_bucket: Any, hub_store: Any,
+                                                            tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import kvbucket
+    from kvbucket.compile_cache import NeuronLayout
+
+    src = str(Path(kvbucket.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": src, "HF_ENDPOINT": hub_bucket.hub.endpoint,
+           "HF_TOKEN": hub_bucket.hub.write_token}
+    target = f"hf://buckets/{hub_bucket.bucket_id}"
+    procs = [subprocess.Popen([sys.executable, "-c", _HOST, target, str(tmp_path / f"host{i}"), f"own{i}-"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert sum(int(o[0].strip()) for o in outs) >= 45  # 45 distinct entries; shared ones may land twice
+    lay = NeuronLayout(VERSION)
+    names = {o.name for o in hub_store.list()}
+    entries = {e for n in names if (e := lay.entry_of(n))}
+    assert len(entries) == 45 and all(lay.remote_complete(e, names) for e in entries)
+    assert not [n for n in names if n.endswith((".lock", "model.log"))]
+    third = StandInCompiler(tmp_path / "host3", VERSION)
+    with compile_cache(model_id="org/model", task="t", target=hub_store, cache_dir=third.cache_dir,
+                       version=VERSION) as s:
+        for g in [f"shared{i}" for i in range(15)] + [f"own{j}-{i}" for j in range(2) for i in range(15)]:
+            third.compile(g)
+    assert third.compilations == 0 and s.fetched is not None and len(s.fetched.transferred) == 45
