@@ -12,6 +12,7 @@ import typer
 COMMAND_MODULES: list[str] = [
     "kvbucket.cli.version_cmd",
     "kvbucket.cli.store_cmd",
+    "kvbucket.cli.compile_cache_cmd",
     "kvbucket.cli.emulator_cmd",
     "kvbucket.cli.demo_cmd",
 ]

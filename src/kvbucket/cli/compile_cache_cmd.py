@@ -1,0 +1,311 @@
+"""``kvbucket compile-cache``: create/set a target, fetch, sync, lookup, status, cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvbucket.errors import ConfigError, KVBucketError
+
+app = typer.Typer(
+    name="compile-cache",
+    help="Share compiled artifacts (Neuron NEFFs, torch.compile, Triton/JAX/vLLM dirs) through a bucket.",
+    no_args_is_help=True,
+)
+err = Console(stderr=True)
+out = Console()
+
+_TARGET_HELP = ("hf://buckets/ns/name[/prefix], s3://bucket[/prefix] or a directory "
+                "(default: the one `set` remembered).")
+TargetOpt = Annotated[str | None, typer.Option("--target", "-t", help=_TARGET_HELP)]
+CacheDirOpt = Annotated[Path | None, typer.Option("--cache-dir", help="Local cache dir (neuron: resolved as "
+                                                  "Neuron does; torch: ~/.cache/kvbucket/torch-compile).")]
+LayoutOpt = Annotated[str, typer.Option("--layout", help="neuron, torch or directory (directory:NAME[:DEPTH] "
+                                        "names the version and the entry depth, e.g. directory:inductor:2).")]
+VersionOpt = Annotated[str | None, typer.Option("--compiler-version", help="Compiler version (neuron: "
+                                                "2.15.128.0+56dc5a86; default: the installed neuronx-cc).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn kvbucket errors into a one-line message and an exit code (2: bad input, 1: failure)."""
+    try:
+        yield
+    except ConfigError as e:
+        err.print(f"error: {e}", markup=False, highlight=False, style="red")
+        raise typer.Exit(2) from None
+    except KVBucketError as e:
+        err.print(f"error: {e}", markup=False, highlight=False, style="red")
+        raise typer.Exit(1) from None
+
+
+def _layout_and_dir(layout: str, version: str | None, cache_dir: Path | None) -> tuple[Any, Path, str | None]:
+    from kvbucket.compile_cache.session import _resolve_dir
+
+    lay = _parse_layout(layout, version)
+    root, remote, disabled = _resolve_dir(lay, cache_dir)
+    if disabled:
+        err.print("note: NEURON_CC_FLAGS has --no-cache; the compiler will not use this cache")
+    return lay, root, remote
+
+
+def _parse_layout(layout: str, version: str | None) -> Any:
+    from kvbucket.compile_cache.layout import get_layout
+
+    name, _, rest = layout.partition(":")
+    if name != "directory" or not rest:
+        return get_layout(layout, version=version)
+    group, _, depth = rest.partition(":")
+    try:
+        d = int(depth) if depth else 1
+    except ValueError:
+        raise ConfigError(f"--layout {layout!r}: the depth must be a number, e.g. directory:inductor:2"
+                          ) from None
+    return get_layout("directory", version=group or version, depth=d)
+
+
+def _target(explicit: str | None, neuron_remote: str | None) -> str:
+    from kvbucket.compile_cache.settings import resolve_target
+
+    t = resolve_target(explicit, neuron_remote)
+    if t is None:
+        raise ConfigError("no compile cache target: pass --target, set $KVBUCKET_COMPILE_CACHE, or run "
+                          "`kvbucket compile-cache set hf://buckets/<namespace>/<bucket>`")
+    return t
+
+
+def _open(target: str) -> Any:
+    from kvbucket.compile_cache.session import hub_offline
+    from kvbucket.stores import open_store
+
+    if hub_offline() and target.startswith("hf://"):
+        raise ConfigError("HF_HUB_OFFLINE is set: unset it to reach the bucket")
+    return open_store(target)
+
+
+def _emit(data: Any, as_json: bool, text: str) -> None:
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+    else:
+        out.print(text, highlight=False, markup=False)
+
+
+def _progress() -> bool:
+    return sys.stderr.isatty()
+
+
+@app.command("create")
+def create(
+    target: Annotated[str, typer.Argument(help="hf://buckets/<ns>/<bucket>, s3://<bucket> or a directory.")],
+    public: Annotated[bool, typer.Option("--public", help="Hub only: make the bucket readable by anyone "
+                                         "(writes stay yours). Default: private.")] = False,
+    remember: Annotated[bool, typer.Option("--set/--no-set", help="Remember it as the default target.")]
+    = True,
+) -> None:
+    """Create the cache's bucket (private unless --public) and remember it.
+
+    Hub: creates the bucket with huggingface_hub's create_bucket (exists already: kept as is).
+    S3: kvbucket never creates or re-permissions S3 buckets (that is your infrastructure's job,
+    and new S3 buckets are private by default); create checks the bucket is reachable and
+    writable. A directory is created with mode 0700.
+    """
+    from kvbucket.compile_cache.settings import check_target, save_target
+
+    with _errors():
+        t = check_target(target)
+        if t.startswith("hf://buckets/"):
+            from huggingface_hub import HfApi
+
+            ns, name = t.removeprefix("hf://buckets/").split("/")[:2]
+            api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)  # read now, not at import
+            try:
+                url = api.create_bucket(f"{ns}/{name}", private=not public, exist_ok=True)
+                info = api.bucket_info(f"{ns}/{name}")
+            except Exception as e:  # huggingface_hub's errors: say what failed, never the token
+                raise KVBucketError(f"could not create bucket {ns}/{name}: {type(e).__name__}: {e}") from None
+            private = getattr(info, "private", None)
+            if private is not None and private == public:
+                err.print(f"warning: bucket {ns}/{name} already existed and is "
+                          f"{'private' if private else 'PUBLIC'}; its visibility was not changed")
+            vis = "private" if private else "public"
+            out.print(f"bucket {ns}/{name} ready ({vis}): {url}", highlight=False, markup=False)
+        elif t.startswith("s3://"):
+            if public:
+                raise ConfigError("--public is for Hub buckets; kvbucket never makes S3 buckets public")
+            store = _open(t)
+            try:
+                probe = ".kvbucket/probe"
+                r = store.put_many([(probe, b"ok")])[0]
+                if not r.ok:
+                    raise KVBucketError(f"{t} is not writable: {r.error}")
+                store.delete_many([probe])
+            finally:
+                store.close()
+            out.print(f"{t} is reachable and writable", highlight=False, markup=False)
+        else:
+            if public:
+                raise ConfigError("--public is for Hub buckets")
+            path = Path(t.removeprefix("file://"))
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            out.print(f"directory {path} ready", highlight=False, markup=False)
+        if remember:
+            p = save_target(t)
+            out.print(f"default target saved in {p}", highlight=False, markup=False)
+
+
+@app.command("set")
+def set_target(target: Annotated[str, typer.Argument(help=_TARGET_HELP)]) -> None:
+    """Remember TARGET as the default compile cache (a small file in your config dir)."""
+    from kvbucket.compile_cache.settings import save_target
+
+    with _errors():
+        p = save_target(target)
+        out.print(f"compile cache target saved in {p}", highlight=False, markup=False)
+
+
+@app.command("fetch")
+def fetch_cmd(
+    model_id: Annotated[str | None, typer.Argument(help="Only this model's entries (default: the whole "
+                                                   "flat area of the compiler version).")] = None,
+    task: Annotated[str | None, typer.Option("--task")] = None,
+    target: TargetOpt = None, cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
+    compiler_version: VersionOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Pre-warm the local cache from the bucket (complete entries only, written atomically)."""
+    from kvbucket.compile_cache.sync import ModelScope, fetch
+
+    with _errors():
+        lay, root, remote = _layout_and_dir(layout, compiler_version, cache_dir)
+        scope = ModelScope(model_id, task) if model_id else None
+        store = _open(_target(target, remote))
+        try:
+            rep = fetch(store, lay, root, groups=lay.current_groups(), scope=scope, progress=_progress())
+        finally:
+            store.close()
+        _emit(rep.to_dict(), as_json, rep.summary())
+        if rep.failed:
+            raise typer.Exit(1)
+
+
+@app.command("sync")
+def sync_cmd(
+    target: TargetOpt = None, cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
+    compiler_version: VersionOpt = None, as_json: JsonOpt = False,
+    lock_timeout: Annotated[float, typer.Option("--lock-timeout", help="Seconds to wait for another "
+                                                "sync on this host.")] = 600.0,
+) -> None:
+    """Upload every good local entry the bucket lacks (failed, locked and partial ones never)."""
+    from kvbucket.compile_cache.sync import sync
+
+    with _errors():
+        lay, root, remote = _layout_and_dir(layout, compiler_version, cache_dir)
+        store = _open(_target(target, remote))
+        try:
+            rep = sync(store, lay, root, groups=lay.current_groups() if compiler_version else None,
+                       progress=_progress(), lock_timeout=lock_timeout)
+        finally:
+            store.close()
+        _emit(rep.to_dict(), as_json, rep.summary())
+        if rep.failed:
+            raise typer.Exit(1)
+
+
+@app.command("lookup", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def lookup_cmd(
+    ctx: typer.Context,
+    model_id: Annotated[str, typer.Argument(help="Hub model id, e.g. meta-llama/Llama-3.1-8B")],
+    task: Annotated[str | None, typer.Option("--task")] = None,
+    compiler_version: VersionOpt = None,
+    target: TargetOpt = None, layout: LayoutOpt = "neuron", as_json: JsonOpt = False,
+) -> None:
+    """Export records of MODEL_ID; extra options filter them: --tensor_parallel_size 2 --dtype bf16.
+
+    Filter names and values are normalized (tp_degree = tensor_parallel_size, bf16 = bfloat16,
+    max_model_len = sequence_length, ...), so records written by one front end match another's.
+    """
+    from kvbucket.compile_cache.lookup import lookup, parse_filter_args
+
+    with _errors():
+        filters = parse_filter_args(ctx.args)
+        lay = _parse_layout(layout, compiler_version)
+        groups = lay.current_groups() if compiler_version else None
+        group = groups[0] if groups else None
+        store = _open(_target(target, None))
+        try:
+            recs = lookup(store, model_id, task=task, group=group, filters=filters)
+        finally:
+            store.close()
+        if as_json:
+            _emit([r.to_dict() for r in recs], True, "")
+            return
+        if not recs:
+            out.print(f"no export records for {model_id} match", highlight=False, markup=False)
+            raise typer.Exit(1)
+        table = Table("task", "compiler", "config", title=f"{model_id}: {len(recs)} cached export(s)")
+        for r in recs:
+            table.add_row(r.task, r.group, " ".join(f"{k}={v}" for k, v in r.config.items()))
+        out.print(table)
+
+
+@app.command("status")
+def status_cmd(cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
+               compiler_version: VersionOpt = None, as_json: JsonOpt = False) -> None:
+    """Local entries per compiler version and state (good, failed, in_progress, incomplete), with bytes."""
+    from kvbucket.compile_cache.maintenance import status
+
+    with _errors():
+        lay, root, _ = _layout_and_dir(layout, compiler_version, cache_dir)
+        current = lay.current_groups()
+        groups = status(lay, root, current)
+        if as_json:
+            body = {"cache_dir": str(root), "current": current, "groups": [g.to_dict() for g in groups]}
+            _emit(body, True, "")
+            return
+        table = Table(title=f"compile cache {root}")
+        table.add_column("version", no_wrap=True)
+        for col in ("good", "failed", "in progress", "incomplete", "bytes", ""):
+            table.add_column(col, justify="right")
+        for g in groups:
+            mark = "" if g.current is None else ("current" if g.current else "old")
+            table.add_row(g.group, *(str(g.entries.get(s, 0)) for s in ("good", "failed", "in_progress",
+                                                                         "incomplete")),
+                          f"{sum(g.bytes.values()):,}", mark)
+        out.print(table)
+        if any(g.entries.get("failed") or g.entries.get("in_progress") for g in groups):
+            out.print("failed entries and stale locks block recompiling: `kvbucket compile-cache cleanup`")
+
+
+@app.command("cleanup")
+def cleanup_cmd(
+    cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron", compiler_version: VersionOpt = None,
+    old_versions: Annotated[bool, typer.Option("--old-versions", help="Also remove other compiler versions.")]
+    = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only print what would be removed.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove failed entries, stale locks, dead compiles (refuses while neuronx-cc runs)."""
+    from kvbucket.compile_cache.maintenance import cleanup
+
+    with _errors():
+        lay, root, _ = _layout_and_dir(layout, compiler_version, cache_dir)
+        rep = cleanup(lay, root, old_versions=old_versions, current=lay.current_groups(), dry_run=dry_run)
+        verb = "would remove" if dry_run else "removed"
+        lines = [f"{verb} {p} ({why})" for p, why in rep.removed] or ["nothing to clean"]
+        _emit(rep.to_dict(), as_json, "\n".join([*lines, f"{verb} {rep.bytes:,} bytes"]))
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="compile-cache")
+
+
+__all__ = ["app", "register"]

@@ -1,0 +1,513 @@
+"""Fetch and sync: move good entries between a local cache dir and an object store, in batches.
+
+Both directions start from ONE listing of the remote area (a request per 1,000 objects) and
+diff it against the local scan, so each run moves exactly what is missing, whatever happened
+before (entries compiled before a ``with`` block, an interrupted sync, another host's uploads).
+
+Sync uploads in three batched phases: the entries' data files, then their completion markers,
+then per-model references and export records. A marker is only sent for an entry whose every
+file landed, so a crash or a failed item leaves an entry without marker, which fetch ignores
+and the next sync completes. Fetch only takes entries whose marker is present, writes each into
+a temp dir next to its final place and renames it in, so a crash never leaves a half entry that
+looks good locally.
+
+Requests: every store call takes up to ``batch_files`` (1,000) objects (and ``batch_bytes``).
+Files are handed to the store as memory maps, and read into memory-mapped temp files, so a
+batch of large NEFFs does not have to fit in the Python heap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import mmap
+import os
+import secrets
+import shutil
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from filelock import FileLock, Timeout
+
+from kvbucket.compile_cache.layout import LOCAL_RESERVED_PREFIX, CacheLayout, EntryState, LocalEntry
+from kvbucket.compile_cache.lookup import config_id, make_record, model_path, record_name, task_segment
+from kvbucket.errors import InvalidKeyError, KVBucketError
+from kvbucket.stores.base import ObjectStore, check_name
+
+log = logging.getLogger("kvbucket.compile_cache")
+
+BATCH_FILES = 1000
+BATCH_BYTES = 1 << 30
+LOCK_NAME = f"{LOCAL_RESERVED_PREFIX}-sync.lock"
+TMP_PREFIX = f"{LOCAL_RESERVED_PREFIX}-tmp-"
+
+T = TypeVar("T")
+
+
+class SyncBusyError(KVBucketError):
+    """Another process on this host holds the cache dir's sync lock for longer than we wait."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelScope:
+    """A model (and optionally a task and an export config) whose per-model area is used."""
+
+    model_id: str
+    task: str | None = None
+    config: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        model_path(self.model_id)  # validate early, with the user's words
+        if self.task is not None:
+            task_segment(self.task)
+        config_id(self.config)
+
+    def write_path(self) -> str:
+        """``org/name/<task>/<config id>``: where this run's references go."""
+        return f"{model_path(self.model_id)}/{task_segment(self.task)}/{config_id(self.config)}"
+
+    def read_path(self) -> str:
+        """The narrowest prefix the scope pins down (no task: every task of the model)."""
+        p = f"{model_path(self.model_id)}/"
+        if self.task is not None:
+            p += f"{task_segment(self.task)}/"
+            if self.config:
+                p += f"{config_id(self.config)}/"
+        return p
+
+
+@dataclass
+class TransferReport:
+    """What one fetch or sync did. Only items that landed are counted."""
+
+    direction: str
+    transferred: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    held_back: Counter[str] = field(default_factory=Counter)  # local entries not published, by state
+    files: int = 0
+    bytes: int = 0
+    records: int = 0
+
+    def summary(self) -> str:
+        s = (f"{self.direction}: {len(self.transferred)} entries ({self.files} files, {self.bytes} bytes) "
+             f"transferred, {len(self.skipped)} already there")
+        if self.failed:
+            s += f", {len(self.failed)} failed"
+        if self.held_back:
+            s += ", not published: " + ", ".join(f"{n} {k}" for k, n in sorted(self.held_back.items()))
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"direction": self.direction, "transferred": self.transferred, "skipped": self.skipped,
+                "failed": self.failed, "held_back": dict(self.held_back), "files": self.files,
+                "bytes": self.bytes, "records": self.records}
+
+
+def batches(items: Iterable[T], size_of: Callable[[T], int], max_items: int = BATCH_FILES,
+            max_bytes: int = BATCH_BYTES) -> Iterator[list[T]]:
+    """Split into batches of at most ``max_items`` items and (unless one item is larger) ``max_bytes``."""
+    batch: list[T] = []
+    nbytes = 0
+    for it in items:
+        n = size_of(it)
+        if batch and (len(batch) >= max_items or nbytes + n > max_bytes):
+            yield batch
+            batch, nbytes = [], 0
+        batch.append(it)
+        nbytes += n
+    if batch:
+        yield batch
+
+
+def list_remote(store: ObjectStore, prefixes: Sequence[str]) -> dict[str, int]:
+    """Name -> size of every object under the prefixes (prefixes nested in another are skipped).
+
+    Names become local paths on fetch, so a name that could climb out of the cache dir (``..``,
+    absolute, backslashes: only a hostile or broken server would list one) is dropped here.
+    """
+    out: dict[str, int] = {}
+    for p in sorted(set(prefixes)):
+        if any(q != p and p.startswith(q) for q in prefixes):
+            continue
+        for o in store.list(p):
+            try:
+                check_name(o.name)
+            except InvalidKeyError:
+                log.warning("ignoring remote object with an unsafe name: %r", o.name[:200])
+                continue
+            out[o.name] = o.size
+    return out
+
+
+def _remote_entries(layout: CacheLayout, objects: dict[str, int]) -> dict[str, dict[str, int]]:
+    entries: dict[str, dict[str, int]] = {}
+    for name, size in objects.items():
+        e = layout.entry_of(name)
+        if e is not None:
+            entries.setdefault(e, {})[name] = size
+    return entries
+
+
+def _progress(progress: bool, total: int, desc: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress, leave=False)
+
+
+def _open_map(path: Path) -> Any:
+    """A read-only view of a file's bytes (a memory map; ``b""`` for an empty file)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _close(views: Iterable[Any]) -> None:
+    for v in views:
+        if isinstance(v, mmap.mmap):
+            with contextlib.suppress(BufferError):
+                v.close()
+
+
+# ---- sync (upload) --------------------------------------------------------------------------
+
+def sync(store: ObjectStore, layout: CacheLayout, root: Path, *, groups: Sequence[str] | None = None,
+         scope: ModelScope | None = None, attribute: Iterable[str] = (), progress: bool = False,
+         batch_files: int = BATCH_FILES, batch_bytes: int = BATCH_BYTES,
+         lock_timeout: float = 600.0) -> TransferReport:
+    """Upload every good local entry the store lacks; then references and the export record.
+
+    ``attribute`` names the entries this model produced (they get per-model references when
+    ``scope`` is given; without a scope only the flat area is written). Holds the cache dir's
+    sync lock, so one process per host writes at a time.
+    """
+    root = Path(root)
+    report = TransferReport("sync")
+    if not root.is_dir():
+        return report
+    lock = FileLock(str(root / LOCK_NAME), timeout=lock_timeout)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise SyncBusyError(
+            f"another process has been syncing {root} for over {lock_timeout:.0f} s "
+            f"(lock {root / LOCK_NAME}); try again later, or remove the lock file if no kvbucket "
+            "process is running"
+        ) from None
+    try:
+        _sync_locked(store, layout, root, report, groups, scope, set(attribute), progress, batch_files,
+                     batch_bytes)
+    finally:
+        lock.release()
+    return report
+
+
+def _sync_locked(store: ObjectStore, layout: CacheLayout, root: Path, report: TransferReport,
+                 groups: Sequence[str] | None, scope: ModelScope | None, attribute: set[str], progress: bool,
+                 batch_files: int, batch_bytes: int) -> None:
+    local = layout.scan(root)
+    if groups is not None:
+        local = [e for e in local if e.group in groups]
+    good = [e for e in local if e.state is EntryState.GOOD]
+    report.held_back.update(e.state.value for e in local if e.state is not EntryState.GOOD)
+    record_groups = sorted({e.group for e in good if e.name in attribute} or set(groups or ()))
+    if not good and not (scope and scope.config and record_groups):
+        return
+    objects = list_remote(store, layout.list_prefixes(sorted({e.group for e in good}) or groups))
+    names = set(objects)
+
+    plan: list[tuple[LocalEntry, list[str]]] = []
+    for e in good:
+        marker = layout.marker(e.name)
+        missing = [f for f in e.files if f not in names and f != marker]
+        if missing or marker not in names:
+            plan.append((e, missing))
+        else:
+            report.skipped.append(e.name)
+
+    failed: dict[str, str] = {}
+    bar = _progress(progress, sum(e.nbytes for e, _ in plan), "sync")
+    try:
+        # phase 1: data files
+        files = [(e, f) for e, missing in plan for f in missing]
+        for batch in batches(files, lambda x: x[0].files[x[1]], batch_files, batch_bytes):
+            _put_batch(store, root, [(e.name, f, None) for e, f in batch], failed, report, bar)
+        # phase 2: markers, only for entries whose every file landed
+        marks = []
+        for e, _ in plan:
+            if e.name in failed:
+                continue
+            payload = layout.marker_payload(e)
+            marks.append((e.name, layout.marker(e.name), payload))
+        for batch in batches(marks, lambda x: len(x[2]) if x[2] is not None else 0, batch_files, batch_bytes):
+            _put_batch(store, root, batch, failed, report, bar)
+    finally:
+        bar.close()
+    for e, _ in plan:
+        if e.name in failed:
+            report.failed[e.name] = failed[e.name]
+        else:
+            report.transferred.append(e.name)
+            names.add(layout.marker(e.name))
+            names.update(e.files)
+
+    # phase 3: per-model references and export records (never without a model id)
+    if scope is None:
+        return
+    extra: list[tuple[str, bytes]] = []
+    for e in good:
+        if e.name not in attribute or e.name in report.failed:
+            continue
+        ref = f"{layout.model_area(e.group, scope.write_path())}/{layout.ref_leaf(e.name)}"
+        if ref not in names:
+            extra.append((ref, json.dumps({"entry": e.name}).encode()))
+    records: list[tuple[str, bytes]] = []
+    if scope.config and not attribute & set(report.failed):  # a record says "compiled": only when true
+        for g in record_groups:
+            records.append((record_name(scope.model_id, scope.task, g, scope.config),
+                            make_record(scope.model_id, scope.task, g, layout.name, scope.config)))
+        if records:
+            present = {r.name for r in store.head_many([n for n, _ in records]) if r.found}
+            records = [(n, b) for n, b in records if n not in present]
+    record_names = {n for n, _ in records}
+    for batch in batches(extra + records, lambda x: len(x[1]), batch_files, batch_bytes):
+        for r in store.put_many(batch):
+            if r.ok and r.name in record_names:
+                report.records += 1
+            elif not r.ok:
+                report.failed[r.name] = str(r.error)
+
+
+def _put_batch(store: ObjectStore, root: Path, batch: Sequence[tuple[str, str, bytes | None]],
+               failed: dict[str, str], report: TransferReport, bar: Any) -> None:
+    """Put (entry, object name, payload or None = the local file of that name); record failures."""
+    items: list[tuple[str, Any]] = []
+    owners: dict[str, str] = {}
+    views: list[Any] = []
+    try:
+        for entry, name, payload in batch:
+            if entry in failed:
+                continue
+            if payload is None:
+                try:
+                    payload = _open_map(root / name)
+                except OSError as exc:
+                    failed[entry] = f"cannot read {name}: {exc.strerror or exc}"
+                    continue
+                views.append(payload)
+            items.append((name, payload))
+            owners[name] = entry
+        if not items:
+            return
+        for r in store.put_many(items):
+            if r.ok:
+                report.files += 1
+                report.bytes += int(r.size or 0)
+                bar.update(int(r.size or 0))
+            else:
+                failed.setdefault(owners[r.name], f"{r.name}: {r.error}")
+    finally:
+        del items
+        _close(views)
+
+
+# ---- fetch (download) -------------------------------------------------------------------------
+
+def fetch(store: ObjectStore, layout: CacheLayout, root: Path, *, groups: Sequence[str] | None = None,
+          scope: ModelScope | None = None, select: Callable[[str], bool] | None = None,
+          progress: bool = False, batch_files: int = BATCH_FILES,
+          batch_bytes: int = BATCH_BYTES) -> TransferReport:
+    """Download the complete remote entries (of ``scope``'s model, else the whole flat area).
+
+    ``select`` further narrows the entries by name (e.g. the torch layout's user key).
+
+    Local entries that are good or in progress are left alone; failed or incomplete ones are
+    replaced by a good remote copy.
+    """
+    root = Path(root)
+    report = TransferReport("fetch")
+    objects = list_remote(store, layout.list_prefixes(groups))
+    names = set(objects)
+    remote = _remote_entries(layout, objects)
+    complete = {e for e in remote if layout.remote_complete(e, names)}
+    if groups is not None:
+        complete = {e for e in complete if layout.group_of(e) in groups}
+    if scope is not None:
+        wanted: set[str] = set()
+        for g in sorted({layout.group_of(e) for e in complete}):
+            area = layout.model_area(g, scope.read_path())
+            for n in names:
+                if n.startswith(area):
+                    try:
+                        wanted.add(layout.entry_from_leaf(g, n.rsplit("/", 1)[-1]))
+                    except InvalidKeyError:
+                        continue  # not a reference kvbucket wrote
+        wanted &= complete
+    else:
+        wanted = complete
+    if select is not None:
+        wanted = {e for e in wanted if select(e)}
+    local = {e.name: e.state for e in layout.scan(root)}
+    todo = []
+    for e in sorted(wanted):
+        st = local.get(e)
+        if st in (EntryState.GOOD, EntryState.IN_PROGRESS):
+            report.skipped.append(e)
+        else:
+            todo.append(e)
+    if not todo:
+        return report
+    root.mkdir(parents=True, exist_ok=True)
+    files = [(e, n, remote[e][n]) for e in todo for n in sorted(remote[e])]
+    _download(store, layout, root, todo, files, report, progress, batch_files, batch_bytes)
+    return report
+
+
+class _Staging:
+    """An entry being fetched: a temp dir (or file) next to its final place."""
+
+    def __init__(self, root: Path, entry: str, nfiles: int) -> None:
+        self.entry = entry
+        self.final = root / entry
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.final.parent / f"{TMP_PREFIX}{self.final.name}-{secrets.token_hex(4)}"
+        self.remaining = nfiles
+        self.error: str | None = None
+        self._dirs: set[Path] = set()
+
+    def path_of(self, name: str) -> Path:
+        if name == self.entry:
+            return self.tmp
+        p = self.tmp / name[len(self.entry) + 1 :]
+        if p.parent not in self._dirs:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self._dirs.add(p.parent)
+        return p
+
+    def discard(self) -> None:
+        if self.tmp.is_dir():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.tmp.unlink()
+
+
+def _download(store: ObjectStore, layout: CacheLayout, root: Path, todo: list[str],
+              files: list[tuple[str, str, int]], report: TransferReport, progress: bool, batch_files: int,
+              batch_bytes: int) -> None:
+    counts = Counter(e for e, _, _ in files)
+    staging = {e: _Staging(root, e, counts[e]) for e in todo}
+    bar = _progress(progress, sum(s for _, _, s in files), "fetch")
+    try:
+        for batch in batches(files, lambda x: x[2], batch_files, batch_bytes):
+            _get_batch(store, batch, staging, report, bar)
+            for e in {e for e, _, _ in batch}:
+                st = staging[e]
+                if st.remaining == 0 and st.error is None:
+                    _install(layout, root, st, report)
+    except BaseException:
+        for st in staging.values():
+            st.discard()
+        raise
+    finally:
+        bar.close()
+    for st in staging.values():
+        if st.error is not None:
+            st.discard()
+            report.failed[st.entry] = st.error
+
+
+def _get_batch(store: ObjectStore, batch: list[tuple[str, str, int]], staging: dict[str, _Staging],
+               report: TransferReport, bar: Any) -> None:
+    names: list[str] = []
+    bufs: list[Any] = []
+    owners: dict[str, str] = {}
+    try:
+        for e, name, size in batch:
+            st = staging[e]
+            if st.error is not None:
+                continue
+            path = st.path_of(name)
+            try:
+                with open(path, "wb+") as f:
+                    if size == 0:
+                        st.remaining -= 1
+                        report.files += 1
+                        continue
+                    f.truncate(size)
+                    bufs.append(mmap.mmap(f.fileno(), size))
+            except OSError as exc:
+                st.error = f"cannot write {path}: {exc.strerror or exc}"
+                continue
+            names.append(name)
+            owners[name] = e
+        if not names:
+            return
+        for r in store.get_many(names, bufs):
+            st = staging[owners[r.name]]
+            if not r.ok:
+                st.error = st.error or f"{r.name}: {r.error}"
+            elif r.size is None:
+                st.error = st.error or f"{r.name} disappeared from the store"
+            else:
+                st.remaining -= 1
+                report.files += 1
+                report.bytes += r.size
+                bar.update(r.size)
+    finally:
+        _close(bufs)
+
+
+def _install(layout: CacheLayout, root: Path, st: _Staging, report: TransferReport) -> None:
+    """Rename a fully downloaded entry into place (replacing a failed/incomplete local copy)."""
+    if st.final.exists() or st.final.is_symlink():
+        state = layout.entry_state(root, st.entry)
+        if state in (EntryState.GOOD, EntryState.IN_PROGRESS) or st.final.is_symlink():
+            st.discard()  # a compile or another fetch got there first: theirs wins
+            report.skipped.append(st.entry)
+            return
+        trash = st.final.parent / f"{TMP_PREFIX}old-{st.final.name}-{secrets.token_hex(4)}"
+        os.rename(st.final, trash)
+        try:
+            os.rename(st.tmp, st.final)
+        finally:
+            if trash.is_dir():
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                trash.unlink(missing_ok=True)
+    else:
+        try:
+            os.rename(st.tmp, st.final)
+        except OSError:  # appeared meanwhile (ENOTEMPTY/EEXIST): keep theirs
+            st.discard()
+            report.skipped.append(st.entry)
+            return
+    report.transferred.append(st.entry)
+
+
+def entries_by_state(layout: CacheLayout, root: Path) -> dict[str, list[LocalEntry]]:
+    out: dict[str, list[LocalEntry]] = {s.value: [] for s in EntryState}
+    for e in layout.scan(Path(root)):
+        out[e.state.value].append(e)
+    return out
+
+
+__all__ = [
+    "BATCH_BYTES",
+    "BATCH_FILES",
+    "LOCK_NAME",
+    "ModelScope",
+    "SyncBusyError",
+    "TransferReport",
+    "batches",
+    "entries_by_state",
+    "fetch",
+    "list_remote",
+    "sync",
+]
