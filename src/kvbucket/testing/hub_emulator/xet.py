@@ -7,6 +7,7 @@ so it is unit-testable and runs off the event loop in a thread pool.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class XetFormatError(ValueError):
 
 _U64X4 = struct.Struct("<4Q")
 _CHUNK_HEADER = struct.Struct("<Q")
+_XORB_CHUNK_RECORD = struct.Struct("<32sIIII")  # chunk hash, byte offset, unpacked length, flags, pad
 
 
 def hash_to_hex(h: bytes) -> str:
@@ -65,6 +67,11 @@ def hex_to_hash(s: str) -> bytes:
     except ValueError:
         raise XetFormatError("a Xet hash is 64 hex digits (0-9, a-f)") from None
     return b"".join(raw[i : i + 8][::-1] for i in range(0, 32, 8))
+
+
+# A shard's file hashes aggregate the same chunk hashes its xorbs' hashes did moments before
+# (one GiB of 64 KiB chunks is 16,384 of them): their string forms are worth keeping around.
+_hex_cached = functools.lru_cache(maxsize=1 << 14)(hash_to_hex)
 
 
 def is_hex_hash(s: str) -> bool:
@@ -92,7 +99,8 @@ def merkle_root(nodes: list[tuple[bytes, int]]) -> bytes:
         return ZERO_HASH
     level = nodes
     while len(level) > 1:
-        lines = [f"{hash_to_hex(h)} : {n}\n" for h, n in level]
+        to_hex = _hex_cached if level is nodes else hash_to_hex  # leaves repeat, inner nodes do not
+        lines = [f"{to_hex(h)} : {n}\n" for h, n in level]
         out: list[tuple[bytes, int]] = []
         i, count = 0, len(level)
         while i < count:
@@ -233,9 +241,7 @@ def verify_xorb_file(path: str, claimed_hex: str) -> XorbIndex:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise XetFormatError("a xorb holds at least one chunk")
-        # MAP_POPULATE maps every (page-cached) page in one call instead of a fault per 64 KiB
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mm = mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+        mm = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
         error: str | None = None
         try:
             idx = verify_xorb(mm, claimed_hex)  # type: ignore[arg-type]
@@ -328,12 +334,12 @@ def parse_shard(data: bytes) -> Shard:
         pos += _RECORD
         if h == BOOKEND_HASH:
             break
-        hashes, lens = [], []
-        for _ in range(n):
-            record(pos)
-            hashes.append(data[pos : pos + 32])
-            _off, ulen, _cflags, _pad = struct.unpack_from("<IIII", data, pos + 32)
-            lens.append(ulen)
-            pos += _RECORD
+        end = pos + n * _RECORD  # the chunk records, parsed in one pass (thousands per shard)
+        if end > len(data):
+            raise XetFormatError("shard is truncated inside a record")
+        recs = list(_XORB_CHUNK_RECORD.iter_unpack(data[pos:end]))
+        hashes = [r[0] for r in recs]
+        lens = [r[2] for r in recs]
+        pos = end
         xorbs.append(XorbRecord(hash_to_hex(h), hashes, lens, bytes_in_xorb))
     return Shard(files, xorbs)
