@@ -80,3 +80,15 @@ def test_a_reused_hffilesystem_answers_from_its_cached_listing(hub_bucket: HubBu
         fs.cat_file(f"buckets/{bid}/d/b")  # the cached listing of d/ does not
     fs.invalidate_cache(f"buckets/{bid}/d")
     assert fs.cat_file(f"buckets/{bid}/d/b") == b"second"
+
+
+def test_large_fetches_arrive_whole_past_one_sendfile(hub_bucket: HubBucket, tmp_path: Path) -> None:
+    """24 MiB objects exceed what one ``sendfile`` into a loopback socket takes; the rest follows."""
+    api, bid = hub_bucket.api, hub_bucket.bucket_id
+    blobs = [os.urandom(24 << 20), os.urandom((24 << 20) + 12_345)]
+    api.batch_bucket_files(bid, add=[(b, f"big/{i}") for i, b in enumerate(blobs)])
+    api.download_bucket_files(bid, [(f"big/{i}", tmp_path / str(i)) for i in range(2)])
+    assert [(tmp_path / str(i)).read_bytes() == b for i, b in enumerate(blobs)] == [True, True]
+    with _fresh_fs(hub_bucket).open(f"buckets/{bid}/big/1", "rb") as f:
+        f.seek(5 << 20)
+        assert f.read(3 << 20) == blobs[1][5 << 20 : 8 << 20]
