@@ -7,6 +7,7 @@ so it is unit-testable and runs off the event loop in a thread pool.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from dataclasses import dataclass, field
@@ -47,9 +48,14 @@ class XetFormatError(ValueError):
     """An uploaded xorb or shard is malformed or does not match what it claims."""
 
 
+_U64X4 = struct.Struct("<4Q")
+_CHUNK_HEADER = struct.Struct("<Q")
+_XORB_CHUNK_RECORD = struct.Struct("<32sIIII")  # chunk hash, byte offset, unpacked length, flags, pad
+
+
 def hash_to_hex(h: bytes) -> str:
     """The Xet string form: the 32 bytes as four little-endian u64, each as 16 hex digits."""
-    return "".join(h[i : i + 8][::-1].hex() for i in range(0, 32, 8))
+    return "{:016x}{:016x}{:016x}{:016x}".format(*_U64X4.unpack(h))
 
 
 def hex_to_hash(s: str) -> bytes:
@@ -61,6 +67,11 @@ def hex_to_hash(s: str) -> bytes:
     except ValueError:
         raise XetFormatError("a Xet hash is 64 hex digits (0-9, a-f)") from None
     return b"".join(raw[i : i + 8][::-1] for i in range(0, 32, 8))
+
+
+# A shard's file hashes aggregate the same chunk hashes its xorbs' hashes did moments before
+# (one GiB of 64 KiB chunks is 16,384 of them): their string forms are worth keeping around.
+_hex_cached = functools.lru_cache(maxsize=1 << 14)(hash_to_hex)
 
 
 def is_hex_hash(s: str) -> bool:
@@ -75,31 +86,34 @@ def chunk_hash(data: bytes) -> bytes:
     return blake3.blake3(data, key=DATA_KEY).digest()
 
 
-def _next_cut(nodes: list[tuple[bytes, int]], start: int) -> int:
-    remaining = len(nodes) - start
-    if remaining <= 2:
-        return len(nodes)
-    end = min(9, remaining)
-    for i in range(2, end):
-        h = nodes[start + i][0]
-        if int.from_bytes(h[24:32], "little") % 4 == 0:
-            return start + i + 1
-    return start + end
-
-
 def merkle_root(nodes: list[tuple[bytes, int]]) -> bytes:
-    """The aggregated hash of (hash, size) pairs used for xorb and file hashes."""
+    """The aggregated hash of (hash, size) pairs used for xorb and file hashes.
+
+    Each level is cut into groups of 3-9 nodes: from the 3rd node on (at the latest at the 9th)
+    a group ends at the first node whose hash's last little-endian u64 (bytes 24-31) is a
+    multiple of 4, i.e. ``h[24] % 4 == 0``; two or fewer nodes left form the last group. A
+    group's parent hashes its lines ``"{hex} : {size}\n"``. Each node's line is formatted once:
+    this runs for every uploaded xorb and every file of every shard.
+    """
     if not nodes:
         return ZERO_HASH
-    level = list(nodes)
+    level = nodes
     while len(level) > 1:
+        to_hex = _hex_cached if level is nodes else hash_to_hex  # leaves repeat, inner nodes do not
+        lines = [f"{to_hex(h)} : {n}\n" for h, n in level]
         out: list[tuple[bytes, int]] = []
-        i = 0
-        while i < len(level):
-            j = _next_cut(level, i)
-            group = level[i:j]
-            text = "".join(f"{hash_to_hex(h)} : {n}\n" for h, n in group).encode()
-            out.append((blake3.blake3(text, key=INTERNAL_NODE_KEY).digest(), sum(n for _, n in group)))
+        i, count = 0, len(level)
+        while i < count:
+            if count - i <= 2:
+                j = count
+            else:
+                j = min(i + 9, count)
+                for k in range(i + 2, j):
+                    if level[k][0][24] & 3 == 0:
+                        j = k + 1
+                        break
+            text = "".join(lines[i:j]).encode()
+            out.append((blake3.blake3(text, key=INTERNAL_NODE_KEY).digest(), sum(n for _, n in level[i:j])))
             i = j
         level = out
     return level[0][0]
@@ -164,23 +178,28 @@ class XorbIndex:
 
 
 def iter_chunk_headers(data: bytes | memoryview) -> list[tuple[int, int, int, int]]:
-    """(payload offset, compressed length, scheme, unpacked length) of each chunk; checks framing."""
+    """(payload offset, compressed length, scheme, unpacked length) of each chunk; checks framing.
+
+    A header is 8 bytes: version (0), packed length (u24 LE), scheme (u8), unpacked length (u24 LE),
+    read here as one little-endian u64.
+    """
     out: list[tuple[int, int, int, int]] = []
     pos, n = 0, len(data)
+    unpack = _CHUNK_HEADER.unpack_from
     while pos < n:
         if n - pos < 8:
             raise XetFormatError(f"xorb ends with a truncated chunk header at byte {pos}")
-        version = data[pos]
+        (word,) = unpack(data, pos)
+        version = word & 0xFF
         if version != 0:
             raise XetFormatError(f"chunk header at byte {pos} has version {version}, expected 0")
-        clen = int.from_bytes(data[pos + 1 : pos + 4], "little")
-        scheme = data[pos + 4]
-        ulen = int.from_bytes(data[pos + 5 : pos + 8], "little")
+        clen = (word >> 8) & 0xFFFFFF
+        ulen = word >> 40
         if clen == 0 or ulen == 0 or ulen > MAX_CHUNK_BYTES or clen > MAX_CHUNK_BYTES:
             raise XetFormatError(f"chunk at byte {pos} has bad sizes ({clen} packed, {ulen} unpacked)")
         if pos + 8 + clen > n:
             raise XetFormatError(f"chunk at byte {pos} runs past the end of the xorb")
-        out.append((pos + 8, clen, scheme, ulen))
+        out.append((pos + 8, clen, (word >> 32) & 0xFF, ulen))
         pos += 8 + clen
         if len(out) > MAX_XORB_CHUNKS:
             raise XetFormatError(f"xorb has more than {MAX_XORB_CHUNKS} chunks")
@@ -197,16 +216,16 @@ def verify_xorb(data: bytes | bytearray, claimed_hex: str) -> XorbIndex:
     offsets: list[int] = []
     lens: list[int] = []
     hashes: list[bytes] = []
+    hasher = blake3.blake3
     for off, clen, scheme, ulen in iter_chunk_headers(view):
         if scheme == 0:  # stored raw: hash it in place, no copy
             if clen != ulen:
                 raise XetFormatError(f"raw chunk at byte {off - 8} has {clen} bytes, header says {ulen}")
-            h = blake3.blake3(view[off : off + clen], key=DATA_KEY).digest()
+            hashes.append(hasher(view[off : off + clen], key=DATA_KEY).digest())
         else:
-            h = chunk_hash(decode_chunk(scheme, view[off : off + clen], ulen))
+            hashes.append(hasher(decode_chunk(scheme, view[off : off + clen], ulen), key=DATA_KEY).digest())
         offsets.append(off - 8)
         lens.append(ulen)
-        hashes.append(h)
     offsets.append(len(data))
     got = hash_to_hex(xorb_hash(list(zip(hashes, lens, strict=True))))
     if got != claimed_hex:
@@ -315,12 +334,12 @@ def parse_shard(data: bytes) -> Shard:
         pos += _RECORD
         if h == BOOKEND_HASH:
             break
-        hashes, lens = [], []
-        for _ in range(n):
-            record(pos)
-            hashes.append(data[pos : pos + 32])
-            _off, ulen, _cflags, _pad = struct.unpack_from("<IIII", data, pos + 32)
-            lens.append(ulen)
-            pos += _RECORD
+        end = pos + n * _RECORD  # the chunk records, parsed in one pass (thousands per shard)
+        if end > len(data):
+            raise XetFormatError("shard is truncated inside a record")
+        recs = list(_XORB_CHUNK_RECORD.iter_unpack(data[pos:end]))
+        hashes = [r[0] for r in recs]
+        lens = [r[2] for r in recs]
+        pos = end
         xorbs.append(XorbRecord(hash_to_hex(h), hashes, lens, bytes_in_xorb))
     return Shard(files, xorbs)

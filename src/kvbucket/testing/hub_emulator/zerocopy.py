@@ -25,6 +25,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .state import preallocate
+
 _PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
@@ -78,6 +80,7 @@ def splice_to_file(sock_fd: int, head: bytes, total: int, directory: Path, timeo
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     r = w = -1
     try:
+        preallocate(fd, total)
         view = memoryview(head)
         while view:
             view = view[os.write(fd, view) :]
