@@ -9,10 +9,9 @@ import importlib
 
 import typer
 
-
-
 COMMAND_MODULES: list[str] = [
     "kvbucket.cli.version_cmd",
+    "kvbucket.cli.stats_cmd",
 ]
 
 app = typer.Typer(

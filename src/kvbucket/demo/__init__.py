@@ -1,0 +1,1 @@
+"""``kvbucket demo``: the real-model prefix-reuse demo (default) and the synthetic one."""

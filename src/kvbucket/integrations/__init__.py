@@ -1,0 +1,1 @@
+"""Integrations with inference engines. Each module imports its engine lazily (optional extras)."""
