@@ -1,0 +1,200 @@
+"""Local tiers against this machine's own ceilings, measured in the same run.
+
+    PYTHONPATH=src python benchmarks/bench_local.py [--chunks 256] [--chunk-mib 2] [--repeat 5] [--fsync]
+
+Every case moves the same ``chunks`` buffers of ``chunk-mib`` MiB: ``put`` stores them all,
+``get`` reads them all back into preallocated buffers (as an inference engine reads into its
+KV buffers). Two ceilings are measured alongside:
+
+- ``memcpy``: copy the bytes into / out of preallocated memory (the bound for memory tiers);
+- ``plain file``: one file per chunk with ``open/write`` and ``open/readinto`` in a temp dir on
+  the same filesystem as the file-backed cases (the bound for disk tiers).
+
+Each case reports GiB/s and its ratio to its ceiling. Cases run round-robin ``--repeat`` times
+and the median is kept, so drift on a shared machine hits every case alike. With ``--fsync``
+both the plain-file ceiling and FileStore fsync every file (FileStore also fsyncs the
+directory after the rename: that is the price of its durability, and it is counted). Reads come
+from the page cache for every file case alike (the data was just written).
+
+To add a row (e.g. a backend), append a :class:`Case` in :func:`build_cases`: a name, the
+ceiling it is compared with, and put/get/reset callables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kvbucket.stores.file import FileStore
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+MEMCPY, PLAIN_FILE = "memcpy", "plain file"
+
+
+@dataclass
+class Case:
+    """One row: ``put(chunks)`` stores every chunk, ``get(outs)`` reads them all back.
+
+    ``reset`` runs untimed before each put so every repetition starts from an empty tier;
+    ``baseline`` names the ceiling row the ratio is taken against (``None`` for a ceiling).
+    """
+
+    name: str
+    put: Callable[[Sequence[bytes]], None]
+    get: Callable[[Sequence[bytearray]], None]
+    reset: Callable[[], None] = lambda: None
+    baseline: str | None = None
+    put_secs: list[float] = field(default_factory=list)
+    get_secs: list[float] = field(default_factory=list)
+
+
+def memcpy_case(n: int, size: int) -> Case:
+    slots = [bytearray(size) for _ in range(n)]
+
+    def put(chunks: Sequence[bytes]) -> None:
+        for slot, c in zip(slots, chunks, strict=True):
+            slot[:] = c
+
+    def get(outs: Sequence[bytearray]) -> None:
+        for out, slot in zip(outs, slots, strict=True):
+            out[:] = slot
+
+    return Case(MEMCPY, put, get)
+
+
+def plain_file_case(root: Path, fsync: bool) -> Case:
+    root.mkdir(parents=True, exist_ok=True)
+    paths: list[str] = []
+
+    def put(chunks: Sequence[bytes]) -> None:
+        paths[:] = [os.path.join(root, f"c{i}") for i in range(len(chunks))]
+        for p, c in zip(paths, chunks, strict=True):
+            with open(p, "wb") as f:
+                f.write(c)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+
+    def get(outs: Sequence[bytearray]) -> None:
+        for p, out in zip(paths, outs, strict=True):
+            with open(p, "rb", buffering=0) as f:
+                if f.readinto(out) != len(out):
+                    raise RuntimeError(f"short read from {p}")
+
+    return Case(PLAIN_FILE, put, get, reset=lambda: _empty_dir(root))
+
+
+def file_store_case(root: Path, fsync: bool, batch: int) -> Case:
+    store = FileStore(root, fsync=fsync)
+    names: list[str] = []
+
+    def put(chunks: Sequence[bytes]) -> None:
+        names[:] = [f"c{i}" for i in range(len(chunks))]
+        for i in range(0, len(chunks), batch):
+            for r in store.put_many(list(zip(names[i : i + batch], chunks[i : i + batch], strict=True))):
+                if r.error is not None:
+                    raise r.error
+
+    def get(outs: Sequence[bytearray]) -> None:
+        for i in range(0, len(outs), batch):
+            for r in store.get_many(names[i : i + batch], outs[i : i + batch]):
+                if not r.found:
+                    raise RuntimeError(f"{r.name}: {r.error or 'missing'}")
+
+    def reset() -> None:
+        store.delete_many(names)
+
+    return Case(f"FileStore (batches of {batch})", put, get, reset=reset, baseline=PLAIN_FILE)
+
+
+def build_cases(workdir: Path, n: int, size: int, fsync: bool) -> list[Case]:
+    """The rows of the table. Ceilings first; each other row names the ceiling it is held to."""
+    return [
+        memcpy_case(n, size),
+        plain_file_case(workdir / "plain", fsync),
+        file_store_case(workdir / "filestore", fsync, batch=32),
+    ]
+
+
+def _empty_dir(root: Path) -> None:
+    for p in root.iterdir():
+        p.unlink()
+
+
+def run(cases: list[Case], chunks: Sequence[bytes], repeat: int) -> None:
+    outs = [bytearray(len(c)) for c in chunks]
+    for _ in range(repeat):
+        for case in cases:
+            case.reset()
+            t0 = time.perf_counter()
+            case.put(chunks)
+            t1 = time.perf_counter()
+            for o, c in zip(outs, chunks, strict=True):  # a get that writes nothing fails the check
+                o[0] = c[0] ^ 0xFF
+            t2 = time.perf_counter()
+            case.get(outs)
+            t3 = time.perf_counter()
+            if any(o != c for o, c in zip(outs, chunks, strict=True)):
+                raise SystemExit(f"{case.name}: bytes read back differ from the bytes stored")
+            case.put_secs.append(t1 - t0)
+            case.get_secs.append(t3 - t2)
+
+
+def report(cases: list[Case], total_bytes: int) -> str:
+    def rate(secs: list[float]) -> float:
+        return total_bytes / statistics.median(secs) / GIB
+
+    by_name = {c.name: c for c in cases}
+    lines = [f"{'case':<28} {'put GiB/s':>10} {'get GiB/s':>10} {'put ratio':>10} {'get ratio':>10}  vs"]
+    for c in cases:
+        put, get = rate(c.put_secs), rate(c.get_secs)
+        if c.baseline is None:
+            lines.append(f"{c.name:<28} {put:>10.2f} {get:>10.2f} {'(ceiling)':>10} {'':>10}")
+            continue
+        b = by_name[c.baseline]
+        pr, gr = put / rate(b.put_secs), get / rate(b.get_secs)
+        lines.append(f"{c.name:<28} {put:>10.2f} {get:>10.2f} {pr:>10.2f} {gr:>10.2f}  {c.baseline}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--chunks", type=int, default=256)
+    ap.add_argument("--chunk-mib", type=float, default=2.0)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--fsync", action="store_true", help="fsync every file (ceiling and stores alike)")
+    ap.add_argument("--dir", type=Path, default=None, help="where to write (default: the system temp dir)")
+    args = ap.parse_args(argv)
+
+    size = int(args.chunk_mib * MIB)
+    rng = np.random.default_rng(0)
+    chunks = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(args.chunks)]
+    workdir = Path(tempfile.mkdtemp(prefix="kvbucket-bench-", dir=args.dir))
+    try:
+        cases = build_cases(workdir, args.chunks, size, args.fsync)
+        run(cases, chunks, args.repeat)
+        total = args.chunks * size
+        print(
+            f"{args.chunks} chunks x {args.chunk_mib:g} MiB = {total / GIB:.2f} GiB per pass, median of "
+            f"{args.repeat}, fsync={'on' if args.fsync else 'off'}, dir={workdir.parent}, "
+            f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
+        )
+        print(report(cases, total))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""``kvbucket ls|du|rm URL``: look into and prune any object store named by a URL.
+
+The commands speak only the :class:`~kvbucket.stores.ObjectStore` protocol through
+:func:`kvbucket.stores.open_store`, so every store kvbucket knows (``file://``, paths,
+``memory://``, ``hf://``, ``s3://``) works without special cases.
+
+Output is plain lines streamed as the listing arrives (a remote listing can be long, and the
+lines are easy to pipe); errors are one line on stderr with exit status 2 for unusable input
+and 1 when some objects of an ``rm`` could not be removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import typer
+
+from kvbucket.errors import InvalidKeyError, KVBucketError
+from kvbucket.keys import name_to_key
+from kvbucket.stores import ObjectStore, open_store
+
+RM_BATCH = 1000
+URL_HELP = "Store URL: file:///dir, a path, memory://, hf://buckets/ns/name[/prefix], s3://bucket[/prefix]"
+
+
+def human_size(n: int) -> str:
+    """Bytes in binary units (KV caches are sized in GiB of memory, so 1 KiB = 1024 B)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def display_key(name: str) -> str:
+    """The cache key an object name encodes (its last segment), or the name itself."""
+    directory, _, _ = name.rpartition("/")
+    try:
+        key = name_to_key(name, directory)
+    except InvalidKeyError:
+        return name
+    return f"{directory}/{key}" if directory else key
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _opened(url: str) -> Iterator[ObjectStore]:
+    """Open a store for inspection; never create a missing directory or bucket.
+
+    ``create=False`` is the opener option for that; an opener that does not know the option
+    (it never creates anything) is opened without it.
+    """
+    try:
+        try:
+            store = open_store(url, create=False)
+        except TypeError as e:
+            if "create" not in str(e):
+                raise
+            store = open_store(url)
+    except KVBucketError as e:
+        raise _fail(str(e)) from None
+    except (OSError, ValueError, TypeError) as e:
+        raise _fail(f"cannot open {url!r}: {e}") from None
+    try:
+        yield store
+    except KVBucketError as e:
+        raise _fail(str(e)) from None
+    finally:
+        store.close()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("ls")
+    def ls(
+        url: str = typer.Argument(..., help=URL_HELP),
+        prefix: str = typer.Option("", "--prefix", "-p", help="Only names starting with this string."),
+        keys: bool = typer.Option(False, "--keys", "-k", help="Show cache keys, not object names."),
+    ) -> None:
+        """List objects: size in bytes, then the name (or decoded cache key with --keys)."""
+        with _opened(url) as store:
+            for info in store.list(prefix):
+                typer.echo(f"{info.size:>12}  {display_key(info.name) if keys else info.name}")
+
+    @app.command("du")
+    def du(
+        url: str = typer.Argument(..., help=URL_HELP),
+        prefix: str = typer.Option("", "--prefix", "-p", help="Only names starting with this string."),
+    ) -> None:
+        """Count objects and bytes."""
+        count = total = 0
+        with _opened(url) as store:
+            for info in store.list(prefix):
+                count += 1
+                total += info.size
+        where = f"{url} (prefix {prefix!r})" if prefix else url
+        typer.echo(f"{count} objects, {total} bytes ({human_size(total)}) in {where}")
+
+    @app.command("rm")
+    def rm(
+        url: str = typer.Argument(..., help=URL_HELP),
+        names: list[str] = typer.Argument(None, help="Object names to remove.", show_default=False),
+        prefix: str | None = typer.Option(
+            None, "--prefix", "-p", help="Remove every object whose name starts with this string."
+        ),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Confirm a --prefix removal."),
+    ) -> None:
+        """Remove objects by name, or every object under --prefix (needs --yes)."""
+        names = names or []
+        if names and prefix is not None:
+            raise _fail("give object names or --prefix, not both")
+        if not names and prefix is None:
+            raise _fail("nothing to remove: give object names or --prefix PREFIX --yes")
+        if prefix is not None and not yes:
+            what = f"every object under prefix {prefix!r}" if prefix else "EVERY object in the store"
+            raise _fail(f"this would remove {what} of {url}; add --yes to confirm")
+        removed = missing = failed = 0
+        with _opened(url) as store:
+            for batch in _batches(names) if names else _listed_batches(store, prefix or ""):
+                # A store may answer size=None for a removal it cannot size cheaply, so whether a
+                # named object existed is asked first: only objects that were there count.
+                existed = [r.found for r in store.head_many(batch)] if names else [True] * len(batch)
+                for r, was_there in zip(store.delete_many(batch), existed, strict=True):
+                    if r.error is not None:
+                        failed += 1
+                        typer.echo(f"error: {r.name}: {r.error}", err=True)
+                    elif r.size is not None or was_there:
+                        removed += 1
+                    else:
+                        missing += 1
+        parts = [f"removed {removed}"]
+        if missing:
+            parts.append(f"{missing} not found")
+        if failed:
+            parts.append(f"{failed} failed")
+        typer.echo(", ".join(parts))
+        if failed:
+            raise typer.Exit(1)
+
+
+def _batches(names: list[str]) -> Iterator[list[str]]:
+    for i in range(0, len(names), RM_BATCH):
+        yield names[i : i + RM_BATCH]
+
+
+def _listed_batches(store: ObjectStore, prefix: str) -> Iterator[list[str]]:
+    """Batches of listed names; each batch is deleted before the listing continues."""
+    batch: list[str] = []
+    for info in store.list(prefix, page_size=RM_BATCH):
+        batch.append(info.name)
+        if len(batch) == RM_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,252 @@
+"""FileStore behaviour beyond the protocol: crashes, permissions, the temp dir, URLs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kvbucket.errors import ConfigError, InvalidKeyError, NotFoundError
+from kvbucket.stores import open_store
+from kvbucket.stores.file import TMP_DIR_NAME, FileStore, open_file_store
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+BIG = 32 * 1024 * 1024
+
+# A writer process that dies (SIGKILL, no cleanup) at a chosen point of a put.
+_CRASHER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from kvbucket.stores.file import FileStore
+
+    root, point = sys.argv[1], sys.argv[2]
+    store = FileStore(root)
+    store.put("victim", b"\\x01" * {big})        # a complete, acknowledged first version
+    real_write = os.write
+
+    def dying_write(fd, data):
+        n = real_write(fd, memoryview(data)[: len(data) // 2])  # half of the new version lands
+        os.kill(os.getpid(), signal.SIGKILL)
+        return n
+
+    def dying_replace(src, dst):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if point == "mid-write":
+        os.write = dying_write
+    else:
+        os.replace = dying_replace
+    store.put("victim", b"\\x02" * {big})
+    print("survived", flush=True)
+    """
+).format(big=BIG)
+
+
+def _tmp_files(root: Path) -> list[Path]:
+    return sorted((root / TMP_DIR_NAME).iterdir())
+
+
+@pytest.mark.parametrize("point", ["mid-write", "before-rename"])
+def test_crash_leaves_no_partial_object_and_reopen_sweeps_temp(tmp_path: Path, point: str) -> None:
+    root = tmp_path / "s"
+    proc = subprocess.run(
+        [sys.executable, "-c", _CRASHER, str(root), point],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    leftovers = _tmp_files(root)
+    assert len(leftovers) == 1, "the killed writer leaves its temp file behind"
+    expected_tmp_size = BIG // 2 if point == "mid-write" else BIG
+    assert leftovers[0].stat().st_size == expected_tmp_size
+
+    store = FileStore(root)  # a fresh temp file may belong to a live writer: kept
+    assert store.get("victim") == b"\x01" * BIG, "the old complete version is intact"
+    assert [(i.name, i.size) for i in store.list()] == [("victim", BIG)], "temp files are never listed"
+    assert _tmp_files(root) == leftovers
+
+    old = time.time() - 3600
+    os.utime(leftovers[0], (old, old))
+    FileStore(root)  # reopening sweeps temp files older than stale_tmp_secs
+    assert _tmp_files(root) == []
+    assert store.get("victim") == b"\x01" * BIG
+
+
+def test_sweep_keeps_fresh_temp_files(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.put("x", b"1")
+    fresh = tmp_path / TMP_DIR_NAME / "fresh"
+    fresh.write_bytes(b"in progress")
+    assert store.sweep_stale_temp_files(60) == 0 and fresh.exists()
+    assert store.sweep_stale_temp_files(-1) == 1 and not fresh.exists()
+
+
+def test_files_0600_and_dirs_0700(tmp_path: Path) -> None:
+    root = tmp_path / "new-root"
+    store = FileStore(root)
+    store.put_many([("top", b"1"), ("nested/deeper/obj", b"2")])
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(root) == 0o700
+    assert mode(root / TMP_DIR_NAME) == 0o700
+    assert mode(root / "nested") == 0o700 and mode(root / "nested" / "deeper") == 0o700
+    assert mode(root / "top") == 0o600 and mode(root / "nested" / "deeper" / "obj") == 0o600
+
+
+def test_permissions_ignore_a_permissive_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        FileStore(tmp_path / "r").put("a/b", b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r" / "a").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "r" / "a" / "b").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("name", [TMP_DIR_NAME, f"{TMP_DIR_NAME}/x", f"{TMP_DIR_NAME}/a/b"])
+def test_temp_dir_names_refused(tmp_path: Path, name: str) -> None:
+    store = FileStore(tmp_path)
+    with pytest.raises(InvalidKeyError, match="temp files"):
+        store.put_many([("ok", b"1"), (name, b"2")])
+    with pytest.raises(InvalidKeyError):
+        store.get_many([name])
+    with pytest.raises(InvalidKeyError):
+        store.delete_many([name])
+    assert list(store.list()) == []
+    store.put(f"x/{TMP_DIR_NAME}", b"fine below the top level")
+    store.put(f"{TMP_DIR_NAME}-not", b"fine as a longer segment")
+    assert sorted(i.name for i in store.list()) == [f"{TMP_DIR_NAME}-not", f"x/{TMP_DIR_NAME}"]
+
+
+def test_temp_files_land_in_hidden_dir_and_are_renamed(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.put_many([(f"o{i}", b"z" * 100) for i in range(20)])
+    assert _tmp_files(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([TMP_DIR_NAME] + [f"o{i}" for i in range(20)])
+
+
+def test_delete_removes_emptied_dirs_but_not_root(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "r")
+    store.put_many([("a/b/c/1", b"1"), ("a/2", b"2")])
+    store.delete("a/b/c/1")
+    assert not (tmp_path / "r" / "a" / "b").exists()
+    assert (tmp_path / "r" / "a" / "2").exists()
+    store.delete("a/2")
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [TMP_DIR_NAME]
+
+
+def test_foreign_entries_are_not_objects(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "r")
+    store.put("real", b"1")
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"not in the store")
+    (tmp_path / "r" / "link").symlink_to(outside)
+    (tmp_path / "r" / "back\\slash").write_bytes(b"invalid name")
+    assert [i.name for i in store.list()] == ["real"]
+    assert store.get("link") is None and store.head("link") is None
+    (r,) = store.delete_many(["link"])
+    assert r.ok and r.size is None and outside.exists()
+    assert store.get_many(["real"], None)[0].size == 1
+
+
+def test_directory_is_not_an_object(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.put("dir/obj", b"1")
+    assert store.get("dir") is None and store.head("dir") is None
+    assert store.delete_many(["dir"])[0].size is None
+    assert store.get("dir/obj") == b"1"
+
+
+def test_list_order_across_directories(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    names = ["a-c", "a/b", "a0", "a/b0/c", "a/b-", "b", "Z", "é/1", "ab/"[:-1]]
+    store.put_many([(n, b"") for n in names])
+    assert [i.name for i in store.list()] == sorted(names)
+    mtimes = [i.mtime for i in store.list()]
+    assert all(isinstance(m, float) and m > 0 for m in mtimes)
+
+
+def test_list_rejects_bad_page_size(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="page_size"):
+        FileStore(tmp_path).list(page_size=0)
+
+
+def test_urls_and_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = open_store(f"file://{tmp_path}/abs")
+    assert isinstance(s, FileStore) and s.root == tmp_path / "abs" and s.url == f"file://{tmp_path}/abs"
+    assert isinstance(open_store(str(tmp_path / "bare")), FileStore)
+    assert (tmp_path / "bare").is_dir()
+    monkeypatch.chdir(tmp_path)
+    rel = open_store("file://rel/dir")
+    assert isinstance(rel, FileStore) and rel.root == tmp_path / "rel" / "dir"
+    rel.put("k", b"v")
+    assert (tmp_path / "rel" / "dir" / "k").read_bytes() == b"v"
+    assert open_store("file://rel/dir", create="false").get("k") == b"v"
+
+
+def test_url_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="names no directory"):
+        open_file_store("file://")
+    with pytest.raises(ConfigError, match="unknown file store option"):
+        open_file_store(f"file://{tmp_path}", fsynk=True)
+    with pytest.raises(ConfigError, match="true or false"):
+        open_file_store(f"file://{tmp_path}", fsync="maybe")
+    with pytest.raises(NotFoundError, match="does not exist"):
+        open_store(f"file://{tmp_path}/missing", create=False)
+    assert not (tmp_path / "missing").exists()
+    (tmp_path / "afile").write_bytes(b"")
+    with pytest.raises(ConfigError, match="not a directory"):
+        FileStore(tmp_path / "afile")
+
+
+def test_put_rejects_non_buffers_before_writing(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    with pytest.raises(TypeError, match="bytes-like"):
+        store.put_many([("a", b"1"), ("b", "a str")])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="single str"):
+        store.get_many("abc")
+    assert list(store.list()) == []
+
+
+def test_write_failure_is_a_per_item_error_and_cleans_its_temp(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.put("file", b"1")
+    store.put("dir/x", b"2")
+    results = store.put_many([("file/new", b"2"), ("ok", b"3"), ("dir", b"4")])
+    assert "file/new" in str(results[0].error) and "is an object" in str(results[0].error)
+    assert results[1].ok and store.get("ok") == b"3"
+    assert "dir" in str(results[2].error) and "directory" in str(results[2].error)
+    assert _tmp_files(tmp_path) == [], "a failed put removes its temp file"
+    assert store.get("file") == b"1" and store.get("dir/x") == b"2"
+
+
+def test_fsync_covers_files_and_directories_once_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path / "r", fsync=True)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    results = store.put_many([("top", b"1"), ("new/dir/a", b"2"), ("new/dir/b", b"3")])
+    assert all(r.ok for r in results)
+    root = str(tmp_path / "r")
+    files = [p for p in synced if p.startswith(f"{root}/{TMP_DIR_NAME}/")]
+    dirs = [p for p in synced if p not in files]
+    assert len(files) == 3, "each object's data is synced before its rename"
+    # the renames' directories, plus the parents of the directories this batch created
+    assert sorted(dirs) == sorted([root, f"{root}/new/dir", f"{root}/new"])
+    synced.clear()
+    FileStore(tmp_path / "r2").put("x", b"1")
+    assert synced == [], "fsync is off by default"
