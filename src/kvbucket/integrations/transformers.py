@@ -115,6 +115,12 @@ class KVChunkLayout:
     def token_bytes(self) -> int:
         return self.nbytes // self.chunk_tokens
 
+    def to_kv_layout(self) -> Any:
+        """The same layout as :class:`kvbucket.chunks.KVLayout`, which the backend tiers take."""
+        from kvbucket.chunks import KVLayout
+
+        return KVLayout(self.layers, self.kv_heads, self.head_size, self.dtype_name, self.chunk_tokens)
+
 
 @dataclass
 class PrefillStats:
@@ -180,8 +186,7 @@ class KVBucketPrefixCache:
         self.salt = salt
         self.chunk_tokens = chunk_tokens
         self.store_enabled = store
-        _check_model_config(model)
-        self.layout = _probe_layout(model, chunk_tokens)
+        self.layout = probe_kv_layout(model, chunk_tokens)
         self.model_name = _key_model_name(model, model_id)
         self._seed = self._hash_seed(model)
         self.last_stats = PrefillStats()
@@ -516,6 +521,14 @@ def _check_model_config(model: Any) -> None:
         )
 
 
+def probe_kv_layout(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> KVChunkLayout:
+    """The chunk layout of ``model``'s KV cache; raises :class:`UnsupportedModelError` for caches
+    prefix reuse cannot serve. Call it to size backend tiers before building the prefix cache.
+    """
+    _check_model_config(model)
+    return _probe_layout(model, chunk_tokens)
+
+
 @torch.inference_mode()
 def _probe_layout(model: Any, chunk_tokens: int) -> KVChunkLayout:
     """Learn the KV layout from a one-token forward: exact for any model, whatever its config holds."""
@@ -574,7 +587,8 @@ def model_fingerprint(model: Any, samples_per_tensor: int = 16) -> bytes:
             flat = tensor.detach().reshape(-1)
             if flat.numel() == 0:
                 continue
-            idx = torch.linspace(0, flat.numel() - 1, min(samples_per_tensor, flat.numel())).long()
+            k = min(samples_per_tensor, flat.numel())
+            idx = torch.arange(k, dtype=torch.int64) * (flat.numel() - 1) // max(k - 1, 1)  # exact ints
             sample = flat[idx.to(flat.device)].to("cpu", torch.float64).numpy()
             h.update(name.encode())
             h.update(str(tuple(tensor.shape)).encode())
@@ -683,4 +697,5 @@ __all__ = [
     "StoreStats",
     "UnsupportedModelError",
     "model_fingerprint",
+    "probe_kv_layout",
 ]
