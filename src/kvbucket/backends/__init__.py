@@ -1,0 +1,24 @@
+"""Storage backends (seed 002): chunk tiers keyed by cache keys, stacked by HybridBackend.
+
+``kvbucket.config.build_backend(config, layout)`` builds the stack an engine config describes.
+"""
+
+from __future__ import annotations
+
+from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.backends.hybrid import HybridBackend, TierPutError
+from kvbucket.backends.local_cpu import LocalCPUBackend
+from kvbucket.backends.local_disk import LocalDiskBackend
+from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
+
+__all__ = [
+    "Chunk",
+    "HybridBackend",
+    "Key",
+    "LocalCPUBackend",
+    "LocalDiskBackend",
+    "PipelinedRemoteBackend",
+    "RemoteBackend",
+    "StorageBackend",
+    "TierPutError",
+]

@@ -1,0 +1,212 @@
+"""LocalDiskBackend: chunks as files in a local directory, bounded by bytes, LRU.
+
+Files are written by :class:`~kvbucket.stores.file.FileStore` (temp file + rename), so a crash
+mid-write never leaves a partial chunk under a key, and the index is rebuilt from the directory
+at start (oldest modification first in the LRU order): a restart loses nothing that was
+acknowledged. Files are 0600 and directories 0700 because KV caches hold users' prompts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable
+
+import numpy as np
+
+from kvbucket.backends._putqueue import PutQueue
+from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.chunks import ChunkSizeError, as_view
+from kvbucket.errors import InvalidKeyError
+from kvbucket.keys import as_key_string, key_to_name, name_to_key
+from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.file import FileStore
+
+log = logging.getLogger(__name__)
+_STRIPES = 64
+
+
+class LocalDiskBackend(StorageBackend):
+    """Chunk files under ``path`` (or any store given), at most ``max_bytes`` accounted.
+
+    Space is reserved (evicting least-recently-used chunks) *before* a file is written, so the
+    accounted bytes never exceed ``max_bytes``; the evicted files are deleted right after, so the
+    directory can exceed the bound by at most the chunks being written at that moment.
+    Operations on one key are serialised by a striped lock, so an eviction can never delete a
+    file that a concurrent put of the same key just wrote.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | ObjectStore,
+        max_bytes: int,
+        *,
+        fsync: bool = False,
+        queue_size: int = 16,
+        on_evict: Callable[[str], None] | None = None,
+    ) -> None:
+        if not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"LocalDiskBackend needs a positive max_bytes, got {max_bytes!r}")
+        self.store = path if isinstance(path, ObjectStore) else FileStore(path, fsync=fsync)
+        self.max_bytes = max_bytes
+        self.used_bytes = 0
+        self.peak_bytes = 0
+        self.evictions = 0
+        self._on_evict = on_evict
+        self._index: OrderedDict[str, int] = OrderedDict()  # key -> size, LRU first
+        self._lock = threading.Lock()
+        self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self._rebuild_index()
+        self._queue = PutQueue("disk", self._apply, queue_size)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"LocalDiskBackend({self.store.url!r}, max_bytes={self.max_bytes})"
+
+    # ---- interface -----------------------------------------------------------------------
+    def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
+        k = as_key_string(key)
+        view = as_view(chunk)
+        if view.nbytes > self.max_bytes:
+            raise ChunkSizeError(
+                f"chunk {k} is {view.nbytes} bytes, larger than the whole disk tier "
+                f"({self.max_bytes} bytes); raise max_local_disk_size"
+            )
+        if blocking:
+            self._queue.cancel(k)
+            self._write(k, view)
+        else:
+            self._queue.submit(k, view)
+
+    def get(self, key: Key) -> Chunk | None:
+        k = as_key_string(key)
+        pending = self._queue.pending(k)
+        if pending is not None:
+            return pending.toreadonly()
+        with self._lock:
+            size = self._index.get(k)
+            if size is None:
+                return None
+            self._index.move_to_end(k)
+        buf = np.empty(size, dtype=np.uint8)
+        (r,) = self.store.get_many([key_to_name(k)], [buf])
+        if r.error is not None or r.size is None:
+            # removed or evicted (or replaced by a chunk of another size) since we looked
+            if r.error is not None:
+                log.debug("disk tier read of %s failed: %s", k, r.error)
+            return None
+        return memoryview(buf).toreadonly()
+
+    def contains(self, key: Key) -> bool:
+        k = as_key_string(key)
+        with self._lock:
+            if k in self._index:
+                return True
+        return self._queue.pending(k) is not None
+
+    def remove(self, key: Key) -> bool:
+        k = as_key_string(key)
+        dropped = self._queue.cancel(k)
+        with self._stripe(k):
+            with self._lock:
+                size = self._index.pop(k, None)
+                if size is not None:
+                    self.used_bytes -= size
+            if size is not None:
+                self.store.delete_many([key_to_name(k)])
+        return dropped or size is not None
+
+    def list(self) -> list[str]:
+        with self._lock:
+            keys = list(self._index)
+        seen = set(keys)
+        return keys + [k for k in self._queue.pending_keys() if k not in seen]
+
+    def flush(self) -> None:
+        self._queue.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.close()
+        self.store.close()
+
+    # ---- internals -----------------------------------------------------------------------
+    def _stripe(self, key: str) -> threading.Lock:
+        return self._stripes[zlib.crc32(key.encode()) % _STRIPES]
+
+    def _apply(self, key: str, view: memoryview) -> None:
+        self._write(key, view)
+
+    def _write(self, key: str, view: memoryview) -> None:
+        n = view.nbytes
+        victims: list[str] = []
+        with self._stripe(key):
+            with self._lock:
+                old = self._index.pop(key, None)
+                if old is not None:
+                    self.used_bytes -= old
+                while self._index and self.used_bytes + n > self.max_bytes:
+                    vkey, vsize = self._index.popitem(last=False)
+                    self.used_bytes -= vsize
+                    self.evictions += 1
+                    victims.append(vkey)
+                self.used_bytes += n  # reserved before writing: the bound holds at every moment
+                self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+            failure: BaseException | None = None
+            try:
+                (r,) = self.store.put_many([(key_to_name(key), view)])
+                if r.error is not None:
+                    raise r.error
+            except BaseException as e:
+                failure = e
+                with self._lock:
+                    self.used_bytes -= n
+                # the old file (if any) may still be there; drop it so the index never lies
+                self.store.delete_many([key_to_name(key)])
+            else:
+                with self._lock:
+                    self._index[key] = n
+        self._delete_victims(victims)  # outside the stripe: victims may share it
+        if failure is not None:
+            raise failure
+
+    def _delete_victims(self, victims: list[str]) -> None:
+        for vkey in victims:
+            with self._stripe(vkey):
+                with self._lock:
+                    if vkey in self._index:
+                        continue  # re-put meanwhile: its new file is live
+                self.store.delete_many([key_to_name(vkey)])
+            if self._on_evict is not None:
+                self._on_evict(vkey)
+
+    def _rebuild_index(self) -> None:
+        found: list[tuple[float, str, int]] = []
+        for info in self.store.list():
+            try:
+                key = name_to_key(info.name)
+            except InvalidKeyError:
+                continue  # not a chunk file kvbucket wrote
+            found.append((info.mtime or 0.0, key, info.size))
+        found.sort()
+        for _, key, size in found:
+            self._index[key] = size
+            self.used_bytes += size
+        evicted = []
+        while self.used_bytes > self.max_bytes and self._index:  # the bound was lowered since
+            vkey, vsize = self._index.popitem(last=False)
+            self.used_bytes -= vsize
+            evicted.append(vkey)
+        if evicted:
+            self.store.delete_many([key_to_name(k) for k in evicted])
+            log.info("disk tier %s: evicted %d chunks to fit max_bytes=%d", self.store.url, len(evicted),
+                     self.max_bytes)
+        self.peak_bytes = self.used_bytes
+        if found:
+            log.info("disk tier %s: recovered %d chunks (%d bytes)", self.store.url, len(self._index),
+                     self.used_bytes)

@@ -1,0 +1,187 @@
+"""Where remote tiers come from: ``remote_url`` schemes and ``remote_storage_plugins`` types.
+
+Both registries map a name to a factory given as ``"module:function"`` (imported only when used,
+so kvbucket does not import every client library) or as a callable.
+
+- ``remote_url`` by scheme, factory ``(url, extra_config, engine) -> ObjectStore``, where
+  ``extra_config`` holds the engine's ``extra_config`` minus the ``remote_storage_plugin.*`` keys.
+- ``remote_storage_plugins`` by type (the part of ``type[.instance]`` before the first ``.``),
+  factory ``(instance_name, options, engine) -> ObjectStore``, where ``options`` are the keys under
+  ``remote_storage_plugin.<instance_name>.`` with that prefix stripped.
+
+Factories validate the keys they get strictly and raise :class:`ConfigError` for unknown ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kvbucket.errors import ConfigError
+from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from kvbucket.config import EngineConfig
+
+PLUGIN_KEY_PREFIX = "remote_storage_plugin."
+
+Factory = str | Callable[..., ObjectStore]
+
+URL_SCHEMES: dict[str, Factory] = {
+    "file": "kvbucket.backends.plugins:file_store_from_remote_url",
+    "memory": "kvbucket.backends.plugins:memory_store_from_remote_url",
+    "s3": "kvbucket.stores.s3:store_from_remote_url",
+    "hf": "kvbucket.stores.hfbucket:store_from_remote_url",
+}
+
+PLUGIN_TYPES: dict[str, Factory] = {
+    "hfbucket": "kvbucket.stores.hfbucket:store_from_plugin_options",
+}
+
+
+def register_url_scheme(scheme: str, factory: Factory) -> None:
+    URL_SCHEMES[scheme] = factory
+
+
+def register_plugin_type(plugin_type: str, factory: Factory) -> None:
+    PLUGIN_TYPES[plugin_type] = factory
+
+
+def url_scheme(url: str) -> str:
+    scheme, sep, _ = url.partition("://")
+    return scheme.lower() if sep else "file"
+
+
+def _resolve(factory: Factory, what: str) -> Callable[..., ObjectStore]:
+    if callable(factory):
+        return factory
+    module_name, _, attr = factory.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{what} is not available in this installation ({module_name}: {e})") from e
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise ConfigError(f"{what} is not available: {module_name} has no {attr}")
+    return fn
+
+
+def plugin_type(instance: str) -> str:
+    return instance.split(".", 1)[0]
+
+
+def split_extra_config(engine: EngineConfig) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Split ``extra_config`` into the remote_url store's keys and each plugin instance's options.
+
+    Raises :class:`ConfigError` for plugin keys of instances not in ``remote_storage_plugins`` and
+    for keys no configured component takes.
+    """
+    instances = list(engine.remote_storage_plugins)
+    per_instance: dict[str, dict[str, Any]] = {name: {} for name in instances}
+    url_options: dict[str, Any] = {}
+    # longest instance name first, so "hfbucket.us.x" goes to "hfbucket.us" when both exist
+    by_length = sorted(instances, key=len, reverse=True)
+    for key, value in engine.extra_config.items():
+        if not key.startswith(PLUGIN_KEY_PREFIX):
+            url_options[key] = value
+            continue
+        rest = key[len(PLUGIN_KEY_PREFIX) :]
+        owner = next((i for i in by_length if rest.startswith(i + ".") and len(rest) > len(i) + 1), None)
+        if owner is None:
+            guess = rest.rsplit(".", 1)[0] if "." in rest else rest
+            listed = ", ".join(repr(i) for i in instances) or "none"
+            raise ConfigError(
+                f"extra_config key {key!r} configures remote storage plugin {guess!r}, which is not listed "
+                f"in remote_storage_plugins (listed: {listed}); add {guess!r} to remote_storage_plugins or "
+                "remove the key"
+            )
+        per_instance[owner][rest[len(owner) + 1 :]] = value
+    if url_options and not engine.remote_url:
+        raise ConfigError(
+            f"extra_config key(s) {', '.join(sorted(url_options))} are not taken by any configured "
+            "component: they configure the remote_url store, but remote_url is not set. Set remote_url, "
+            f"put plugin options under {PLUGIN_KEY_PREFIX}<name>.<option>, or remove them"
+        )
+    return url_options, per_instance
+
+
+def open_remote_stores(engine: EngineConfig) -> list[tuple[str, ObjectStore]]:
+    """The remote stores an engine config names, as ``(label, store)`` in config order."""
+    url_options, per_instance = split_extra_config(engine)
+    opened: list[tuple[str, ObjectStore]] = []
+    try:
+        if engine.remote_url:
+            scheme = url_scheme(engine.remote_url)
+            factory = URL_SCHEMES.get(scheme)
+            if factory is None:
+                known = ", ".join(f"{s}://" for s in URL_SCHEMES)
+                raise ConfigError(
+                    f"remote_url scheme {scheme!r} is not supported; use one of {known} or a directory path"
+                )
+            fn = _resolve(factory, f"the {scheme}:// remote store")
+            opened.append((engine.remote_url, _checked(fn(engine.remote_url, url_options, engine), scheme)))
+        for instance in engine.remote_storage_plugins:
+            ptype = plugin_type(instance)
+            factory = PLUGIN_TYPES.get(ptype)
+            if factory is None:
+                known = ", ".join(sorted(PLUGIN_TYPES))
+                raise ConfigError(
+                    f"remote_storage_plugins entry {instance!r} has unknown type {ptype!r}; "
+                    f"known types: {known}"
+                )
+            fn = _resolve(factory, f"the {ptype} remote storage plugin")
+            store = fn(instance, dict(per_instance[instance]), engine)
+            opened.append((instance, _checked(store, instance)))
+    except BaseException:
+        for _, store in opened:
+            store.close()
+        raise
+    return opened
+
+
+def _checked(store: Any, what: str) -> ObjectStore:
+    if not isinstance(store, ObjectStore):
+        raise ConfigError(f"the factory for {what} returned {type(store).__name__}, not an ObjectStore")
+    return store
+
+
+# ---- built-in factories -----------------------------------------------------------------------
+
+
+def file_store_from_remote_url(url: str, extra_config: dict[str, Any], engine: EngineConfig) -> ObjectStore:
+    """``file:///dir`` or a bare path; extra_config may hold ``fsync`` (bool)."""
+    from kvbucket.stores.file import open_file_store
+
+    unknown = set(extra_config) - {"fsync"}
+    if unknown:
+        raise ConfigError(
+            f"extra_config key(s) {', '.join(sorted(unknown))} are not options of the file:// remote store "
+            "(it takes: fsync)"
+        )
+    return open_file_store(url, **extra_config)
+
+
+def memory_store_from_remote_url(url: str, extra_config: dict[str, Any], engine: EngineConfig) -> ObjectStore:
+    """``memory://name``: a process-local store, for tests and the demo."""
+    if extra_config:
+        raise ConfigError(
+            f"extra_config key(s) {', '.join(sorted(extra_config))} are not options of the memory:// remote "
+            "store (it takes none)"
+        )
+    return MemoryStore(url.partition("://")[2])
+
+
+__all__ = [
+    "PLUGIN_TYPES",
+    "URL_SCHEMES",
+    "file_store_from_remote_url",
+    "memory_store_from_remote_url",
+    "open_remote_stores",
+    "plugin_type",
+    "register_plugin_type",
+    "register_url_scheme",
+    "split_extra_config",
+    "url_scheme",
+]

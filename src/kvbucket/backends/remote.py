@@ -1,0 +1,386 @@
+"""RemoteBackend and PipelinedRemoteBackend: chunk tiers over any :class:`ObjectStore`.
+
+The seeds' full-chunk rules (001, 004) are enforced here, once, for every store:
+
+- with ``save_unfull_chunk=False`` a chunk whose size is not ``layout.full_chunk_bytes`` is
+  refused on put with :class:`ChunkSizeError` (never silently skipped; ``batched_put`` counts only
+  what landed and ``batched_put_results`` says why each item failed);
+- a stored object whose size is not the full-chunk size is refused on read: it is a miss,
+  logged once per object, and its bytes are never returned (reads go into a buffer of exactly
+  the full size, so a wrong-sized object cannot even be copied);
+- ``contains`` means "exists with the full size".
+
+Every blocking call to the store is bounded by ``blocking_timeout_secs``: past it the caller gets
+a :class:`TransientStoreError` naming the timeout, and nothing of that call is counted as stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+import numpy as np
+
+from kvbucket.backends._putqueue import PutQueue
+from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
+from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
+from kvbucket.keys import as_key_string, key_to_name, name_to_key
+from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class RemoteBackend(StorageBackend):
+    """A chunk tier over an object store (FileStore, MemoryStore, S3, HF buckets, ...).
+
+    Keys become object names with :func:`kvbucket.keys.key_to_name` under ``prefix``, so
+    ``list()`` answers with key strings. Batched verbs use the store's batch verbs (one
+    ``put_many``/``get_many`` call per batch). Non-blocking puts go through a bounded queue and
+    one worker thread, like LMCache's ``put_worker``.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        layout: KVLayout,
+        *,
+        serde: str = "naive",
+        save_unfull_chunk: bool = False,
+        blocking_timeout_secs: float | None = 10.0,
+        prefix: str = "",
+        exists_cache_ttl_secs: float = 30.0,
+        exists_cache_max: int = 65536,
+        io_threads: int = 4,
+        queue_size: int = 64,
+        owns_store: bool = True,
+    ) -> None:
+        self.store = store
+        self.layout = layout
+        self.serde = get_serde(serde)
+        self.save_unfull_chunk = save_unfull_chunk
+        self.blocking_timeout_secs = blocking_timeout_secs if blocking_timeout_secs else None
+        self.prefix = check_prefix(prefix)
+        self._owns_store = owns_store
+        self._exists: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self._exists_ttl = exists_cache_ttl_secs
+        self._exists_max = exists_cache_max
+        self._exists_lock = threading.Lock()
+        self._logged_bad: set[str] = set()
+        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvbucket-remote")
+        self._queue = PutQueue("remote", self._apply, queue_size)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.store!r}, full_chunk_bytes={self.layout.full_chunk_bytes})"
+
+    @property
+    def full_chunk_bytes(self) -> int:
+        return self.layout.full_chunk_bytes
+
+    # ---- interface -----------------------------------------------------------------------
+    def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
+        (err,) = self.batched_put_results([(key, chunk)], blocking=blocking)
+        if err is not None:
+            raise err
+
+    def batched_put_results(
+        self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
+    ) -> list[Exception | None]:
+        results: list[Exception | None] = []
+        ready: list[tuple[int, str, memoryview]] = []
+        for i, (key, chunk) in enumerate(items):
+            try:
+                k = as_key_string(key)
+                view = as_view(chunk)
+                self._check_put_size(k, view.nbytes)
+            except Exception as e:
+                results.append(e)
+                continue
+            results.append(None)
+            ready.append((i, k, view))
+        if not ready:
+            return results
+        if not blocking:
+            for i, k, view in ready:
+                try:
+                    self._queue.submit(k, view)
+                except Exception as e:
+                    results[i] = e
+            return results
+        for _, k, _ in ready:
+            self._queue.cancel(k)  # an older queued put of k must not land after this one
+        errors = self._put_views([(k, v) for _, k, v in ready])
+        for (i, _, _), err in zip(ready, errors, strict=True):
+            results[i] = err
+        return results
+
+    def get(self, key: Key) -> Chunk | None:
+        return self.batched_get([key])[0]
+
+    def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
+        ks = [as_key_string(k) for k in keys]
+        out: list[Chunk | None] = [None] * len(ks)
+        todo: list[int] = []
+        for i, k in enumerate(ks):
+            pending = self._queue.pending(k)
+            if pending is not None:
+                out[i] = pending.toreadonly()
+            else:
+                todo.append(i)
+        if todo:
+            fetched = self._fetch([ks[i] for i in todo])
+            for i, r in zip(todo, fetched, strict=True):
+                out[i] = self._decode(ks[i], r)
+        return out
+
+    def contains(self, key: Key) -> bool:
+        k = as_key_string(key)
+        if self._queue.pending(k) is not None:
+            return True
+        name = self._name(k)
+        if self._cached_size(name) is not None:
+            return True
+        (r,) = self._call(self.store.head_many, "head", [name])
+        if r.error is not None:
+            raise r.error
+        if r.size is None or not self._size_ok(r.size):
+            return False
+        self._cache_size(name, r.size)
+        return True
+
+    def remove(self, key: Key) -> bool:
+        k = as_key_string(key)
+        dropped = self._queue.cancel(k)
+        name = self._name(k)
+        self._invalidate([name])
+        (h,) = self._call(self.store.head_many, "head", [name])
+        (r,) = self._call(self.store.delete_many, "delete", [name])
+        self._invalidate([name])
+        if r.error is not None:
+            raise r.error
+        return dropped or h.size is not None or r.size is not None
+
+    def list(self) -> list[str]:
+        keys: list[str] = []
+        listing_prefix = f"{self.prefix}/" if self.prefix else ""
+        for info in self.store.list(listing_prefix):
+            if not self._size_ok(info.size):
+                continue
+            try:
+                keys.append(name_to_key(info.name, self.prefix))
+            except InvalidKeyError:
+                continue  # an object kvbucket did not write (or nested deeper): not a chunk
+        seen = set(keys)
+        return keys + [k for k in self._queue.pending_keys() if k not in seen]
+
+    def flush(self) -> None:
+        self._queue.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._owns_store:
+            self.store.close()
+
+    # ---- internals -----------------------------------------------------------------------
+    def _name(self, key: str) -> str:
+        return key_to_name(key, self.prefix)
+
+    def _size_ok(self, size: int) -> bool:
+        return self.save_unfull_chunk or size == self.layout.full_chunk_bytes
+
+    def _check_put_size(self, key: str, nbytes: int) -> None:
+        full = self.layout.full_chunk_bytes
+        if not self.save_unfull_chunk and nbytes != full:
+            raise ChunkSizeError(
+                f"chunk {key} is {nbytes} bytes but a full chunk is {full} bytes ({self.layout.describe()}); "
+                "remote tiers refuse partial chunks while save_unfull_chunk is false. Store only full "
+                "chunks, or check that the KV layout (layers, kv heads, head size, dtype, chunk_size) "
+                "matches the model"
+            )
+
+    def _call(self, fn: Callable[..., T], what: str, *args: Any) -> T:
+        """Run a blocking store call, bounded by ``blocking_timeout_secs``."""
+        fut = self._pool.submit(fn, *args)
+        return self._wait(fut, what)
+
+    def _wait(self, fut: Future[T], what: str) -> T:
+        try:
+            return fut.result(timeout=self.blocking_timeout_secs)
+        except FutureTimeout:
+            raise TransientStoreError(
+                f"{what} on {self.store.url} did not finish within blocking_timeout_secs="
+                f"{self.blocking_timeout_secs:g}s; nothing of this call is counted as stored. Check the "
+                "store's reachability, or raise blocking_timeout_secs"
+            ) from None
+
+    def _apply(self, key: str, view: memoryview) -> None:
+        (err,) = self._put_views([(key, view)])
+        if err is not None:
+            raise err
+
+    def _put_views(self, items: list[tuple[str, memoryview]]) -> list[Exception | None]:
+        names = [self._name(k) for k, _ in items]
+        payloads = [self.serde.serialize(v) for _, v in items]
+        self._invalidate(names)
+        try:
+            results = self._call(self.store.put_many, "put", list(zip(names, payloads, strict=True)))
+        except StoreError as e:
+            self._invalidate(names)
+            return [e] * len(items)
+        errors: list[Exception | None] = []
+        for name, payload, r in zip(names, payloads, results, strict=True):
+            if r.error is not None:
+                errors.append(r.error)
+                continue
+            self._cache_size(name, memoryview(payload).nbytes)
+            errors.append(None)
+        return errors
+
+    def _fetch(self, keys: list[str]) -> list[ItemResult]:
+        names = [self._name(k) for k in keys]
+        return self._call(self._get_raw, "get", names)
+
+    def _get_raw(self, names: list[str]) -> list[ItemResult]:
+        if self.save_unfull_chunk or not self.serde.size_preserving:
+            return self.store.get_many(names)
+        full = self.layout.full_chunk_bytes
+        # Exactly-full-size buffers: a wrong-sized object fails with SizeMismatchError per item
+        # and is never copied. np.empty does not touch the pages until the store writes them.
+        return self.store.get_many(names, [np.empty(full, dtype=np.uint8) for _ in names])
+
+    def _decode(self, key: str, r: ItemResult) -> Chunk | None:
+        if r.error is not None:
+            if isinstance(r.error, SizeMismatchError):
+                self._log_bad(key, str(r.error))
+            else:
+                log.warning("get of %s from %s failed: %s", key, self.store.url, r.error)
+            return None
+        if r.size is None or r.data is None:
+            return None
+        if not self._size_ok(r.size):
+            self._log_bad(key, f"stored object is {r.size} bytes, not the full chunk size")
+            return None
+        data = memoryview(r.data)
+        chunk = self.serde.deserialize(data.cast("B") if data.format != "B" or data.ndim != 1 else data)
+        view = as_view(chunk)
+        if not self.save_unfull_chunk and view.nbytes != self.layout.full_chunk_bytes:
+            self._log_bad(key, f"deserialized chunk is {view.nbytes} bytes, not the full chunk size")
+            return None
+        return view.toreadonly()
+
+    def _log_bad(self, key: str, why: str) -> None:
+        if key in self._logged_bad:
+            return
+        if len(self._logged_bad) > 10000:
+            self._logged_bad.clear()
+        self._logged_bad.add(key)
+        log.warning(
+            "refusing %s from %s: %s (a full chunk is %d bytes); treated as a miss",
+            key, self.store.url, why, self.layout.full_chunk_bytes,
+        )
+
+    def _cached_size(self, name: str) -> int | None:
+        with self._exists_lock:
+            entry = self._exists.get(name)
+            if entry is None:
+                return None
+            if time.monotonic() - entry[1] > self._exists_ttl:
+                del self._exists[name]
+                return None
+            return entry[0]
+
+    def _cache_size(self, name: str, size: int) -> None:
+        if not self._size_ok(size):
+            return
+        with self._exists_lock:
+            self._exists[name] = (size, time.monotonic())
+            self._exists.move_to_end(name)
+            while len(self._exists) > self._exists_max:
+                self._exists.popitem(last=False)
+
+    def _invalidate(self, names: Iterable[str]) -> None:
+        with self._exists_lock:
+            for n in names:
+                self._exists.pop(n, None)
+
+
+class PipelinedRemoteBackend(RemoteBackend):
+    """RemoteBackend whose ``batched_get`` overlaps fetching and deserializing.
+
+    Keys are fetched in sub-batches of ``pipeline_batch`` on ``io_threads`` network threads,
+    at most ``max_inflight`` sub-batches ahead of the consumer (a bounded queue), while a
+    separate deserialize thread validates and decodes sub-batches that already arrived.
+    Results come back in input order.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        layout: KVLayout,
+        *,
+        pipeline_batch: int = 4,
+        max_inflight: int = 8,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(store, layout, **kwargs)
+        if pipeline_batch <= 0 or max_inflight <= 0:
+            raise ValueError("pipeline_batch and max_inflight must be positive")
+        self.pipeline_batch = pipeline_batch
+        self.max_inflight = max_inflight
+        self._deser = ThreadPoolExecutor(1, thread_name_prefix="kvbucket-deserialize")
+
+    def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
+        ks = [as_key_string(k) for k in keys]
+        if len(ks) <= self.pipeline_batch:
+            return super().batched_get(ks)
+        out: list[Chunk | None] = [None] * len(ks)
+        todo = []
+        for i, k in enumerate(ks):
+            pending = self._queue.pending(k)
+            if pending is not None:
+                out[i] = pending.toreadonly()
+            else:
+                todo.append(i)
+        groups = [todo[j : j + self.pipeline_batch] for j in range(0, len(todo), self.pipeline_batch)]
+        net: dict[int, Future[list[ItemResult]]] = {}
+        decoded: list[Future[list[Chunk | None]]] = []
+
+        def submit(g: int) -> None:
+            if g < len(groups):
+                net[g] = self._pool.submit(self._get_raw, [self._name(ks[i]) for i in groups[g]])
+
+        def decode(g: int, results: list[ItemResult]) -> list[Chunk | None]:
+            return [self._decode(ks[i], r) for i, r in zip(groups[g], results, strict=True)]
+
+        try:
+            for g in range(min(self.max_inflight, len(groups))):
+                submit(g)
+            for g in range(len(groups)):
+                results = self._wait(net.pop(g), "get")
+                submit(g + self.max_inflight)
+                decoded.append(self._deser.submit(decode, g, results))
+            for g, fut in enumerate(decoded):
+                for i, chunk in zip(groups[g], fut.result(), strict=True):
+                    out[i] = chunk
+        finally:
+            for fut in net.values():
+                fut.cancel()
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        super().close()
+        self._deser.shutdown(wait=True)

@@ -1,0 +1,326 @@
+"""Typed configuration: the LMCache-style engine config (seeds 001 and 004).
+
+``EngineConfig`` takes the same keys as LMCache's YAML files, so an LMCache user's file works
+as it is. It is loaded from YAML or JSON and overridden by ``KVBUCKET_<KEY>`` environment
+variables (``KVBUCKET_CHUNK_SIZE=512``, ``KVBUCKET_EXTRA_CONFIG='{"s3_region": "us-east-1"}'``).
+Every mistake is a :class:`ConfigError` naming the key, where it came from, and the fix.
+
+Booleans are lenient the way LMCache's are (``true/false``, ``yes/no``, ``on/off``, ``1/0``, any
+case), because LMCache users' YAML files and environment variables spell them that way; any
+other value is an error, never silently false.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kvbucket.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvbucket.backends.base import StorageBackend
+    from kvbucket.chunks import KVLayout
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "KVBUCKET_"
+CONFIG_FILE_ENV = "KVBUCKET_CONFIG_FILE"
+GB = 1024**3
+_SECRET_HINTS = ("secret", "token", "password", "credential", "access_key")
+
+
+def _looks_secret(key: str) -> bool:
+    k = key.lower()
+    return any(h in k for h in _SECRET_HINTS) and not k.endswith("_env")
+
+
+class EngineConfig(BaseModel):
+    """The storage-backend stack: local CPU -> local disk -> remote store(s)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    chunk_size: int = Field(256, gt=0, description="tokens per KV chunk")
+    local_cpu: bool = Field(True, description="keep a CPU-memory tier")
+    max_local_cpu_size: float = Field(5.0, ge=0, description="CPU tier size in GB (GiB, as LMCache)")
+    local_disk: str | None = Field(None, description="directory (path or file:// URL) of the disk tier")
+    max_local_disk_size: float = Field(0.0, ge=0, description="disk tier size in GB (GiB)")
+    remote_url: str | None = Field(None, description="remote store URL: file://, hf://buckets/..., s3://...")
+    remote_serde: str = Field("naive", description="how chunks are serialized for remote tiers")
+    save_unfull_chunk: bool = Field(False, description="let remote tiers keep partial chunks")
+    blocking_timeout_secs: float = Field(10.0, gt=0, description="bound on each blocking remote call")
+    enable_async_loading: bool = Field(False, description="overlap remote fetch and decode (pipelined)")
+    remote_storage_plugins: list[str] = Field(default_factory=list, description="type[.instance] names")
+    extra_config: dict[str, Any] = Field(default_factory=dict, description="store and plugin options")
+
+    # ---- validation --------------------------------------------------------------------------
+    @field_validator("local_disk", "remote_url", mode="before")
+    @classmethod
+    def _blank_is_none(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() in ("", "none", "null"):
+            return None
+        return v
+
+    @field_validator("local_disk")
+    @classmethod
+    def _disk_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if "://" in v and not v.startswith("file://"):
+            raise ValueError(f"must be a directory path or a file:// URL, not {v!r}")
+        path = v.removeprefix("file://")
+        if not path:
+            raise ValueError("file:// names no directory; use file:///absolute/dir or a path")
+        return str(Path(path).expanduser())
+
+    @field_validator("remote_serde")
+    @classmethod
+    def _serde_known(cls, v: str) -> str:
+        from kvbucket.chunks import get_serde
+
+        get_serde(v)
+        return v
+
+    @field_validator("remote_storage_plugins", mode="before")
+    @classmethod
+    def _plugins_list(cls, v: Any) -> Any:
+        if isinstance(v, str):  # a single name, or "a,b" from an env var
+            return [p.strip() for p in v.split(",") if p.strip()]
+        return v
+
+    @field_validator("remote_storage_plugins")
+    @classmethod
+    def _plugins_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not name or name.startswith(".") or name.endswith(".") or ".." in name:
+                raise ValueError(
+                    f"{name!r} is not a plugin name; use 'type' or 'type.instance' (e.g. 'hfbucket.us')"
+                )
+        dupes = sorted({n for n in v if v.count(n) > 1})
+        if dupes:
+            raise ValueError(f"lists {', '.join(dupes)} more than once")
+        return v
+
+    @field_validator("extra_config", mode="before")
+    @classmethod
+    def _extra_none(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+    @field_validator("extra_config")
+    @classmethod
+    def _extra_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for k in v:
+            if not isinstance(k, str) or not k:
+                raise ValueError(f"keys must be non-empty strings, got {k!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _sizes(self) -> EngineConfig:
+        if self.local_disk is not None and self.max_local_disk_size <= 0:
+            raise ValueError(
+                "local_disk is set but max_local_disk_size is 0 GB; set max_local_disk_size to the disk "
+                "tier's size in GB (e.g. 20), or remove local_disk"
+            )
+        if self.local_cpu and self.max_local_cpu_size <= 0:
+            raise ValueError(
+                "local_cpu is true but max_local_cpu_size is 0 GB; set it (e.g. 5) or set local_cpu: false"
+            )
+        return self
+
+    # ---- display without secrets ---------------------------------------------------------------
+    def redacted(self) -> dict[str, Any]:
+        """The config as a dict with secret-looking extra_config values replaced by ``***``."""
+        d = self.model_dump()
+        d["extra_config"] = {k: ("***" if _looks_secret(k) else val) for k, val in self.extra_config.items()}
+        return d
+
+    def __repr_args__(self) -> Any:
+        yield from self.redacted().items()
+
+    # ---- sizes -----------------------------------------------------------------------------------
+    @property
+    def local_cpu_bytes(self) -> int:
+        return int(self.max_local_cpu_size * GB)
+
+    @property
+    def local_disk_bytes(self) -> int:
+        return int(self.max_local_disk_size * GB)
+
+    # ---- loading -----------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> EngineConfig:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: the engine config must be a mapping of keys to values, got "
+                              f"{type(data).__name__}")
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as e:
+            raise _config_error(e, source, env=False) from None
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> EngineConfig:
+        return cls.from_dict(read_config_file(path), source=str(path))
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML (or JSON, by ``.json`` suffix) mapping; an empty file is an empty mapping."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {str(p)!r}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                          f"{e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values, not a "
+                          f"{type(data).__name__}")
+    return data
+
+
+def env_overrides(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``KVBUCKET_<KEY>`` variables that name engine config keys, parsed."""
+    env = os.environ if env is None else env
+    fields = EngineConfig.model_fields
+    out: dict[str, Any] = {}
+    for var, raw in env.items():
+        if not var.startswith(ENV_PREFIX) or var == CONFIG_FILE_ENV:
+            continue
+        key = var[len(ENV_PREFIX) :].lower()
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.85)
+            if close:
+                log.warning("ignoring %s: not an engine config key; did you mean %s%s?", var, ENV_PREFIX,
+                            close[0].upper())
+            continue
+        if key == "extra_config" or (key == "remote_storage_plugins" and raw.strip().startswith("[")):
+            try:
+                out[key] = json.loads(raw) if raw.strip() else None
+            except json.JSONDecodeError as e:
+                raise ConfigError(
+                    f"{var} must be JSON (e.g. {var}='{{\"s3_region\": \"us-east-1\"}}'): {e}"
+                ) from None
+        else:
+            out[key] = raw
+    return out
+
+
+def load_engine_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> EngineConfig:
+    """File (``path`` or ``$KVBUCKET_CONFIG_FILE``, optional) < ``KVBUCKET_*`` env < ``overrides``.
+
+    ``KVBUCKET_EXTRA_CONFIG`` is merged key by key into the file's ``extra_config``.
+    """
+    env = os.environ if env is None else env
+    path = path if path is not None else env.get(CONFIG_FILE_ENV) or None
+    data: dict[str, Any] = read_config_file(path) if path is not None else {}
+    source = str(path) if path is not None else "defaults"
+    from_env = env_overrides(env)
+    if isinstance(from_env.get("extra_config"), dict) and isinstance(data.get("extra_config"), dict):
+        from_env["extra_config"] = {**data["extra_config"], **from_env["extra_config"]}
+    merged = {**data, **from_env, **dict(overrides or {})}
+    try:
+        return EngineConfig.model_validate(merged)
+    except ValidationError as e:
+        raise _config_error(e, source, env=bool(from_env), env_keys=set(from_env)) from None
+
+
+_FIX_HINTS = {
+    "bool_parsing": "; use true or false (yes/no, on/off and 1/0 are accepted too)",
+    "bool_type": "; use true or false",
+    "int_parsing": "; use a whole number",
+    "int_from_float": "; use a whole number",
+    "float_parsing": "; use a number",
+    "list_type": "; use a list, e.g. [\"hfbucket\"]",
+    "dict_type": "; use a mapping of option names to values",
+    "string_type": "; use a string",
+}
+
+
+def _config_error(
+    e: ValidationError, source: str, *, env: bool, env_keys: set[str] | None = None
+) -> ConfigError:
+    fields = list(EngineConfig.model_fields)
+    lines = []
+    for err in e.errors():
+        loc = [str(x) for x in err["loc"]]
+        key = loc[0] if loc else ""
+        origin = f"{ENV_PREFIX}{key.upper()}" if env_keys and key in env_keys else source
+        if err["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            lines.append(f"unknown config key {key!r} ({origin}): {hint}known keys: {', '.join(fields)}")
+            continue
+        msg = err["msg"].removeprefix("Value error, ") + _FIX_HINTS.get(err["type"], "")
+        if not key:  # a model-level check
+            lines.append(f"{msg} ({origin})")
+            continue
+        shown = "" if key == "extra_config" or _looks_secret(".".join(loc)) else f", got {err.get('input')!r}"
+        field = EngineConfig.model_fields.get(key)
+        what = f" ({field.description})" if field is not None and field.description else ""
+        lines.append(f"config key {'.'.join(loc)!r}{what} ({origin}): {msg}{shown}")
+    return ConfigError("invalid kvbucket engine config:\n  " + "\n  ".join(lines))
+
+
+def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
+    """The backend stack a config describes: local_cpu -> local_disk -> remote(s).
+
+    One tier is returned as itself; several become a :class:`HybridBackend` (write-through,
+    read-through with promotion). ``enable_async_loading`` selects the pipelined remote backend.
+    """
+    from kvbucket.backends.hybrid import HybridBackend
+    from kvbucket.backends.local_cpu import LocalCPUBackend
+    from kvbucket.backends.local_disk import LocalDiskBackend
+    from kvbucket.backends.plugins import open_remote_stores
+    from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
+
+    if layout.chunk_tokens != config.chunk_size:
+        raise ConfigError(
+            f"the KV layout has {layout.chunk_tokens} tokens per chunk but chunk_size is "
+            f"{config.chunk_size}; "
+            f"build the layout with chunk_tokens={config.chunk_size} (layout.with_chunk_tokens(...)) or fix "
+            "chunk_size"
+        )
+    tiers: list[StorageBackend] = []
+    try:
+        if config.local_cpu:
+            tiers.append(LocalCPUBackend(config.local_cpu_bytes))
+        if config.local_disk is not None:
+            tiers.append(LocalDiskBackend(config.local_disk, config.local_disk_bytes))
+        remote_cls = PipelinedRemoteBackend if config.enable_async_loading else RemoteBackend
+        for _, store in open_remote_stores(config):
+            tiers.append(remote_cls(
+                store,
+                layout,
+                serde=config.remote_serde,
+                save_unfull_chunk=config.save_unfull_chunk,
+                blocking_timeout_secs=config.blocking_timeout_secs,
+            ))
+    except BaseException:
+        for t in tiers:
+            t.close()
+        raise
+    if not tiers:
+        raise ConfigError(
+            "the config stores nothing: set local_cpu: true, local_disk (+ max_local_disk_size), remote_url "
+            "or remote_storage_plugins"
+        )
+    return tiers[0] if len(tiers) == 1 else HybridBackend(tiers)
+
+
+__all__ = ["EngineConfig", "build_backend", "env_overrides", "load_engine_config", "read_config_file"]
