@@ -6,4 +6,6 @@ here, one line each.
 
 from __future__ import annotations
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = [
+    "kvbucket.testing.hub_fixtures",
+]

@@ -13,6 +13,7 @@ COMMAND_MODULES: list[str] = [
     "kvbucket.cli.version_cmd",
     "kvbucket.cli.stats_cmd",
     "kvbucket.cli.store_cmd",
+    "kvbucket.cli.emulator_cmd",
 ]
 
 app = typer.Typer(

@@ -1,0 +1,56 @@
+"""``kvbucket emulator serve``: run the local Hugging Face Storage Buckets server in the foreground."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import typer
+
+from kvbucket.errors import ConfigError
+
+TOKENS_ENV = "KVBUCKET_EMULATOR_TOKENS"
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="A local Hugging Face Storage Buckets server (Hub REST + Xet CAS).")
+    app.add_typer(group, name="emulator")
+
+    @group.command("serve")
+    def serve(
+        data_dir: Path = typer.Option(..., "--data-dir", help="Where buckets, files and xorbs are kept."),
+        host: str = typer.Option("127.0.0.1", help="Interface to listen on (loopback by default)."),
+        port: int = typer.Option(0, help="Port; 0 picks a free one."),
+        token: list[str] = typer.Option(
+            [],
+            "--token",
+            help="NAME=SECRET:read|write (repeatable). None = an open server. Also read from "
+            f"${TOKENS_ENV} (space-separated), which keeps secrets out of the process list.",
+        ),
+        xet_token_ttl: int = typer.Option(3600, help="Lifetime of issued Xet tokens, in seconds."),
+    ) -> None:
+        """Serve until interrupted; prints the HF_ENDPOINT to use (never the tokens)."""
+        from kvbucket.testing.hub_emulator import HubEmulator, TokenSpec
+
+        specs_text = list(token) + os.environ.get(TOKENS_ENV, "").split()
+        try:
+            specs = [TokenSpec.parse(t) for t in specs_text]
+        except ConfigError as e:
+            raise typer.BadParameter(str(e), param_hint="--token") from None
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            typer.secho(f"warning: listening on {host}, not only on loopback", fg="yellow", err=True)
+        emu = HubEmulator(data_dir, specs, host=host, port=port, xet_token_ttl_s=xet_token_ttl)
+        emu.start()
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        users = ", ".join(f"{s.name} ({s.scope})" for s in specs) or "none: open server"
+        typer.echo(f"HF_ENDPOINT={emu.endpoint}")
+        typer.echo(f"data dir: {emu.data_dir}  tokens: {users}", err=True)
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            emu.close()

@@ -1,0 +1,102 @@
+"""Per-route fault injection, so clients' retry and partial-failure paths are tested for real.
+
+A rule matches a route name (see ``ROUTES``) and, when it fires, adds latency, answers with an
+error status, drops the connection part-way through the response body, or fails one line of a
+batch request. Rules are plain data (JSON over ``/_emulator/faults``), so a server running in a
+subprocess is driven the same way as one in a thread.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ROUTES = (
+    "create_bucket", "bucket_info", "list_buckets", "delete_bucket", "bucket_settings", "tree",
+    "paths_info", "batch", "xet_token", "resolve", "whoami", "xorb_upload", "xorb_grant",
+    "shard_upload", "reconstruction", "fetch", "dedup", "telemetry", "file_chunk_hashes",
+)  # fmt: skip
+
+
+@dataclass
+class FaultRule:
+    """One fault. ``route`` is a name from ``ROUTES`` or ``"*"``.
+
+    Firing: every matching request with probability ``probability`` (seeded, reproducible),
+    or only the ``nth`` matching request (1-based) when given; at most ``times`` firings.
+    Effects (any combination): ``latency_s`` delay, ``status`` error reply, ``drop`` the
+    connection mid-body, ``fail_batch_line`` (1-based) fails that line of a batch.
+    """
+
+    route: str
+    status: int | None = None
+    probability: float = 1.0
+    nth: int | None = None
+    times: int | None = None
+    latency_s: float = 0.0
+    drop: bool = False
+    fail_batch_line: int | None = None
+    seen: int = 0
+    fired: int = 0
+
+    def __post_init__(self) -> None:
+        if self.route != "*" and self.route not in ROUTES:
+            raise ValueError(f"unknown route {self.route!r}; known routes: {', '.join(ROUTES)}")
+        if self.status is not None and not 400 <= self.status <= 599:
+            raise ValueError(f"fault status must be a 4xx or 5xx code, not {self.status}")
+        if not 0.0 <= self.probability <= 1.0:
+            raise ValueError("fault probability must be between 0 and 1")
+
+
+@dataclass
+class Fault:
+    """What to do to one request (the union of the rules that fired)."""
+
+    status: int | None = None
+    latency_s: float = 0.0
+    drop: bool = False
+    fail_batch_lines: set[int] = field(default_factory=set)
+
+
+class FaultPlan:
+    def __init__(self, seed: int = 0) -> None:
+        self._rules: list[FaultRule] = []
+        self._lock = threading.Lock()
+        self._rng = random.Random(seed)
+
+    def add(self, rule: FaultRule) -> None:
+        with self._lock:
+            self._rules.append(rule)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._rules.clear()
+
+    def describe(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [asdict(r) for r in self._rules]
+
+    def check(self, route: str) -> Fault | None:
+        with self._lock:
+            if not self._rules:
+                return None
+            out: Fault | None = None
+            for r in self._rules:
+                if r.route not in ("*", route):
+                    continue
+                r.seen += 1
+                if r.times is not None and r.fired >= r.times:
+                    continue
+                hit = r.seen == r.nth if r.nth is not None else self._rng.random() < r.probability
+                if not hit:
+                    continue
+                r.fired += 1
+                out = out or Fault()
+                out.latency_s += r.latency_s
+                out.status = r.status if r.status is not None else out.status
+                out.drop = out.drop or r.drop
+                if r.fail_batch_line is not None:
+                    out.fail_batch_lines.add(r.fail_batch_line)
+            return out

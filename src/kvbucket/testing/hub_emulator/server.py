@@ -1,0 +1,335 @@
+"""Run the emulator: in a background thread (tests), in a subprocess (benchmarks), or in the foreground.
+
+The thread mode is what the pytest fixture uses: no process to leak, and nothing to wait for.
+The subprocess mode gives the server its own CPU accounting (benchmarks compare it with the
+client's) and its own GIL. Configuration, including tokens, reaches a subprocess on stdin so
+secrets never show up in ``ps``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from kvbucket.errors import ConfigError
+
+from .app import Emulator, build_app
+from .auth import Auth, TokenSpec
+from .faults import FaultPlan, FaultRule
+from .state import State
+
+log = logging.getLogger("kvbucket.emulator")
+
+
+@dataclass
+class ServerConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    tokens: list[TokenSpec] = field(default_factory=list)
+    xet_token_ttl_s: int = 3600
+    admin_key: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    fault_seed: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "data_dir": str(self.data_dir), "host": self.host, "port": self.port,
+                "tokens": [[t.name, t.secret.get_secret_value(), t.scope] for t in self.tokens],
+                "xet_token_ttl_s": self.xet_token_ttl_s, "admin_key": self.admin_key,
+                "fault_seed": self.fault_seed,
+            }
+        )  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> ServerConfig:
+        d = json.loads(text)
+        return cls(
+            data_dir=Path(d["data_dir"]),
+            host=d["host"],
+            port=int(d["port"]),
+            tokens=[TokenSpec.parse(f"{n}={s}:{sc}") for n, s, sc in d["tokens"]],
+            xet_token_ttl_s=int(d["xet_token_ttl_s"]),
+            admin_key=d["admin_key"],
+            fault_seed=int(d["fault_seed"]),
+        )
+
+
+class ThreadServer:
+    """The emulator on an asyncio loop in a daemon thread of this process."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._emu: Emulator | None = None
+        self._state: State | None = None
+
+    def start(self) -> None:
+        ready = threading.Event()
+        error: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._start_async())
+            except BaseException as e:
+                error.append(e)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._stop_async())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="kvbucket-hub-emulator", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if error:
+            self._thread.join()
+            raise error[0]
+
+    async def _start_async(self) -> None:
+        cfg = self.config
+        self._state = State(cfg.data_dir)
+        auth = Auth(cfg.tokens, cfg.xet_token_ttl_s, Auth.load_key(cfg.data_dir))
+        self._emu = Emulator(self._state, auth, FaultPlan(cfg.fault_seed), cfg.admin_key)
+        self._runner = web.AppRunner(build_app(self._emu), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.host, cfg.port, reuse_address=True)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets  # type: ignore[union-attr]
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _stop_async(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._emu is not None:
+            self._emu.close()
+        if self._state is not None:
+            self._state.close()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        self._thread = None
+        self._loop = None
+
+
+class SubprocessServer:
+    """The emulator in a child Python process (``python -m kvbucket.testing.hub_emulator.server``)."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.port: int | None = None
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[3])
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvbucket.testing.hub_emulator.server"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(self.config.to_json() + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY "):
+            self.stop()
+            raise RuntimeError(f"the emulator subprocess did not start (said {line.strip()!r})")
+        self.port = int(line.split()[1])
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self.proc = None
+
+
+class FaultControl:
+    """Add and reset fault rules on a running emulator (thread or subprocess alike)."""
+
+    def __init__(self, endpoint: str, admin_key: str) -> None:
+        self._url = f"{endpoint}/_emulator/faults"
+        self._key = admin_key
+
+    def _call(self, method: str, body: Any = None) -> list[dict[str, Any]]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self._url, data=data, method=method)
+        req.add_header("X-Emulator-Admin", self._key)
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    def add(self, route: str, **kwargs: Any) -> None:
+        """Add a rule; see ``FaultRule`` for the fields (status, probability, nth, times, ...)."""
+        FaultRule(route=route, **kwargs)  # validate here so the caller sees a clear ValueError
+        self._call("POST", {"route": route, **kwargs})
+
+    def rules(self) -> list[dict[str, Any]]:
+        """The active rules with how often each matched (``seen``) and fired (``fired``)."""
+        return self._call("GET")
+
+    def reset(self) -> None:
+        self._call("DELETE")
+
+
+class HubEmulator:
+    """A local Hugging Face Storage Buckets server, as a context manager.
+
+    ``with HubEmulator(tokens={"me": ("secret", "write")}) as emu: HfApi(endpoint=emu.endpoint, ...)``.
+    Without ``data_dir`` a temporary one is made and removed at exit. ``port=0`` picks a free port.
+    ``subprocess=True`` runs the server in a child process (own CPU time and GIL).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        tokens: dict[str, tuple[str, str]] | list[TokenSpec] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        subprocess: bool = False,
+        xet_token_ttl_s: int = 3600,
+        fault_seed: int = 0,
+    ) -> None:
+        if isinstance(tokens, dict):
+            specs = [TokenSpec.parse(f"{n}={s}:{scope}") for n, (s, scope) in tokens.items()]
+        else:
+            specs = list(tokens or [])
+        self._tmp: str | None = None
+        if data_dir is None:
+            self._tmp = tempfile.mkdtemp(prefix="kvbucket-hub-")
+            data_dir = self._tmp
+        if xet_token_ttl_s <= 0:
+            raise ConfigError("xet_token_ttl_s must be positive")
+        self.config = ServerConfig(Path(data_dir), host, port, specs, xet_token_ttl_s, fault_seed=fault_seed)
+        self.use_subprocess = subprocess
+        self._server: ThreadServer | SubprocessServer | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        return self.config.data_dir
+
+    @property
+    def port(self) -> int:
+        if self._server is None or self._server.port is None:
+            raise RuntimeError("the emulator is not running")
+        return self._server.port
+
+    @property
+    def endpoint(self) -> str:
+        """The value for ``HF_ENDPOINT`` / ``HfApi(endpoint=...)``."""
+        host = self.config.host if self.config.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def faults(self) -> FaultControl:
+        return FaultControl(self.endpoint, self.config.admin_key)
+
+    @property
+    def pid(self) -> int:
+        if isinstance(self._server, SubprocessServer) and self._server.proc is not None:
+            return self._server.proc.pid
+        return os.getpid()
+
+    def stats(self) -> dict[str, Any]:
+        """Request counts and bytes per route, plus the server's CPU time (see docs/emulator.md)."""
+        with urllib.request.urlopen(f"{self.endpoint}/_emulator/stats", timeout=30) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    def start(self) -> HubEmulator:
+        if self._server is not None:
+            raise RuntimeError("the emulator is already running")
+        server = SubprocessServer(self.config) if self.use_subprocess else ThreadServer(self.config)
+        server.start()
+        self._server = server
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def restart(self, *, same_port: bool = True) -> None:
+        """Stop and start again on the same data dir (and, by default, the same port)."""
+        port = self.port
+        self.stop()
+        if same_port:
+            self.config.port = port
+        try:
+            self.start()
+        finally:
+            self.config.port = port if same_port else self.config.port
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> HubEmulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = f"endpoint={self.endpoint}" if self._server is not None else "stopped"
+        return f"HubEmulator({state}, data_dir={str(self.data_dir)!r}, tokens={len(self.config.tokens)})"
+
+
+def _child_main() -> None:
+    """Entry point of the subprocess mode: config on stdin, ``READY <port>`` on stdout."""
+    config = ServerConfig.from_json(sys.stdin.readline())
+    server = ThreadServer(config)
+    server.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(f"READY {server.port}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    server.stop()
+
+
+if __name__ == "__main__":
+    _child_main()

@@ -1,0 +1,292 @@
+"""Persistent emulator state: buckets, files, file reconstructions and xorbs under one data dir.
+
+Metadata lives in SQLite (atomic commits, durable across crashes and restarts); xorb bodies are
+plain files written to a temp name, fsynced, then ``os.replace``d, so a crash never leaves a
+half-written xorb under its final name. Xorb files are served to clients as byte ranges as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import sqlite3
+import struct
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .xet import EMPTY_FILE_HASH_HEX, FileRecord, Segment, XorbIndex
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS buckets (
+    id TEXT PRIMARY KEY, private INTEGER NOT NULL, created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS files (
+    bucket TEXT NOT NULL, path TEXT NOT NULL, xet_hash TEXT NOT NULL, size INTEGER NOT NULL,
+    mtime INTEGER NOT NULL, uploaded_at TEXT NOT NULL, content_type TEXT,
+    PRIMARY KEY (bucket, path)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS files_by_hash ON files (xet_hash, bucket);
+CREATE TABLE IF NOT EXISTS xorbs (
+    hash TEXT PRIMARY KEY, offsets BLOB NOT NULL, lens BLOB NOT NULL, chunk_hashes BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS reconstructions (
+    file_hash TEXT PRIMARY KEY, size INTEGER NOT NULL, segments TEXT NOT NULL
+) WITHOUT ROWID;
+"""
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def ms_to_iso(ms: int) -> str:
+    when = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class BucketRow:
+    id: str
+    private: bool
+    created_at: str
+
+
+@dataclass(frozen=True)
+class FileRow:
+    path: str
+    xet_hash: str
+    size: int
+    mtime: int
+    uploaded_at: str
+    content_type: str | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "type": "file",
+            "path": self.path,
+            "size": self.size,
+            "xetHash": self.xet_hash,
+            "mtime": ms_to_iso(self.mtime),
+            "uploadedAt": self.uploaded_at,
+        }
+
+
+def _pack(values: Iterable[int]) -> bytes:
+    vals = list(values)
+    return struct.pack(f"<{len(vals)}Q", *vals)
+
+
+def _unpack(blob: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(blob) // 8}Q", blob))
+
+
+class State:
+    """All of the emulator's durable data. Thread-safe (one lock around the SQLite connection)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(data_dir)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.xorb_dir = self.root / "xorbs"
+        self.xorb_dir.mkdir(exist_ok=True, mode=0o700)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.root / "index.sqlite3", check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self._xorb_cache: dict[str, XorbIndex] = {}
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Apply many small writes (a batch request) in one commit: one fsync, not one per line."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                yield
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- buckets ---------------------------------------------------------------------------
+    def create_bucket(self, bucket_id: str, private: bool) -> bool:
+        """Create; False if it already existed (state unchanged)."""
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO buckets (id, private, created_at) VALUES (?, ?, ?)",
+                (bucket_id, int(private), now_iso()),
+            )
+            return cur.rowcount == 1
+
+    def get_bucket(self, bucket_id: str) -> BucketRow | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, private, created_at FROM buckets WHERE id = ?", (bucket_id,)
+            ).fetchone()
+        return BucketRow(row[0], bool(row[1]), row[2]) if row else None
+
+    def list_buckets(self, namespace: str) -> list[BucketRow]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, private, created_at FROM buckets WHERE id >= ? AND id < ? ORDER BY id",
+                (namespace + "/", namespace + "0"),
+            ).fetchall()
+        return [BucketRow(r[0], bool(r[1]), r[2]) for r in rows]
+
+    def bucket_usage(self, bucket_id: str) -> tuple[int, int]:
+        with self._lock:
+            n, size = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM files WHERE bucket = ?", (bucket_id,)
+            ).fetchone()
+        return int(n), int(size)
+
+    def set_private(self, bucket_id: str, private: bool) -> None:
+        with self._lock:
+            self._db.execute("UPDATE buckets SET private = ? WHERE id = ?", (int(private), bucket_id))
+
+    def delete_bucket(self, bucket_id: str) -> None:
+        """Drop the bucket and its file entries (xorbs stay: they may be shared, as on the Hub)."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM files WHERE bucket = ?", (bucket_id,))
+            self._db.execute("DELETE FROM buckets WHERE id = ?", (bucket_id,))
+            self._db.execute("COMMIT")
+
+    # -- files -----------------------------------------------------------------------------
+    def _file_row(self, r: tuple) -> FileRow:  # type: ignore[type-arg]
+        return FileRow(r[0], r[1], int(r[2]), int(r[3]), r[4], r[5])
+
+    _FILE_COLS = "path, xet_hash, size, mtime, uploaded_at, content_type"
+
+    def get_files(self, bucket_id: str, paths: list[str]) -> list[FileRow]:
+        out: list[FileRow] = []
+        with self._lock:
+            for i in range(0, len(paths), 500):
+                part = paths[i : i + 500]
+                marks = ",".join("?" * len(part))
+                rows = self._db.execute(
+                    f"SELECT {self._FILE_COLS} FROM files WHERE bucket = ? AND path IN ({marks})",
+                    (bucket_id, *part),
+                ).fetchall()
+                out.extend(self._file_row(r) for r in rows)
+        order = {p: i for i, p in enumerate(paths)}
+        out.sort(key=lambda f: order[f.path])
+        return out
+
+    def iter_files(self, bucket_id: str, prefix: str, after: str | None = None) -> Iterator[FileRow]:
+        """Files whose path starts with ``prefix`` (lexically, as the Hub does), in path order."""
+        lo = prefix if after is None or after < prefix else after
+        op = ">=" if after is None or after < prefix else ">"
+        batch = 1000
+        while True:
+            with self._lock:
+                rows = self._db.execute(
+                    f"SELECT {self._FILE_COLS} FROM files WHERE bucket = ? AND path {op} ? "
+                    "ORDER BY path LIMIT ?",
+                    (bucket_id, lo, batch),
+                ).fetchall()
+            for r in rows:
+                if not r[0].startswith(prefix):
+                    return
+                yield self._file_row(r)
+            if len(rows) < batch:
+                return
+            lo, op = rows[-1][0], ">"
+
+    def put_file(self, bucket_id: str, row: FileRow) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO files (bucket, path, xet_hash, size, mtime, uploaded_at,"
+                " content_type) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (bucket_id, row.path, row.xet_hash, row.size, row.mtime, row.uploaded_at, row.content_type),
+            )
+
+    def delete_file(self, bucket_id: str, path: str) -> bool:
+        with self._lock:
+            cur = self._db.execute("DELETE FROM files WHERE bucket = ? AND path = ?", (bucket_id, path))
+            return cur.rowcount == 1
+
+    def bucket_has_hash(self, bucket_id: str, xet_hash: str) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM files WHERE xet_hash = ? AND bucket = ? LIMIT 1", (xet_hash, bucket_id)
+            ).fetchone()
+        return row is not None
+
+    # -- reconstructions -------------------------------------------------------------------
+    def put_reconstructions(self, records: list[FileRecord]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN")
+            for rec in records:
+                segs = [[s.xorb_hex, s.unpacked_bytes, s.chunk_start, s.chunk_end] for s in rec.segments]
+                self._db.execute(
+                    "INSERT OR REPLACE INTO reconstructions (file_hash, size, segments) VALUES (?, ?, ?)",
+                    (rec.hash_hex, rec.size, json.dumps(segs)),
+                )
+            self._db.execute("COMMIT")
+
+    def get_reconstruction(self, file_hash: str) -> FileRecord | None:
+        if file_hash == EMPTY_FILE_HASH_HEX:
+            return FileRecord(file_hash, [])
+        with self._lock:
+            row = self._db.execute(
+                "SELECT segments FROM reconstructions WHERE file_hash = ?", (file_hash,)
+            ).fetchone()
+        if row is None:
+            return None
+        return FileRecord(file_hash, [Segment(*s) for s in json.loads(row[0])])
+
+    # -- xorbs -----------------------------------------------------------------------------
+    def xorb_path(self, xorb_hex: str) -> Path:
+        return self.xorb_dir / xorb_hex[:2] / xorb_hex
+
+    def has_xorb(self, xorb_hex: str) -> bool:
+        return self.get_xorb(xorb_hex) is not None
+
+    def get_xorb(self, xorb_hex: str) -> XorbIndex | None:
+        idx = self._xorb_cache.get(xorb_hex)
+        if idx is not None:
+            return idx
+        with self._lock:
+            row = self._db.execute(
+                "SELECT offsets, lens, chunk_hashes FROM xorbs WHERE hash = ?", (xorb_hex,)
+            ).fetchone()
+        if row is None:
+            return None
+        hashes = [row[2][i : i + 32] for i in range(0, len(row[2]), 32)]
+        idx = XorbIndex(xorb_hex, _unpack(row[0]), _unpack(row[1]), hashes)
+        if len(self._xorb_cache) > 4096:
+            self._xorb_cache.clear()
+        self._xorb_cache[xorb_hex] = idx
+        return idx
+
+    def put_xorb(self, idx: XorbIndex, data: bytes) -> bool:
+        """Store a verified xorb; False if it was already there. Body first, then the index row."""
+        if self.has_xorb(idx.hash_hex):
+            return False
+        final = self.xorb_path(idx.hash_hex)
+        final.parent.mkdir(exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO xorbs (hash, offsets, lens, chunk_hashes) VALUES (?, ?, ?, ?)",
+                (idx.hash_hex, _pack(idx.byte_offsets), _pack(idx.unpacked_lens), b"".join(idx.chunk_hashes)),
+            )
+        return cur.rowcount == 1
