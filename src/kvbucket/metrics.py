@@ -181,25 +181,24 @@ class InstrumentedBackend(StorageBackend):
         with self._time("list"):
             return self.inner.list()
 
-    def batched_put(self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True) -> int:
+    def batched_put_results(
+        self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
+    ) -> list[Exception | None]:
         items = list(items)
         with self._time("batched_put"):
             try:
-                n = self.inner.batched_put(items, blocking=blocking)
+                results = self.inner.batched_put_results(items, blocking=blocking)
             except Exception:
                 self._count("put", "error", len(items))
                 raise
-        # The interface reports a count, not which items landed; when all landed the bytes are exact,
-        # otherwise count the bytes of none rather than guess which ones failed.
+        landed = [chunk for (_, chunk), err in zip(items, results, strict=True) if err is None]
+        self._count("put", "error", len(items) - len(landed))
         if blocking:
-            self._count("put", "ok", n)
-            self._count("put", "error", len(items) - n)
-            if n == len(items):
-                BACKEND_BYTES.labels(self.tier, "write").inc(sum(_nbytes(c) for _, c in items))
-        else:
-            self._count("put", "accepted", n)
-            self._count("put", "error", len(items) - n)
-        return n
+            self._count("put", "ok", len(landed))
+            BACKEND_BYTES.labels(self.tier, "write").inc(sum(_nbytes(c) for c in landed))
+        else:  # accepted into a queue: it may still fail, so no bytes are counted
+            self._count("put", "accepted", len(landed))
+        return results
 
     def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
         with self._time("batched_get"):
@@ -211,6 +210,9 @@ class InstrumentedBackend(StorageBackend):
         for c in chunks:
             self._count_get(c)
         return chunks
+
+    def flush(self) -> None:
+        self.inner.flush()
 
     def close(self) -> None:
         self.inner.close()

@@ -85,7 +85,8 @@ def _open_remote_store(cfg: DemoConfig) -> Any:
     from kvbucket.stores import open_store
 
     store = open_store(cfg.store_url, **cfg.store_options)
-    return InstrumentedStore(store, name=cfg.store_url.partition("://")[0] if "://" in cfg.store_url else "file")
+    scheme = cfg.store_url.partition("://")[0] if "://" in cfg.store_url else "file"
+    return InstrumentedStore(store, name=scheme)
 
 
 def _machine_backend(cfg: DemoConfig, layout: Any, local_dir: Path) -> Any:
@@ -173,7 +174,7 @@ def run_machine(role: str, cfg: DemoConfig, workdir: Path) -> dict[str, Any]:
         result["chunk_bytes"] = cache.layout.nbytes
         if role == "a":
             _emit("step", text=f"machine A: answering {ids.shape[1]:,} tokens (no cache yet)")
-            out, ttft = _timed_generate(cache.generate, ids, cfg.new_tokens)
+            _, ttft = _timed_generate(cache.generate, ids, cfg.new_tokens)
             result.update(ttft=ttft, hit_tokens=cache.last_stats.hit_tokens)
             _emit("step", text="machine A: storing the document's KV chunks")
             t = time.perf_counter()
@@ -228,7 +229,7 @@ def _machine_main(argv: list[str]) -> int:
     cfg = DemoConfig(**json.loads(args.config.read_text()))
     try:
         result = run_machine(args.role, cfg, args.workdir)
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which exits non-zero
+    except Exception as e:  # reported to the parent, which exits non-zero
         _emit("error", text=f"{type(e).__name__}: {e}")
         raise
     _emit("result", **result)
@@ -246,6 +247,9 @@ def _run_machine_process(
     role: str, cfg_path: Path, workdir: Path, env: dict[str, str], on_step: Any
 ) -> dict[str, Any]:
     log_path = workdir / f"machine-{role}.log"
+    home = workdir / f"machine-{role}-hf-home"  # own HF/Xet caches: B must not read A's local copies
+    env = {**env, "HF_HOME": str(home), "HF_XET_CACHE": str(home / "xet")}
+    env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     cmd = [sys.executable, "-m", "kvbucket.demo.real_model", "--role", role, "--config", str(cfg_path),
            "--workdir", str(workdir)]
     result: dict[str, Any] | None = None
@@ -324,8 +328,12 @@ def run_demo(
             f"shared tier: {where}"
         )
         with Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(), console=console, transient=False,
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
         ) as progress:
             steps = 7 if cfg.cleanup else 6
             task = progress.add_task("starting", total=steps)
@@ -380,8 +388,12 @@ def _print_table(console: Any, cfg: DemoConfig, a: dict[str, Any], b: dict[str, 
     table.add_row("TTFT without cache", f"{b['ttft_ref']:.2f} s")
     table.add_row("TTFT with cache (cross-machine hit)", f"{b['ttft_hit']:.2f} s")
     table.add_row("ratio with / without", f"{ratio:.3f}" + ("  (goal <= 0.2)" if ratio > 0.2 else ""))
-    table.add_row("hit tokens", f"{b['hit_tokens']:,} of {b['prompt_tokens']:,} ({b['computed_tokens']} computed)")
-    table.add_row("KV loaded (lookup + download + unpack)", f"{_fmt_bytes(b['bytes_loaded'])} in {b['load_seconds']:.2f} s")
+    table.add_row(
+        "hit tokens", f"{b['hit_tokens']:,} of {b['prompt_tokens']:,} ({b['computed_tokens']} computed)"
+    )
+    table.add_row(
+        "KV loaded (download + unpack)", f"{_fmt_bytes(b['bytes_loaded'])} in {b['load_seconds']:.2f} s"
+    )
     table.add_row("machine A: chunks stored", f"{a['chunks_stored']} x {_fmt_bytes(a['chunk_bytes'])}"
                   + (f", {a['chunks_failed']} failed" if a["chunks_failed"] else ""))
     for role, res in (("A", a), ("B", b)):

@@ -124,7 +124,11 @@ class KVChunkLayout:
 
 @dataclass
 class PrefillStats:
-    """What one prefill did. Times are wall-clock seconds on the critical path."""
+    """What one prefill did. Times are wall-clock seconds on the critical path.
+
+    ``lookup_seconds`` is hashing the prompt into keys; ``load_seconds`` is fetching the chunks
+    and building the cache from them; ``compute_seconds`` is the model's forward pass.
+    """
 
     prompt_tokens: int = 0
     hit_tokens: int = 0
@@ -162,6 +166,7 @@ class KVBucketPrefixCache:
         store: write new full chunks (in the background). ``False`` makes the cache read-only.
         max_pending_chunks: store-queue bound; past it new chunks are dropped (counted), never
             delaying generation.
+        fetch_window: chunks asked for in one ``batched_get`` while walking the prefix.
     """
 
     def __init__(
@@ -174,9 +179,12 @@ class KVBucketPrefixCache:
         model_id: str | None = None,
         store: bool = True,
         max_pending_chunks: int = 4096,
+        fetch_window: int = 16,
     ) -> None:
         if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
             raise ConfigError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+        if not isinstance(fetch_window, int) or fetch_window < 1:
+            raise ConfigError(f"fetch_window must be a positive int, got {fetch_window!r}")
         if not isinstance(salt, str):
             raise ConfigError(f"salt must be a string, got {type(salt).__name__}")
         if not isinstance(backend, StorageBackend):
@@ -186,6 +194,7 @@ class KVBucketPrefixCache:
         self.salt = salt
         self.chunk_tokens = chunk_tokens
         self.store_enabled = store
+        self.fetch_window = fetch_window
         self.layout = probe_kv_layout(model, chunk_tokens)
         self.model_name = _key_model_name(model, model_id)
         self._seed = self._hash_seed(model)
@@ -224,7 +233,10 @@ class KVBucketPrefixCache:
 
     # ---- lookup / load -----------------------------------------------------------------------
     def lookup(self, input_ids: Any) -> int:
-        """Tokens of the longest stored prefix of ``input_ids`` (a multiple of ``chunk_tokens``)."""
+        """Tokens of the longest stored prefix of ``input_ids`` (a multiple of ``chunk_tokens``).
+
+        Probes with ``contains`` without reading chunks (``prefill`` fetches directly instead).
+        """
         return len(self._lookup_keys(self.chunk_keys(input_ids))) * self.chunk_tokens
 
     def _lookup_keys(self, keys: Sequence[CacheEngineKey]) -> list[CacheEngineKey]:
@@ -245,37 +257,41 @@ class KVBucketPrefixCache:
         return hits
 
     def _load(self, keys: Sequence[CacheEngineKey]) -> tuple[torch.Tensor | None, int]:
-        """Fetch chunks; returns ``(n_chunks, layers, 2, T, kv_heads, head)`` of the usable prefix.
+        """Fetch the longest stored prefix; ``(n_chunks, layers, 2, T, kv_heads, head)`` of it.
 
-        A chunk that vanished since the lookup, or has the wrong size, ends the prefix there:
-        a short hit is correct, a wrong-sized one would be corrupt.
+        Chunks are fetched with ``batched_get`` in windows of ``fetch_window`` keys (one round
+        trip per window instead of a probe per chunk, then a get), and fetching stops at the
+        window holding the first miss: at most ``fetch_window - 1`` chunks are read past it.
+        A missing or wrong-sized chunk ends the prefix there: a short hit is correct, a
+        wrong-sized one would be corrupt.
         """
-        if not keys:
-            return None, 0
-        chunks = self.backend.batched_get(list(keys))
         lay = self.layout
-        usable = 0
-        for key, chunk in zip(keys, chunks, strict=True):
-            if chunk is None:
+        usable: list[Any] = []
+        for start in range(0, len(keys), self.fetch_window):
+            window = list(keys[start : start + self.fetch_window])
+            complete = True
+            for key, chunk in zip(window, self.backend.batched_get(window), strict=True):
+                if chunk is None:
+                    complete = False
+                    break
+                size = _byte_len(chunk)
+                if size != lay.nbytes:
+                    log.warning(
+                        "chunk %s has %d bytes, expected %d for layout %s; treating it as a miss",
+                        key.to_string(), size, lay.nbytes, lay.shape,
+                    )
+                    complete = False
+                    break
+                usable.append(chunk)
+            if not complete:
                 break
-            size = _byte_len(chunk)
-            if size != lay.nbytes:
-                log.warning(
-                    "chunk %s has %d bytes, expected %d for layout %s; treating it as a miss",
-                    key.to_string(),
-                    size,
-                    lay.nbytes,
-                    lay.shape,
-                )
-                break
-            usable += 1
-        if usable == 0:
+        if not usable:
             return None, 0
-        out = torch.empty((usable, *lay.shape), dtype=lay.dtype)
-        flat = out.view(usable, -1).view(torch.uint8).numpy()
-        for i in range(usable):
-            flat[i] = _as_u8(chunks[i])
-        return out, usable * lay.nbytes
+        out = torch.empty((len(usable), *lay.shape), dtype=lay.dtype)
+        flat = out.view(len(usable), -1).view(torch.uint8).numpy()
+        for i, chunk in enumerate(usable):
+            flat[i] = _as_u8(chunk)
+        return out, len(usable) * lay.nbytes
 
     # ---- prefill / generate -----------------------------------------------------------------
     @torch.inference_mode()
@@ -296,14 +312,13 @@ class KVBucketPrefixCache:
         stats = PrefillStats(prompt_tokens=n)
         t0 = time.perf_counter()
         keys = self.chunk_keys(ids[0])
-        hit_keys = self._lookup_keys(keys)
         t1 = time.perf_counter()
-        loaded, nbytes = self._load(hit_keys)
-        t2 = time.perf_counter()
+        loaded, nbytes = self._load(keys)
         hit_chunks = 0 if loaded is None else loaded.shape[0]
         hit = hit_chunks * self.chunk_tokens
         cache = self._cache_from_chunks(loaded)
         del loaded
+        t2 = time.perf_counter()
         if hit < n:
             out = self.model(
                 input_ids=ids[:, hit:],
