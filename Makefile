@@ -1,3 +1,4 @@
+# constraints.txt pins every package CI installs (regenerate: pip freeze in a working .venv).
 # Two entry points a newcomer needs: `make demo` and `make test`. Both create ./.venv.
 PY ?= python3
 VENV ?= .venv
@@ -13,11 +14,11 @@ venv: $(BIN)/python
 
 # Install kvbucket with what the demo needs (torch CPU + transformers), then run it.
 demo: venv
-	$(BIN)/pip install -q -e '.[transformers]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[transformers]'
 	$(BIN)/kvbucket demo
 
 install-test: venv
-	$(BIN)/pip install -q -e '.[test,transformers]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
 
 lint: install-test
 	$(BIN)/ruff check src tests benchmarks

@@ -11,7 +11,8 @@ KV buffers). Two ceilings are measured alongside:
   the same filesystem as the file-backed cases (the bound for disk tiers).
 
 Each case reports GiB/s and its ratio to its ceiling. Cases run round-robin ``--repeat`` times
-and the median is kept, so drift on a shared machine hits every case alike. With ``--fsync``
+(alternating the order) and the median is kept, so drift on a shared machine hits every case
+alike. With ``--fsync``
 both the plain-file ceiling and FileStore fsync every file (FileStore also fsyncs the
 directory after the rename: that is the price of its durability, and it is counted). Reads come
 from the page cache for every file case alike (the data was just written).
@@ -46,7 +47,8 @@ MEMCPY, PLAIN_FILE = "memcpy", "plain file"
 class Case:
     """One row: ``put(chunks)`` stores every chunk, ``get(outs)`` reads them all back.
 
-    ``reset`` runs untimed before each put so every repetition starts from an empty tier;
+    ``reset`` runs untimed after each get, so every repetition starts from an empty tier and
+    leaves no dirty pages behind to be written back during the next case's timing;
     ``baseline`` names the ceiling row the ratio is taken against (``None`` for a ceiling).
     """
 
@@ -134,9 +136,9 @@ def _empty_dir(root: Path) -> None:
 
 def run(cases: list[Case], chunks: Sequence[bytes], repeat: int) -> None:
     outs = [bytearray(len(c)) for c in chunks]
-    for _ in range(repeat):
-        for case in cases:
-            case.reset()
+    for rep in range(repeat):
+        # Alternate the order so that no case always runs right after the same neighbour.
+        for case in cases if rep % 2 == 0 else cases[::-1]:
             t0 = time.perf_counter()
             case.put(chunks)
             t1 = time.perf_counter()
@@ -149,6 +151,9 @@ def run(cases: list[Case], chunks: Sequence[bytes], repeat: int) -> None:
                 raise SystemExit(f"{case.name}: bytes read back differ from the bytes stored")
             case.put_secs.append(t1 - t0)
             case.get_secs.append(t3 - t2)
+            # Untimed: remove what this case wrote, so its dirty pages are dropped rather than
+            # written back while the next case is being timed.
+            case.reset()
 
 
 def report(cases: list[Case], total_bytes: int) -> str:

@@ -29,7 +29,9 @@ def _check_model_name(model_name: str) -> str:
     if not isinstance(model_name, str) or not model_name:
         raise InvalidKeyError("model_name must be a non-empty string")
     if "@" in model_name:
-        raise InvalidKeyError(f"model_name {model_name!r} contains '@', which separates key fields; remove it")
+        raise InvalidKeyError(
+            f"model_name {model_name!r} contains '@', which separates key fields; remove it"
+        )
     if "\x00" in model_name:
         raise InvalidKeyError("model_name contains a NUL character")
     return model_name
@@ -118,7 +120,9 @@ class ObjectKey:
         if not isinstance(self.cache_salt, str):
             raise InvalidKeyError("cache_salt must be a string")
         if len(self.cache_salt) > MAX_SALT_LEN:
-            raise InvalidKeyError(f"cache_salt is {len(self.cache_salt)} characters; the limit is {MAX_SALT_LEN}")
+            raise InvalidKeyError(
+                f"cache_salt is {len(self.cache_salt)} characters; the limit is {MAX_SALT_LEN}"
+            )
         bad = [c for c in _SALT_FORBIDDEN if c in self.cache_salt]
         if bad:
             raise InvalidKeyError(f"cache_salt must not contain {', '.join(map(repr, bad))}")

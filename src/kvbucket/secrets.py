@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-__all__ = ["SecretStr", "reveal", "redact"]
+__all__ = ["SecretStr", "redact", "reveal"]
 
 
 def reveal(value: SecretStr | str | None) -> str | None:

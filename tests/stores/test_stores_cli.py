@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def test_du_counts_objects_and_bytes(filled: str) -> None:
     assert code == 0
     assert out.startswith("3 objects, 2153 bytes (2.1 KiB)")
     code, out, _ = run("du", filled, "-p", "plain")
-    assert code == 0 and out.startswith("1 objects, 5 bytes (5 B)")
+    assert code == 0 and out.startswith("1 object, 5 bytes (5 B)")
 
 
 def test_rm_names_counts_only_what_existed(filled: str, tmp_path: Path) -> None:
@@ -167,3 +168,17 @@ def test_helpers() -> None:
     assert human_size(2 * 1024**2) == "2.0 MiB" and human_size(3 * 1024**5) == "3072.0 TiB"
     assert display_key("not%zzencoded") == "not%zzencoded"
     assert display_key(key_to_name(KEY, "a/b")) == f"a/b/{KEY.to_string()}"
+
+
+def test_ls_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    FileStore(tmp_path / "p").put_many([(f"o{i:05d}", b"") for i in range(6000)])
+    proc = subprocess.run(
+        f"{sys.executable} -m kvbucket ls {tmp_path / 'p'} | head -n 2",
+        shell=True, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
+    )
+    assert proc.stdout.splitlines() == [f"{0:>12}  o00000", f"{0:>12}  o00001"]
+    assert proc.stderr == ""

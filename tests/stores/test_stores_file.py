@@ -8,12 +8,13 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from kvbucket.errors import ConfigError, InvalidKeyError, NotFoundError
+from kvbucket.errors import ConfigError, InvalidKeyError, NotFoundError, StoreError
 from kvbucket.stores import open_store
 from kvbucket.stores.file import TMP_DIR_NAME, FileStore, open_file_store
 
@@ -250,3 +251,115 @@ def test_fsync_covers_files_and_directories_once_per_batch(
     synced.clear()
     FileStore(tmp_path / "r2").put("x", b"1")
     assert synced == [], "fsync is off by default"
+
+
+def test_segment_longer_than_filesystem_limit_is_refused_clearly(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    store.put("d/" + "x" * limit, b"at the limit is fine")
+    with pytest.raises(InvalidKeyError, match=f"allows {limit} per file"):
+        store.put_many([("ok", b"1"), ("d/" + "é" * (limit // 2 + 1), b"2")])
+    assert store.head("ok") is None
+
+
+def test_concurrent_puts_and_deletes_in_shared_directories(tmp_path: Path) -> None:
+    """Deletes prune emptied directories while other threads put into them: no put may fail."""
+
+    store = FileStore(tmp_path)
+    errors: list[str] = []
+    rounds = 150
+
+    def worker(w: int) -> None:
+        for i in range(rounds):
+            name = f"shared/{i % 3}/w{w}"
+            (r,) = store.put_many([(name, f"{w}-{i}".encode())])
+            if not r.ok:
+                errors.append(str(r.error))
+            elif i % 2:  # odd rounds remove what they wrote, pruning the directory when it empties
+                (d,) = store.delete_many([name])
+                if not d.ok:
+                    errors.append(str(d.error))
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    # Each name belongs to one worker, so its final state is that of its last round.
+    for w in range(4):
+        for k in range(3):
+            last = max(i for i in range(rounds) if i % 3 == k)
+            expected = None if last % 2 else f"{w}-{last}".encode()
+            assert store.get(f"shared/{k}/w{w}") == expected
+
+
+def test_removed_temp_dir_is_recreated(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.put("a", b"1")
+    (tmp_path / TMP_DIR_NAME).rmdir()
+    assert store.put("b", b"2") == 1
+    assert stat.S_IMODE((tmp_path / TMP_DIR_NAME).stat().st_mode) == 0o700
+
+
+_LOOPING_WRITER = textwrap.dedent(
+    """
+    import sys
+    from kvbucket.stores.file import FileStore
+
+    store = FileStore(sys.argv[1])
+    big = int(sys.argv[2])
+    i = 0
+    while True:
+        store.put("looped", bytes([i % 251 + 1]) * big)
+        i += 1
+    """
+)
+
+
+def test_killed_from_outside_while_writing_in_a_loop(tmp_path: Path) -> None:
+    """SIGKILL at an arbitrary moment of back-to-back puts: the name always holds one whole value."""
+    root = tmp_path / "s"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LOOPING_WRITER, str(root), str(BIG)],
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (root / "looped").exists():  # at least one complete version
+            assert time.monotonic() < deadline and proc.poll() is None, "the writer never finished a put"
+            time.sleep(0.01)
+        # A temp file is being written most of the time: wait until one is there, then kill.
+        while not any((root / TMP_DIR_NAME).iterdir()):
+            assert time.monotonic() < deadline
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    store = FileStore(root)
+    data = store.get("looped")
+    assert data is not None and len(data) == BIG and data == data[:1] * BIG, "a torn or partial value"
+    assert [i.name for i in store.list()] == ["looped"]
+
+
+def test_sweep_skips_what_it_cannot_remove(tmp_path: Path) -> None:
+    FileStore(tmp_path).put("a", b"1")
+    odd = tmp_path / TMP_DIR_NAME / "a-directory"
+    odd.mkdir()
+    stale = tmp_path / TMP_DIR_NAME / "stale"
+    stale.write_bytes(b"partial")
+    old = time.time() - 3600
+    os.utime(odd, (old, old))
+    os.utime(stale, (old, old))
+    store = FileStore(tmp_path)  # must open despite the directory it cannot unlink
+    assert odd.exists() and not stale.exists()
+    assert store.get("a") == b"1"
+
+
+def test_unwritable_root_is_a_store_error(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    root.mkdir()
+    store = FileStore(root)
+    (root / TMP_DIR_NAME).write_bytes(b"a file where the temp dir should be")
+    with pytest.raises(StoreError, match="cannot write to store directory"):
+        store.put("x", b"1")

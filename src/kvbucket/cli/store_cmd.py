@@ -12,6 +12,8 @@ and 1 when some objects of an ``rm`` could not be removed.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
 
 import typer
@@ -69,7 +71,12 @@ def _opened(url: str) -> Iterator[ObjectStore]:
         raise _fail(f"cannot open {url!r}: {e}") from None
     try:
         yield store
-    except KVBucketError as e:
+    except BrokenPipeError:
+        # `kvbucket ls URL | head`: the reader has gone; stop quietly like other Unix tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise typer.Exit(0) from None
+    except (KVBucketError, OSError) as e:
         raise _fail(str(e)) from None
     finally:
         store.close()
@@ -99,7 +106,8 @@ def register(app: typer.Typer) -> None:
                 count += 1
                 total += info.size
         where = f"{url} (prefix {prefix!r})" if prefix else url
-        typer.echo(f"{count} objects, {total} bytes ({human_size(total)}) in {where}")
+        objects = "1 object" if count == 1 else f"{count} objects"
+        typer.echo(f"{objects}, {total} bytes ({human_size(total)}) in {where}")
 
     @app.command("rm")
     def rm(

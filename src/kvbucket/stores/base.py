@@ -102,7 +102,9 @@ def check_buffer_size(name: str, size: int, buffer: Buffer) -> memoryview:
         raise InvalidKeyError(f"the buffer given for {name!r} is read-only")
     view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
     if view.nbytes != size:
-        raise SizeMismatchError(f"object {name!r} has {size} bytes but the buffer given for it has {view.nbytes}")
+        raise SizeMismatchError(
+            f"object {name!r} has {size} bytes but the buffer given for it has {view.nbytes}"
+        )
     return view
 
 

@@ -45,6 +45,7 @@ _MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 _O_BINARY = getattr(os, "O_BINARY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_RENAME_ATTEMPTS = 8
 
 
 def _store_error(action: str, name: str, e: OSError) -> StoreError:
@@ -87,6 +88,10 @@ class FileStore(ObjectStore):
         self._root_str = os.fspath(root_path)
         self._tmp = os.path.join(self._root_str, TMP_DIR_NAME)
         self._tmp_ready = os.path.isdir(self._tmp)
+        try:
+            self._name_max = os.pathconf(self._root_str, "PC_NAME_MAX")
+        except (OSError, ValueError, AttributeError):
+            self._name_max = 255
         if self._tmp_ready:
             self.sweep_stale_temp_files(stale_tmp_secs)
 
@@ -96,11 +101,21 @@ class FileStore(ObjectStore):
             raise TypeError("expected a sequence of object names, got a single str")
         checked = self._names(names)
         for n in checked:
-            if n.split("/", 1)[0] == TMP_DIR_NAME:
+            segments = n.split("/")
+            if segments[0] == TMP_DIR_NAME:
                 raise InvalidKeyError(
                     f"object name {n!r} starts with {TMP_DIR_NAME!r}, the directory FileStore keeps "
                     "its temp files in; choose another first segment"
                 )
+            for seg in segments:
+                if len(seg) * 4 <= self._name_max:
+                    continue  # cannot be too long even if every character takes 4 UTF-8 bytes
+                if (seg_bytes := len(seg.encode("utf-8", "surrogatepass"))) > self._name_max:
+                    raise InvalidKeyError(
+                        f"object name {n[:60]!r}... has a segment of {seg_bytes} "
+                        f"bytes; this filesystem allows {self._name_max} per file or directory name "
+                        "(use a shorter key prefix or model name, or an object store without this limit)"
+                    )
         return checked
 
     def _path(self, name: str) -> str:
@@ -108,7 +123,13 @@ class FileStore(ObjectStore):
 
     def _ensure_tmp_dir(self) -> None:
         if not self._tmp_ready:
-            os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
+            try:
+                os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
+            except OSError as e:
+                raise StoreError(
+                    f"cannot write to store directory {self._root_str!r}: creating {TMP_DIR_NAME} "
+                    f"failed: {e.strerror}"
+                ) from None
             self._tmp_ready = True
 
     def _make_parents(self, name: str) -> list[str]:
@@ -171,7 +192,12 @@ class FileStore(ObjectStore):
     def _put_one(self, name: str, view: memoryview) -> list[str]:
         """Write one object atomically; return the directories whose fsync makes it durable."""
         tmp = os.path.join(self._tmp, uuid.uuid4().hex)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC, FILE_MODE)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, FILE_MODE)
+        except FileNotFoundError:  # the temp dir was removed behind our back (e.g. rm -rf): recreate
+            os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
+            fd = os.open(tmp, flags, FILE_MODE)
         try:
             try:
                 written = 0
@@ -184,16 +210,15 @@ class FileStore(ObjectStore):
                 os.close(fd)
             dest = self._path(name)
             created: list[str] = []
-            for attempt in range(3):
+            for attempt in range(_RENAME_ATTEMPTS):
                 try:
                     os.replace(tmp, dest)
                     break
                 except FileNotFoundError:
                     # The parent is missing: never created, or removed by a concurrent delete
                     # that emptied it. Create it and retry.
-                    if attempt == 2 or "/" not in name:
+                    if attempt == _RENAME_ATTEMPTS - 1 or "/" not in name:
                         raise
-                    created += self._make_parents(name)
                 except IsADirectoryError:
                     raise IsADirectoryError(
                         errno.EISDIR, "other objects are stored below this name (it is a directory)"
@@ -202,6 +227,8 @@ class FileStore(ObjectStore):
                     raise NotADirectoryError(
                         errno.ENOTDIR, "a leading part of this name is an object, so it cannot be a directory"
                     ) from None
+                with contextlib.suppress(FileNotFoundError):  # a concurrent delete pruned a level: retry
+                    created += self._make_parents(name)
             if not self.fsync:
                 return []
             return [os.path.dirname(dest), *(os.path.dirname(d) for d in created)]
@@ -367,7 +394,9 @@ class FileStore(ObjectStore):
                             removed += 1
                     except FileNotFoundError:
                         continue  # renamed into place or swept by another process meanwhile
-        except FileNotFoundError:
+                    except OSError:
+                        continue  # not ours to remove (a directory, read-only mount): opening must not fail
+        except (FileNotFoundError, NotADirectoryError):
             return 0
         return removed
 

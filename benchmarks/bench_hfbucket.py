@@ -1,0 +1,238 @@
+"""kvbucket's HFBucketStore vs LMCache 0.5.6's HFBucketL2Adapter, same emulator, same process.
+
+    PYTHONPATH=src python benchmarks/bench_hfbucket.py [--chunks 256] [--chunk-mib 2] [--rounds 3]
+
+Both clients talk to one local Hub emulator (kvbucket.testing.HubEmulator, run in a child process
+so its CPU work does not share this process's GIL) through the unmodified huggingface_hub and
+hf_xet. Each system gets its own bucket and its own random (incompressible, never deduplicated)
+chunks of the same sizes. Measured per round, medians printed:
+
+- store: all chunks in one call (LMCache: one store task; kvbucket: one put_many)
+- lookup cold: 1,000 keys (the stored ones + misses) on a fresh instance (empty metadata cache)
+- lookup warm: the same 1,000 keys again on that instance
+- load: every chunk into preallocated buffers, on a fresh instance (LMCache's load never uses its
+  cache; kvbucket's is cold here too), bytes verified afterwards
+
+Ratios are LMCache time / kvbucket time (> 1 means kvbucket is faster). Goal: >= 1.5 on load
+and cold lookup, >= 1.0 on store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+# Own HF_HOME/xet cache before huggingface_hub or hf_xet are imported (see docs/emulator.md).
+_HOME = tempfile.mkdtemp(prefix="kvbucket-bench-hf-")
+os.environ["HF_HOME"] = _HOME
+os.environ["HF_XET_CACHE"] = os.path.join(_HOME, "xet")
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+
+import numpy as np  # noqa: E402
+
+from kvbucket.keys import ObjectKey as KVObjectKey  # noqa: E402
+from kvbucket.keys import key_to_name  # noqa: E402
+from kvbucket.stores.hfbucket import HFBucketStore  # noqa: E402
+from kvbucket.stores.hfbucket_config import HFBucketConfig  # noqa: E402
+from kvbucket.testing import HubEmulator  # noqa: E402
+
+TOKEN = "hf_bench_write_token_0001"
+MODEL = "bench-model"
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+class LMCacheSide:
+    """LMCache's own MP adapter, driven like `lmcache bench l2` drives it (eventfds, bitmaps)."""
+
+    def __init__(self, endpoint: str, bucket: str, chunks: list[np.ndarray], lookup_extra: int) -> None:
+        import torch
+        from lmcache.cli.commands.bench.l2_adapter_bench.data import make_object_keys, wait_eventfd
+
+        self.torch = torch
+        self.wait = wait_eventfd
+        self.handle = f"hf://buckets/me/{bucket}"
+        self.endpoint = endpoint
+        n, size = len(chunks), chunks[0].nbytes
+        self.keys = make_object_keys(n, model_name=MODEL)
+        self.lookup_keys = self.keys + make_object_keys(lookup_extra, model_name=MODEL, key_offset=10**6)
+        self.src = [self._obj(torch.from_numpy(c)) for c in chunks]
+        self.dst_buf = torch.zeros(n * size, dtype=torch.uint8)
+        self.dst = [self._obj(self.dst_buf[i * size : (i + 1) * size]) for i in range(n)]
+
+    def _obj(self, tensor: Any) -> Any:
+        from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+        meta = MemoryObjMetadata(shape=self.torch.Size([tensor.numel()]), dtype=self.torch.uint8, address=0,
+                                 phy_size=tensor.numel(), fmt=MemoryFormat.KV_2LTD, ref_count=1)
+        return TensorMemoryObj(raw_data=tensor, metadata=meta, parent_allocator=None)
+
+    def adapter(self) -> Any:
+        import huggingface_hub.constants as hc
+        from lmcache.v1.distributed.l2_adapters.hfbucket_l2_adapter import (
+            HFBucketL2Adapter,
+            HFBucketL2AdapterConfig,
+        )
+
+        hc.ENDPOINT = self.endpoint  # LMCache's HfApi(token=...) takes the endpoint from here
+        cfg = HFBucketL2AdapterConfig.from_dict({"bucket_handle": self.handle, "token": TOKEN,
+                                                 "create_bucket_if_missing": True})
+        return HFBucketL2Adapter(cfg)
+
+    def store(self, a: Any) -> int:
+        a.submit_store_task(self.keys, self.src)
+        assert self.wait(a.get_store_event_fd(), 600)
+        res = a.pop_completed_store_tasks()
+        ok = all(int(r) >= 0 for r in res.values())
+        assert ok, f"LMCache store failed: {res}"
+        return len(self.keys)
+
+    def lookup(self, a: Any) -> int:
+        tid = a.submit_lookup_and_lock_task(self.lookup_keys, {})
+        while True:
+            assert self.wait(a.get_lookup_and_lock_event_fd(), 600)
+            bm = a.query_lookup_and_lock_result(tid)
+            if bm is not None:
+                break
+        a.submit_unlock(self.lookup_keys)
+        return int(bm.popcount())
+
+    def load(self, a: Any) -> int:
+        self.dst_buf.zero_()
+        tid = a.submit_load_task(self.keys, self.dst)
+        while True:
+            assert self.wait(a.get_load_event_fd(), 600)
+            bm = a.query_load_result(tid)
+            if bm is not None:
+                return int(bm.popcount())
+
+
+class KVBucketSide:
+    def __init__(self, endpoint: str, bucket: str, chunks: list[np.ndarray], lookup_extra: int,
+                 workers: int) -> None:
+        n, size = len(chunks), chunks[0].nbytes
+        keys = [KVObjectKey(MODEL, i, i.to_bytes(16, "big")) for i in range(n)]
+        extra = [KVObjectKey(MODEL, i, i.to_bytes(16, "big")) for i in range(10**6, 10**6 + lookup_extra)]
+        self.names = [key_to_name(k) for k in keys]
+        self.lookup_names = self.names + [key_to_name(k) for k in extra]
+        self.chunks = chunks
+        self.dst = np.zeros(n * size, dtype=np.uint8)
+        self.views = [memoryview(self.dst[i * size : (i + 1) * size]) for i in range(n)]
+        self.cfg = HFBucketConfig(bucket_handle=f"hf://buckets/me/{bucket}", token=TOKEN, endpoint=endpoint,
+                                  create_bucket_if_missing=True, num_workers=workers)
+
+    def adapter(self) -> HFBucketStore:
+        return HFBucketStore.from_config(self.cfg)
+
+    def store(self, s: HFBucketStore) -> int:
+        res = s.put_many(list(zip(self.names, self.chunks, strict=True)))
+        assert all(r.ok for r in res), [r.error for r in res if not r.ok][:3]
+        return len(res)
+
+    def lookup(self, s: HFBucketStore) -> int:
+        return sum(r.found for r in s.head_many(self.lookup_names))
+
+    def load(self, s: HFBucketStore) -> int:
+        self.dst[:] = 0
+        return sum(r.found for r in s.get_many(self.names, self.views))
+
+
+def run_side(side: Any, rounds: int, verify: Callable[[], bool]) -> dict[str, list[float]]:
+    t: dict[str, list[float]] = {"store": [], "lookup cold": [], "lookup warm": [], "load": []}
+    n = len(side.keys) if hasattr(side, "keys") else len(side.names)
+    for _ in range(rounds):
+        a = side.adapter()
+        try:
+            dt, stored = _timed(lambda a=a: side.store(a))
+            assert stored == n
+            t["store"].append(dt)
+        finally:
+            a.close()
+        a = side.adapter()
+        try:
+            dt, hits = _timed(lambda a=a: side.lookup(a))
+            assert hits == n, f"cold lookup found {hits} of {n}"
+            t["lookup cold"].append(dt)
+            dt, hits = _timed(lambda a=a: side.lookup(a))
+            assert hits == n
+            t["lookup warm"].append(dt)
+        finally:
+            a.close()
+        a = side.adapter()
+        try:
+            dt, loaded = _timed(lambda a=a: side.load(a))
+            assert loaded == n, f"loaded {loaded} of {n}"
+            assert verify(), "loaded bytes differ from stored bytes"
+            t["load"].append(dt)
+        finally:
+            a.close()
+    return t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=256)
+    ap.add_argument("--chunk-mib", type=float, default=2.0)
+    ap.add_argument("--lookup-keys", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=4, help="num_workers of both systems' configs")
+    ap.add_argument("--in-process-server", action="store_true", help="run the emulator in this process")
+    args = ap.parse_args()
+    size = int(args.chunk_mib * 1024 * 1024)
+    extra = max(0, args.lookup_keys - args.chunks)
+    rng = np.random.default_rng()
+
+    def chunks() -> list[np.ndarray]:
+        return [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(args.chunks)]
+
+    mib = args.chunks * size / 2**20
+    print(f"{args.chunks} chunks x {size / 2**20:.2f} MiB = {mib:.0f} MiB; "
+          f"lookup of {args.lookup_keys} keys; {args.rounds} round(s); workers={args.workers}", flush=True)
+    with HubEmulator(tokens={"me": (TOKEN, "write")}, subprocess=not args.in_process_server) as emu:
+        lm_chunks, kv_chunks = chunks(), chunks()
+        lm = LMCacheSide(emu.endpoint, "lmcache-bench", lm_chunks, extra)
+        kv = KVBucketSide(emu.endpoint, "kvbucket-bench", kv_chunks, extra, args.workers)
+
+        def lm_ok() -> bool:
+            return all(np.array_equal(d.raw_data.numpy(), c) for d, c in zip(lm.dst, lm_chunks, strict=True))
+
+        def kv_ok() -> bool:
+            return all(np.array_equal(np.frombuffer(v, np.uint8), c) for v, c in zip(kv.views, kv_chunks,
+                                                                                      strict=True))
+
+        results = {"LMCache 0.5.6 HFBucketL2Adapter": run_side(lm, args.rounds, lm_ok),
+                   "kvbucket HFBucketStore": run_side(kv, args.rounds, kv_ok)}
+    lm_t, kv_t = results.values()
+    head = f"{'operation':<14}{'LMCache s':>12}{'kvbucket s':>12}{'LMCache':>14}{'kvbucket':>14}{'ratio':>8}"
+    print("\n" + head)
+    goals = {"store": 1.0, "lookup cold": 1.5, "lookup warm": None, "load": 1.5}
+    met = True
+    for op, goal in goals.items():
+        a, b = statistics.median(lm_t[op]), statistics.median(kv_t[op])
+        if op.startswith("lookup"):
+            ra, rb = f"{args.lookup_keys / a:,.0f} key/s", f"{args.lookup_keys / b:,.0f} key/s"
+        else:
+            ra, rb = f"{mib / a:,.0f} MiB/s", f"{mib / b:,.0f} MiB/s"
+        ratio = a / b
+        mark = "" if goal is None else ("  ok" if ratio >= goal else f"  < goal {goal}")
+        met = met and (goal is None or ratio >= goal)
+        print(f"{op:<14}{a:>12.3f}{b:>12.3f}{ra:>14}{rb:>14}{ratio:>7.2f}x{mark}")
+    print("\nratio = LMCache time / kvbucket time (medians); "
+          "goal: load and cold lookup >= 1.5x, store >= 1.0x")
+    print("all goals met" if met else "some goals NOT met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

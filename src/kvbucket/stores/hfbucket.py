@@ -1,0 +1,491 @@
+"""``HFBucketStore``: the object-store protocol over a Hugging Face Storage Bucket.
+
+Objects live at ``<prefix>/<name>`` in the bucket named by ``hf://buckets/<ns>/<bucket>[/<prefix>]``.
+
+How each verb maps onto the Hub (at most 1,000 paths or operations a request, the Hub's limit):
+
+- ``put_many``: the bytes go to Xet storage straight from the caller's buffers (one upload
+  commit per 1,000 objects, batches in parallel up to ``num_workers``), then one ``batch``
+  request adds the paths. Batch writes are not transactional, so after any failure the bucket
+  is asked (paths-info) which paths now hold exactly the uploaded content; those are reported
+  stored, every other item gets its own error.
+- ``head_many``: a TTL cache of exact size and hash (``metadata_cache_ttl_secs``), then one
+  paths-info request per 1,000 unknown names.
+- ``get_many``: metadata from the cache or paths-info (sizes are checked against the caller's
+  buffers before a byte is written), then each object is streamed by hf_xet straight into the
+  caller's buffer (or a new bytearray), ``num_workers`` at a time; no temp files.
+- ``delete_many``: paths-info (exact sizes), one ``deleteFile`` batch, reconciliation as above.
+- ``list``: the Hub's recursive tree listing, lazily, page by page.
+
+Remote failures are per-item results (:class:`~kvbucket.stores.base.ItemResult` errors:
+NotFoundError for a missing bucket, AuthError for a refused token, TransientStoreError after
+the retries); only bad arguments or a closed store raise.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from kvbucket.errors import (
+    AuthError,
+    ConfigError,
+    NotFoundError,
+    SizeMismatchError,
+    StoreError,
+    TransientStoreError,
+)
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size, check_name
+from kvbucket.stores.hfbucket_config import (
+    HFBucketConfig,
+    build_config,
+    config_from_plugin_options,
+    lenient_bool,
+)
+from kvbucket.stores.hub_client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
+from kvbucket.stores.meta_cache import MetaCache
+
+log = logging.getLogger(__name__)
+
+
+class HFBucketStore(ObjectStore):
+    """An :class:`ObjectStore` on a Hugging Face bucket. Thread-safe; sync (call from threads)."""
+
+    def __init__(self, config: HFBucketConfig, *, client: HubBucketClient | None = None) -> None:
+        if not isinstance(config, HFBucketConfig):
+            raise ConfigError(f"HFBucketStore needs an HFBucketConfig, got {type(config).__name__}")
+        self.config = config
+        loc = config.location
+        self.bucket_id = loc.bucket_id
+        self.prefix = loc.prefix
+        self.url = loc.handle
+        source = (f"${config.token_env}" if config.token_env and os.environ.get(config.token_env)
+                  else "the 'token' option" if config.token is not None
+                  else f"${config.token_env or 'HF_TOKEN'} or the saved Hugging Face login")
+        self._client = client or HubBucketClient(
+            endpoint=config.resolved_endpoint(), bucket_id=self.bucket_id, token=config.resolved_token(),
+            token_source=source, max_retries=config.max_retries,
+            retry_backoff_secs=config.retry_backoff_secs,
+        )
+        self.endpoint = self._client.endpoint
+        self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)
+        self._pool = ThreadPoolExecutor(config.num_workers, thread_name_prefix="kvbucket-hfbucket")
+        self._create_lock = threading.Lock()
+        self._bucket_ready = False
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, config: HFBucketConfig) -> HFBucketStore:
+        """The stable constructor for other layers (the MP L2 adapter passes its subclass config)."""
+        return cls(config)
+
+    def __repr__(self) -> str:
+        return f"HFBucketStore({self.url!r}, endpoint={self.endpoint!r})"
+
+    # ---- helpers ------------------------------------------------------------------------
+    @staticmethod
+    def _names(names: Sequence[str]) -> list[str]:
+        # KV lookups ask for the same names again and again; validating each once keeps a
+        # 1,000-key warm lookup from spending most of its time in check_name.
+        return [_valid_name(n) if isinstance(n, str) else check_name(n) for n in names]
+
+    def _path(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self!r} is closed")
+
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Future[Any]]:
+        """Run ``fn`` over ``items`` on the worker pool (leaf tasks only: no nested submits)."""
+        if len(items) == 1:
+            f: Future[Any] = Future()
+            try:
+                f.set_result(fn(items[0]))
+            except BaseException as e:  # delivered through the future
+                f.set_exception(e)
+            return [f]
+        return [self._pool.submit(fn, it) for it in items]
+
+    def _ensure_bucket(self) -> None:
+        """Create the bucket (private) once, on the first store, when the config asks for it."""
+        if self._bucket_ready or not self.config.create_bucket_if_missing:
+            return
+        with self._create_lock:
+            if self._bucket_ready:
+                return
+            self._client.create_private()
+            try:
+                if not self._client.bucket_info().get("private", True):
+                    log.warning("bucket %s already existed and is PUBLIC; KV caches hold users' prompts",
+                                self.bucket_id)
+            except StoreError:
+                log.debug("could not read the info of bucket %s", self.bucket_id, exc_info=True)
+            self._bucket_ready = True
+
+    def _lookup(self, paths: Sequence[str], *, use_cache: bool = True) -> dict[str, RemoteFile | None]:
+        """Exact metadata of each path (None = missing): fresh cache entries, then paths-info.
+
+        A missing bucket reads as "everything missing" when the store may create it; otherwise
+        it raises NotFoundError (the caller turns it into per-item errors).
+        """
+        known: dict[str, RemoteFile | None] = self._cache.get_many(paths) if use_cache else {}
+        unknown = list(dict.fromkeys(p for p in paths if p not in known))
+        if unknown:
+            chunks = [unknown[i : i + HUB_BATCH_LIMIT] for i in range(0, len(unknown), HUB_BATCH_LIMIT)]
+            found: dict[str, RemoteFile] = {}
+            try:
+                for fut in self._map(self._client.paths_info, chunks):
+                    found.update(fut.result())
+            except NotFoundError:
+                if not self.config.create_bucket_if_missing or self._bucket_ready:
+                    raise
+            fresh = [(p, found.get(p)) for p in unknown]
+            self._cache.set_many(fresh)
+            known.update(fresh)
+        return known
+
+    # ---- the protocol -------------------------------------------------------------------
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        self._check_open()
+        names = self._names([n for n, _ in items])
+        views = [_byte_view(n, d) for n, (_, d) in zip(names, items, strict=True)]
+        if not names:
+            return []
+        results: list[ItemResult | None] = [None] * len(names)
+        # The last write of a name in one call wins (as with sequential puts); upload it once.
+        last = {n: i for i, n in enumerate(names)}
+        order = sorted(last.values())
+        try:
+            self._ensure_bucket()
+        except StoreError as e:
+            return [ItemResult(n, error=e) for n in names]
+        batches = [order[i : i + HUB_BATCH_LIMIT] for i in range(0, len(order), HUB_BATCH_LIMIT)]
+
+        def run(batch: list[int]) -> dict[int, ItemResult]:
+            return self._put_batch([(i, names[i], views[i]) for i in batch])
+
+        for fut in self._map(run, batches):
+            for i, r in fut.result().items():
+                results[i] = r
+        for i, n in enumerate(names):
+            if results[i] is None:  # an earlier duplicate: it was written, then overwritten
+                winner = results[last[n]]
+                results[i] = ItemResult(n, size=views[i].nbytes) if winner and winner.ok else winner
+        return [r for r in results if r is not None]
+
+    def _put_batch(self, batch: list[tuple[int, str, memoryview]]) -> dict[int, ItemResult]:
+        paths = [self._path(n) for _, n, _ in batch]
+        try:
+            uploaded = self._client.upload([(p, v) for p, (_, _, v) in zip(paths, batch, strict=True)])
+        except StoreError as e:  # nothing was added to the bucket: every item failed
+            return {i: ItemResult(n, error=e) for i, n, _ in batch}
+        mtime = int(time.time() * 1000)
+        ops = [{"type": "addFile", "path": p, "xetHash": h, "mtime": mtime}
+               for p, (h, _) in zip(paths, uploaded, strict=True)]
+        failure: StoreError | None = None
+        failed: dict[str, str] = {}
+        try:
+            failed = self._client.commit_batch(ops)
+        except TransientStoreError as e:  # the outcome is unknown: the batch may have been applied
+            failure = e
+        except StoreError as e:  # refused as a whole (missing bucket, auth, bad request): nothing applied
+            return {i: ItemResult(n, error=e) for i, n, _ in batch}
+        if failure is None and not failed:
+            self._cache.set_many(
+                (p, RemoteFile(p, size, h)) for p, (h, size) in zip(paths, uploaded, strict=True)
+            )
+            return {i: ItemResult(n, size=size) for (i, n, _), (_, size) in zip(batch, uploaded, strict=True)}
+        return self._reconcile_put(batch, paths, uploaded, failed, failure)
+
+    def _reconcile_put(
+        self, batch: list[tuple[int, str, memoryview]], paths: list[str], uploaded: list[tuple[str, int]],
+        failed: dict[str, str], failure: StoreError | None,
+    ) -> dict[int, ItemResult]:
+        """After a failed or partial batch, count exactly the paths that hold our new content."""
+        self._cache.invalidate(paths)
+        try:
+            now = self._client.paths_info(paths)
+        except StoreError as e:
+            why = failure or StoreError(f"{len(failed)} of {len(paths)} writes failed")
+            err = StoreError(f"{why}; and whether the others landed could not be checked: {e}")
+            return {i: ItemResult(n, error=err) for i, n, _ in batch}
+        self._cache.set_many((p, now.get(p)) for p in paths)
+        out: dict[int, ItemResult] = {}
+        for (i, n, _), p, (h, size) in zip(batch, paths, uploaded, strict=True):
+            f = now.get(p)
+            if f is not None and f.xet_hash == h and f.size == size:
+                out[i] = ItemResult(n, size=size)
+            else:
+                msg = failed.get(p) or (str(failure) if failure else "the Hub did not apply this write")
+                out[i] = ItemResult(n, error=StoreError(f"object {n!r} was not stored in {self.url}: {msg}"))
+        log.warning("partial batch on %s: %d of %d objects stored", self.url,
+                    sum(r.ok for r in out.values()), len(out))
+        return out
+
+    def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        self._check_open()
+        names = self._names(names)
+        paths = [self._path(n) for n in names]
+        try:
+            meta = self._lookup(paths)
+        except StoreError as e:
+            return [ItemResult(n, error=e) for n in names]
+        return [ItemResult(n, size=None if meta[p] is None else meta[p].size)  # type: ignore[union-attr]
+                for n, p in zip(names, paths, strict=True)]
+
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        self._check_open()
+        names = self._names(names)
+        if out is not None and len(out) != len(names):
+            raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
+        paths = [self._path(n) for n in names]
+        try:
+            meta = self._lookup(paths)
+        except StoreError as e:
+            return [ItemResult(n, error=e) for n in names]
+        results: list[ItemResult | None] = [None] * len(names)
+        jobs: list[tuple[int, RemoteFile, memoryview, Buffer]] = []
+        for i, (n, p) in enumerate(zip(names, paths, strict=True)):
+            f = meta[p]
+            if f is None:
+                results[i] = ItemResult(n)
+                continue
+            buf = out[i] if out is not None else None
+            if buf is None:
+                target: Buffer = bytearray(f.size)
+                view = memoryview(target)
+            else:
+                try:
+                    view = check_buffer_size(n, f.size, buf)
+                except StoreError as e:
+                    results[i] = ItemResult(n, error=e)
+                    continue
+                target = buf
+            jobs.append((i, f, view, target))
+
+        def fetch(job: tuple[int, RemoteFile, memoryview, Buffer]) -> ItemResult:
+            i, f, view, target = job
+            return self._download(names[i], f, view, target, out is not None and out[i] is not None)
+
+        for job, fut in zip(jobs, self._map(fetch, jobs), strict=True):
+            results[job[0]] = fut.result()
+        return [r for r in results if r is not None]
+
+    def _download(self, name: str, f: RemoteFile, view: memoryview, target: Buffer, caller_buffer: bool
+                  ) -> ItemResult:
+        """Stream one object into ``view``; on failure, back off, re-read its metadata, try again.
+
+        A cached hash can be stale (overwritten elsewhere), and a just-committed object can be
+        briefly unreadable while its storage metadata settles (seen under concurrent identical
+        uploads), so a failed read is retried with fresh metadata up to ``max_retries`` times.
+        """
+        delay = self.config.retry_backoff_secs
+        for attempt in range(self.config.max_retries + 1):
+            try:
+                self._client.download_into(f, view)
+                return ItemResult(name, size=f.size, data=target)
+            except Exception as e:  # becomes this item's error, unless a retry succeeds
+                err = self._client.error(e, f"download {f.path!r}")
+            if attempt == self.config.max_retries or isinstance(err, AuthError):
+                break
+            time.sleep(min(delay, 8.0))
+            delay *= 2
+            try:
+                fresh = self._client.paths_info([f.path]).get(f.path)
+            except StoreError as e:
+                return ItemResult(name, error=e)
+            self._cache.set_many([(f.path, fresh)])
+            if fresh is None:
+                return ItemResult(name)  # deleted meanwhile: a miss
+            if fresh.size != f.size:
+                if caller_buffer:
+                    return ItemResult(name, error=SizeMismatchError(
+                        f"object {name!r} now has {fresh.size} bytes but its buffer has {f.size}"))
+                target = bytearray(fresh.size)
+                view = memoryview(target)
+            f = fresh
+        self._cache.invalidate([f.path])
+        return ItemResult(name, error=err)
+
+    def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        self._check_open()
+        names = self._names(names)
+        if not names:
+            return []
+        paths = [self._path(n) for n in names]
+        try:
+            before = self._lookup(paths, use_cache=False)
+        except StoreError as e:
+            return [ItemResult(n, error=e) for n in names]
+        present = list(dict.fromkeys(p for p in paths if before[p] is not None))
+        failed: dict[str, StoreError] = {}
+        chunks = [present[i : i + HUB_BATCH_LIMIT] for i in range(0, len(present), HUB_BATCH_LIMIT)]
+
+        def run(chunk: list[str]) -> dict[str, StoreError]:
+            return self._delete_batch(chunk)
+
+        for fut in self._map(run, chunks):
+            failed.update(fut.result())
+        self._cache.set_many((p, None) for p in present if p not in failed)
+        out = []
+        for n, p in zip(names, paths, strict=True):
+            f = before[p]
+            if p in failed:
+                out.append(ItemResult(n, error=failed[p]))
+            else:
+                out.append(ItemResult(n, size=None if f is None else f.size))
+        return out
+
+    def _delete_batch(self, chunk: list[str]) -> dict[str, StoreError]:
+        err: StoreError | None = None
+        failed: dict[str, str] = {}
+        try:
+            failed = self._client.commit_batch([{"type": "deleteFile", "path": p} for p in chunk])
+        except TransientStoreError as e:
+            err = e
+        except StoreError as e:
+            return dict.fromkeys(chunk, e)
+        if err is None and not failed:
+            return {}
+        self._cache.invalidate(chunk)
+        try:
+            still = self._client.paths_info(chunk)
+        except StoreError as e:
+            return {p: StoreError(f"{err or 'delete failed'}; could not check what was removed: {e}")
+                    for p in chunk}
+        return {p: StoreError(f"{p!r} was not removed from {self.url}: {failed.get(p) or err}")
+                for p in chunk if p in still}
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
+        """Objects whose name starts with ``prefix``, in the Hub's order, fetched lazily."""
+        self._check_open()
+        if not isinstance(prefix, str):
+            raise TypeError("prefix must be a str")
+        if prefix:
+            check_name(prefix.rstrip("/") or "x")
+        full = self._path(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        directory = full.rsplit("/", 1)[0] if "/" in full else ""
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        return self._list(directory, full, strip)
+
+    def _list(self, directory: str, full: str, strip: int) -> Iterator[ObjectInfo]:
+        try:
+            for f in self._client.list_tree(directory):
+                if f.path.startswith(full) and len(f.path) > strip:
+                    self._cache.set_many([(f.path, f)])
+                    yield ObjectInfo(f.path[strip:], f.size, f.mtime)
+        except NotFoundError:
+            if not self.config.create_bucket_if_missing:
+                raise
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+        self._cache.clear()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _valid_name(name: str) -> str:
+    return check_name(name)
+
+
+def _byte_view(name: str, data: Buffer) -> memoryview:
+    try:
+        view = memoryview(data)
+    except TypeError:
+        kind = type(data).__name__
+        raise TypeError(f"the data for {name!r} is a {kind}, not a bytes-like object") from None
+    if not view.c_contiguous:
+        raise ValueError(f"the data for {name!r} is not contiguous in memory")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+# ---- openers and factories ---------------------------------------------------------------
+
+def open_hfbucket_store(url: str, **options: Any) -> HFBucketStore:
+    """``open_store("hf://buckets/ns/name[/prefix]", **options)``; options are HFBucketConfig fields.
+
+    Endpoint and token follow huggingface_hub: ``$HF_ENDPOINT`` and ``$HF_TOKEN`` (or the saved
+    login) unless ``endpoint``/``token``/``token_env`` say otherwise.
+    """
+    if "bucket_handle" in options:
+        raise ConfigError("give the bucket either as the URL or as bucket_handle, not both")
+    return HFBucketStore(build_config(bucket_handle=url, **options))
+
+
+def _check_engine(engine: Any, where: str) -> None:
+    """The hfbucket plugin stores full chunks only, without inline chunk metadata (seed 001)."""
+    if lenient_bool("save_unfull_chunk", getattr(engine, "save_unfull_chunk", False) or False):
+        raise ConfigError(
+            f"{where} stores full chunks only: set save_unfull_chunk: false in the engine config "
+            "(partial chunks would be refused on every store)"
+        )
+    extra = getattr(engine, "extra_config", None) or {}
+    meta = getattr(engine, "save_chunk_meta", None)
+    if meta is None and isinstance(extra, dict):
+        meta = extra.get("save_chunk_meta")
+    if meta is not None and lenient_bool("save_chunk_meta", meta):
+        raise ConfigError(
+            f"{where} does not store chunk metadata: set extra_config.save_chunk_meta: false (or remove it)"
+        )
+
+
+def store_from_plugin_options(instance_name: str, options: dict[str, Any], engine: Any) -> HFBucketStore:
+    """Build the store of ``remote_storage_plugins: ["hfbucket[.<instance>]"]`` (seed 001).
+
+    ``options`` are the keys under ``remote_storage_plugin.<instance_name>.`` with that prefix
+    removed, exactly as in LMCache's YAML (bools may be "true"/"1"/"yes"/"on").
+    """
+    _check_engine(engine, f"the {instance_name!r} remote storage plugin")
+    return HFBucketStore(config_from_plugin_options(instance_name, dict(options)))
+
+
+_URL_OPTION_PREFIX = "hfbucket."
+
+
+def store_from_remote_url(url: str, extra_config: dict[str, Any], engine: Any) -> HFBucketStore:
+    """Build the store of ``remote_url: hf://buckets/...``.
+
+    Options may come from ``extra_config`` as ``hfbucket.<field>`` (e.g. ``hfbucket.token_env``);
+    any other key is an error naming it (``save_chunk_meta`` is checked, then ignored).
+    """
+    _check_engine(engine, f"remote_url {url!r}")
+    options: dict[str, Any] = {}
+    unknown = []
+    for k, v in (extra_config or {}).items():
+        if k == "save_chunk_meta":
+            continue
+        if k.startswith(_URL_OPTION_PREFIX):
+            options[k[len(_URL_OPTION_PREFIX) :]] = v
+        else:
+            unknown.append(k)
+    if unknown:
+        raise ConfigError(
+            f"extra_config key(s) {', '.join(map(repr, sorted(unknown)))} are not used by "
+            f"remote_url {url!r}; "
+            f"options of an hf:// remote_url are written hfbucket.<option> (e.g. hfbucket.token_env)"
+        )
+    if "bucket_handle" in options:
+        raise ConfigError(
+            "hfbucket.bucket_handle cannot be combined with remote_url; the URL names the bucket"
+        )
+    return HFBucketStore(config_from_plugin_options("hfbucket", {"bucket_handle": url, **options}))
+
+
+__all__ = [
+    "HFBucketConfig",
+    "HFBucketStore",
+    "open_hfbucket_store",
+    "store_from_plugin_options",
+    "store_from_remote_url",
+]

@@ -1,0 +1,269 @@
+"""Configuration of the Hugging Face bucket store (seed 000 / seed 001 fields).
+
+One pydantic model, :class:`HFBucketConfig`, used three ways: built directly by Python callers,
+from an ``hf://buckets/...`` URL (``open_store``), and from LMCache-style
+``remote_storage_plugin.<name>.*`` options (:func:`config_from_plugin_options`, which accepts
+LMCache's lenient booleans). The MP L2 adapter subclasses it to add capacity and eviction, so
+fields here are stable and strict: a wrong type or an unknown field is an error naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, ValidationError, field_validator
+
+from kvbucket.errors import ConfigError, InvalidKeyError
+from kvbucket.stores.base import check_prefix
+
+HANDLE_SCHEME = "hf://buckets/"
+DEFAULT_TMP_DIR_NAME = "kvbucket-hfbucket"
+
+# The Hub's repo-name rule (huggingface_hub.utils.validate_repo_id): 1-96 chars of [A-Za-z0-9._-],
+# not starting or ending with '-' or '.', no '--' or '..'.
+_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class BucketLocation:
+    """A parsed ``hf://buckets/<namespace>/<bucket>[/<prefix>]`` handle."""
+
+    namespace: str
+    bucket: str
+    prefix: str
+
+    @property
+    def bucket_id(self) -> str:
+        return f"{self.namespace}/{self.bucket}"
+
+    @property
+    def handle(self) -> str:
+        tail = f"/{self.prefix}" if self.prefix else ""
+        return f"{HANDLE_SCHEME}{self.bucket_id}{tail}"
+
+
+def _check_bucket_name(kind: str, value: str, handle: str) -> str:
+    if not _NAME_RE.match(value) or "--" in value or ".." in value:
+        raise ConfigError(
+            f"bucket_handle {handle!r}: {kind} {value!r} is not a valid Hub name (1-96 characters of "
+            "letters, digits, '-', '_', '.'; not starting or ending with '-' or '.'; no '--' or '..')"
+        )
+    return value
+
+
+def parse_bucket_handle(handle: str) -> BucketLocation:
+    """Parse and validate a bucket handle; errors say what is wrong and show the expected form."""
+    form = "hf://buckets/<namespace>/<bucket>[/<prefix>]"
+    if not isinstance(handle, str) or not handle.strip():
+        raise ConfigError(f"bucket_handle is required, in the form {form}")
+    handle = handle.strip()
+    if not handle.startswith(HANDLE_SCHEME):
+        hint = ""
+        if handle.startswith("hf://") or "/" in handle:
+            hint = f" (did you mean {HANDLE_SCHEME}{handle.removeprefix('hf://').removeprefix('buckets/')}?)"
+        raise ConfigError(f"bucket_handle {handle!r} must start with {HANDLE_SCHEME!r}: use {form}{hint}")
+    rest = handle[len(HANDLE_SCHEME) :]
+    if "?" in rest or "#" in rest:
+        raise ConfigError(f"bucket_handle {handle!r} must not contain '?' or '#'; use {form}")
+    parts = rest.split("/", 2)
+    if len(parts) < 2 or not parts[0] or not parts[1]:
+        raise ConfigError(f"bucket_handle {handle!r} names no bucket; use {form}")
+    namespace = _check_bucket_name("namespace", parts[0], handle)
+    bucket = _check_bucket_name("bucket name", parts[1], handle)
+    raw_prefix = parts[2] if len(parts) == 3 else ""
+    try:
+        prefix = check_prefix(raw_prefix)
+    except InvalidKeyError as e:
+        raise ConfigError(f"bucket_handle {handle!r} has an invalid prefix: {e}") from None
+    return BucketLocation(namespace, bucket, prefix)
+
+
+def default_download_tmp_dir() -> Path:
+    """Where downloads are staged when no ``download_tmp_dir`` is set (the system temp dir)."""
+    return Path(tempfile.gettempdir()) / DEFAULT_TMP_DIR_NAME
+
+
+class HFBucketConfig(BaseModel):
+    """Settings of one Hugging Face bucket store. Never prints its token (``SecretStr``).
+
+    ``token_env`` wins over ``token`` (a deployment's environment overrides a file); when both are
+    empty, huggingface_hub's own resolution applies (``HF_TOKEN``, then the saved login).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    bucket_handle: str = Field(description="hf://buckets/<namespace>/<bucket>[/<prefix>]")
+    token_env: str = Field("HF_TOKEN", description="environment variable holding the access token")
+    token: SecretStr | None = Field(None, description="access token, used when $token_env is unset")
+    create_bucket_if_missing: StrictBool = Field(
+        False, description="create the bucket (private) on the first store instead of failing"
+    )
+    download_tmp_dir: str | None = Field(
+        None, description="staging dir for downloads that cannot stream into memory; /dev/shm/... on Linux"
+    )
+    metadata_cache_ttl_secs: float = Field(30.0, ge=0, description="TTL of cached existence and sizes")
+    num_workers: int = Field(4, ge=1, le=256, strict=True, description="concurrent Hub/Xet requests")
+    endpoint: str | None = Field(None, description="Hub URL; default: $HF_ENDPOINT or huggingface.co")
+    max_retries: int = Field(5, ge=0, le=20, strict=True, description="retries on 429/5xx/timeouts")
+    retry_backoff_secs: float = Field(
+        0.5, ge=0, le=60, description="first retry wait; doubles, capped at 8 s"
+    )
+
+    @field_validator("bucket_handle")
+    @classmethod
+    def _valid_handle(cls, v: str) -> str:
+        return parse_bucket_handle(v).handle
+
+    @field_validator("token_env")
+    @classmethod
+    def _valid_env_name(cls, v: str) -> str:
+        if v and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"token_env must be an environment variable name, got {v!r}")
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _valid_endpoint(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"endpoint must be an http(s) URL such as https://huggingface.co, got {v!r}")
+        return v.rstrip("/")
+
+    @field_validator("metadata_cache_ttl_secs", "retry_backoff_secs", mode="before")
+    @classmethod
+    def _number_not_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"must be a number, got {v!r}")
+        return v
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def location(self) -> BucketLocation:
+        return parse_bucket_handle(self.bucket_handle)
+
+    @property
+    def bucket_id(self) -> str:
+        return self.location.bucket_id
+
+    @property
+    def prefix(self) -> str:
+        return self.location.prefix
+
+    def resolved_token(self) -> str | None:
+        """The token to send: ``$token_env`` when set and non-empty, else ``token``, else None."""
+        if self.token_env:
+            env = os.environ.get(self.token_env, "")
+            if env:
+                return env
+        return self.token.get_secret_value() if self.token is not None else None
+
+    def resolved_endpoint(self) -> str:
+        """``endpoint``, else ``$HF_ENDPOINT`` read now, else huggingface_hub's configured endpoint."""
+        if self.endpoint:
+            return self.endpoint
+        env = os.environ.get("HF_ENDPOINT", "").strip()
+        if env:
+            return env.rstrip("/")
+        from huggingface_hub import constants
+
+        return str(constants.ENDPOINT).rstrip("/")
+
+    def resolved_tmp_dir(self) -> Path:
+        if self.download_tmp_dir:
+            return Path(self.download_tmp_dir).expanduser()
+        return default_download_tmp_dir()
+
+
+def build_config(cls: type[HFBucketConfig] = HFBucketConfig, /, **fields: Any) -> HFBucketConfig:
+    """Validate ``fields`` into ``cls``, turning pydantic's report into one :class:`ConfigError`."""
+    try:
+        return cls(**fields)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, cls)) from None
+
+
+def _describe(e: ValidationError, cls: type[BaseModel]) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        if err["type"] == "extra_forbidden":
+            known = ", ".join(sorted(cls.model_fields))
+            lines.append(f"unknown option {loc!r} (known options: {known})")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            # Never echo the input of the token field; other inputs are safe to show.
+            hidden = loc in ("token", "bucket_handle") or "input" not in err
+            shown = "" if hidden else f" (got {err['input']!r})"
+            lines.append(f"{loc}: {msg}{shown}")
+    return f"invalid {cls.__name__}: " + "; ".join(lines)
+
+
+# ---- LMCache-style plugin options ----------------------------------------------------------
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_LENIENT_BOOLS = ("create_bucket_if_missing",)
+_LENIENT_NUMBERS = {"metadata_cache_ttl_secs": float, "retry_backoff_secs": float, "num_workers": int,
+                    "max_retries": int}
+
+
+def lenient_bool(key: str, value: Any) -> bool:
+    """LMCache parses plugin booleans as "1/true/yes/on"; so do we, but anything else is an error."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(f"{key} must be a boolean (true/false, 1/0, yes/no, on/off), got {value!r}")
+
+
+def config_from_plugin_options(
+    instance_name: str, options: dict[str, Any], cls: type[HFBucketConfig] = HFBucketConfig
+) -> HFBucketConfig:
+    """Build a config from the keys under ``remote_storage_plugin.<instance_name>.``.
+
+    YAML/env values may arrive as strings ("30", "false"), as LMCache accepts them; numbers and
+    booleans are converted here and everything else is validated strictly.
+    """
+    key_prefix = f"remote_storage_plugin.{instance_name}."
+    fields: dict[str, Any] = {}
+    for k, v in options.items():
+        if k in _LENIENT_BOOLS:
+            v = lenient_bool(key_prefix + k, v)
+        elif k in _LENIENT_NUMBERS and isinstance(v, str):
+            try:
+                v = _LENIENT_NUMBERS[k](v.strip())
+            except ValueError:
+                raise ConfigError(f"{key_prefix}{k} must be a number, got {v!r}") from None
+        elif k == "token_env" and v is None:
+            v = ""
+        fields[k] = v
+    if "bucket_handle" not in fields:
+        raise ConfigError(
+            f"{key_prefix}bucket_handle is required for the {instance_name!r} plugin, "
+            "e.g. hf://buckets/my-org/lmcache-kv/prod"
+        )
+    try:
+        return cls(**fields)
+    except ValidationError as e:
+        msg = _describe(e, cls).replace("invalid HFBucketConfig: ", "")
+        raise ConfigError(f"remote_storage_plugin.{instance_name}: {msg}") from None
+
+
+__all__ = [
+    "HANDLE_SCHEME",
+    "BucketLocation",
+    "HFBucketConfig",
+    "build_config",
+    "config_from_plugin_options",
+    "default_download_tmp_dir",
+    "lenient_bool",
+    "parse_bucket_handle",
+]
