@@ -79,3 +79,18 @@ def test_cross_machine_hit_through_a_shared_directory(tmp_path: Path) -> None:
     assert metric("kvbucket_store_objects_total", store="t-tiers-file", op="put", result="ok") == 8
     assert len(list(store.list("kv/"))) == 8
     store.close()
+
+
+def test_cross_machine_hit_through_a_hub_bucket(tmp_path: Path, hub_bucket) -> None:  # type: ignore[no-untyped-def]
+    """The remote tier is a private bucket on the Hub emulator, driven by huggingface_hub/hf_xet."""
+    from kvbucket.stores import open_store
+
+    hub = hub_bucket.hub
+    inner = open_store(f"hf://buckets/{hub_bucket.bucket_id}", endpoint=hub.endpoint, token=hub.write_token)
+    store = InstrumentedStore(inner, name="t-tiers-hf")
+    try:
+        cross_machine(tmp_path, store, "t-hf")
+        assert metric("kvbucket_store_objects_total", store="t-tiers-hf", op="put", result="ok") == 8
+        assert metric("kvbucket_store_objects_total", store="t-tiers-hf", op="get", result="hit") == 8
+    finally:
+        store.close()
