@@ -36,6 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
+from kvbucket.backends.base import StorageBackend
+from kvbucket.backends.local_cpu import LocalCPUBackend
+from kvbucket.backends.local_disk import LocalDiskBackend
+from kvbucket.backends.remote import RemoteBackend
+from kvbucket.chunks import KVLayout
 from kvbucket.stores.file import FileStore
 
 MIB = 1024 * 1024
@@ -120,13 +125,69 @@ def file_store_case(root: Path, fsync: bool, batch: int) -> Case:
     return Case(f"FileStore (batches of {batch})", put, get, reset=reset, baseline=PLAIN_FILE)
 
 
+def backend_case(
+    name: str,
+    backend: StorageBackend | Callable[[], StorageBackend],
+    baseline: str,
+    batch: int,
+) -> Case:
+    """A storage backend: blocking ``batched_put``, then ``batched_get_into`` the engine's buffers.
+
+    Given a factory instead of a backend, every repetition starts from a brand-new backend
+    (a cold tier that must allocate all its memory).
+    """
+    factory = backend if callable(backend) and not isinstance(backend, StorageBackend) else None
+    if factory is not None:
+        backend = factory()
+    assert isinstance(backend, StorageBackend)
+    keys: list[str] = []
+
+    def put(chunks: Sequence[bytes]) -> None:
+        keys[:] = [f"bench@1@0@{i:x}@bfloat16" for i in range(len(chunks))]
+        for i in range(0, len(chunks), batch):
+            part = list(zip(keys[i : i + batch], chunks[i : i + batch], strict=True))
+            if backend.batched_put(part) != len(part):
+                raise RuntimeError(f"{name}: a put failed")
+
+    def get(outs: Sequence[bytearray]) -> None:
+        for i in range(0, len(outs), batch):
+            if not all(backend.batched_get_into(keys[i : i + batch], outs[i : i + batch])):
+                raise RuntimeError(f"{name}: a chunk was missing")
+
+    def reset() -> None:
+        nonlocal backend
+        if factory is not None:
+            backend.close()
+            backend = factory()
+            return
+        for k in keys:
+            backend.remove(k)
+
+    return Case(name, put, get, reset=reset, baseline=baseline)
+
+
 def build_cases(workdir: Path, n: int, size: int, fsync: bool) -> list[Case]:
     """The rows of the table. Ceilings first; each other row names the ceiling it is held to."""
+    room = n * size + size  # every chunk fits: the rows measure the tier, not its evictions
     return [
         memcpy_case(n, size),
         plain_file_case(workdir / "plain", fsync),
         file_store_case(workdir / "filestore", fsync, batch=32),
+        backend_case("LocalCPUBackend", LocalCPUBackend(room), MEMCPY, batch=32),
+        backend_case("LocalCPUBackend (cold)", lambda: LocalCPUBackend(room), MEMCPY, batch=32),
+        backend_case("LocalDiskBackend", LocalDiskBackend(workdir / "disk", room, fsync=fsync), PLAIN_FILE,
+                     batch=32),
+        backend_case("RemoteBackend (FileStore)",
+                     RemoteBackend(FileStore(workdir / "remote", fsync=fsync), _layout(size)), PLAIN_FILE,
+                     batch=32),
     ]
+
+
+def _layout(size: int) -> KVLayout:
+    """A KV layout whose full chunk is ``size`` bytes (the remote tier only takes full chunks)."""
+    if size % 512:
+        raise SystemExit("--chunk-mib must give a multiple of 512 bytes for the RemoteBackend row")
+    return KVLayout(num_layers=1, num_kv_heads=1, head_size=1, dtype="uint8", chunk_tokens=size // 2)
 
 
 def _empty_dir(root: Path) -> None:

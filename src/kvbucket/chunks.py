@@ -57,13 +57,19 @@ def dtype_size(dtype: Any) -> int:
 
 @dataclass(frozen=True, slots=True)
 class KVLayout:
-    """The shape of one KV chunk; ``full_chunk_bytes`` is what remote tiers accept."""
+    """The shape of one KV chunk; ``full_chunk_bytes`` is what remote tiers accept.
+
+    ``use_mla`` is for multi-head latent attention models (DeepSeek-V2/V3): one latent vector per
+    token and layer instead of a K and a V, as LMCache stores them (pass ``num_kv_heads=1`` and
+    the latent size as ``head_size``).
+    """
 
     num_layers: int
     num_kv_heads: int
     head_size: int
     dtype: str = "bfloat16"
     chunk_tokens: int = 256
+    use_mla: bool = False
     itemsize: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -75,25 +81,30 @@ class KVLayout:
         object.__setattr__(self, "itemsize", dtype_size(self.dtype))
 
     @property
+    def kv_factor(self) -> int:
+        return 1 if self.use_mla else 2
+
+    @property
     def shape(self) -> tuple[int, int, int, int, int]:
-        """LMCache's chunk shape: ``(layers, 2, chunk_tokens, kv_heads, head_size)``."""
-        return (self.num_layers, 2, self.chunk_tokens, self.num_kv_heads, self.head_size)
+        """LMCache's chunk shape: ``(layers, 2, chunk_tokens, kv_heads, head_size)`` (1 for MLA)."""
+        return (self.num_layers, self.kv_factor, self.chunk_tokens, self.num_kv_heads, self.head_size)
 
     @property
     def bytes_per_token(self) -> int:
-        return self.num_layers * 2 * self.num_kv_heads * self.head_size * self.itemsize
+        return self.num_layers * self.kv_factor * self.num_kv_heads * self.head_size * self.itemsize
 
     @property
     def full_chunk_bytes(self) -> int:
         return self.bytes_per_token * self.chunk_tokens
 
     def with_chunk_tokens(self, chunk_tokens: int) -> KVLayout:
-        return KVLayout(self.num_layers, self.num_kv_heads, self.head_size, self.dtype, chunk_tokens)
+        return KVLayout(self.num_layers, self.num_kv_heads, self.head_size, self.dtype, chunk_tokens,
+                        self.use_mla)
 
     def describe(self) -> str:
         return (
-            f"{self.num_layers} layers x 2 x {self.chunk_tokens} tokens x {self.num_kv_heads} kv heads x "
-            f"{self.head_size} head size x {self.itemsize} B ({self.dtype})"
+            f"{self.num_layers} layers x {self.kv_factor} x {self.chunk_tokens} tokens x "
+            f"{self.num_kv_heads} kv heads x {self.head_size} head size x {self.itemsize} B ({self.dtype})"
         )
 
 

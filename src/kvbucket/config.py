@@ -267,8 +267,9 @@ def _config_error(
             lines.append(f"unknown config key {key!r} ({origin}): {hint}known keys: {', '.join(fields)}")
             continue
         msg = err["msg"].removeprefix("Value error, ") + _FIX_HINTS.get(err["type"], "")
-        if not key:  # a model-level check
-            lines.append(f"{msg} ({origin})")
+        if not key:  # a model-level check: it may involve the file and the environment
+            env_vars = ", ".join(f"{ENV_PREFIX}{k.upper()}" for k in sorted(env_keys or ()))
+            lines.append(f"{msg} ({source}{' + ' + env_vars if env_vars else ''})")
             continue
         shown = "" if key == "extra_config" or _looks_secret(".".join(loc)) else f", got {err.get('input')!r}"
         field = EngineConfig.model_fields.get(key)

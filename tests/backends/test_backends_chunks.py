@@ -15,6 +15,14 @@ def test_llama_3_1_8b_bf16_chunk_is_32_mib() -> None:
     assert layout.full_chunk_bytes == 32 * 1024 * 1024
 
 
+def test_mla_layout_has_one_latent_per_token() -> None:
+    # DeepSeek-V3: 61 layers, a 576-wide latent (512 + 64 rope) per token, bf16
+    layout = KVLayout(61, 1, 576, "bfloat16", use_mla=True)
+    assert layout.shape == (61, 1, 256, 1, 576)
+    assert layout.full_chunk_bytes == 61 * 256 * 576 * 2
+    assert layout.with_chunk_tokens(512).full_chunk_bytes == 2 * layout.full_chunk_bytes
+
+
 @pytest.mark.parametrize(("name", "size"), [("bfloat16", 2), ("torch.float16", 2), ("float32", 4),
                                             ("float8_e4m3fn", 1), ("float8_e5m2", 1), ("half", 2)])
 def test_dtype_sizes(name: str, size: int) -> None:

@@ -20,53 +20,9 @@ from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.file import FileStore
 from kvbucket.stores.memory import MemoryStore
 from kvbucket.testing.backend_tests import as_bytes, chunk_bytes, key
+from kvbucket.testing.seed_configs import SEED_001_MINIMAL, SEED_001_MULTI, SEED_004_COREWEAVE
 
 LAYOUT = KVLayout(2, 2, 16, "bfloat16", chunk_tokens=256)
-
-SEED_001_MINIMAL = """
-chunk_size: 256
-local_cpu: false
-save_unfull_chunk: false
-remote_serde: "naive"
-blocking_timeout_secs: 10
-remote_storage_plugins: ["hfbucket"]
-extra_config:
-  remote_storage_plugin.hfbucket.bucket_handle: "hf://buckets/my-org/lmcache-kv/prod"
-  remote_storage_plugin.hfbucket.token_env: "HF_TOKEN"
-  remote_storage_plugin.hfbucket.create_bucket_if_missing: false
-  remote_storage_plugin.hfbucket.download_tmp_dir: "/tmp/lmcache-hfbucket"
-  remote_storage_plugin.hfbucket.metadata_cache_ttl_secs: 30
-"""
-
-SEED_001_MULTI = """
-remote_storage_plugins: ["hfbucket.us", "hfbucket.eu"]
-extra_config:
-  remote_storage_plugin.hfbucket.us.bucket_handle: "hf://buckets/my-org/lmcache-kv/us"
-  remote_storage_plugin.hfbucket.us.token_env: "HF_US_TOKEN"
-  remote_storage_plugin.hfbucket.eu.bucket_handle: "hf://buckets/my-org/lmcache-kv/eu"
-  remote_storage_plugin.hfbucket.eu.token_env: "HF_EU_TOKEN"
-"""
-
-SEED_004_COREWEAVE = """
-chunk_size: 256
-local_cpu: False
-max_local_cpu_size: 50
-save_unfull_chunk: False
-enable_async_loading: True
-remote_url: "s3://test-127.cwlota.com"
-remote_serde: "naive"
-blocking_timeout_secs: 10
-extra_config:
-  s3_num_io_threads: 320
-  s3_prefer_http2: False
-  s3_region: "US-WEST-04A"
-  s3_enable_s3express: False
-  save_chunk_meta: False
-  disable_tls: True
-  aws_access_key_id: "your-access-key-id"
-  aws_secret_access_key: "your-secret-access-key"
-"""
-
 
 def write(tmp_path: Path, text: str, name: str = "engine.yaml") -> Path:
     p = tmp_path / name

@@ -113,3 +113,16 @@ def test_non_blocking_puts_survive_close_and_restart(tmp_path: Path) -> None:
     with LocalDiskBackend(root, 100 * FULL) as again:
         assert [as_bytes(c) for c in again.batched_get([key(i) for i in range(20)])] == [
             chunk_bytes(LAYOUT, i) for i in range(20)]
+
+
+def test_a_file_deleted_behind_its_back_is_forgotten(tmp_path: Path) -> None:
+    root = tmp_path / "disk"
+    with LocalDiskBackend(root, 10 * FULL) as b:
+        b.put(key(1), chunk_bytes(LAYOUT, 1))
+        b.put(key(2), chunk_bytes(LAYOUT, 2))
+        (root / key_to_name(key(1))).unlink()
+        (root / key_to_name(key(2))).unlink()
+        assert b.get(key(1)) is None
+        assert b.batched_get_into([key(2)], [bytearray(FULL)]) == [False]
+        assert not b.contains(key(1)) and not b.contains(key(2))
+        assert b.used_bytes == 0 and b.list() == []

@@ -211,6 +211,18 @@ def test_hybrid_promotes_lower_tier_hits(tmp_path: Path) -> None:
         assert h.get(key(2)) is None and h.misses == 1
 
 
+def test_hybrid_get_into_promotes_from_the_callers_buffer(tmp_path: Path) -> None:
+    remote = RemoteBackend(MemoryStore(), LAYOUT)
+    remote.put(key(1), chunk_bytes(LAYOUT, 1))
+    cpu = LocalCPUBackend(10 * FULL)
+    with HybridBackend([cpu, remote]) as h:
+        buf = bytearray(FULL)
+        assert h.get_into(key(1), buf) and bytes(buf) == chunk_bytes(LAYOUT, 1)
+        buf[:] = b"\x00" * FULL  # the caller reuses its buffer: the promoted copy is unaffected
+        assert as_bytes(cpu.get(key(1))) == chunk_bytes(LAYOUT, 1)
+        assert h.hits == [0, 1]
+
+
 def test_hybrid_contains_asks_fast_tiers_first() -> None:
     store = CountingStore()
     cpu = LocalCPUBackend(10 * FULL)
@@ -245,3 +257,43 @@ def test_hybrid_batched_get_goes_down_only_for_misses() -> None:
         got = h.batched_get([key(i) for i in range(4)])
         assert store.calls["get"] == gets + 1
         assert [as_bytes(g) for g in got] == [chunk_bytes(LAYOUT, i) for i in range(4)]
+
+
+class ReadThenWaitStore(MemoryStore):
+    """get_many reads the objects, then waits: a slow response carrying an old version."""
+
+    def __init__(self) -> None:
+        super().__init__("slow-reads")
+        self.read_done = threading.Event()
+        self.release = threading.Event()
+        self.hold = False
+
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        results = super().get_many(names, out)
+        if self.hold:
+            self.read_done.set()
+            self.release.wait(10)
+        return results
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_promotion_never_overwrites_a_newer_put(blocking: bool) -> None:
+    store = ReadThenWaitStore()
+    cpu = LocalCPUBackend(10 * FULL)
+    remote = RemoteBackend(store, LAYOUT)
+    remote.put(key(1), chunk_bytes(LAYOUT, 1))  # v1, only in the remote tier
+    with HybridBackend([cpu, remote]) as h:
+        store.hold = True
+        result: list[Any] = []
+        reader = threading.Thread(target=lambda: result.append(h.get(key(1))))
+        reader.start()
+        assert store.read_done.wait(10)  # the reader holds v1 and has not promoted it yet
+        store.hold = False
+        h.put(key(1), chunk_bytes(LAYOUT, 2), blocking=blocking)  # v2 lands meanwhile
+        store.release.set()
+        reader.join()
+        h.flush()
+        assert as_bytes(result[0]) == chunk_bytes(LAYOUT, 1)  # the reader got what it read
+        assert as_bytes(cpu.get(key(1))) == chunk_bytes(LAYOUT, 2)  # but memory keeps the newer v2
+        assert as_bytes(h.get(key(1))) == chunk_bytes(LAYOUT, 2)
+        assert h.promotions_skipped == 1

@@ -73,6 +73,29 @@ class StorageBackend(abc.ABC):
     def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
         return [self.get(k) for k in keys]
 
+    def get_into(self, key: Key, buffer: Chunk) -> bool:
+        """Read the chunk into ``buffer`` (writable, exactly the chunk's size); False on a miss."""
+        return self.batched_get_into([key], [buffer])[0]
+
+    def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
+        """Read chunks into caller buffers, as an engine fills its own KV memory.
+
+        Tiers that can read straight into the buffer (files, remote stores) override this to
+        skip the intermediate copy. A stored chunk whose size differs from its buffer is a miss
+        (logged) and the buffer is left untouched.
+        """
+        from kvbucket.chunks import as_view
+
+        if len(keys) != len(buffers):
+            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        out: list[bool] = []
+        for key, buf, chunk in zip(keys, buffers, self.batched_get(keys), strict=True):
+            if chunk is None:
+                out.append(False)
+                continue
+            out.append(copy_chunk_into(key, chunk, as_view(buf)))
+        return out
+
     def flush(self) -> None:  # noqa: B027 - optional hook
         """Wait until every non-blocking put issued so far has landed (or failed and been logged)."""
 
@@ -86,4 +109,19 @@ class StorageBackend(abc.ABC):
         self.close()
 
 
-__all__ = ["Chunk", "Key", "StorageBackend"]
+def copy_chunk_into(key: Key, chunk: Chunk, dst: memoryview) -> bool:
+    """Copy ``chunk`` into ``dst`` when the sizes agree; log and return False when not."""
+    from kvbucket.chunks import as_view
+
+    if dst.readonly:
+        raise ValueError(f"the buffer given for {key} is read-only")
+    src = as_view(chunk)
+    if src.nbytes != dst.nbytes:
+        log.warning("chunk %s is %d bytes but its buffer holds %d; treated as a miss", key, src.nbytes,
+                    dst.nbytes)
+        return False
+    dst[:] = src
+    return True
+
+
+__all__ = ["Chunk", "Key", "StorageBackend", "copy_chunk_into"]

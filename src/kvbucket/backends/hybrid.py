@@ -8,13 +8,17 @@ promoted into every faster tier that missed, so the next read is served from mem
 from __future__ import annotations
 
 import logging
+import threading
+import zlib
 from collections.abc import Iterable, Sequence
 
 from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.chunks import as_view
 from kvbucket.errors import KVBucketError
 from kvbucket.keys import as_key_string
 
 log = logging.getLogger(__name__)
+_STRIPES = 256
 
 
 class TierPutError(KVBucketError):
@@ -26,6 +30,13 @@ class HybridBackend(StorageBackend):
 
     ``promote_blocking`` chooses whether promotions into faster tiers wait (the default,
     so a read is followed by a memory hit) or go through the tiers' non-blocking queues.
+
+    A promotion never overwrites a newer write: every put and remove bumps a (striped) write
+    generation when it starts and when it ends, and a promotion is applied, under the stripe's
+    lock, only if no write is in progress and the generation is the one seen before the read,
+    and only into tiers that do not hold the key (a queued non-blocking put is newer). Without
+    this, a read that fetched an old version from the remote tier could put it back into
+    memory after a concurrent put of a new version had landed there.
     """
 
     def __init__(self, tiers: Sequence[StorageBackend], *, promote_blocking: bool = True) -> None:
@@ -36,6 +47,10 @@ class HybridBackend(StorageBackend):
         self.hits = [0] * len(self.tiers)  # per tier, for the demo's summary and tuning
         self.misses = 0
         self.promotion_failures = 0
+        self.promotions_skipped = 0  # a write of the key raced the read; its data is newer
+        self._gen = [0] * _STRIPES
+        self._writing = [0] * _STRIPES
+        self._gen_locks = [threading.Lock() for _ in range(_STRIPES)]
         self._closed = False
 
     def __repr__(self) -> str:
@@ -50,11 +65,16 @@ class HybridBackend(StorageBackend):
         self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
     ) -> list[Exception | None]:
         items = list(items)
+        names = [as_key_string(k) for k, _ in items]
         failures: list[list[str]] = [[] for _ in items]
-        for tier in self.tiers:
-            for i, err in enumerate(tier.batched_put_results(items, blocking=blocking)):
-                if err is not None:
-                    failures[i].append(f"{type(tier).__name__}: {err}")
+        self._begin_writes(names)
+        try:
+            for tier in self.tiers:
+                for i, err in enumerate(tier.batched_put_results(items, blocking=blocking)):
+                    if err is not None:
+                        failures[i].append(f"{type(tier).__name__}: {err}")
+        finally:
+            self._end_writes(names)
         out: list[Exception | None] = []
         for (key, _), fails in zip(items, failures, strict=True):
             if not fails:
@@ -71,6 +91,7 @@ class HybridBackend(StorageBackend):
 
     def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
         ks = [as_key_string(k) for k in keys]
+        gens = [self._gen[self._stripe(k)] for k in ks]
         out: list[Chunk | None] = [None] * len(ks)
         missing = list(range(len(ks)))
         for t, tier in enumerate(self.tiers):
@@ -78,7 +99,7 @@ class HybridBackend(StorageBackend):
                 break
             found = tier.batched_get([ks[i] for i in missing])
             still: list[int] = []
-            promote: list[tuple[str, Chunk]] = []
+            promote: list[tuple[str, Chunk, int]] = []
             for i, chunk in zip(missing, found, strict=True):
                 if chunk is None:
                     still.append(i)
@@ -86,7 +107,35 @@ class HybridBackend(StorageBackend):
                 out[i] = chunk
                 self.hits[t] += 1
                 if t:
-                    promote.append((ks[i], chunk))
+                    promote.append((ks[i], chunk, gens[i]))
+            if promote:
+                self._promote(self.tiers[:t], promote)
+            missing = still
+        self.misses += len(missing)
+        return out
+
+    def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
+        if len(keys) != len(buffers):
+            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        ks = [as_key_string(k) for k in keys]
+        gens = [self._gen[self._stripe(k)] for k in ks]
+        out = [False] * len(ks)
+        missing = list(range(len(ks)))
+        for t, tier in enumerate(self.tiers):
+            if not missing:
+                break
+            found = tier.batched_get_into([ks[i] for i in missing], [buffers[i] for i in missing])
+            still: list[int] = []
+            promote: list[tuple[str, Chunk, int]] = []
+            for i, hit in zip(missing, found, strict=True):
+                if not hit:
+                    still.append(i)
+                    continue
+                out[i] = True
+                self.hits[t] += 1
+                if t:  # the caller owns the buffer: promote a copy unless promotion is synchronous
+                    chunk = buffers[i] if self.promote_blocking else as_view(buffers[i]).tobytes()
+                    promote.append((ks[i], chunk, gens[i]))
             if promote:
                 self._promote(self.tiers[:t], promote)
             missing = still
@@ -97,9 +146,14 @@ class HybridBackend(StorageBackend):
         return any(tier.contains(key) for tier in self.tiers)
 
     def remove(self, key: Key) -> bool:
+        names = [as_key_string(key)]
         removed = False
-        for tier in self.tiers:
-            removed = tier.remove(key) or removed
+        self._begin_writes(names)
+        try:
+            for tier in self.tiers:
+                removed = tier.remove(key) or removed
+        finally:
+            self._end_writes(names)
         return removed
 
     def list(self) -> list[str]:
@@ -126,10 +180,35 @@ class HybridBackend(StorageBackend):
         if errors:
             raise errors[0]
 
-    def _promote(self, faster: list[StorageBackend], items: list[tuple[str, Chunk]]) -> None:
-        for tier in faster:
-            for (key, _), err in zip(items, tier.batched_put_results(items, blocking=self.promote_blocking),
-                                     strict=True):
-                if err is not None:  # a cache fill that failed is not an error for the reader
-                    self.promotion_failures += 1
-                    log.debug("promotion of %s into %s failed: %s", key, type(tier).__name__, err)
+    def _stripe(self, key: str) -> int:
+        return zlib.crc32(key.encode()) % _STRIPES
+
+    def _begin_writes(self, keys: list[str]) -> None:
+        for key in keys:
+            s = self._stripe(key)
+            with self._gen_locks[s]:
+                self._gen[s] += 1
+                self._writing[s] += 1
+
+    def _end_writes(self, keys: list[str]) -> None:
+        for key in keys:
+            s = self._stripe(key)
+            with self._gen_locks[s]:
+                self._gen[s] += 1
+                self._writing[s] -= 1
+
+    def _promote(self, faster: list[StorageBackend], items: list[tuple[str, Chunk, int]]) -> None:
+        for key, chunk, gen in items:
+            s = self._stripe(key)
+            with self._gen_locks[s]:
+                if self._gen[s] != gen or self._writing[s]:
+                    self.promotions_skipped += 1
+                    continue
+                for tier in faster:
+                    try:
+                        if tier.contains(key):
+                            continue
+                        tier.put(key, chunk, blocking=self.promote_blocking)
+                    except Exception as e:  # a cache fill that failed is not an error for the reader
+                        self.promotion_failures += 1
+                        log.debug("promotion of %s into %s failed: %s", key, type(tier).__name__, e)

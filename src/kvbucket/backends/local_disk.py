@@ -13,12 +13,12 @@ import os
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.backends.base import Chunk, Key, StorageBackend, copy_chunk_into
 from kvbucket.chunks import ChunkSizeError, as_view
 from kvbucket.errors import InvalidKeyError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
@@ -97,8 +97,46 @@ class LocalDiskBackend(StorageBackend):
             # removed or evicted (or replaced by a chunk of another size) since we looked
             if r.error is not None:
                 log.debug("disk tier read of %s failed: %s", k, r.error)
+            else:
+                self._forget_if_gone(k)
             return None
         return memoryview(buf).toreadonly()
+
+    def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
+        if len(keys) != len(buffers):
+            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        ks = [as_key_string(k) for k in keys]
+        out = [False] * len(ks)
+        todo: list[int] = []
+        for i, k in enumerate(ks):
+            pending = self._queue.pending(k)
+            if pending is not None:
+                out[i] = copy_chunk_into(k, pending, as_view(buffers[i]))
+                continue
+            with self._lock:
+                if k in self._index:
+                    self._index.move_to_end(k)
+                    todo.append(i)
+        if todo:
+            results = self.store.get_many([key_to_name(ks[i]) for i in todo], [buffers[i] for i in todo])
+            for i, r in zip(todo, results, strict=True):
+                if r.error is not None:
+                    log.warning("disk tier read of %s into the caller's buffer failed: %s", ks[i], r.error)
+                elif r.size is None:
+                    self._forget_if_gone(ks[i])
+                out[i] = r.found
+        return out
+
+    def _forget_if_gone(self, key: str) -> None:
+        """Drop an index entry whose file was deleted behind our back (not by us: we unindex first)."""
+        with self._stripe(key):
+            (h,) = self.store.head_many([key_to_name(key)])
+            if h.error is None and h.size is None:
+                with self._lock:
+                    size = self._index.pop(key, None)
+                    if size is not None:
+                        self.used_bytes -= size
+                        log.warning("disk tier: the file of %s was deleted outside kvbucket; forgotten", key)
 
     def contains(self, key: Key) -> bool:
         k = as_key_string(key)

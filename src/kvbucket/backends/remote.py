@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.backends.base import Chunk, Key, StorageBackend, copy_chunk_into
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
@@ -99,6 +99,7 @@ class RemoteBackend(StorageBackend):
         for i, (key, chunk) in enumerate(items):
             try:
                 k = as_key_string(key)
+                self._name(k)  # a key that cannot be an object name fails here, for this item only
                 view = as_view(chunk)
                 self._check_put_size(k, view.nbytes)
             except Exception as e:
@@ -139,6 +140,34 @@ class RemoteBackend(StorageBackend):
             fetched = self._fetch([ks[i] for i in todo])
             for i, r in zip(todo, fetched, strict=True):
                 out[i] = self._decode(ks[i], r)
+        return out
+
+    def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
+        if self.serde.name != "naive":
+            return super().batched_get_into(keys, buffers)
+        if len(keys) != len(buffers):
+            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        ks = [as_key_string(k) for k in keys]
+        out = [False] * len(ks)
+        todo: list[int] = []
+        for i, k in enumerate(ks):
+            pending = self._queue.pending(k)
+            if pending is not None:
+                out[i] = copy_chunk_into(k, pending, as_view(buffers[i]))
+            elif self._size_ok(as_view(buffers[i]).nbytes):
+                todo.append(i)
+            else:
+                self._log_bad(k, f"the caller's buffer is {as_view(buffers[i]).nbytes} bytes")
+        if todo:
+            names = [self._name(ks[i]) for i in todo]
+            results = self._call(self.store.get_many, "get", names, [buffers[i] for i in todo])
+            for i, r in zip(todo, results, strict=True):
+                if r.error is not None:
+                    if isinstance(r.error, SizeMismatchError):
+                        self._log_bad(ks[i], str(r.error))
+                    else:
+                        log.warning("get of %s from %s failed: %s", ks[i], self.store.url, r.error)
+                out[i] = r.found
         return out
 
     def contains(self, key: Key) -> bool:

@@ -45,7 +45,7 @@ _MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 _O_BINARY = getattr(os, "O_BINARY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_RENAME_ATTEMPTS = 8
+_RENAME_ATTEMPTS = 16
 
 
 def _store_error(action: str, name: str, e: OSError) -> StoreError:
@@ -143,7 +143,11 @@ class FileStore(ObjectStore):
                 os.mkdir(d, DIR_MODE)
                 created.append(d)
             except FileExistsError:
-                if not os.path.isdir(d):
+                try:
+                    st = os.lstat(d)
+                except FileNotFoundError:
+                    continue  # pruned by a concurrent delete just now: the caller's retry recreates it
+                if not stat.S_ISDIR(st.st_mode):
                     raise NotADirectoryError(errno.ENOTDIR, "a parent of the name is an object", d) from None
         return created
 

@@ -171,8 +171,31 @@ class BackendTests:
         assert results[0] is None and results[2] is None
         assert isinstance(results[1], Exception)
         assert backend.batched_put([(key(43), object()), (key(44), chunk_bytes(self.layout, 44))]) == 1
+        too_long = CacheEngineKey("m" * 2000, 1, 0, 1, "bfloat16")  # longer than any object name may be
+        (err, ok) = backend.batched_put_results([(too_long, chunk_bytes(self.layout, 45)),
+                                                 (key(45), chunk_bytes(self.layout, 45))])
+        assert ok is None and as_bytes(backend.get(key(45))) == chunk_bytes(self.layout, 45)
+        if err is None:  # memory tiers take any key; then it must also read back
+            assert as_bytes(backend.get(too_long)) == chunk_bytes(self.layout, 45)
         assert as_bytes(backend.get(key(42))) == chunk_bytes(self.layout, 42)
         assert backend.get(key(41)) is None and backend.get(key(43)) is None
+
+    def test_get_into_caller_buffers(self, backend: StorageBackend) -> None:
+        items = [(key(i), chunk_bytes(self.layout, i)) for i in range(45, 48)]
+        backend.batched_put(items)
+        full = self.layout.full_chunk_bytes
+        bufs: list[Any] = [bytearray(full), np.zeros(full, dtype=np.uint8), bytearray(full), bytearray(full)]
+        asked = [items[2][0], items[0][0], key(99_003), items[1][0]]
+        assert backend.batched_get_into(asked, bufs) == [True, True, False, True]
+        assert bytes(bufs[0]) == items[2][1]
+        assert bufs[1].tobytes() == items[0][1]
+        assert bytes(bufs[2]) == b"\x00" * full  # a miss leaves the buffer untouched
+        assert bytes(bufs[3]) == items[1][1]
+        small = bytearray(full - 1)
+        assert backend.get_into(items[0][0], small) is False  # wrong size: a miss, nothing written
+        assert bytes(small) == b"\x00" * (full - 1)
+        with pytest.raises(ValueError, match="got 1 keys but 2 buffers"):
+            backend.batched_get_into([items[0][0]], [bytearray(full), bytearray(full)])
 
     # ---- non-blocking puts --------------------------------------------------------------------
     def test_non_blocking_puts_land(self, backend: StorageBackend) -> None:
