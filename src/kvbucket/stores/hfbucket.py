@@ -412,14 +412,18 @@ def _byte_view(name: str, data: Buffer) -> memoryview:
 
 # ---- openers and factories ---------------------------------------------------------------
 
-def open_hfbucket_store(url: str, **options: Any) -> HFBucketStore:
+def open_hfbucket_store(url: str, *, create: bool | None = None, **options: Any) -> HFBucketStore:
     """``open_store("hf://buckets/ns/name[/prefix]", **options)``; options are HFBucketConfig fields.
 
     Endpoint and token follow huggingface_hub: ``$HF_ENDPOINT`` and ``$HF_TOKEN`` (or the saved
-    login) unless ``endpoint``/``token``/``token_env`` say otherwise.
+    login) unless ``endpoint``/``token``/``token_env`` say otherwise. ``create`` is the generic
+    opener flag (the CLI passes ``create=False`` to inspect without creating anything); it sets
+    ``create_bucket_if_missing`` unless that option is given too.
     """
     if "bucket_handle" in options:
         raise ConfigError("give the bucket either as the URL or as bucket_handle, not both")
+    if create is not None:
+        options.setdefault("create_bucket_if_missing", bool(create))
     return HFBucketStore(build_config(bucket_handle=url, **options))
 
 

@@ -1,0 +1,297 @@
+"""HFBucketStore on the project's Hub emulator, driven by the unmodified huggingface_hub + hf_xet.
+
+The conformance suite, then every option, partial batch failures and 429/503 storms injected by
+the emulator, missing buckets, wrong and read-only tokens, and secrets kept out of logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from huggingface_hub.errors import BucketNotFoundError
+
+from kvbucket.errors import AuthError, NotFoundError
+from kvbucket.stores import open_store
+from kvbucket.stores.hfbucket import HFBucketStore, store_from_plugin_options
+from kvbucket.stores.hfbucket_config import HFBucketConfig, build_config
+from kvbucket.testing.store_tests import StoreTests, payload
+
+FAST = {"retry_backoff_secs": 0.01}
+
+
+def make_store(hub: Any, bucket_id: str, prefix: str = "", **options: Any) -> HFBucketStore:
+    handle = f"hf://buckets/{bucket_id}" + (f"/{prefix}" if prefix else "")
+    opts: dict[str, Any] = {"token": hub.write_token, "endpoint": hub.endpoint, "token_env": "", **FAST}
+    opts.update(options)
+    return HFBucketStore(build_config(bucket_handle=handle, **opts))
+
+
+def requests(hub: Any, route: str) -> int:
+    return int(hub.stats()["routes"].get(route, {}).get("requests", 0))
+
+
+class TestHFBucketStoreOnEmulator(StoreTests):
+    supports_reopen = True
+    lists_sorted = False  # the Hub documents no listing order
+
+    @pytest.fixture
+    def store(self, hub_bucket: Any) -> Iterator[HFBucketStore]:
+        with make_store(hub_bucket.hub, hub_bucket.bucket_id, prefix=f"p-{uuid.uuid4().hex[:6]}") as s:
+            yield s
+
+    def reopen(self, store: HFBucketStore) -> HFBucketStore:
+        return HFBucketStore(store.config)
+
+
+class TestHFBucketStoreAtBucketRoot(StoreTests):
+    """No prefix: names are bucket paths."""
+
+    supports_reopen = True
+    lists_sorted = False
+
+    @pytest.fixture
+    def store(self, hub_bucket: Any) -> Iterator[HFBucketStore]:
+        with make_store(hub_bucket.hub, hub_bucket.bucket_id) as s:
+            yield s
+
+    def reopen(self, store: HFBucketStore) -> HFBucketStore:
+        return HFBucketStore(store.config)
+
+
+# ---- options -------------------------------------------------------------------------------
+
+def test_missing_bucket_without_create_is_a_clear_error(hub_emulator: Any) -> None:
+    bucket = f"{hub_emulator.namespace}/absent-{uuid.uuid4().hex[:8]}"
+    with make_store(hub_emulator, bucket) as s:
+        (r,) = s.head_many(["x"])
+        assert isinstance(r.error, NotFoundError)
+        assert bucket in str(r.error) and "create_bucket_if_missing" in str(r.error)
+        (r,) = s.put_many([("x", b"1")])
+        assert isinstance(r.error, NotFoundError) and r.size is None
+        with pytest.raises(NotFoundError, match="create_bucket_if_missing"):
+            list(s.list())
+    with pytest.raises(BucketNotFoundError):
+        hub_emulator.api().bucket_info(bucket)  # and nothing was created
+
+
+def test_create_if_missing_creates_a_private_bucket_on_first_store(hub_emulator: Any) -> None:
+    bucket = f"{hub_emulator.namespace}/made-{uuid.uuid4().hex[:8]}"
+    with make_store(hub_emulator, bucket, prefix="kv", create_bucket_if_missing=True) as s:
+        assert s.head_many(["x"])[0].size is None  # lookups before the first store: just misses
+        assert list(s.list()) == []
+        with pytest.raises(BucketNotFoundError):
+            hub_emulator.api().bucket_info(bucket)  # lazily: not created by lookups
+        assert s.put("x", b"abc") == 3
+        assert s.put("y", b"de") == 2
+    info = hub_emulator.api().bucket_info(bucket)
+    assert info.private is True
+    assert requests(hub_emulator, "create_bucket") >= 1
+    with make_store(hub_emulator, bucket, prefix="kv") as again:
+        assert again.get("x") == b"abc"
+
+
+def test_token_env_takes_precedence_and_wrong_token_is_auth_error(
+    hub_bucket: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    hub = hub_bucket.hub
+    bad = "hf_wrong_token_0123456789"
+    monkeypatch.setenv("KVB_GOOD", hub.write_token)
+    with make_store(hub, hub_bucket.bucket_id, token=bad, token_env="KVB_GOOD") as s:
+        assert s.put("a", b"1") == 1  # the env var won over the wrong direct token
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("KVB_BAD", bad)
+    with make_store(hub, hub_bucket.bucket_id, token=hub.write_token, token_env="KVB_BAD") as s:
+        (r,) = s.head_many(["a"])
+        assert isinstance(r.error, AuthError) and "$KVB_BAD" in str(r.error)
+        (r,) = s.put_many([("b", b"2")])
+        assert isinstance(r.error, AuthError)
+        (r,) = s.get_many(["a"])
+        assert isinstance(r.error, AuthError)
+        texts = [str(r.error), repr(r.error), repr(s), repr(s.config), repr(s._client)]
+    for secret in (bad, hub.write_token):
+        assert all(secret not in t for t in texts)
+        assert secret not in caplog.text
+
+
+def test_read_only_token_reads_but_cannot_write(hub_bucket: Any) -> None:
+    hub = hub_bucket.hub
+    with make_store(hub, hub_bucket.bucket_id) as w:
+        w.put("shared", b"data")
+    with make_store(hub, hub_bucket.bucket_id, token=hub.read_token) as r:
+        assert r.get("shared") == b"data"
+        (res,) = r.put_many([("nope", b"x")])
+        assert isinstance(res.error, AuthError) and "write access" in str(res.error)
+        (res,) = r.delete_many(["shared"])
+        assert res.error is not None
+    with make_store(hub, hub_bucket.bucket_id) as w:
+        assert w.get("shared") == b"data" and w.head("nope") is None
+
+
+def test_endpoint_and_token_from_hf_env_vars(hub_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = hub_bucket.hub
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("HF_TOKEN", hub.write_token)
+    with open_store(f"hf://buckets/{hub_bucket.bucket_id}/env", **FAST) as s:
+        assert s.put("k", b"v") == 1
+        assert s.endpoint == hub.endpoint
+    with make_store(hub, hub_bucket.bucket_id, prefix="env") as s:
+        assert s.get("k") == b"v"
+
+
+def test_metadata_cache_one_request_per_1000_and_ttl(hub_bucket: Any) -> None:
+    hub = hub_bucket.hub
+    with make_store(hub, hub_bucket.bucket_id, prefix="c") as w:
+        w.put_many([(f"k{i}", b"x") for i in range(5)])
+    names = [f"k{i}" for i in range(1500)]
+    with make_store(hub, hub_bucket.bucket_id, prefix="c", metadata_cache_ttl_secs=0.5) as s:
+        before = requests(hub, "paths_info")
+        res = s.head_many(names)
+        assert requests(hub, "paths_info") - before == 2  # 1,500 names: two requests of <= 1,000
+        assert [r.size for r in res[:6]] == [1, 1, 1, 1, 1, None]
+        s.head_many(names)
+        assert requests(hub, "paths_info") - before == 2  # warm: served by the cache
+        with make_store(hub, hub_bucket.bucket_id, prefix="c") as other:
+            other.delete_many(["k0"])
+        assert s.head("k0") == 1  # within the TTL the cached answer stands
+        time.sleep(0.6)
+        assert s.head("k0") is None  # after it, the bucket is asked again
+        s.put("k0", b"again")
+        n = requests(hub, "paths_info")
+        assert s.head("k0") == 5 and requests(hub, "paths_info") == n  # own puts refresh the cache
+
+
+def test_ttl_zero_disables_the_cache(hub_bucket: Any) -> None:
+    hub = hub_bucket.hub
+    with make_store(hub, hub_bucket.bucket_id, metadata_cache_ttl_secs=0) as s:
+        s.put("a", b"1")
+        before = requests(hub, "paths_info")
+        s.head("a")
+        s.head("a")
+        assert requests(hub, "paths_info") - before == 2
+
+
+def test_num_workers_one_and_more_than_one_batch(hub_bucket: Any) -> None:
+    hub = hub_bucket.hub
+    names = [f"n/{i:04d}" for i in range(1001)]
+    with make_store(hub, hub_bucket.bucket_id, num_workers=1) as s:
+        before = requests(hub, "batch")
+        res = s.put_many([(n, n.encode()) for n in names])
+        assert all(r.ok for r in res)
+        assert requests(hub, "batch") - before == 2  # the Hub's limit: 1,000 operations a request
+        got = s.get_many([names[0], names[-1]])
+        assert [bytes(r.data) for r in got] == [names[0].encode(), names[-1].encode()]
+        assert len(list(s.list("n/"))) == 1001
+
+
+def test_downloads_stream_into_memory_and_leave_no_files(hub_bucket: Any, tmp_path: Path) -> None:
+    tmp = tmp_path / "dl"
+    data = payload(3 * 1024 * 1024 + 17, 3)
+    with make_store(hub_bucket.hub, hub_bucket.bucket_id, download_tmp_dir=str(tmp)) as s:
+        s.put("big", data)
+        buf = bytearray(len(data))
+        assert s.get_into("big", buf) and bytes(buf) == data
+        assert s.config.resolved_tmp_dir() == tmp
+    assert not tmp.exists() or not any(tmp.iterdir())
+
+
+# ---- failures injected by the emulator -----------------------------------------------------
+
+def test_partial_batch_failure_exact_accounting(hub_bucket: Any, hub_faults: Any) -> None:
+    with make_store(hub_bucket.hub, hub_bucket.bucket_id) as s:
+        hub_faults.add("batch", fail_batch_line=2, times=1)
+        hub_faults.add("batch", fail_batch_line=4, times=1)
+        names, expected = [f"k{i}" for i in range(5)], [100, None, 102, None, 104]
+        res = s.put_many([(n, payload(100 + i, i)) for i, n in enumerate(names)])
+        assert [r.ok for r in res] == [True, False, True, False, True]
+        assert [r.size for r in res] == expected
+        assert all("was not stored" in str(r.error) for r in res if not r.ok)
+        hub_faults.reset()
+        with make_store(hub_bucket.hub, hub_bucket.bucket_id) as fresh:
+            assert [r.size for r in fresh.head_many(names)] == expected
+        assert [r.size for r in s.head_many(names)] == expected
+
+
+def test_dropped_batch_response_is_reconciled(hub_bucket: Any, hub_faults: Any) -> None:
+    """The batch is applied but the answer is lost, and every retry's answer too: the store asks
+    the bucket what landed and counts exactly that."""
+    with make_store(hub_bucket.hub, hub_bucket.bucket_id, max_retries=1) as s:
+        hub_faults.add("batch", drop=True)
+        res = s.put_many([("a", b"xyz"), ("b", b"12")])
+        hub_faults.reset()
+        assert [r.size for r in res] == [3, 2] and all(r.ok for r in res)
+        assert s.get("a") == b"xyz"
+
+
+def test_failed_batch_and_unreachable_reconciliation_counts_nothing(hub_bucket: Any, hub_faults: Any) -> None:
+    with make_store(hub_bucket.hub, hub_bucket.bucket_id, max_retries=1) as s:
+        hub_faults.add("batch", status=503)
+        hub_faults.add("paths_info", status=503)
+        res = s.put_many([("a", b"xyz")])
+        hub_faults.reset()
+        assert not res[0].ok and res[0].size is None
+        assert s.head("a") is None  # it really did not land
+
+
+@pytest.mark.parametrize("route", ["paths_info", "batch", "xet_token", "tree"])
+def test_429_and_503_storms_are_retried(hub_bucket: Any, hub_faults: Any, route: str) -> None:
+    with make_store(hub_bucket.hub, hub_bucket.bucket_id, metadata_cache_ttl_secs=0, max_retries=6) as s:
+        hub_faults.add(route, status=429, times=3)
+        hub_faults.add(route, status=503, times=2)
+        assert all(r.ok for r in s.put_many([("r/1", b"one"), ("r/2", b"two")]))
+        assert [r.size for r in s.head_many(["r/1", "r/2", "r/3"])] == [3, 3, None]
+        assert [i.name for i in sorted(s.list("r/"), key=lambda i: i.name)] == ["r/1", "r/2"]
+        assert s.get("r/2") == b"two"
+        fired = sum(r["fired"] for r in hub_faults.rules())
+        assert fired == 5, f"the storm on {route} did not happen ({fired} faults fired)"
+
+
+def test_storm_longer_than_the_retries_is_a_transient_error(hub_bucket: Any, hub_faults: Any) -> None:
+    from kvbucket.errors import TransientStoreError
+
+    with make_store(hub_bucket.hub, hub_bucket.bucket_id, max_retries=2) as s:
+        hub_faults.add("paths_info", status=503)
+        (r,) = s.head_many(["x"])
+        assert isinstance(r.error, TransientStoreError) and "retries" in str(r.error)
+
+
+# ---- plugin instances ------------------------------------------------------------------------
+
+def test_two_named_plugin_instances_write_to_two_buckets(
+    hub_emulator: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = hub_emulator.api()
+    us, eu = (f"{hub_emulator.namespace}/{r}-{uuid.uuid4().hex[:8]}" for r in ("us", "eu"))
+    api.create_bucket(us, private=True)
+    monkeypatch.setenv("HF_ENDPOINT", hub_emulator.endpoint)
+    monkeypatch.setenv("HF_US_TOKEN", hub_emulator.write_token)
+    monkeypatch.setenv("HF_EU_TOKEN", hub_emulator.write_token)
+    engine = type("Engine", (), {"save_unfull_chunk": False, "extra_config": {}})()
+    s_us = store_from_plugin_options("hfbucket.us", {"bucket_handle": f"hf://buckets/{us}/kv",
+                                                     "token_env": "HF_US_TOKEN"}, engine)
+    s_eu = store_from_plugin_options("hfbucket.eu", {"bucket_handle": f"hf://buckets/{eu}/kv",
+                                                     "token_env": "HF_EU_TOKEN",
+                                                     "create_bucket_if_missing": "true"}, engine)
+    with s_us, s_eu:
+        s_us.put("k", b"us")
+        s_eu.put("k", b"eu!")
+        assert s_us.get("k") == b"us" and s_eu.get("k") == b"eu!"
+    assert {f.path for f in api.list_bucket_tree(us, recursive=True) if f.type == "file"} == {"kv/k"}
+    assert {f.path for f in api.list_bucket_tree(eu, recursive=True) if f.type == "file"} == {"kv/k"}
+    assert api.bucket_info(eu).private is True
+
+
+def test_config_is_the_l2_contract(hub_bucket: Any) -> None:
+    class L2Like(HFBucketConfig):
+        max_capacity_gb: float = 0.0
+
+    cfg = build_config(L2Like, bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/l2",
+                       token=hub_bucket.hub.write_token, endpoint=hub_bucket.hub.endpoint, token_env="",
+                       max_capacity_gb=1)
+    with HFBucketStore.from_config(cfg) as s:
+        assert s.put("x", b"1") == 1 and s.get("x") == b"1"
