@@ -43,3 +43,12 @@ def test_demo_on_a_directory_target_cleans_up(tmp_path: Path) -> None:
 def test_demo_refuses_a_bad_dtype() -> None:
     result = run_demo("--dtype", "int3")
     assert result.returncode != 0 and "int3" in result.stdout + result.stderr
+
+
+def test_synthetic_flags_need_synthetic() -> None:
+    from typer.testing import CliRunner
+
+    from kvbucket.cli import build_app
+
+    result = CliRunner().invoke(build_app(), ["demo", "--chunks", "4"])
+    assert result.exit_code != 0 and "--synthetic" in result.output

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from kvbucket.backends.base import StorageBackend  # noqa: E402
 from kvbucket.demo.model import TINY, build_model  # noqa: E402
-from kvbucket.errors import ConfigError  # noqa: E402
+from kvbucket.errors import ConfigError, KVBucketError  # noqa: E402
 from kvbucket.integrations.transformers import (  # noqa: E402
     KVBucketPrefixCache,
     UnsupportedModelError,
@@ -305,6 +305,9 @@ def test_refuses_what_it_cannot_serve(model) -> None:  # type: ignore[no-untyped
         KVBucketPrefixCache(model, {}, chunk_tokens=T)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="'@'"):
         KVBucketPrefixCache(model, DictBackend(), model_id="org@model")
+    cache.close()
+    with pytest.raises(KVBucketError, match="closed"):
+        cache.prefill(prompt(T))
 
 
 def test_refuses_sliding_window_models() -> None:

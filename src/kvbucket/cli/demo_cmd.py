@@ -23,7 +23,8 @@ def register(app: typer.Typer) -> None:
             None, "--target",
             help="Shared tier instead of the default (the real-model demo: an in-process Hub emulator "
             "with a private bucket; --synthetic: a FileStore in a temp dir): "
-            "hf://buckets/<ns>/<bucket>[/<prefix>], s3://<bucket>[/<prefix>], file:///dir or a path. "
+            "hf://buckets/<ns>/<bucket>/<prefix>, s3://<bucket>/<prefix> (prefixes optional), file:///dir "
+            "or a path. "
             "Credentials come from the usual environment (HF_TOKEN, AWS_*). The demo's chunks are "
             "removed from it at the end unless --keep.",
         ),
@@ -55,9 +56,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Time to first token saved by a prompt prefix computed on another machine.
 
-        Machine A answers a 4,096-token prompt with a ~0.5B-shaped Llama (random weights, no
-        download) and stores its KV; machine B (a fresh process, empty local tiers) answers the same
-        document with another question, with and without the cache, and checks the outputs match.
+        Machine A answers a 4,096-token prompt with a ~0.5B-shaped Llama (random weights) and stores its KV.
+
+        Machine B (a fresh process, empty local tiers) asks another question, with and without the cache.
+
         Exits 1 if outputs (or, with --synthetic, bytes) differ, 2 if the demo cannot run.
         """
         if synthetic:

@@ -302,6 +302,8 @@ class KVBucketPrefixCache:
         backend. Pass the returned cache and the *same* ``input_ids`` to ``model.generate``: it
         computes only the last token, whose logits then pick the first new token.
         """
+        if self._closed:
+            raise KVBucketError("this KVBucketPrefixCache is closed; create a new one")
         ids = _as_batch1(input_ids, self.model)
         _check_mask(attention_mask, ids.shape[1])
         if self.model.training:
