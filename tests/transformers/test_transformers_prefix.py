@@ -335,3 +335,41 @@ def test_importing_kvbucket_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _gpt2() -> object:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=512, initializer_range=0.2,
+        bos_token_id=0, eos_token_id=0,
+    )
+    return GPT2LMHeadModel(config).eval()
+
+
+def _qwen2() -> object:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+        intermediate_size=128, vocab_size=256, initializer_range=0.2, use_sliding_window=False,
+        sliding_window=32,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("make", [_gpt2, _qwen2], ids=["gpt2-no-kv-head-fields", "qwen2-mqa"])
+def test_other_architectures(make) -> None:  # type: ignore[no-untyped-def]
+    """GPT-2's config has no num_key_value_heads/head_dim (the probe learns them); Qwen2 with one KV
+    head and a sliding_window it does not use is a full-attention model and is served."""
+    model = make()
+    ids = prompt(4 * T + 6, seed=17)
+    ref = reference(model, ids)
+    with KVBucketPrefixCache(model, DictBackend(), chunk_tokens=T) as cache:
+        cache.generate(ids, **GEN)
+        cache.flush()
+        out = cache.generate(ids, **GEN)
+        assert cache.last_stats.hit_tokens == 4 * T
+        assert_same(ref, out)
