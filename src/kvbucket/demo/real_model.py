@@ -335,7 +335,8 @@ def run_demo(
             TimeElapsedColumn(),
             console=console,
         ) as progress:
-            steps = 7 if cfg.cleanup else 6
+            # 3 steps on A, 3 on B (+1 cleanup), then "done": the bar completes only when B has finished
+            steps = (7 if cfg.cleanup else 6) + 1
             task = progress.add_task("starting", total=steps)
 
             def on_step(text: str) -> None:
