@@ -34,6 +34,23 @@ log = logging.getLogger(__name__)
 ENV_PREFIX = "KVBUCKET_"
 CONFIG_FILE_ENV = "KVBUCKET_CONFIG_FILE"
 GB = 1024**3
+# LMCache 0.5.6 engine-config keys that kvbucket's engine config does not take (they configure
+# LMCache's GPU connector, P2P/PD transfer, blending, controller...): named in the error so a
+# user who points kvbucket at a full LMCache file knows what to remove.
+LMCACHE_ONLY_KEYS = frozenset({
+    "local_cpu_use_hugepages", "reserve_local_cpu_size", "local_disk_path_sharding", "use_layerwise",
+    "save_decode_cache", "pre_caching_hash_algorithm", "enable_blending", "blend_recompute_ratios",
+    "blend_thresholds", "blend_check_layers", "blend_min_tokens", "blend_special_str", "retrieve_locations",
+    "store_location", "enable_p2p", "p2p_host", "p2p_init_ports", "p2p_lookup_ports", "mp_host", "mp_port",
+    "enable_controller", "lmcache_instance_id", "controller_pull_url", "controller_reply_url",
+    "lmcache_worker_ports", "lmcache_worker_ids", "enable_pd", "pd_role", "pd_buffer_size",
+    "pd_buffer_device", "transfer_channel", "nixl_backends", "nixl_buffer_size", "nixl_buffer_device",
+    "gds_path", "gds_buffer_size", "use_gds", "external_lookup_client", "py_enable_gc", "cache_policy",
+    "numa_mode", "internal_api_server_enabled", "internal_api_server_port_start", "priority_limit",
+    "runtime_plugin_locations", "storage_plugins", "lookup_timeout_ms", "min_retrieve_tokens",
+    "enable_lazy_memory_allocator", "enable_kv_events", "use_gpu_connector_v3", "remote_config_url",
+    "app_id", "enable_chunk_statistics", "enable_hidden_state_cache",
+})
 _SECRET_HINTS = ("secret", "token", "password", "credential", "access_key")
 
 
@@ -261,6 +278,12 @@ def _config_error(
         loc = [str(x) for x in err["loc"]]
         key = loc[0] if loc else ""
         origin = f"{ENV_PREFIX}{key.upper()}" if env_keys and key in env_keys else source
+        if err["type"] == "extra_forbidden" and key in LMCACHE_ONLY_KEYS:
+            lines.append(
+                f"config key {key!r} ({origin}) is an LMCache setting that kvbucket's engine config does not "
+                f"use; remove it from the file kvbucket reads (kvbucket takes: {', '.join(fields)})"
+            )
+            continue
         if err["type"] == "extra_forbidden":
             close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}? " if close else ""

@@ -176,6 +176,7 @@ def test_lenient_bools_like_lmcache(text: str) -> None:
 @pytest.mark.parametrize(("data", "expected"), [
     ({"chunk_sze": 512}, r"unknown config key 'chunk_sze' \(.*engine.yaml\): did you mean 'chunk_size'\?"),
     ({"local_cpu": "maybe"}, r"'local_cpu'.*use true or false.*got 'maybe'"),
+    ({"use_layerwise": True}, r"'use_layerwise' \(.*\) is an LMCache setting that kvbucket"),
     ({"chunk_size": "big"}, r"'chunk_size'.*use a whole number.*got 'big'"),
     ({"chunk_size": 0}, r"'chunk_size'.*greater than 0"),
     ({"max_local_cpu_size": -1}, r"'max_local_cpu_size'.*greater than or equal to 0"),

@@ -128,3 +128,15 @@ class TestHybridCPUOverRemote(BackendTests):
     def backend(self) -> Iterator[StorageBackend]:
         with HybridBackend([LocalCPUBackend(BIG), PipelinedRemoteBackend(MemoryStore(), self.layout)]) as b:
             yield b
+
+
+class TestHybridSequentialWrites(BackendTests):
+    """The same stack writing its tiers one after the other (parallel_writes=False)."""
+
+    refuses_unfull_chunks = True
+
+    @pytest.fixture
+    def backend(self, tmp_path: Path) -> Iterator[StorageBackend]:
+        with HybridBackend([LocalCPUBackend(BIG), LocalDiskBackend(tmp_path / "disk", BIG),
+                            RemoteBackend(MemoryStore(), self.layout)], parallel_writes=False) as b:
+            yield b

@@ -10,8 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.chunks import KVLayout
+from kvbucket.errors import ConfigError
 from kvbucket.keys import key_to_name
 from kvbucket.testing.backend_tests import as_bytes, chunk_bytes, key
 
@@ -126,3 +129,18 @@ def test_a_file_deleted_behind_its_back_is_forgotten(tmp_path: Path) -> None:
         assert b.batched_get_into([key(2)], [bytearray(FULL)]) == [False]
         assert not b.contains(key(1)) and not b.contains(key(2))
         assert b.used_bytes == 0 and b.list() == []
+
+
+def test_one_disk_tier_per_directory(tmp_path: Path) -> None:
+    root = tmp_path / "disk"
+    first = LocalDiskBackend(root, 10 * FULL)
+    try:
+        with pytest.raises(ConfigError, match=r"is in use by another LocalDiskBackend.*its own local_disk"):
+            LocalDiskBackend(root, 10 * FULL)
+        first.put(key(1), chunk_bytes(LAYOUT, 1))
+        assert first.list() == [key(1).to_string()]  # the lock file is not a chunk
+    finally:
+        first.close()
+    with LocalDiskBackend(root, 10 * FULL) as again:  # released by close()
+        assert again.list() == [key(1).to_string()]
+    assert stat.S_IMODE((root / ".kvbucket-disk.lock").stat().st_mode) == 0o600

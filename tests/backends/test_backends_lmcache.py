@@ -60,3 +60,12 @@ def test_seed_files_mean_the_same_to_lmcache_and_kvbucket(tmp_path: Path, yaml_t
         if name == "remote_storage_plugins":
             value = value or []
         assert getattr(ours, name) == value, name
+
+
+def test_lmcache_only_keys_are_lmcache_keys_kvbucket_does_not_take() -> None:
+    from kvbucket.config import LMCACHE_ONLY_KEYS
+
+    lmcache_keys = set(lmcache_config._CONFIG_DEFINITIONS)
+    assert lmcache_keys >= LMCACHE_ONLY_KEYS
+    assert not LMCACHE_ONLY_KEYS & set(EngineConfig.model_fields)
+    assert lmcache_keys >= set(EngineConfig.model_fields)  # every kvbucket key is an LMCache key

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeAlias
 
+from kvbucket.errors import KVBucketError
 from kvbucket.keys import CacheEngineKey
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class StorageBackend(abc.ABC):
         for key, chunk in items:
             try:
                 self.put(key, chunk, blocking=blocking)
+            except BackendClosedError:
+                raise  # the whole call is unusable, as with a closed store
             except Exception as e:
                 out.append(e)
                 continue
@@ -109,6 +112,15 @@ class StorageBackend(abc.ABC):
         self.close()
 
 
+class BackendClosedError(KVBucketError, RuntimeError):
+    """A put reached a backend after ``close()``: it would be lost, so it is refused."""
+
+
+def check_open(backend: StorageBackend, closed: bool) -> None:
+    if closed:
+        raise BackendClosedError(f"{type(backend).__name__} is closed; it accepts no more puts")
+
+
 def copy_chunk_into(key: Key, chunk: Chunk, dst: memoryview) -> bool:
     """Copy ``chunk`` into ``dst`` when the sizes agree; log and return False when not."""
     from kvbucket.chunks import as_view
@@ -124,4 +136,4 @@ def copy_chunk_into(key: Key, chunk: Chunk, dst: memoryview) -> bool:
     return True
 
 
-__all__ = ["Chunk", "Key", "StorageBackend", "copy_chunk_into"]
+__all__ = ["BackendClosedError", "Chunk", "Key", "StorageBackend", "check_open", "copy_chunk_into"]

@@ -11,8 +11,9 @@ import logging
 import threading
 import zlib
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
-from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open
 from kvbucket.chunks import as_view
 from kvbucket.errors import KVBucketError
 from kvbucket.keys import as_key_string
@@ -28,6 +29,8 @@ class TierPutError(KVBucketError):
 class HybridBackend(StorageBackend):
     """Tiers fastest first. A chunk counts as stored only when every tier took it.
 
+    With ``parallel_writes`` (the default) a put writes all tiers at the same time, so a
+    disk write overlaps the upload; the put returns when every tier has answered.
     ``promote_blocking`` chooses whether promotions into faster tiers wait (the default,
     so a read is followed by a memory hit) or go through the tiers' non-blocking queues.
 
@@ -39,7 +42,9 @@ class HybridBackend(StorageBackend):
     memory after a concurrent put of a new version had landed there.
     """
 
-    def __init__(self, tiers: Sequence[StorageBackend], *, promote_blocking: bool = True) -> None:
+    def __init__(
+        self, tiers: Sequence[StorageBackend], *, promote_blocking: bool = True, parallel_writes: bool = True
+    ) -> None:
         if not tiers:
             raise ValueError("HybridBackend needs at least one tier")
         self.tiers = list(tiers)
@@ -52,6 +57,11 @@ class HybridBackend(StorageBackend):
         self._writing = [0] * _STRIPES
         self._gen_locks = [threading.Lock() for _ in range(_STRIPES)]
         self._closed = False
+        self._writers = (
+            # threads start lazily; enough for several callers putting at once
+            ThreadPoolExecutor(8 * (len(self.tiers) - 1), thread_name_prefix="kvbucket-hybrid-put")
+            if parallel_writes and len(self.tiers) > 1 else None
+        )
 
     def __repr__(self) -> str:
         return f"HybridBackend({self.tiers!r})"
@@ -64,13 +74,21 @@ class HybridBackend(StorageBackend):
     def batched_put_results(
         self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
     ) -> list[Exception | None]:
+        check_open(self, self._closed)
         items = list(items)
         names = [as_key_string(k) for k, _ in items]
         failures: list[list[str]] = [[] for _ in items]
         self._begin_writes(names)
         try:
-            for tier in self.tiers:
-                for i, err in enumerate(tier.batched_put_results(items, blocking=blocking)):
+            if self._writers is None or len(self.tiers) == 1:
+                per_tier = [tier.batched_put_results(items, blocking=blocking) for tier in self.tiers]
+            else:  # the tiers write at the same time: the disk write overlaps the upload
+                futures = [self._writers.submit(tier.batched_put_results, items, blocking)
+                           for tier in self.tiers[1:]]
+                per_tier = [self.tiers[0].batched_put_results(items, blocking=blocking)]  # in this thread
+                per_tier += [f.result() for f in futures]
+            for tier, results in zip(self.tiers, per_tier, strict=True):
+                for i, err in enumerate(results):
                     if err is not None:
                         failures[i].append(f"{type(tier).__name__}: {err}")
         finally:
@@ -171,6 +189,8 @@ class HybridBackend(StorageBackend):
         if self._closed:
             return
         self._closed = True
+        if self._writers is not None:
+            self._writers.shutdown(wait=True)
         errors: list[BaseException] = []
         for tier in self.tiers:
             try:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open
 from kvbucket.chunks import ChunkSizeError, as_view
 from kvbucket.keys import as_key_string
 
@@ -57,6 +57,7 @@ class LocalCPUBackend(StorageBackend):
 
     # ---- interface -----------------------------------------------------------------------
     def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
+        check_open(self, self._closed)
         k = as_key_string(key)
         view = as_view(chunk)
         self._check_fits(k, view.nbytes)
@@ -107,9 +108,10 @@ class LocalCPUBackend(StorageBackend):
             return
         self._closed = True
         self._queue.close()
-        with self._lock:
+        with self._lock:  # release the memory now; readers holding views keep their slabs alive
+            self._chunks.clear()
             self._free.clear()
-            self.free_bytes = 0
+            self.used_bytes = self.free_bytes = 0
 
     # ---- internals -----------------------------------------------------------------------
     def _check_fits(self, key: str, nbytes: int) -> None:

@@ -16,17 +16,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend, copy_chunk_into
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open, copy_chunk_into
 from kvbucket.chunks import ChunkSizeError, as_view
-from kvbucket.errors import InvalidKeyError
+from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.file import FileStore
 
 log = logging.getLogger(__name__)
 _STRIPES = 64
+LOCK_NAME = ".kvbucket-disk.lock"
 
 
 class LocalDiskBackend(StorageBackend):
@@ -36,7 +38,8 @@ class LocalDiskBackend(StorageBackend):
     accounted bytes never exceed ``max_bytes``; the evicted files are deleted right after, so the
     directory can exceed the bound by at most the chunks being written at that moment.
     Operations on one key are serialised by a striped lock, so an eviction can never delete a
-    file that a concurrent put of the same key just wrote.
+    file that a concurrent put of the same key just wrote. A directory serves one backend at a
+    time (a lock file, released by ``close()`` or by the process ending).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class LocalDiskBackend(StorageBackend):
         if not isinstance(max_bytes, int) or max_bytes <= 0:
             raise ValueError(f"LocalDiskBackend needs a positive max_bytes, got {max_bytes!r}")
         self.store = path if isinstance(path, ObjectStore) else FileStore(path, fsync=fsync)
+        self._dir_lock = self._lock_directory()
         self.max_bytes = max_bytes
         self.used_bytes = 0
         self.peak_bytes = 0
@@ -59,7 +63,12 @@ class LocalDiskBackend(StorageBackend):
         self._index: OrderedDict[str, int] = OrderedDict()  # key -> size, LRU first
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
-        self._rebuild_index()
+        try:
+            self._rebuild_index()
+        except BaseException:
+            if self._dir_lock is not None:
+                self._dir_lock.release()
+            raise
         self._queue = PutQueue("disk", self._apply, queue_size)
         self._closed = False
 
@@ -68,6 +77,7 @@ class LocalDiskBackend(StorageBackend):
 
     # ---- interface -----------------------------------------------------------------------
     def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
+        check_open(self, self._closed)
         k = as_key_string(key)
         view = as_view(chunk)
         if view.nbytes > self.max_bytes:
@@ -172,6 +182,8 @@ class LocalDiskBackend(StorageBackend):
         self._closed = True
         self._queue.close()
         self.store.close()
+        if self._dir_lock is not None:
+            self._dir_lock.release()
 
     # ---- internals -----------------------------------------------------------------------
     def _stripe(self, key: str) -> threading.Lock:
@@ -222,6 +234,21 @@ class LocalDiskBackend(StorageBackend):
                 self.store.delete_many([key_to_name(vkey)])
             if self._on_evict is not None:
                 self._on_evict(vkey)
+
+    def _lock_directory(self) -> FileLock | None:
+        """One disk tier per directory: two indexes over one directory would break the byte bound
+        and evict each other's files, so a second user gets a clear error instead."""
+        if not isinstance(self.store, FileStore):
+            return None
+        lock = FileLock(os.path.join(self.store.root, LOCK_NAME), mode=0o600, thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise ConfigError(
+                f"the disk tier directory {str(self.store.root)!r} is in use by another LocalDiskBackend "
+                "(this or another process); give each engine process its own local_disk directory"
+            ) from None
+        return lock
 
     def _rebuild_index(self) -> None:
         found: list[tuple[float, str, int]] = []

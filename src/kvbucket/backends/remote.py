@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend, copy_chunk_into
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open, copy_chunk_into
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
@@ -94,6 +94,7 @@ class RemoteBackend(StorageBackend):
     def batched_put_results(
         self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
     ) -> list[Exception | None]:
+        check_open(self, self._closed)
         results: list[Exception | None] = []
         ready: list[tuple[int, str, memoryview]] = []
         for i, (key, chunk) in enumerate(items):

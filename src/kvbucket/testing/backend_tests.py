@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from kvbucket.backends.base import StorageBackend
+from kvbucket.backends.base import BackendClosedError, StorageBackend
 from kvbucket.chunks import KVLayout, as_view
 from kvbucket.keys import CacheEngineKey
 
@@ -220,10 +220,14 @@ class BackendTests:
         assert backend.get(key(77)) is None
         assert as_bytes(backend.get(key(76))) == chunk_bytes(self.layout, 76)
 
-    def test_close_is_idempotent(self, backend: StorageBackend) -> None:
+    def test_close_is_idempotent_and_refuses_later_puts(self, backend: StorageBackend) -> None:
         backend.put(key(80), chunk_bytes(self.layout, 80))
         backend.close()
         backend.close()
+        with pytest.raises(BackendClosedError, match="is closed"):
+            backend.put(key(81), chunk_bytes(self.layout, 81))
+        with pytest.raises(BackendClosedError):
+            backend.batched_put([(key(82), chunk_bytes(self.layout, 82))])
 
     # ---- the full-chunk rule -------------------------------------------------------------------
     def test_unfull_chunk_refused(self, backend: StorageBackend) -> None:
