@@ -7,6 +7,7 @@ a hand-built file that the server accepts must also download correctly through t
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import urllib.error
@@ -267,3 +268,96 @@ def test_oversized_request_is_refused_before_reading_it(hub_bucket: HubBucket) -
         )
         reply = s.recv(4096)
     assert reply.startswith(b"HTTP/1.1 413")
+
+
+@pytest.mark.parametrize("recursive", [False, True])
+def test_tree_pages_never_repeat_or_skip_entries(hub_bucket: HubBucket, recursive: bool) -> None:
+    """Small pages (limit=2) over names that sort around directories ('a-b' < 'a/x' < 'a0')."""
+    hub, bid = hub_bucket.hub, hub_bucket.bucket_id
+    paths = ["a-b", "a/x", "a/y/z", "a/zz", "a0", "b/c", "b/d", "c", "d/e/f", "d/g"]
+    hub_bucket.api.batch_bucket_files(bid, add=[(p.encode(), p) for p in paths])
+    url: str | None = f"{hub.endpoint}/api/buckets/{bid}/tree?limit=2&recursive={str(recursive).lower()}"
+    seen: list[tuple[str, str]] = []
+    pages = 0
+    while url:
+        status, headers, body = http("GET", url, headers={"Authorization": f"Bearer {hub.write_token}"})
+        assert status == 200
+        page = json.loads(body)
+        assert 1 <= len(page) <= 2
+        seen += [(e["type"], e["path"]) for e in page]
+        link = headers.get("Link", "")
+        url = link[1 : link.index(">")] if 'rel="next"' in link else None
+        pages += 1
+    if recursive:
+        assert seen == [("file", p) for p in sorted(paths)]
+    else:
+        expected = {("file", "a-b"), ("directory", "a"), ("file", "a0"), ("directory", "b"), ("file", "c")}
+        assert sorted(seen) == sorted(expected | {("directory", "d")})
+        assert len(seen) == len(set(seen))
+    assert pages == (len(seen) + 1) // 2
+
+
+def test_resolve_serves_any_byte_range(hub_bucket: HubBucket) -> None:
+    import random
+    from urllib.parse import quote
+
+    hub, bid = hub_bucket.hub, hub_bucket.bucket_id
+    data = b"".join(bytes([i % 256]) * 5000 + os.urandom(5000) for i in range(120))  # ~1.2 MB, many chunks
+    hub_bucket.api.batch_bucket_files(bid, add=[(data, "r/a%2Fb@1")])
+    url = f"{hub.endpoint}/buckets/{bid}/resolve/{quote('r/a%2Fb@1', safe='')}"
+    auth = {"Authorization": f"Bearer {hub.write_token}"}
+    rng = random.Random(3)
+    cases = [(0, 0), (0, len(data) - 1), (len(data) - 1, len(data) - 1)]
+    cases += [tuple(sorted(rng.randrange(len(data)) for _ in range(2))) for _ in range(25)]
+    for a, b in cases:
+        status, headers, body = http("GET", url, headers={**auth, "Range": f"bytes={a}-{b}"})
+        assert (status, body) == (206, data[a : b + 1]), (a, b)
+        assert headers["Content-Range"] == f"bytes {a}-{b}/{len(data)}"
+    assert http("GET", url, headers={**auth, "Range": "bytes=-100"})[2] == data[-100:]
+    assert http("GET", url, headers={**auth, "Range": f"bytes={len(data) - 10}-"})[2] == data[-10:]
+    assert http("GET", url, headers=auth)[2] == data
+    assert http("GET", url, headers={**auth, "Range": f"bytes={len(data)}-"})[0] == 416
+    assert http("GET", url, headers={**auth, "Range": "bytes=0-1,5-6"})[0] == 416
+    status, headers, body = http("HEAD", url, headers=auth)
+    assert status == 200 and headers["X-Linked-Size"] == str(len(data)) and body == b""
+
+
+def _big_chunks(n: int = 20) -> list[bytes]:
+    return [os.urandom(100_000) for _ in range(n)]  # ~2 MB: above the zero-copy threshold
+
+
+def test_large_xorbs_take_the_zero_copy_path_and_are_still_verified(hub_bucket: HubBucket) -> None:
+    assert hub_bucket.hub.stats()["zero_copy_uploads"] is True  # Linux: splice is available
+    cas, tok = xet_token(hub_bucket)
+    chunks = _big_chunks()
+    xh, body = build_xorb(chunks)
+    other, _ = build_xorb(chunks[:-1])
+    status, headers, msg = upload_xorb(cas, tok, other, body)
+    assert status == 400 and headers.get("X-Error-Code") == "InvalidXorb" and b"hashes to" in msg
+    assert headers.get("Connection") == "close"  # the parser never saw the body: no reuse
+    tampered = bytearray(body)
+    tampered[len(body) // 2] ^= 1
+    assert upload_xorb(cas, tok, xh, bytes(tampered))[0] == 400
+    assert json.loads(upload_xorb(cas, tok, xh, body)[2]) == {"was_inserted": True}
+    assert json.loads(upload_xorb(cas, tok, xh, body)[2]) == {"was_inserted": False}
+    stored = hub_bucket.hub.data_dir / "xorbs" / xh[:2] / xh
+    assert stored.read_bytes() == body
+    assert not list((hub_bucket.hub.data_dir / "xorbs").rglob(".tmp-*"))
+
+
+def test_a_body_cut_short_leaves_nothing_behind(hub_bucket: HubBucket) -> None:
+    cas, tok = xet_token(hub_bucket)
+    xh, body = build_xorb(_big_chunks())
+    host, port = hub_bucket.hub.endpoint.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(
+            f"POST /cas/v1/xorbs/default/{xh} HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {tok}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        )
+        s.sendall(body[: len(body) // 2])
+        s.shutdown(socket.SHUT_WR)  # the client gives up half way
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 400")
+    assert not list((hub_bucket.hub.data_dir / "xorbs").rglob(".tmp-*"))
+    assert not (hub_bucket.hub.data_dir / "xorbs" / xh[:2] / xh).exists()
+    assert upload_xorb(cas, tok, xh, body)[0] == 200  # and the server carries on

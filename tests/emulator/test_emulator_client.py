@@ -43,6 +43,18 @@ def test_create_exist_ok_info_list_settings_delete(hub_emulator: RunningHub) -> 
     api.delete_bucket(bid, missing_ok=True)
 
 
+def test_move_bucket_keeps_its_files(hub_emulator: RunningHub) -> None:
+    api = hub_emulator.api()
+    src, dst = f"{hub_emulator.namespace}/move-src", f"{hub_emulator.namespace}/move-dst"
+    api.create_bucket(src, private=True)
+    api.batch_bucket_files(src, add=[(b"moved", "m.txt")])
+    api.move_bucket(src, dst)
+    with pytest.raises(BucketNotFoundError):
+        api.bucket_info(src)
+    assert [f.path for f in api.list_bucket_tree(dst)] == ["m.txt"]
+    assert api.bucket_info(dst).private is True
+
+
 def test_create_in_me_namespace(hub_emulator: RunningHub) -> None:
     url = hub_emulator.api().create_bucket("no-namespace-given", exist_ok=True)
     assert url.bucket_id == f"{hub_emulator.namespace}/no-namespace-given"

@@ -102,3 +102,16 @@ def test_stats_count_requests_and_bytes_per_route(hub_bucket: HubBucket, tmp_pat
     assert delta("fetch", "bytes_out") >= len(data)
     assert delta("reconstruction", "requests") >= 1
     assert after["process_cpu_s"] >= before["process_cpu_s"] > 0
+
+
+def test_dropped_resolve_read_is_retried_by_hffilesystem(
+    hub_bucket: HubBucket, hub_faults: FaultControl
+) -> None:
+    from huggingface_hub import HfFileSystem
+
+    data = os.urandom(200_000)
+    hub_bucket.api.batch_bucket_files(hub_bucket.bucket_id, add=[(data, "d.bin")])
+    hub_faults.add("resolve", drop=True, nth=1)
+    fs = HfFileSystem(endpoint=hub_bucket.hub.endpoint, token=hub_bucket.hub.write_token)
+    assert fs.cat_file(f"buckets/{hub_bucket.bucket_id}/d.bin", start=1000, end=150_000) == data[1000:150_000]
+    assert _fired(hub_faults) == [1]

@@ -8,17 +8,19 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import lz4.frame
 import pytest
 from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kvbucket.errors import ConfigError
-from kvbucket.testing import HubEmulator
+from kvbucket.testing import FaultControl, HubEmulator
 from kvbucket.testing.hub_emulator.auth import Auth, TokenSpec
 from kvbucket.testing.hub_emulator.faults import FaultPlan, FaultRule
 from kvbucket.testing.hub_emulator.xet import (
@@ -134,6 +136,9 @@ def test_emulator_with_tokens_open_server_and_repr(tmp_path: Path) -> None:
         assert (data_dir / "index.sqlite3").exists()
         assert oct(data_dir.stat().st_mode & 0o777) == "0o700"
         assert oct((data_dir / "signing.key").stat().st_mode & 0o777) == "0o600"
+        api.batch_bucket_files("local/open-bucket", add=[(b"user data", "p")])
+        for f in [data_dir / "index.sqlite3", *data_dir.glob("xorbs/*/*")]:
+            assert oct(f.stat().st_mode & 0o777) == "0o600", f
     assert not data_dir.exists()  # a temporary data dir is removed at exit
 
 
@@ -160,6 +165,7 @@ def test_list_buckets_paginates(tmp_path: Path) -> None:
 def test_cli_serve_prints_endpoint_and_never_the_secret(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     env["KVBUCKET_EMULATOR_TOKENS"] = "cli=cli-super-secret:write"
+    env["KVBUCKET_EMULATOR_ADMIN_KEY"] = "cli-admin-key"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -185,9 +191,86 @@ def test_cli_serve_prints_endpoint_and_never_the_secret(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"{endpoint}/_emulator/health", timeout=10) as r:
             assert json.loads(r.read()) == {"ok": True}
         assert HfApi(endpoint=endpoint, token="cli-super-secret").whoami()["name"] == "cli"
+        faults = FaultControl(endpoint, "cli-admin-key")
+        faults.add("whoami", status=500, nth=1)
+        with pytest.raises(HfHubHTTPError):
+            HfApi(endpoint=endpoint, token="cli-super-secret").whoami()
+        assert [r["fired"] for r in faults.rules()] == [1]
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "cli-super-secret" not in out + err + line
     assert "cli (write)" in err
+
+
+def test_no_token_in_logs_or_error_replies(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    secret, reader = "tok-write-0123456789", "tok-read-0123456789"
+    with (
+        caplog.at_level(logging.DEBUG),
+        HubEmulator(tmp_path / "d", {"w": (secret, "write"), "r": (reader, "read")}) as emu,
+    ):
+        api = HfApi(endpoint=emu.endpoint, token=secret)
+        api.create_bucket("w/logs", private=True)
+        api.batch_bucket_files("w/logs", add=[(b"x" * 1000, "f")])
+        replies = []
+        for token in ("tok-wrong-0123456789", reader):
+            with pytest.raises((HfHubHTTPError, ConnectionError)) as e:
+                HfApi(endpoint=emu.endpoint, token=token).batch_bucket_files("w/logs", delete=["f"])
+            replies.append(str(e.value))
+            if isinstance(e.value, HfHubHTTPError):
+                replies.append(e.value.response.text + str(dict(e.value.response.headers)))
+        xet = api._build_hf_headers()  # a Xet token, then a bad xorb logged as refused
+        req = urllib.request.Request(f"{emu.endpoint}/api/buckets/w/logs/xet-write-token", headers=xet)
+        with urllib.request.urlopen(req) as r:
+            xet_token = json.loads(r.read())["accessToken"]
+        bad = urllib.request.Request(
+            f"{emu.endpoint}/cas/v1/xorbs/default/{'ab' * 32}",
+            data=b"\x00" * 16,
+            headers={"Authorization": f"Bearer {xet_token}"},
+        )
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(bad)
+    assert "refused xorb" in caplog.text  # the refusal was logged...
+    for s in (secret, reader, "tok-wrong-0123456789", xet_token):
+        assert s not in caplog.text  # ...without any token
+        assert all(s not in r for r in replies)
+
+
+def test_xet_tokens_expire_and_the_client_keeps_working(tmp_path: Path) -> None:
+    """Xet tokens live 2 s here: an old one is refused, the client fetches new ones by itself."""
+    with HubEmulator(tmp_path / "d", xet_token_ttl_s=2) as emu:
+        api = HfApi(endpoint=emu.endpoint, token=False)
+        api.create_bucket("local/ttl")
+        data = os.urandom(100_000)
+        api.batch_bucket_files("local/ttl", add=[(data, "a")])
+        (info,) = api.get_bucket_paths_info("local/ttl", ["a"])
+        with urllib.request.urlopen(f"{emu.endpoint}/api/buckets/local/ttl/xet-read-token") as r:
+            old = json.loads(r.read())
+        recon = urllib.request.Request(
+            f"{old['casUrl']}/v2/reconstructions/{info.xet_hash}",
+            headers={"Authorization": f"Bearer {old['accessToken']}"},
+        )
+        with urllib.request.urlopen(recon) as r:
+            assert r.status == 200
+        time.sleep(3.1)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(recon)
+        assert e.value.code == 401
+        before = emu.stats()["routes"]["xet_token"]["requests"]
+        api.download_bucket_files("local/ttl", [("a", tmp_path / "a")])
+        assert (tmp_path / "a").read_bytes() == data
+        assert emu.stats()["routes"]["xet_token"]["requests"] > before
+
+
+def test_fixture_isolates_xet_cache_and_hides_stored_tokens(hub_bucket) -> None:  # type: ignore[no-untyped-def]
+    from huggingface_hub import constants
+    from huggingface_hub.errors import BucketNotFoundError
+
+    assert os.environ["HF_XET_CACHE"] == constants.HF_XET_CACHE
+    assert "kvbucket-hfhome-" in os.environ["HF_XET_CACHE"]
+    assert "HF_TOKEN" not in os.environ and not Path(constants.HF_TOKEN_PATH).exists()
+    with pytest.raises(BucketNotFoundError):  # token=None: no stored token is found or sent
+        HfApi(endpoint=hub_bucket.hub.endpoint).bucket_info(hub_bucket.bucket_id)

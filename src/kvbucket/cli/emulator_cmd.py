@@ -12,6 +12,7 @@ import typer
 from kvbucket.errors import ConfigError
 
 TOKENS_ENV = "KVBUCKET_EMULATOR_TOKENS"
+ADMIN_ENV = "KVBUCKET_EMULATOR_ADMIN_KEY"
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +32,12 @@ def register(app: typer.Typer) -> None:
         ),
         xet_token_ttl: int = typer.Option(3600, help="Lifetime of issued Xet tokens, in seconds."),
     ) -> None:
-        """Serve until interrupted; prints the HF_ENDPOINT to use (never the tokens)."""
+        """Serve until interrupted; prints the HF_ENDPOINT to use (never the tokens).
+
+        Fault injection (POST /_emulator/faults) needs the admin key: set it in
+        $KVBUCKET_EMULATOR_ADMIN_KEY and send it as the X-Emulator-Admin header, or use
+        ``kvbucket.testing.FaultControl(endpoint, key)``.
+        """
         from kvbucket.testing.hub_emulator import HubEmulator, TokenSpec
 
         specs_text = list(token) + os.environ.get(TOKENS_ENV, "").split()
@@ -41,7 +47,13 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(e), param_hint="--token") from None
         if host not in ("127.0.0.1", "localhost", "::1"):
             typer.secho(f"warning: listening on {host}, not only on loopback", fg="yellow", err=True)
-        emu = HubEmulator(data_dir, specs, host=host, port=port, xet_token_ttl_s=xet_token_ttl)
+        admin_key = os.environ.get(ADMIN_ENV)  # enables /_emulator/faults for whoever holds it
+        try:
+            emu = HubEmulator(
+                data_dir, specs, host=host, port=port, xet_token_ttl_s=xet_token_ttl, admin_key=admin_key
+            )
+        except ConfigError as e:
+            raise typer.BadParameter(str(e)) from None
         emu.start()
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -1,9 +1,9 @@
 """Pytest fixtures around ``HubEmulator``; enable with ``pytest_plugins = ["kvbucket.testing.hub_fixtures"]``.
 
 - ``hub_emulator`` (session): a running emulator with its own data dir, a write token and a read
-  token. Before any client is used it points ``HF_HOME`` / ``HF_XET_CACHE`` at a private temp dir,
-  so hf_xet's shard cache never meets a server whose state it does not match, and so no real
-  Hugging Face token from the developer's machine is ever sent to it.
+  token. It gives the process a private ``HF_XET_CACHE`` (hf_xet's shard cache never meets a
+  server whose state it does not match) and hides any stored Hugging Face token (see
+  ``isolate_hf_env``).
 - ``hub_bucket`` (function): a fresh private bucket with a unique name; faults are reset before
   and after the test.
 - ``hub_faults`` (function): the fault control, reset before and after the test.
@@ -27,9 +27,6 @@ from .hub_emulator import FaultControl, HubEmulator
 
 WRITE_USER = "kvtest"
 READ_USER = "kvreader"
-_ENV_VARS = (
-    "HF_HOME", "HF_XET_CACHE", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_TOKEN",
-)  # fmt: skip
 
 
 @dataclass
@@ -78,23 +75,59 @@ class HubBucket:
         return self.hub.api()
 
 
-def isolate_hf_env(home: Path) -> dict[str, str | None]:
-    """Point huggingface_hub/hf_xet at a private HF_HOME; returns the previous values to restore."""
-    saved = {k: os.environ.get(k) for k in _ENV_VARS}
-    os.environ["HF_HOME"] = str(home)
+_CONSTANTS = (
+    "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN_PATH", "HF_STORED_TOKENS_PATH", "HF_XET_CACHE",
+    "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS",
+)  # fmt: skip
+
+
+_ENV_VARS = ("HF_XET_CACHE", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_TOKEN")
+_CONSTANTS = (
+    "HF_TOKEN_PATH", "HF_STORED_TOKENS_PATH", "HF_XET_CACHE", "HF_HUB_DISABLE_TELEMETRY",
+    "HF_HUB_DISABLE_PROGRESS_BARS",
+)  # fmt: skip
+
+
+def isolate_hf_env(home: Path) -> dict[str, Any]:
+    """Give this process a private Xet cache and no stored token; returns what ``restore_env`` needs.
+
+    - ``HF_XET_CACHE``: hf_xet dedups uploads against the shards it cached; a cache that
+      remembers xorbs this emulator never saw makes uploads fail ("references unknown xorb").
+      hf_xet reads the variable when its session is first created in the process.
+    - Token: huggingface_hub reads its token path at import into ``huggingface_hub.constants``
+      (test modules import it before fixtures run), so the constants are patched too, and
+      ``HF_TOKEN`` is unset: a client made with ``token=None`` never sends a real token here.
+    - ``HF_HOME`` and the model cache are left alone: other tests in the same session may rely
+      on models cached there.
+    """
+    saved: dict[str, Any] = {"env": {k: os.environ.get(k) for k in _ENV_VARS}}
     os.environ["HF_XET_CACHE"] = str(home / "xet")
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     os.environ.pop("HF_TOKEN", None)
+    from huggingface_hub import constants
+
+    saved["constants"] = {k: getattr(constants, k) for k in _CONSTANTS}
+    new = {
+        "HF_TOKEN_PATH": str(home / "token"), "HF_STORED_TOKENS_PATH": str(home / "stored_tokens"),
+        "HF_XET_CACHE": str(home / "xet"), "HF_HUB_DISABLE_TELEMETRY": True,
+        "HF_HUB_DISABLE_PROGRESS_BARS": True,
+    }  # fmt: skip
+    for k, v in new.items():
+        setattr(constants, k, v)
     return saved
 
 
-def restore_env(saved: dict[str, str | None]) -> None:
-    for k, v in saved.items():
+def restore_env(saved: dict[str, Any]) -> None:
+    for k, v in saved["env"].items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    from huggingface_hub import constants
+
+    for k, v in saved["constants"].items():
+        setattr(constants, k, v)
 
 
 @pytest.fixture(scope="session")

@@ -17,11 +17,13 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 from aiohttp import web
 
+from . import zerocopy
 from .auth import Auth, Caller
 from .faults import Fault, FaultPlan, FaultRule
 from .state import BucketRow, FileRow, State, now_iso
@@ -29,12 +31,14 @@ from .xet import (
     EMPTY_FILE_HASH_HEX,
     FileRecord,
     XetFormatError,
+    decode_chunk,
     file_hash,
     hash_to_hex,
     is_hex_hash,
     parse_shard,
     range_verification_hash,
     verify_xorb,
+    verify_xorb_file,
 )
 from .xet import MAX_XORB_BYTES as _MAX_XORB
 
@@ -48,6 +52,9 @@ MAX_PATH_LEN = 4096
 TREE_PAGE = 1000
 LIST_PAGE = 100
 FETCH_URL_TTL_S = 3600
+_READ_WINDOW = 8 * 1024 * 1024
+ZERO_COPY_MIN = 1024 * 1024  # smaller xorb bodies take the ordinary path
+BODY_TIMEOUT_S = 60.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?$")
 
 FAULT = web.RequestKey("fault", Fault)
@@ -85,9 +92,15 @@ class Emulator:
     """The server's live objects: durable state, auth, faults, counters and the CPU pool."""
 
     def __init__(
-        self, state: State, auth: Auth, faults: FaultPlan | None = None, admin_key: str = ""
+        self,
+        state: State,
+        auth: Auth,
+        faults: FaultPlan | None = None,
+        admin_key: str = "",
+        zero_copy: bool = True,
     ) -> None:
         self.state = state
+        self.zero_copy = zero_copy and zerocopy.supported(state.xorb_dir)
         self.auth = auth
         self.faults = faults or FaultPlan()
         self.admin_key = admin_key
@@ -97,7 +110,6 @@ class Emulator:
             max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="emu"
         )
         self.started = time.monotonic()
-        self.loop_cpu_s = 0.0
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -113,6 +125,7 @@ class Emulator:
             "loop_thread_cpu_s": time.thread_time(),
             "uptime_s": time.monotonic() - self.started,
             "pid": os.getpid(),
+            "zero_copy_uploads": self.zero_copy,
         }
 
 
@@ -164,6 +177,30 @@ async def read_json(request: web.Request) -> Any:
         raise HubError(400, "request body is not valid JSON") from None
 
 
+async def read_body(request: web.Request, cap: int) -> bytearray:
+    """Read a request body into one preallocated buffer (no regrowth, no final copy)."""
+    n = request.content_length
+    if n is None:
+        data = await request.read()  # chunked upload: bounded by the app's client_max_size
+        if len(data) > cap:
+            raise HubError(413, f"request body over {cap} bytes")
+        return bytearray(data)
+    if n > cap:
+        raise HubError(413, f"request body over {cap} bytes")
+    buf = bytearray(n)
+    view = memoryview(buf)
+    pos = 0
+    while pos < n:
+        chunk = await request.content.readany()
+        if not chunk:
+            raise HubError(400, f"request body ended after {pos} of the {n} bytes announced")
+        if pos + len(chunk) > n:
+            raise HubError(400, "request body is longer than its Content-Length")
+        view[pos : pos + len(chunk)] = chunk
+        pos += len(chunk)
+    return buf
+
+
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """Single ``bytes=`` range -> (start, end exclusive); None if no header; HubError 416/400."""
     if not header:
@@ -213,6 +250,8 @@ def route_name(method: str, path: str) -> str:
         return "resolve"
     if path.startswith("/api/whoami"):
         return "whoami"
+    if path.startswith("/api/repos/move"):
+        return "move_bucket"
     if path.startswith("/api/buckets/"):
         segs = path[len("/api/buckets/") :].split("/")
         if len(segs) == 1:
@@ -234,7 +273,7 @@ def route_name(method: str, path: str) -> str:
 def make_middleware(emu: Emulator) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        t0 = time.thread_time()
+        t0 = time.perf_counter()
         name = route_name(request.method, request.path)
         st = emu.stats[name]
         st.requests += 1
@@ -262,11 +301,14 @@ def make_middleware(emu: Emulator) -> Any:
                 log.exception("internal error on %s %s", request.method, name)
                 resp = error_response(500, f"internal emulator error on {name}; see the server log")
             if fault is not None and fault.drop and isinstance(resp, web.Response) and resp.body:
-                await _drop_mid_body(request, resp)
-                return resp
+                return await _drop_mid_body(request, resp)
             return _count(emu, st, resp)
         finally:
-            emu.loop_cpu_s += time.thread_time() - t0
+            if log.isEnabledFor(logging.DEBUG):
+                ms = (time.perf_counter() - t0) * 1e3
+                log.debug(
+                    "%s %s (%d bytes in) %.1f ms", request.method, name, request.content_length or 0, ms
+                )
 
     return middleware
 
@@ -278,8 +320,11 @@ def _count(emu: Emulator, st: RouteStats, resp: web.StreamResponse) -> web.Strea
     return resp
 
 
-async def _drop_mid_body(request: web.Request, resp: web.Response) -> None:
-    """Send the headers and half the body, then cut the connection (a dropped transfer)."""
+async def _drop_mid_body(request: web.Request, resp: web.Response) -> web.StreamResponse:
+    """Send the headers and half the body, then cut the connection (a dropped transfer).
+
+    The request itself was processed: for uploads this plays "the reply got lost".
+    """
     body = bytes(resp.body)  # type: ignore[arg-type]
     stream = web.StreamResponse(status=resp.status, headers=resp.headers)
     stream.content_length = len(body)
@@ -287,6 +332,7 @@ async def _drop_mid_body(request: web.Request, resp: web.Response) -> None:
     await stream.write(body[: max(1, len(body) // 2)])
     if request.transport is not None:
         request.transport.abort()
+    return stream
 
 
 # --------------------------------------------------------------------------------------------
@@ -422,35 +468,34 @@ class HubRoutes:
         except ValueError:
             raise HubError(400, "limit must be an integer") from None
         out: list[dict[str, Any]] = []
-        last: str | None = None
+        last_file: str | None = None  # the cursor: every file up to here is in this page
         more = False
         pending_dir: dict[str, Any] | None = None
         for f in self.state.iter_files(bucket_id, prefix, after=cursor):
             if recursive:
-                entry_path, entry = f.path, f.to_json()
+                entry = f.to_json()
             else:
                 # the first '/' after the prefix (after "prefix/" when the prefix names a directory)
                 base = len(prefix) + (1 if prefix and f.path[len(prefix) : len(prefix) + 1] == "/" else 0)
                 slash = f.path.find("/", base)
                 if slash < 0:
-                    entry_path, entry = f.path, f.to_json()
+                    entry = f.to_json()
+                elif pending_dir is not None and pending_dir["path"] == f.path[:slash]:
+                    # a directory's files are contiguous in path order: fold them into its entry
+                    pending_dir["uploadedAt"] = max(pending_dir["uploadedAt"], f.uploaded_at)
+                    last_file = f.path
+                    continue
                 else:
-                    entry_path = f.path[:slash]
-                    if pending_dir is not None and pending_dir["path"] == entry_path:
-                        pending_dir["uploadedAt"] = max(pending_dir["uploadedAt"], f.uploaded_at)
-                        continue
-                    if cursor is not None and entry_path == cursor:
-                        continue  # this directory was the last entry of the previous page
-                    entry = {"type": "directory", "path": entry_path, "uploadedAt": f.uploaded_at}
+                    entry = {"type": "directory", "path": f.path[:slash], "uploadedAt": f.uploaded_at}
             if len(out) == limit:
                 more = True
                 break
             out.append(entry)
-            last = entry_path
+            last_file = f.path
             pending_dir = entry if entry["type"] == "directory" else None
         resp = web.json_response(out)
-        if more and last is not None:
-            nxt = request.url.update_query(cursor=last)
+        if more and last_file is not None:
+            nxt = request.url.update_query(cursor=last_file)
             resp.headers["Link"] = f'<{nxt}>; rel="next"'
         return resp
 
@@ -539,6 +584,21 @@ class HubRoutes:
         headers = {"X-Xet-Cas-Url": cas, "X-Xet-Access-Token": token, "X-Xet-Token-Expiration": str(exp)}
         return web.json_response({"accessToken": token, "exp": exp, "casUrl": cas}, headers=headers)
 
+    async def move(self, request: web.Request) -> web.StreamResponse:
+        body = await read_json(request)
+        if not isinstance(body, dict) or body.get("type") != "bucket":
+            raise HubError(400, "the emulator moves buckets only: {'fromRepo', 'toRepo', 'type': 'bucket'}")
+        src, dst = body.get("fromRepo"), body.get("toRepo")
+        if not isinstance(src, str) or not isinstance(dst, str) or dst.count("/") != 1:
+            raise HubError(400, "'fromRepo' and 'toRepo' must be bucket ids (namespace/name)")
+        self.bucket(request, src, write=True)
+        ns, name = dst.split("/")
+        check_name(ns, "namespace")
+        check_name(name, "bucket name")
+        if not self.state.move_bucket(src, dst):
+            raise HubError(409, f"bucket {dst!r} already exists")
+        return web.json_response({})
+
     async def whoami(self, request: web.Request) -> web.StreamResponse:
         c = self.caller(request)
         if not c.authenticated and not self.emu.auth.open:
@@ -626,9 +686,13 @@ class CasRoutes:
         xorb_hex = request.match_info["hash"]
         if not is_hex_hash(xorb_hex):
             raise HubError(400, "the xorb hash in the URL must be 64 hex digits")
-        if request.content_length is not None and request.content_length > _MAX_XORB:
+        n = request.content_length
+        if n is not None and n > _MAX_XORB:
             raise HubError(413, f"xorb body over {_MAX_XORB} bytes")
-        data = await request.read()
+        sock_fd = zerocopy.socket_fd(request) if self.emu.zero_copy and (n or 0) >= ZERO_COPY_MIN else None
+        if sock_fd is not None:
+            return await self._upload_xorb_spliced(request, xorb_hex, sock_fd)
+        data = await read_body(request, _MAX_XORB)
         if self.state.has_xorb(xorb_hex):
             return web.json_response({"was_inserted": False})
         try:
@@ -638,6 +702,38 @@ class CasRoutes:
             raise HubError(400, f"xorb refused: {e}", "InvalidXorb") from None
         inserted = await self.emu.cpu(self.state.put_xorb, idx, data)
         return web.json_response({"was_inserted": inserted})
+
+    async def _upload_xorb_spliced(
+        self, request: web.Request, xorb_hex: str, sock_fd: int
+    ) -> web.StreamResponse:
+        """The zero-copy path (see ``zerocopy``): every reply closes the connection."""
+        n = request.content_length
+        assert n is not None
+        head = zerocopy.take_body(request)
+        tmp: str | None = None
+        try:
+            tmp = await self.emu.cpu(
+                zerocopy.splice_to_file, sock_fd, head, n, self.state.xorb_dir, BODY_TIMEOUT_S
+            )
+            if self.state.has_xorb(xorb_hex):
+                resp: web.StreamResponse = web.json_response({"was_inserted": False})
+            else:
+                idx = await self.emu.cpu(verify_xorb_file, tmp, xorb_hex)
+                inserted = await self.emu.cpu(self.state.put_xorb_file, idx, tmp)
+                resp = web.json_response({"was_inserted": inserted})
+        except XetFormatError as e:
+            log.warning("refused xorb %s: %s", xorb_hex, e)
+            resp = error_response(400, f"xorb refused: {e}", "InvalidXorb")
+        except (OSError, TimeoutError, ConnectionError) as e:
+            log.warning("xorb %s: body not received: %s", xorb_hex, e)
+            resp = error_response(400, f"the xorb body was not received in full: {e}")
+        except Exception:
+            log.exception("internal error receiving xorb %s", xorb_hex)
+            resp = error_response(500, "internal emulator error on xorb_upload; see the server log")
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)  # already renamed when stored
+        return zerocopy.finish(request, resp)
 
     def _verify_shard(self, data: bytes) -> list[FileRecord]:
         shard = parse_shard(data)
@@ -678,7 +774,7 @@ class CasRoutes:
         self.token(request, write=True)
         if request.content_length is not None and request.content_length > MAX_SHARD_BYTES:
             raise HubError(413, f"shard body over {MAX_SHARD_BYTES} bytes")
-        data = await request.read()
+        data = bytes(await read_body(request, MAX_SHARD_BYTES))
         try:
             files = await self.emu.cpu(self._verify_shard, data)
         except XetFormatError as e:
@@ -783,16 +879,47 @@ class CasRoutes:
             raise HubError(404, f"xorb {xorb_hex} not found")
         rng = parse_range(request.headers.get("Range"), size)
         start, end = rng if rng else (0, size)
+        fault: Fault | None = request.get(FAULT)
+        if fault is None or not fault.drop:
+            return await self._sendfile(request, str(path), start, end, size, rng is not None)
         data = await self.emu.cpu(_pread, str(path), start, end - start)
         headers = {"Content-Range": f"bytes {start}-{end - 1}/{size}"} if rng else {}
         return web.Response(
             body=data, status=206 if rng else 200, headers=headers, content_type="application/octet-stream"
         )
 
-    async def stream_range(self, rec: FileRecord, start: int, end: int) -> Any:
-        """Yield the file's bytes [start, end), decoding only the chunks that overlap."""
-        from .xet import decode_chunk
+    async def _sendfile(
+        self, request: web.Request, path: str, start: int, end: int, size: int, partial: bool
+    ) -> web.StreamResponse:
+        """The common fetch path: the kernel copies the file range to the socket (sendfile).
 
+        Done here rather than with ``web.FileResponse``, whose stat/open round trips through a
+        thread pool cost more CPU than the transfer of a 2 MiB range itself.
+        """
+        resp = web.StreamResponse(status=206 if partial else 200)
+        resp.content_type = "application/octet-stream"
+        resp.content_length = end - start
+        if partial:
+            resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        with open(path, "rb") as f:  # a local, usually page-cached file: no need for a thread
+            await resp.prepare(request)
+            if request.transport is None:
+                raise ConnectionResetError("the client went away")
+            try:
+                await asyncio.get_running_loop().sendfile(request.transport, f, start, end - start)
+            except NotImplementedError:
+                f.seek(start)
+                await resp.write(f.read(end - start))
+        await resp.write_eof()
+        self.emu.stats["fetch"].bytes_out += end - start
+        return resp
+
+    async def stream_range(self, rec: FileRecord, start: int, end: int) -> Any:
+        """Yield the file's bytes [start, end), reading and decoding only the chunks that overlap.
+
+        Chunks are read in windows of at most ~8 MiB of stored bytes, so a small range read of a
+        huge file costs a few chunks, and a full read never holds a whole xorb in memory.
+        """
         pos = 0
         for s in rec.segments:
             if pos >= end:
@@ -803,19 +930,32 @@ class CasRoutes:
                 continue
             idx = self.state.get_xorb(s.xorb_hex)
             assert idx is not None
-            lo, hi = idx.byte_offsets[s.chunk_start], idx.byte_offsets[s.chunk_end]
-            raw = await self.emu.cpu(_pread, str(self.state.xorb_path(s.xorb_hex)), lo, hi - lo)
-            for c in range(s.chunk_start, s.chunk_end):
-                ulen = idx.unpacked_lens[c]
-                if pos + ulen > start and pos < end:
-                    off = idx.byte_offsets[c] - lo
-                    hdr = raw[off : off + 8]
-                    clen = int.from_bytes(hdr[1:4], "little")
-                    data = decode_chunk(hdr[4], raw[off + 8 : off + 8 + clen], ulen)
+            path = str(self.state.xorb_path(s.xorb_hex))
+            c = s.chunk_start
+            while c < s.chunk_end and pos + idx.unpacked_lens[c] <= start:  # skip chunks before start
+                pos += idx.unpacked_lens[c]
+                c += 1
+            while c < s.chunk_end and pos < end:
+                # the window: chunks from c while under the byte budget and before `end`
+                w_end, upos = c, pos
+                while (
+                    w_end < s.chunk_end
+                    and upos < end
+                    and (w_end == c or idx.byte_offsets[w_end + 1] - idx.byte_offsets[c] <= _READ_WINDOW)
+                ):
+                    upos += idx.unpacked_lens[w_end]
+                    w_end += 1
+                lo = idx.byte_offsets[c]
+                raw = await self.emu.cpu(_pread, path, lo, idx.byte_offsets[w_end] - lo)
+                for k in range(c, w_end):
+                    ulen = idx.unpacked_lens[k]
+                    off = idx.byte_offsets[k] - lo
+                    clen = int.from_bytes(raw[off + 1 : off + 4], "little")
+                    data = decode_chunk(raw[off + 4], raw[off + 8 : off + 8 + clen], ulen)
                     yield data[max(0, start - pos) : min(ulen, end - pos)]
-                pos += ulen
-                if pos >= end:
-                    break
+                    pos += ulen
+                c = w_end
+            pos = seg_end
 
 
 def _pread(path: str, offset: int, length: int) -> bytes:
@@ -870,6 +1010,7 @@ def build_app(emu: Emulator) -> web.Application:
     hub.emu_cas = cas
     r = app.router
     r.add_get("/api/whoami-v2", hub.whoami)
+    r.add_post("/api/repos/move", hub.move)
     r.add_route("*", "/api/buckets/{tail:.+}", hub.dispatch)
     r.add_get("/buckets/{tail:.+}", hub.resolve)  # add_get also answers HEAD
     r.add_post("/cas/v1/xorb-grants/{prefix}/{hash}", cas.xorb_grant)

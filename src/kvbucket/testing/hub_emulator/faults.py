@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ROUTES = (
-    "create_bucket", "bucket_info", "list_buckets", "delete_bucket", "bucket_settings", "tree",
+    "create_bucket", "bucket_info", "list_buckets", "delete_bucket", "move_bucket", "bucket_settings", "tree",
     "paths_info", "batch", "xet_token", "resolve", "whoami", "xorb_upload", "xorb_grant",
     "shard_upload", "reconstruction", "fetch", "dedup", "telemetry", "file_chunk_hashes",
 )  # fmt: skip

@@ -46,6 +46,7 @@ class ServerConfig:
     xet_token_ttl_s: int = 3600
     admin_key: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     fault_seed: int = 0
+    zero_copy: bool = True
 
     def to_json(self) -> str:
         return json.dumps(
@@ -53,7 +54,7 @@ class ServerConfig:
                 "data_dir": str(self.data_dir), "host": self.host, "port": self.port,
                 "tokens": [[t.name, t.secret.get_secret_value(), t.scope] for t in self.tokens],
                 "xet_token_ttl_s": self.xet_token_ttl_s, "admin_key": self.admin_key,
-                "fault_seed": self.fault_seed,
+                "fault_seed": self.fault_seed, "zero_copy": self.zero_copy,
             }
         )  # fmt: skip
 
@@ -68,6 +69,7 @@ class ServerConfig:
             xet_token_ttl_s=int(d["xet_token_ttl_s"]),
             admin_key=d["admin_key"],
             fault_seed=int(d["fault_seed"]),
+            zero_copy=bool(d["zero_copy"]),
         )
 
 
@@ -114,7 +116,7 @@ class ThreadServer:
         cfg = self.config
         self._state = State(cfg.data_dir)
         auth = Auth(cfg.tokens, cfg.xet_token_ttl_s, Auth.load_key(cfg.data_dir))
-        self._emu = Emulator(self._state, auth, FaultPlan(cfg.fault_seed), cfg.admin_key)
+        self._emu = Emulator(self._state, auth, FaultPlan(cfg.fault_seed), cfg.admin_key, cfg.zero_copy)
         self._runner = web.AppRunner(build_app(self._emu), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.host, cfg.port, reuse_address=True)
@@ -140,7 +142,7 @@ class ThreadServer:
 
 
 class SubprocessServer:
-    """The emulator in a child Python process (``python -m kvbucket.testing.hub_emulator.server``)."""
+    """The emulator in a child Python process (``python -m kvbucket.testing.hub_emulator``)."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -152,7 +154,7 @@ class SubprocessServer:
         src = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvbucket.testing.hub_emulator.server"],
+            [sys.executable, "-m", "kvbucket.testing.hub_emulator"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -218,6 +220,7 @@ class HubEmulator:
     ``with HubEmulator(tokens={"me": ("secret", "write")}) as emu: HfApi(endpoint=emu.endpoint, ...)``.
     Without ``data_dir`` a temporary one is made and removed at exit. ``port=0`` picks a free port.
     ``subprocess=True`` runs the server in a child process (own CPU time and GIL).
+    ``zero_copy=False`` turns off the Linux ``splice`` path for large xorb uploads.
     """
 
     def __init__(
@@ -230,18 +233,25 @@ class HubEmulator:
         subprocess: bool = False,
         xet_token_ttl_s: int = 3600,
         fault_seed: int = 0,
+        admin_key: str | None = None,
+        zero_copy: bool = True,
     ) -> None:
         if isinstance(tokens, dict):
             specs = [TokenSpec.parse(f"{n}={s}:{scope}") for n, (s, scope) in tokens.items()]
         else:
             specs = list(tokens or [])
+        if xet_token_ttl_s <= 0:
+            raise ConfigError("xet_token_ttl_s must be positive")
+        if admin_key is not None and len(admin_key) < 8:
+            raise ConfigError("the admin key (fault control) must be at least 8 characters")
         self._tmp: str | None = None
         if data_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="kvbucket-hub-")
             data_dir = self._tmp
-        if xet_token_ttl_s <= 0:
-            raise ConfigError("xet_token_ttl_s must be positive")
         self.config = ServerConfig(Path(data_dir), host, port, specs, xet_token_ttl_s, fault_seed=fault_seed)
+        if admin_key is not None:
+            self.config.admin_key = admin_key
+        self.config.zero_copy = zero_copy
         self.use_subprocess = subprocess
         self._server: ThreadServer | SubprocessServer | None = None
 
@@ -317,7 +327,7 @@ class HubEmulator:
         return f"HubEmulator({state}, data_dir={str(self.data_dir)!r}, tokens={len(self.config.tokens)})"
 
 
-def _child_main() -> None:
+def child_main() -> None:
     """Entry point of the subprocess mode: config on stdin, ``READY <port>`` on stdout."""
     config = ServerConfig.from_json(sys.stdin.readline())
     server = ThreadServer(config)
@@ -329,7 +339,3 @@ def _child_main() -> None:
     while not stop.wait(0.5):
         pass
     server.stop()
-
-
-if __name__ == "__main__":
-    _child_main()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import sqlite3
@@ -44,6 +45,7 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+@functools.lru_cache(maxsize=65536)  # a batch shares one mtime; listings repeat them
 def ms_to_iso(ms: int) -> str:
     when = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -94,7 +96,9 @@ class State:
         self.xorb_dir = self.root / "xorbs"
         self.xorb_dir.mkdir(exist_ok=True, mode=0o700)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.root / "index.sqlite3", check_same_thread=False, isolation_level=None)
+        db_path = self.root / "index.sqlite3"
+        os.close(os.open(db_path, os.O_CREAT | os.O_RDWR, 0o600))  # user data: owner-only (WAL inherits)
+        self._db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
@@ -160,6 +164,15 @@ class State:
             self._db.execute("DELETE FROM buckets WHERE id = ?", (bucket_id,))
             self._db.execute("COMMIT")
 
+    def move_bucket(self, src: str, dst: str) -> bool:
+        """Rename a bucket with its files; False if ``dst`` exists already."""
+        with self.transaction():
+            if self._db.execute("SELECT 1 FROM buckets WHERE id = ?", (dst,)).fetchone():
+                return False
+            self._db.execute("UPDATE buckets SET id = ? WHERE id = ?", (dst, src))
+            self._db.execute("UPDATE files SET bucket = ? WHERE bucket = ?", (dst, src))
+        return True
+
     # -- files -----------------------------------------------------------------------------
     def _file_row(self, r: tuple) -> FileRow:  # type: ignore[type-arg]
         return FileRow(r[0], r[1], int(r[2]), int(r[3]), r[4], r[5])
@@ -167,19 +180,14 @@ class State:
     _FILE_COLS = "path, xet_hash, size, mtime, uploaded_at, content_type"
 
     def get_files(self, bucket_id: str, paths: list[str]) -> list[FileRow]:
-        out: list[FileRow] = []
+        """The rows of ``paths`` that exist, in the order asked (one query, whatever the count)."""
         with self._lock:
-            for i in range(0, len(paths), 500):
-                part = paths[i : i + 500]
-                marks = ",".join("?" * len(part))
-                rows = self._db.execute(
-                    f"SELECT {self._FILE_COLS} FROM files WHERE bucket = ? AND path IN ({marks})",
-                    (bucket_id, *part),
-                ).fetchall()
-                out.extend(self._file_row(r) for r in rows)
-        order = {p: i for i, p in enumerate(paths)}
-        out.sort(key=lambda f: order[f.path])
-        return out
+            rows = self._db.execute(
+                "SELECT f.path, f.xet_hash, f.size, f.mtime, f.uploaded_at, f.content_type"
+                " FROM json_each(?) AS p JOIN files AS f ON f.bucket = ? AND f.path = p.value ORDER BY p.key",
+                (json.dumps(paths), bucket_id),
+            ).fetchall()
+        return [self._file_row(r) for r in rows]
 
     def iter_files(self, bucket_id: str, prefix: str, after: str | None = None) -> Iterator[FileRow]:
         """Files whose path starts with ``prefix`` (lexically, as the Hub does), in path order."""
@@ -268,7 +276,29 @@ class State:
         self._xorb_cache[xorb_hex] = idx
         return idx
 
-    def put_xorb(self, idx: XorbIndex, data: bytes) -> bool:
+    def put_xorb_file(self, idx: XorbIndex, tmp: str) -> bool:
+        """Store a verified xorb already written to ``tmp`` (in ``xorb_dir``): fsync, rename, index."""
+        if self.has_xorb(idx.hash_hex):
+            return False
+        final = self.xorb_path(idx.hash_hex)
+        final.parent.mkdir(exist_ok=True, mode=0o700)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        return self._index_xorb(idx)
+
+    def _index_xorb(self, idx: XorbIndex) -> bool:
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO xorbs (hash, offsets, lens, chunk_hashes) VALUES (?, ?, ?, ?)",
+                (idx.hash_hex, _pack(idx.byte_offsets), _pack(idx.unpacked_lens), b"".join(idx.chunk_hashes)),
+            )
+        return cur.rowcount == 1
+
+    def put_xorb(self, idx: XorbIndex, data: bytes | bytearray) -> bool:
         """Store a verified xorb; False if it was already there. Body first, then the index row."""
         if self.has_xorb(idx.hash_hex):
             return False
@@ -284,9 +314,4 @@ class State:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT OR IGNORE INTO xorbs (hash, offsets, lens, chunk_hashes) VALUES (?, ?, ?, ?)",
-                (idx.hash_hex, _pack(idx.byte_offsets), _pack(idx.unpacked_lens), b"".join(idx.chunk_hashes)),
-            )
-        return cur.rowcount == 1
+        return self._index_xorb(idx)

@@ -7,6 +7,7 @@ so it is unit-testable and runs off the event loop in a thread pool.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, field
 
@@ -186,7 +187,7 @@ def iter_chunk_headers(data: bytes | memoryview) -> list[tuple[int, int, int, in
     return out
 
 
-def verify_xorb(data: bytes, claimed_hex: str) -> XorbIndex:
+def verify_xorb(data: bytes | bytearray, claimed_hex: str) -> XorbIndex:
     """Decode every chunk, recompute the xorb hash and refuse a mismatch."""
     if not data:
         raise XetFormatError("a xorb holds at least one chunk")
@@ -197,15 +198,41 @@ def verify_xorb(data: bytes, claimed_hex: str) -> XorbIndex:
     lens: list[int] = []
     hashes: list[bytes] = []
     for off, clen, scheme, ulen in iter_chunk_headers(view):
-        raw = decode_chunk(scheme, view[off : off + clen], ulen)
+        if scheme == 0:  # stored raw: hash it in place, no copy
+            if clen != ulen:
+                raise XetFormatError(f"raw chunk at byte {off - 8} has {clen} bytes, header says {ulen}")
+            h = blake3.blake3(view[off : off + clen], key=DATA_KEY).digest()
+        else:
+            h = chunk_hash(decode_chunk(scheme, view[off : off + clen], ulen))
         offsets.append(off - 8)
         lens.append(ulen)
-        hashes.append(chunk_hash(raw))
+        hashes.append(h)
     offsets.append(len(data))
     got = hash_to_hex(xorb_hash(list(zip(hashes, lens, strict=True))))
     if got != claimed_hex:
         raise XetFormatError(f"xorb content hashes to {got}, not to the {claimed_hex} named in the URL")
     return XorbIndex(claimed_hex, offsets, lens, hashes)
+
+
+def verify_xorb_file(path: str, claimed_hex: str) -> XorbIndex:
+    """``verify_xorb`` over a file, read through mmap (no copy into Python memory)."""
+    import mmap
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise XetFormatError("a xorb holds at least one chunk")
+        mm = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+        error: str | None = None
+        try:
+            idx = verify_xorb(mm, claimed_hex)  # type: ignore[arg-type]
+        except XetFormatError as e:
+            error = str(e)
+        # the exception (and the frames holding views of the map) is gone here: now it can close
+        mm.close()
+        if error is not None:
+            raise XetFormatError(error)
+        return idx
 
 
 @dataclass(frozen=True)
