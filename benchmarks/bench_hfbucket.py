@@ -21,7 +21,9 @@ and cold lookup, >= 1.0 on store.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -31,6 +33,7 @@ from typing import Any
 
 # Own HF_HOME/xet cache before huggingface_hub or hf_xet are imported (see docs/emulator.md).
 _HOME = tempfile.mkdtemp(prefix="kvbucket-bench-hf-")
+atexit.register(shutil.rmtree, _HOME, True)
 os.environ["HF_HOME"] = _HOME
 os.environ["HF_XET_CACHE"] = os.path.join(_HOME, "xet")
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -121,6 +124,72 @@ class LMCacheSide:
                 return int(bm.popcount())
 
 
+class LMCacheConnectorSide:
+    """LMCache's non-MP ``HFBucketConnector`` (the ``hfbucket`` remote storage plugin) on full chunks."""
+
+    def __init__(self, endpoint: str, bucket: str, chunks: list[np.ndarray], lookup_extra: int) -> None:
+        import torch
+        from lmcache.utils import CacheEngineKey
+        from lmcache.v1.config import LMCacheEngineConfig
+        from lmcache.v1.metadata import LMCacheMetadata
+
+        self.torch = torch
+        self.endpoint = endpoint
+        n, size = len(chunks), chunks[0].nbytes
+        heads = size // (2 * 2 * 256 * 128 * 2)  # 2 layers, K and V, 256 tokens, head 128, bf16
+        assert heads * 2 * 2 * 256 * 128 * 2 == size, "--chunk-mib: steps of 0.25 here"
+        self.meta = LMCacheMetadata(model_name=MODEL, world_size=1, local_world_size=1, worker_id=0,
+                                    local_worker_id=0, kv_dtype=torch.bfloat16,
+                                    kv_shape=(2, 2, 256, heads, 128))
+        self.cfg = LMCacheEngineConfig.from_defaults(
+            chunk_size=256, local_cpu=False, save_unfull_chunk=False, remote_storage_plugins=["hfbucket"],
+            extra_config={"remote_storage_plugin.hfbucket.bucket_handle": f"hf://buckets/me/{bucket}",
+                          "remote_storage_plugin.hfbucket.token": TOKEN,
+                          "remote_storage_plugin.hfbucket.create_bucket_if_missing": True})
+        self.chunks = chunks
+        self.keys = [CacheEngineKey(MODEL, 1, 0, i + 1, torch.bfloat16) for i in range(n)]
+        self.lookup_keys = self.keys + [CacheEngineKey(MODEL, 1, 0, -(i + 1), torch.bfloat16)
+                                        for i in range(lookup_extra)]
+        self.src = [LMCacheSide._obj(self, torch.from_numpy(c)) for c in chunks]  # type: ignore[arg-type]
+        self.loaded: list[Any] = []
+
+    def allocate(self, shapes: Any, dtypes: Any, fmt: Any) -> Any:
+        """The connector allocates load buffers from the local CPU backend; plain tensors here."""
+        n = int(sum(self.torch.Size(s).numel() * self.torch.tensor([], dtype=d).element_size()
+                    for s, d in zip(shapes, dtypes, strict=True)))
+        return LMCacheSide._obj(self, self.torch.empty(n, dtype=self.torch.uint8))  # type: ignore[arg-type]
+
+    def adapter(self) -> Any:
+        import asyncio
+
+        import huggingface_hub.constants as hc
+        from lmcache.v1.storage_backend.connector.hfbucket_connector import (
+            HFBucketConnector,
+            resolve_hfbucket_connector_config,
+        )
+
+        hc.ENDPOINT = self.endpoint
+        plugin_cfg = resolve_hfbucket_connector_config(self.cfg, "hfbucket")
+        conn = HFBucketConnector(self, self.cfg, self.meta, plugin_cfg)
+        conn.close = lambda c=conn: asyncio.run(HFBucketConnector.close(c))  # sync close for run_round
+        return conn
+
+    def store(self, c: Any) -> int:
+        import asyncio
+
+        asyncio.run(c.batched_put(self.keys, self.src))
+        return len(self.keys)
+
+    def lookup(self, c: Any) -> int:
+        return int(c.batched_contains(self.lookup_keys))  # consecutive prefix hits: the stored keys
+
+    def load(self, c: Any) -> int:
+        import asyncio
+
+        self.loaded = asyncio.run(c.batched_get(self.keys))
+        return sum(o is not None for o in self.loaded)
+
+
 class KVBucketSide:
     def __init__(self, endpoint: str, bucket: str, chunks: list[np.ndarray], lookup_extra: int,
                  workers: int) -> None:
@@ -197,6 +266,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1, help="uncounted rounds first")
     ap.add_argument("--workers", type=int, default=4, help="num_workers of both systems' configs")
+    ap.add_argument("--baseline", choices=("adapter", "connector"), default="adapter",
+                    help="LMCache's MP HFBucketL2Adapter or its non-MP HFBucketConnector")
     ap.add_argument("--in-process-server", action="store_true", help="run the emulator in this process")
     args = ap.parse_args()
     size = int(args.chunk_mib * 1024 * 1024)
@@ -207,15 +278,23 @@ def main() -> int:
         return [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(args.chunks)]
 
     mib = args.chunks * size / 2**20
+    baseline = "HFBucketL2Adapter (MP)" if args.baseline == "adapter" else "HFBucketConnector (non-MP)"
+    print(f"baseline: LMCache 0.5.6 {baseline}")
     print(f"{args.chunks} chunks x {size / 2**20:.2f} MiB = {mib:.0f} MiB; "
           f"lookup of {args.lookup_keys} keys; {args.rounds} round(s); workers={args.workers}", flush=True)
     with HubEmulator(tokens={"me": (TOKEN, "write")}, subprocess=not args.in_process_server) as emu:
         lm_chunks, kv_chunks = chunks(), chunks()
-        lm = LMCacheSide(emu.endpoint, "lmcache-bench", lm_chunks, extra)
+        lm: Any
+        if args.baseline == "adapter":
+            lm = LMCacheSide(emu.endpoint, "lmcache-bench", lm_chunks, extra)
+        else:
+            lm = LMCacheConnectorSide(emu.endpoint, "lmcache-bench", lm_chunks, extra)
         kv = KVBucketSide(emu.endpoint, "kvbucket-bench", kv_chunks, extra, args.workers)
 
         def lm_ok() -> bool:
-            return all(np.array_equal(d.raw_data.numpy(), c) for d, c in zip(lm.dst, lm_chunks, strict=True))
+            got = lm.dst if args.baseline == "adapter" else lm.loaded
+            return all(np.array_equal(d.raw_data.numpy().view(np.uint8).reshape(-1), c)
+                       for d, c in zip(got, lm_chunks, strict=True))
 
         def kv_ok() -> bool:
             return all(np.array_equal(np.frombuffer(v, np.uint8), c) for v, c in zip(kv.views, kv_chunks,

@@ -297,6 +297,7 @@ class HFBucketStore(ObjectStore):
                 break
             time.sleep(min(delay, 8.0))
             delay *= 2
+            self._client.reset_download_group()  # a new group also gets a fresh read token
             try:
                 fresh = self._client.paths_info([f.path]).get(f.path)
             except StoreError as e:

@@ -26,8 +26,7 @@ class MetaCache(Generic[V]):
         self._d: dict[str, tuple[float, V | None]] = {}
         self._lock = threading.Lock()
         self._writes = 0
-        self.hits = 0
-        self.misses = 0
+        self.hits = 0  # fresh answers served (for stats and tests)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, V | None]:
         """Fresh entries among ``keys`` (absent from the result = unknown, ask the remote)."""
