@@ -378,7 +378,11 @@ class KVBucketPrefixCache:
     def _enqueue(self, cache: DynamicCache, keys: Sequence[CacheEngineKey], first: int) -> int:
         # DynamicLayer grows by torch.cat and never writes in place, so holding these tensors is a
         # consistent snapshot even while generate() keeps extending the cache.
-        tensors = [(layer.keys, layer.values) for layer in cache.layers]
+        tensors: list[tuple[Any, Any]] = [(layer.keys, layer.values) for layer in cache.layers]
+        if all(k.device.type == "cpu" for k, _ in tensors):
+            # The worker packs with numpy: torch ops on a second thread start a second OpenMP team
+            # whose spinning threads slow the caller's next forward pass (measured: +19% TTFT).
+            tensors = [(_np_view(k), _np_view(v)) for k, v in tensors]
         queued = 0
         for i in range(first, len(keys)):
             job = _StoreJob(keys[i], tensors, i * self.chunk_tokens)
@@ -447,13 +451,21 @@ class KVBucketPrefixCache:
             metrics.PREFIX_CHUNKS.labels("store_failed").inc(failed)
 
     def _pack(self, job: _StoreJob) -> np.ndarray:
+        """One chunk in LMCache order, ``(layers, 2, T, kv_heads, head)``, as flat bytes."""
         lay = self.layout
-        out = torch.empty(lay.shape, dtype=lay.dtype)
         s, e = job.start, job.start + lay.chunk_tokens
+        k0 = job.tensors[0][0]
+        if isinstance(k0, np.ndarray):
+            out = np.empty(lay.shape, dtype=k0.dtype)
+            for layer, (k, v) in enumerate(job.tensors):
+                out[layer, 0] = k[0, :, s:e, :].transpose(1, 0, 2)
+                out[layer, 1] = v[0, :, s:e, :].transpose(1, 0, 2)
+            return out.reshape(-1).view(np.uint8)
+        t = torch.empty(lay.shape, dtype=lay.dtype)  # device tensors: copy to host here, off the caller
         for layer, (k, v) in enumerate(job.tensors):
-            out[layer, 0].copy_(k[0, :, s:e, :].transpose(0, 1))
-            out[layer, 1].copy_(v[0, :, s:e, :].transpose(0, 1))
-        return out.view(-1).view(torch.uint8).numpy()
+            t[layer, 0].copy_(k[0, :, s:e, :].transpose(0, 1))
+            t[layer, 1].copy_(v[0, :, s:e, :].transpose(0, 1))
+        return t.view(-1).view(torch.uint8).numpy()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued chunk was stored or failed. False on timeout."""
@@ -495,7 +507,7 @@ class KVBucketPrefixCache:
 @dataclass(frozen=True)
 class _StoreJob:
     key: CacheEngineKey
-    tensors: list[tuple[torch.Tensor, torch.Tensor]]
+    tensors: list[tuple[Any, Any]]  # per layer (keys, values): numpy views of CPU tensors, else tensors
     start: int
 
 
@@ -689,6 +701,14 @@ def _check_mask(attention_mask: Any, n: int) -> None:
             "attention_mask must be all ones for the prompt (padding would shift the prefix); "
             "pass the unpadded prompt instead"
         )
+
+
+def _np_view(t: torch.Tensor) -> np.ndarray:
+    """A zero-copy numpy view with the same bytes (numpy has no bfloat16: viewed as int16)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy()
 
 
 def _byte_len(chunk: Any) -> int:
