@@ -157,20 +157,26 @@ def test_half_precision_dtypes(dtype: torch.dtype) -> None:
         assert_same(ref, out, dtype)
 
 
-def test_chunk_layout_is_lmcache_order(model) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_layout_is_lmcache_order(dtype: torch.dtype) -> None:
     """Stored bytes are (layers, 2, tokens, kv_heads, head_size) of the model's own KV."""
-    ids = prompt(T + 1, seed=7)
+    model = build_model(TINY, seed=1, dtype=dtype, name="tiny-llama")
+    ids = prompt(2 * T + 1, seed=7)
     backend = DictBackend()
     with KVBucketPrefixCache(model, backend, chunk_tokens=T) as cache:
         cache.prefill(ids)
         cache.flush()
-        (blob,) = backend.data.values()
-    stored = torch.frombuffer(bytearray(blob), dtype=torch.float32).reshape(cache.layout.shape)
+        blobs = [backend.data[k.to_string()] for k in cache.chunk_keys(ids)]
     with torch.no_grad():
-        kv = model(ids[:, :T], use_cache=True).past_key_values
-    for layer in range(TINY.layers):
-        torch.testing.assert_close(stored[layer, 0], kv.layers[layer].keys[0].transpose(0, 1))
-        torch.testing.assert_close(stored[layer, 1], kv.layers[layer].values[0].transpose(0, 1))
+        kv = model(ids[:, : 2 * T], use_cache=True).past_key_values
+    atol = 1e-5 if dtype == torch.float32 else 2e-2  # a 2T-token forward vs the prefill's 2T+1
+    for i, blob in enumerate(blobs):
+        stored = torch.frombuffer(bytearray(blob), dtype=dtype).reshape(cache.layout.shape)
+        for layer in range(TINY.layers):
+            keys = kv.layers[layer].keys[0, :, i * T : (i + 1) * T].transpose(0, 1)
+            values = kv.layers[layer].values[0, :, i * T : (i + 1) * T].transpose(0, 1)
+            torch.testing.assert_close(stored[layer, 0], keys, rtol=0, atol=atol)
+            torch.testing.assert_close(stored[layer, 1], values, rtol=0, atol=atol)
 
 
 def test_longest_prefix_stops_at_first_miss(model) -> None:  # type: ignore[no-untyped-def]
