@@ -45,10 +45,16 @@ def test_demo_refuses_a_bad_dtype() -> None:
     assert result.returncode != 0 and "int3" in result.stdout + result.stderr
 
 
-def test_synthetic_flags_need_synthetic() -> None:
+def test_synthetic_only_flags_select_the_synthetic_demo(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from kvbucket.cli import build_app
 
-    result = CliRunner().invoke(build_app(), ["demo", "--chunks", "4"])
-    assert result.exit_code != 0 and "--synthetic" in result.output
+    runner = CliRunner()
+    target = tmp_path / "synthetic"
+    args = ["demo", "--chunks", "2", "--model", "qwen2.5-0.5b", "--target", str(target)]
+    result = runner.invoke(build_app(), args)
+    assert result.exit_code == 0, result.output
+    assert "synthetic" in result.output
+    result = runner.invoke(build_app(), ["demo", "--synthetic", "--dtype", "bfloat16"])
+    assert result.exit_code != 0 and "--dtype" in result.output and "real-model demo" in result.output

@@ -62,14 +62,21 @@ def register(app: typer.Typer) -> None:
 
         Exits 1 if outputs (or, with --synthetic, bytes) differ, 2 if the demo cannot run.
         """
-        if synthetic:
+        implied = [flag for flag, v in (("--chunks", chunks), ("--model", model), ("--config", config)) if v]
+        if synthetic or implied:  # those flags only exist for the synthetic demo: they imply it
+            real_only = [
+                flag for flag, v, default in (
+                    ("--prompt-tokens", prompt_tokens, 4096), ("--new-tokens", new_tokens, 16),
+                    ("--dtype", dtype, "float32"), ("--size", size, None),
+                ) if v != default
+            ]
+            if real_only:
+                raise typer.BadParameter(
+                    f"{', '.join(real_only)} belong(s) to the real-model demo, not the synthetic one "
+                    f"(selected by {'--synthetic' if synthetic else ', '.join(implied)})"
+                )
             _synthetic(target, keep, chunks, model, config)
             return
-        used = [flag for flag, v in (("--chunks", chunks), ("--model", model), ("--config", config)) if v]
-        if used:
-            raise typer.BadParameter(
-                f"{', '.join(used)} belong(s) to the synthetic demo; add --synthetic to run it"
-            )
         missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
         if missing:
             raise typer.BadParameter(
