@@ -24,7 +24,7 @@ def isolated_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run(*args: str) -> Any:
-    return CliRunner().invoke(build_app(), ["demo", *args])
+    return CliRunner().invoke(build_app(), ["demo", "--synthetic", *args])
 
 
 def test_demo_on_the_embedded_default(isolated_tmp: Path) -> None:

@@ -75,13 +75,17 @@ def test_demo_targets_a_bucket(hub_bucket: Any, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
     monkeypatch.setenv("HF_TOKEN", hub.write_token)
     url = f"hf://buckets/{hub_bucket.bucket_id}/demo"
-    code, out, err = run("demo", "--target", url, "--chunks", "4", "--model", "qwen2.5-0.5b", "--keep")
+    code, out, err = run(
+        "demo", "--synthetic", "--target", url, "--chunks", "4", "--model", "qwen2.5-0.5b", "--keep"
+    )
     assert code == 0, err
     assert hub.write_token not in out + err
     with HFBucketStore(HFBucketConfig(bucket_handle=url)) as s:
         listed = list(s.list())
     assert len(listed) == 4 and len({i.size for i in listed}) == 1  # four full chunks landed
-    code, _, err = run("demo", "--target", url + "2", "--chunks", "2", "--model", "qwen2.5-0.5b")
+    code, _, err = run(
+        "demo", "--synthetic", "--target", url + "2", "--chunks", "2", "--model", "qwen2.5-0.5b"
+    )
     assert code == 0, err
     with HFBucketStore(HFBucketConfig(bucket_handle=url + "2")) as s:
         assert list(s.list()) == []  # cleaned up without --keep

@@ -11,10 +11,11 @@ import typer
 
 COMMAND_MODULES: list[str] = [
     "kvbucket.cli.version_cmd",
+    "kvbucket.cli.stats_cmd",
+    "kvbucket.cli.demo_cmd",
     "kvbucket.cli.store_cmd",
     "kvbucket.cli.compile_cache_cmd",
     "kvbucket.cli.emulator_cmd",
-    "kvbucket.cli.demo_cmd",
 ]
 
 app = typer.Typer(

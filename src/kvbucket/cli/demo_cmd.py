@@ -1,35 +1,116 @@
-"""``kvbucket demo``: model-shaped KV chunks through the hybrid stack (logic in kvbucket.demo.synthetic)."""
+"""``kvbucket demo``: the real-model prefix-reuse demo (default) or, with ``--synthetic``, model-shaped
+KV chunks through the tier stack (logic in kvbucket.demo.real_model and kvbucket.demo.synthetic)."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import typer
+
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
+        synthetic: bool = typer.Option(
+            False, "--synthetic",
+            help="Run the synthetic demo instead: model-shaped KV chunks stored and re-read through "
+            "local_cpu -> local_disk -> remote, every byte verified (no torch needed).",
+        ),
         target: str = typer.Option(
             None, "--target",
-            help="Remote store to use instead of the embedded FileStore in a temp dir: file:///dir, a path, "
-            "hf://buckets/<ns>/<bucket>/<optional prefix> or s3://<bucket>/<optional prefix>. The demo's "
-            "chunks are removed from it afterwards unless --keep.",
+            help="Shared tier instead of the default (the real-model demo: an in-process Hub emulator "
+            "with a private bucket; --synthetic: a FileStore in a temp dir): "
+            "hf://buckets/<ns>/<bucket>/<prefix>, s3://<bucket>/<prefix> (prefixes optional), file:///dir "
+            "or a path. "
+            "Credentials come from the usual environment (HF_TOKEN, AWS_*). The demo's chunks are "
+            "removed from it at the end unless --keep.",
         ),
-        chunks: int = typer.Option(32, "--chunks", min=1, help="How many 256-token chunks to store."),
-        model: str = typer.Option("llama-3.2-1b", "--model", help="KV layout: qwen2.5-0.5b, llama-3.2-1b, "
-                                  "llama-3.1-8b."),
-        config: str = typer.Option(None, "--config", help="Engine config (YAML/JSON) whose remote settings "
-                                   "(remote_url, remote_storage_plugins, extra_config) to use."),
         keep: bool = typer.Option(False, "--keep", help="Leave the demo's chunks in --target."),
+        prompt_tokens: int = typer.Option(
+            4096, "--prompt-tokens", min=256, help="Real-model demo: length of the shared document."
+        ),
+        new_tokens: int = typer.Option(
+            16, "--new-tokens", min=1, help="Real-model demo: tokens per answer."
+        ),
+        dtype: str = typer.Option(
+            "float32", "--dtype", help="Real-model demo: float32, bfloat16 or float16."
+        ),
+        size: str = typer.Option(
+            None, "--size", hidden=True, help="Model size (tests use 'tiny'); default $KVBUCKET_DEMO_SIZE."
+        ),
+        chunks: int = typer.Option(
+            None, "--chunks", min=1, help="--synthetic: 256-token chunks to store (32)."
+        ),
+        model: str = typer.Option(
+            None, "--model",
+            help="--synthetic: KV layout: qwen2.5-0.5b, llama-3.2-1b (default), llama-3.1-8b.",
+        ),
+        config: str = typer.Option(
+            None, "--config",
+            help="--synthetic: engine config (YAML/JSON) whose remote settings (remote_url, "
+            "remote_storage_plugins, extra_config) to use.",
+        ),
     ) -> None:
-        """Store and reload a model-shaped set of KV chunks through local_cpu -> local_disk -> remote,
-        verifying every byte. Exits 1 if any byte differs, 2 if the demo cannot run."""
-        from kvbucket.demo.synthetic import DemoError, run_synthetic_demo
-        from kvbucket.errors import KVBucketError
+        """Time to first token saved by a prompt prefix computed on another machine.
 
+        Machine A answers a 4,096-token prompt with a ~0.5B-shaped Llama (random weights) and stores its KV.
+
+        Machine B (a fresh process, empty local tiers) asks another question, with and without the cache.
+
+        Exits 1 if outputs (or, with --synthetic, bytes) differ, 2 if the demo cannot run.
+        """
+        implied = [flag for flag, v in (("--chunks", chunks), ("--model", model), ("--config", config)) if v]
+        if synthetic or implied:  # those flags only exist for the synthetic demo: they imply it
+            real_only = [
+                flag for flag, v, default in (
+                    ("--prompt-tokens", prompt_tokens, 4096), ("--new-tokens", new_tokens, 16),
+                    ("--dtype", dtype, "float32"), ("--size", size, None),
+                ) if v != default
+            ]
+            if real_only:
+                raise typer.BadParameter(
+                    f"{', '.join(real_only)} belong(s) to the real-model demo, not the synthetic one "
+                    f"(selected by {'--synthetic' if synthetic else ', '.join(implied)})"
+                )
+            _synthetic(target, keep, chunks, model, config)
+            return
+        missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise typer.BadParameter(
+                f"the real-model demo needs {' and '.join(missing)}: pip install 'kvbucket[transformers]' "
+                "(or run `kvbucket demo --synthetic`, which does not)"
+            )
+        if dtype not in _DTYPES:
+            raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(_DTYPES)}", param_hint="--dtype")
+        from kvbucket.demo.real_model import DemoError, run_demo
+
+        if target is not None and "://" not in target:
+            target = os.path.abspath(target)
         try:
-            report = run_synthetic_demo(target=target, chunks=chunks, model=model, keep=keep,
-                                        config_path=config)
-        except (DemoError, KVBucketError) as e:
+            code = run_demo(
+                target=target, size=size, prompt_tokens=prompt_tokens, new_tokens=new_tokens, dtype=dtype,
+                keep=keep,
+            )
+        except DemoError as e:
             typer.echo(f"kvbucket demo failed: {e}", err=True)
             raise typer.Exit(2) from None
-        raise typer.Exit(0 if report.ok else 1)
+        raise typer.Exit(code)
+
+
+def _synthetic(
+    target: str | None, keep: bool, chunks: int | None, model: str | None, config: str | None
+) -> None:
+    from kvbucket.demo.synthetic import DEFAULT_MODEL, DemoError, run_synthetic_demo
+    from kvbucket.errors import KVBucketError
+
+    try:
+        report = run_synthetic_demo(
+            target=target, chunks=chunks or 32, model=model or DEFAULT_MODEL, keep=keep, config_path=config
+        )
+    except (DemoError, KVBucketError) as e:
+        typer.echo(f"kvbucket demo failed: {e}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(0 if report.ok else 1)

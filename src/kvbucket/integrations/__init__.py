@@ -1,1 +1,1 @@
-"""Adapters that let other projects (LMCache, transformers) use kvbucket. Each needs its extra."""
+"""Integrations with inference engines (LMCache, transformers); each imports its engine lazily."""

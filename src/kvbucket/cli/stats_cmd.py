@@ -1,0 +1,88 @@
+"""``kvbucket stats``: summarise a running process's Prometheus metrics as a table."""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_URL = "http://127.0.0.1:9464/metrics"
+
+
+def fetch_metrics(url: str, timeout: float = 10.0) -> str:
+    """GET an exposition text; errors say which URL failed and why, in words."""
+    if not url.startswith(("http://", "https://")):
+        raise typer.BadParameter(f"{url!r} is not an http(s) URL, e.g. {DEFAULT_URL}", param_hint="--url")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.read().decode("utf-8")
+    except urllib.error.HTTPError as e:
+        raise typer.BadParameter(f"{url} answered HTTP {e.code}; is it a /metrics endpoint?") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise typer.BadParameter(
+            f"cannot reach {url} ({reason}); "
+            "start the process with kvbucket.metrics.start_metrics_server(port)"
+        ) from None
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def render_summary(exposition: str, console: Console, title: str = "kvbucket metrics") -> bool:
+    """Print the per-tier / per-store table (and prefix-reuse totals). False when nothing is there."""
+    from kvbucket.metrics import summarize
+
+    summary = summarize(exposition)
+    if not summary.rows and not summary.prefix_tokens:
+        return False
+    table = Table(title=title)
+    for col, justify in (
+        ("kind", "left"), ("name", "left"), ("hits", "right"), ("misses", "right"), ("hit ratio", "right"),
+        ("writes", "right"), ("errors", "right"), ("read", "right"), ("written", "right"),
+        ("mean get", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in summary.rows:
+        ratio = "-" if r.hit_ratio is None else f"{100 * r.hit_ratio:.0f}%"
+        latency = "-" if r.mean_read_ms is None else f"{r.mean_read_ms:.1f} ms"
+        table.add_row(
+            r.kind, r.name, f"{r.hits:.0f}", f"{r.misses:.0f}", ratio, f"{r.writes:.0f}", f"{r.errors:.0f}",
+            _fmt_bytes(r.bytes_read), _fmt_bytes(r.bytes_written), latency,
+        )
+    console.print(table)
+    if summary.prefix_tokens:
+        hit = summary.prefix_tokens.get("hit", 0.0)
+        computed = summary.prefix_tokens.get("computed", 0.0)
+        total = hit + computed
+        share = f" ({100 * hit / total:.0f}% of prompt tokens)" if total else ""
+        chunks = ", ".join(f"{k} {v:.0f}" for k, v in sorted(summary.prefix_chunks.items()))
+        console.print(
+            f"prefix reuse: {hit:.0f} tokens loaded, {computed:.0f} computed{share}; chunks: {chunks}"
+        )
+    return True
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("stats")
+    def stats(
+        url: str = typer.Option(
+            None,
+            "--url",
+            help=f"The process's metrics endpoint (default: $KVBUCKET_METRICS_URL or {DEFAULT_URL}).",
+        ),
+    ) -> None:
+        """Summarise hits, misses, bytes and latency per tier and per store of a running process."""
+        target = url or os.environ.get("KVBUCKET_METRICS_URL") or DEFAULT_URL
+        console = Console()
+        if not render_summary(fetch_metrics(target), console, title=f"kvbucket metrics at {target}"):
+            console.print(f"{target} exposes no kvbucket metrics yet (no cache traffic since it started).")

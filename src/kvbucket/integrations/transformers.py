@@ -1,0 +1,738 @@
+"""Prefix KV reuse for Hugging Face transformers causal LMs (extra ``kvbucket[transformers]``).
+
+A prompt is cut into chunks of ``chunk_tokens`` tokens. Chunk *i*'s key is a chain hash over
+the model's identity, its KV dtype and layout, a cache salt, and every token of chunks 0..i, so
+a chunk is only ever reused after exactly the same prefix, by exactly the same model. The
+longest run of stored chunks from the start of the prompt is loaded into a
+:class:`~transformers.DynamicCache`; the model then computes only the remaining tokens. New
+full chunks are written to the backend by a worker thread, so storing never delays the first
+token (``flush()`` / ``close()`` wait for it).
+
+Chunk layout is LMCache's: ``(layers, 2, chunk_tokens, kv_heads, head_size)`` in the model's
+dtype, contiguous, so the bytes can be shared with other LMCache-layout consumers of the same
+backend.
+
+Usage::
+
+    cache = KVBucketPrefixCache(model, backend, salt="tenant-a")
+    out = cache.generate(input_ids, max_new_tokens=32)          # prefill + model.generate
+    # or, keeping full control of generate():
+    past = cache.prefill(input_ids)
+    out = model.generate(input_ids, past_key_values=past, max_new_tokens=32)
+    cache.close()                                               # flush pending stores
+
+Supported: decoder-only models whose every layer uses a full-attention ``DynamicLayer``
+(Llama, Qwen2/2.5/3, Mistral without sliding window, Phi-3, ...), batch size 1, any dtype,
+GQA/MQA. Sliding-window, chunked-attention, hybrid/linear-attention and KV-sharing caches
+are refused with an :class:`UnsupportedModelError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import blake3
+import numpy as np
+
+from kvbucket import metrics
+from kvbucket.backends.base import StorageBackend
+from kvbucket.errors import ConfigError, KVBucketError
+from kvbucket.keys import CacheEngineKey
+
+try:
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    from transformers import DynamicCache
+except ImportError as e:  # pragma: no cover - depends on installed extras
+    raise ImportError(
+        "kvbucket.integrations.transformers needs torch and transformers: "
+        "pip install 'kvbucket[transformers]'"
+    ) from e
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_TOKENS = 256
+_HASH_VERSION = b"kvbucket-transformers-prefix-v1"
+# Config fields that describe the runtime, not the weights or the attention maths; two machines
+# with different transformers versions or attention kernels still share chunks.
+_VOLATILE_CONFIG_FIELDS = frozenset(
+    {
+        "_name_or_path",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "_attn_implementation_internal",
+        "_commit_hash",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "torchscript",
+        "architectures",
+        "_experts_implementation",
+    }
+)
+
+
+class UnsupportedModelError(KVBucketError, ValueError):
+    """The model (or the request) uses a cache shape prefix reuse cannot serve correctly."""
+
+
+@dataclass(frozen=True)
+class KVChunkLayout:
+    """Shape of one stored chunk: ``(layers, 2, chunk_tokens, kv_heads, head_size)`` of ``dtype``."""
+
+    layers: int
+    kv_heads: int
+    head_size: int
+    chunk_tokens: int
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        return (self.layers, 2, self.chunk_tokens, self.kv_heads, self.head_size)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
+    def nbytes(self) -> int:
+        return self.layers * 2 * self.chunk_tokens * self.kv_heads * self.head_size * self.dtype.itemsize
+
+    def token_bytes(self) -> int:
+        return self.nbytes // self.chunk_tokens
+
+    def to_kv_layout(self) -> Any:
+        """The same layout as :class:`kvbucket.chunks.KVLayout`, which the backend tiers take."""
+        from kvbucket.chunks import KVLayout
+
+        return KVLayout(self.layers, self.kv_heads, self.head_size, self.dtype_name, self.chunk_tokens)
+
+
+@dataclass
+class PrefillStats:
+    """What one prefill did. Times are wall-clock seconds on the critical path.
+
+    ``lookup_seconds`` is hashing the prompt into keys; ``load_seconds`` is fetching the chunks
+    and building the cache from them; ``compute_seconds`` is the model's forward pass.
+    """
+
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    computed_tokens: int = 0
+    hit_chunks: int = 0
+    bytes_loaded: int = 0
+    chunks_queued: int = 0
+    lookup_seconds: float = 0.0
+    load_seconds: float = 0.0
+    compute_seconds: float = 0.0
+
+
+@dataclass
+class StoreStats:
+    """Background stores since the cache was created (``stored`` counts only what landed)."""
+
+    queued: int = 0
+    stored: int = 0
+    failed: int = 0
+    dropped: int = 0
+    bytes_stored: int = 0
+
+
+class KVBucketPrefixCache:
+    """Reuse stored KV chunks of a prompt's prefix for a transformers causal LM.
+
+    Args:
+        model: a decoder-only ``PreTrainedModel`` in eval mode.
+        backend: where chunks live (any kvbucket ``StorageBackend``: a hybrid stack, a remote tier).
+        salt: isolates tenants; chunks stored under one salt are never used under another.
+        chunk_tokens: tokens a chunk (256, as LMCache). Every sharer must use the same value.
+        model_id: the model's name in keys (default: ``config._name_or_path`` or the model type).
+            A fingerprint of the config and a sample of the weights is always mixed into the hash,
+            so two different models sharing a name never share chunks.
+        store: write new full chunks (in the background). ``False`` makes the cache read-only.
+        max_pending_chunks: store-queue bound; past it new chunks are dropped (counted), never
+            delaying generation.
+        fetch_window: chunks asked for in one ``batched_get`` while walking the prefix.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        backend: StorageBackend,
+        *,
+        salt: str = "",
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        model_id: str | None = None,
+        store: bool = True,
+        max_pending_chunks: int = 4096,
+        fetch_window: int = 16,
+    ) -> None:
+        if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
+            raise ConfigError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+        if not isinstance(fetch_window, int) or fetch_window < 1:
+            raise ConfigError(f"fetch_window must be a positive int, got {fetch_window!r}")
+        if not isinstance(salt, str):
+            raise ConfigError(f"salt must be a string, got {type(salt).__name__}")
+        if not isinstance(backend, StorageBackend):
+            raise ConfigError(f"backend must be a kvbucket StorageBackend, got {type(backend).__name__}")
+        self.model = model
+        self.backend = backend
+        self.salt = salt
+        self.chunk_tokens = chunk_tokens
+        self.store_enabled = store
+        self.fetch_window = fetch_window
+        self.layout = probe_kv_layout(model, chunk_tokens)
+        self.model_name = _key_model_name(model, model_id)
+        self._seed = self._hash_seed(model)
+        self.last_stats = PrefillStats()
+        self.store_stats = StoreStats()
+        self._queue: queue.Queue[_StoreJob | None] = queue.Queue(maxsize=max_pending_chunks)
+        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ---- keys ------------------------------------------------------------------------------
+    def _hash_seed(self, model: PreTrainedModel) -> bytes:
+        h = blake3.blake3(_HASH_VERSION)
+        for part in (
+            self.model_name.encode(),
+            model_fingerprint(model),
+            self.layout.dtype_name.encode(),
+            repr(self.layout.shape).encode(),
+            self.salt.encode(),
+        ):
+            h.update(len(part).to_bytes(8, "little"))
+            h.update(part)
+        return h.digest()
+
+    def chunk_keys(self, input_ids: Any) -> list[CacheEngineKey]:
+        """Keys of the prompt's full chunks, in order (a partial last chunk has no key)."""
+        ids = _as_token_list(input_ids)
+        keys = []
+        prev = self._seed
+        t = self.chunk_tokens
+        for start in range(0, len(ids) - t + 1, t):
+            prev = blake3.blake3(prev + np.asarray(ids[start : start + t], dtype="<i8").tobytes()).digest()
+            chunk_hash = int.from_bytes(prev[:16], "big")
+            keys.append(CacheEngineKey(self.model_name, 1, 0, chunk_hash, self.layout.dtype_name))
+        return keys
+
+    # ---- lookup / load -----------------------------------------------------------------------
+    def lookup(self, input_ids: Any) -> int:
+        """Tokens of the longest stored prefix of ``input_ids`` (a multiple of ``chunk_tokens``).
+
+        Probes with ``contains`` without reading chunks (``prefill`` fetches directly instead).
+        """
+        return len(self._lookup_keys(self.chunk_keys(input_ids))) * self.chunk_tokens
+
+    def _lookup_keys(self, keys: Sequence[CacheEngineKey]) -> list[CacheEngineKey]:
+        if not keys:
+            return []
+        batched = getattr(self.backend, "batched_contains", None)
+        hits: list[CacheEngineKey] = []
+        if callable(batched):
+            for key, found in zip(keys, batched(list(keys)), strict=True):
+                if not found:
+                    break
+                hits.append(key)
+            return hits
+        for key in keys:  # one probe at a time: stop at the first miss
+            if not self.backend.contains(key):
+                break
+            hits.append(key)
+        return hits
+
+    def _load(self, keys: Sequence[CacheEngineKey]) -> tuple[torch.Tensor | None, int]:
+        """Fetch the longest stored prefix; ``(n_chunks, layers, 2, T, kv_heads, head)`` of it.
+
+        Chunks are fetched with ``batched_get`` in windows of ``fetch_window`` keys (one round
+        trip per window instead of a probe per chunk, then a get), and fetching stops at the
+        window holding the first miss: at most ``fetch_window - 1`` chunks are read past it.
+        A missing or wrong-sized chunk ends the prefix there: a short hit is correct, a
+        wrong-sized one would be corrupt.
+        """
+        lay = self.layout
+        usable: list[Any] = []
+        for start in range(0, len(keys), self.fetch_window):
+            window = list(keys[start : start + self.fetch_window])
+            complete = True
+            for key, chunk in zip(window, self.backend.batched_get(window), strict=True):
+                if chunk is None:
+                    complete = False
+                    break
+                size = _byte_len(chunk)
+                if size != lay.nbytes:
+                    log.warning(
+                        "chunk %s has %d bytes, expected %d for layout %s; treating it as a miss",
+                        key.to_string(), size, lay.nbytes, lay.shape,
+                    )
+                    complete = False
+                    break
+                usable.append(chunk)
+            if not complete:
+                break
+        if not usable:
+            return None, 0
+        out = torch.empty((len(usable), *lay.shape), dtype=lay.dtype)
+        flat = out.view(len(usable), -1).view(torch.uint8).numpy()
+        for i, chunk in enumerate(usable):
+            flat[i] = _as_u8(chunk)
+        return out, len(usable) * lay.nbytes
+
+    # ---- prefill / generate -----------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, input_ids: Any, attention_mask: Any = None) -> DynamicCache:
+        """Fill a ``DynamicCache`` with the KV of every prompt token but the last.
+
+        Stored chunks are loaded, the rest is computed, and new full chunks are queued for the
+        backend. Pass the returned cache and the *same* ``input_ids`` to ``model.generate``: it
+        computes only the last token, whose logits then pick the first new token.
+        """
+        if self._closed:
+            raise KVBucketError("this KVBucketPrefixCache is closed; create a new one")
+        ids = _as_batch1(input_ids, self.model)
+        _check_mask(attention_mask, ids.shape[1])
+        if self.model.training:
+            raise UnsupportedModelError(
+                "the model is in training mode (dropout changes the KV); call model.eval() first"
+            )
+        n = ids.shape[1]
+        stats = PrefillStats(prompt_tokens=n)
+        t0 = time.perf_counter()
+        keys = self.chunk_keys(ids[0])
+        t1 = time.perf_counter()
+        loaded, nbytes = self._load(keys)
+        hit_chunks = 0 if loaded is None else loaded.shape[0]
+        hit = hit_chunks * self.chunk_tokens
+        cache = self._cache_from_chunks(loaded)
+        del loaded
+        t2 = time.perf_counter()
+        if hit < n:
+            out = self.model(
+                input_ids=ids[:, hit:],
+                past_key_values=cache,
+                use_cache=True,
+                **_logits_to_keep_kwarg(self.model),
+            )
+            cache = out.past_key_values
+        _check_cache_shape(cache, self.layout, n)
+        t3 = time.perf_counter()
+        if self.store_enabled and len(keys) > hit_chunks:
+            stats.chunks_queued = self._enqueue(cache, keys, hit_chunks)
+        cache.crop(-1)  # generate() recomputes the last token to get its logits
+        stats.hit_tokens, stats.computed_tokens, stats.hit_chunks = hit, n - hit, hit_chunks
+        stats.bytes_loaded = nbytes
+        stats.lookup_seconds, stats.load_seconds, stats.compute_seconds = t1 - t0, t2 - t1, t3 - t2
+        self.last_stats = stats
+        metrics.PREFIX_TOKENS.labels("hit").inc(hit)
+        metrics.PREFIX_TOKENS.labels("computed").inc(n - hit)
+        metrics.PREFIX_CHUNKS.labels("loaded").inc(hit_chunks)
+        metrics.PREFIX_SECONDS.labels("lookup").observe(t1 - t0)
+        metrics.PREFIX_SECONDS.labels("load").observe(t2 - t1)
+        metrics.PREFIX_SECONDS.labels("compute").observe(t3 - t2)
+        return cache
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, **generate_kwargs: Any) -> Any:
+        """``model.generate`` with the prompt's prefix served from the cache. Same return value."""
+        if "past_key_values" in generate_kwargs:
+            raise ConfigError("KVBucketPrefixCache.generate builds past_key_values itself; do not pass one")
+        ids = _as_batch1(input_ids, self.model)
+        past = self.prefill(ids, attention_mask)
+        mask = torch.ones_like(ids)
+        return self.model.generate(ids, attention_mask=mask, past_key_values=past, **generate_kwargs)
+
+    def _cache_from_chunks(self, loaded: torch.Tensor | None) -> DynamicCache:
+        if loaded is None:
+            return _new_dynamic_cache(self.model)
+        lay = self.layout
+        n_tok = loaded.shape[0] * lay.chunk_tokens
+        device = self.model.device
+        per_layer = []
+        for layer in range(lay.layers):
+            # (chunks, T, kv_heads, head) -> (1, kv_heads, chunks*T, head), as DynamicLayer holds it
+            kv = []
+            for which in (0, 1):
+                t = loaded[:, layer, which].reshape(n_tok, lay.kv_heads, lay.head_size)
+                kv.append(t.permute(1, 0, 2).unsqueeze(0).contiguous().to(device))
+            per_layer.append((kv[0], kv[1]))
+        cache = _new_dynamic_cache(self.model)
+        for layer, (k, v) in enumerate(per_layer):
+            cache.layers[layer].update(k, v)
+        return cache
+
+    # ---- background stores ------------------------------------------------------------------
+    def _enqueue(self, cache: DynamicCache, keys: Sequence[CacheEngineKey], first: int) -> int:
+        # DynamicLayer grows by torch.cat and never writes in place, so holding these tensors is a
+        # consistent snapshot even while generate() keeps extending the cache.
+        tensors: list[tuple[Any, Any]] = [(layer.keys, layer.values) for layer in cache.layers]
+        if all(k.device.type == "cpu" for k, _ in tensors):
+            # The worker packs with numpy: torch ops on a second thread start a second OpenMP team
+            # whose spinning threads slow the caller's next forward pass (measured: +19% TTFT).
+            tensors = [(_np_view(k), _np_view(v)) for k, v in tensors]
+        queued = 0
+        for i in range(first, len(keys)):
+            job = _StoreJob(keys[i], tensors, i * self.chunk_tokens)
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                dropped = len(keys) - i
+                self.store_stats.dropped += dropped
+                metrics.PREFIX_CHUNKS.labels("dropped").inc(dropped)
+                log.warning("store queue full; %d new chunk(s) not stored", dropped)
+                break
+            queued += 1
+        self.store_stats.queued += queued
+        if queued:
+            self._ensure_worker()
+        return queued
+
+    def _ensure_worker(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise KVBucketError("this KVBucketPrefixCache is closed")
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(
+                    target=self._run_worker, name="kvbucket-prefix-store", daemon=True
+                )
+                self._worker.start()
+
+    def _run_worker(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                batch = [job]
+                while len(batch) < 16:  # batch what is already waiting: one round trip for many chunks
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        self._queue.task_done()
+                        self._queue.put(None)  # keep the stop marker for the outer loop
+                        break
+                    batch.append(nxt)
+                self._store_batch(batch)
+                for _ in batch[1:]:
+                    self._queue.task_done()
+            finally:
+                self._queue.task_done()
+
+    def _store_batch(self, jobs: list[_StoreJob]) -> None:
+        try:
+            items = [(job.key, self._pack(job)) for job in jobs]
+            stored = self.backend.batched_put(items, blocking=True)
+        except Exception as e:
+            log.warning("storing %d KV chunk(s) failed: %s", len(jobs), type(e).__name__)
+            stored = 0
+            items = []
+        failed = len(jobs) - stored
+        self.store_stats.stored += stored
+        self.store_stats.failed += failed
+        if stored == len(jobs):
+            self.store_stats.bytes_stored += stored * self.layout.nbytes
+        metrics.PREFIX_CHUNKS.labels("stored").inc(stored)
+        if failed:
+            metrics.PREFIX_CHUNKS.labels("store_failed").inc(failed)
+
+    def _pack(self, job: _StoreJob) -> np.ndarray:
+        """One chunk in LMCache order, ``(layers, 2, T, kv_heads, head)``, as flat bytes."""
+        lay = self.layout
+        s, e = job.start, job.start + lay.chunk_tokens
+        k0 = job.tensors[0][0]
+        if isinstance(k0, np.ndarray):
+            out = np.empty(lay.shape, dtype=k0.dtype)
+            for layer, (k, v) in enumerate(job.tensors):
+                out[layer, 0] = k[0, :, s:e, :].transpose(1, 0, 2)
+                out[layer, 1] = v[0, :, s:e, :].transpose(1, 0, 2)
+            return out.reshape(-1).view(np.uint8)
+        t = torch.empty(lay.shape, dtype=lay.dtype)  # device tensors: copy to host here, off the caller
+        for layer, (k, v) in enumerate(job.tensors):
+            t[layer, 0].copy_(k[0, :, s:e, :].transpose(0, 1))
+            t[layer, 1].copy_(v[0, :, s:e, :].transpose(0, 1))
+        return t.view(-1).view(torch.uint8).numpy()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued chunk was stored or failed. False on timeout."""
+        if timeout is None:
+            self._queue.join()
+            return True
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def close(self) -> None:
+        """Flush pending stores and stop the worker. The backend stays open (it is the caller's)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            worker = self._worker
+        if worker is not None and worker.is_alive():
+            self._queue.join()
+            self._queue.put(None)
+            worker.join()
+
+    def __enter__(self) -> KVBucketPrefixCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"KVBucketPrefixCache(model={self.model_name!r}, dtype={self.layout.dtype_name}, "
+            f"chunk_tokens={self.chunk_tokens}, backend={self.backend!r})"
+        )
+
+
+@dataclass(frozen=True)
+class _StoreJob:
+    key: CacheEngineKey
+    tensors: list[tuple[Any, Any]]  # per layer (keys, values): numpy views of CPU tensors, else tensors
+    start: int
+
+
+# ---- model inspection ----------------------------------------------------------------------
+
+
+def _text_config(model: Any) -> Any:
+    config = model.config
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+def _check_model_config(model: Any) -> None:
+    config = getattr(model, "config", None)
+    if config is None or not callable(getattr(model, "generate", None)):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is not a transformers generative model (no config / generate())"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is an encoder-decoder model; prefix KV reuse supports decoder-only LMs"
+        )
+    text = _text_config(model)
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types:
+        other = sorted({t for t in layer_types if t != "full_attention"})
+        if other:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has {', '.join(other)} layers; prefix KV reuse supports only "
+                "full-attention caches (a sliding-window or recurrent layer's cache is not a prefix)"
+            )
+    if (
+        not layer_types
+        and getattr(text, "sliding_window", None) is not None
+        and getattr(text, "use_sliding_window", True)
+    ):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} uses sliding-window attention (sliding_window={text.sliding_window}); "
+            "its cache keeps only the last window of tokens, so it cannot be rebuilt from prefix chunks"
+        )
+
+
+def probe_kv_layout(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> KVChunkLayout:
+    """The chunk layout of ``model``'s KV cache; raises :class:`UnsupportedModelError` for caches
+    prefix reuse cannot serve. Call it to size backend tiers before building the prefix cache.
+    """
+    _check_model_config(model)
+    return _probe_layout(model, chunk_tokens)
+
+
+@torch.inference_mode()
+def _probe_layout(model: Any, chunk_tokens: int) -> KVChunkLayout:
+    """Learn the KV layout from a one-token forward: exact for any model, whatever its config holds."""
+    device = getattr(model, "device", torch.device("cpu"))
+    out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True)
+    cache = getattr(out, "past_key_values", None)
+    if not isinstance(cache, DynamicCache):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} returned a {type(cache).__name__} cache; "
+            "prefix reuse needs a DynamicCache"
+        )
+    kinds = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    if kinds:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} uses {', '.join(kinds)} cache layers; prefix KV reuse supports only "
+            "full-attention DynamicLayer caches"
+        )
+    shapes = {(tuple(layer.keys.shape), tuple(layer.values.shape)) for layer in cache.layers}
+    dtypes = {layer.keys.dtype for layer in cache.layers} | {layer.values.dtype for layer in cache.layers}
+    if len(shapes) != 1 or len(dtypes) != 1:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has layers with different KV shapes or dtypes; "
+            "one chunk layout cannot hold them"
+        )
+    (kshape, vshape), dtype = shapes.pop(), dtypes.pop()
+    if kshape != vshape or len(kshape) != 4 or kshape[0] != 1 or kshape[2] != 1:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} keeps keys {kshape} / values {vshape}; "
+            "expected (1, kv_heads, 1, head_size) for both after one token"
+        )
+    return KVChunkLayout(len(cache.layers), kshape[1], kshape[3], chunk_tokens, dtype)
+
+
+def _key_model_name(model: Any, model_id: str | None) -> str:
+    name = model_id or getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "")
+    name = str(name or type(model).__name__).strip()
+    if "@" in name or "\x00" in name:
+        raise ConfigError(f"model_id {name!r} must not contain '@' or NUL (they separate key fields)")
+    return name
+
+
+def model_fingerprint(model: Any, samples_per_tensor: int = 16) -> bytes:
+    """A stable digest of the model's config (minus runtime-only fields) and a sample of every weight.
+
+    Sampling a few values per tensor (not hashing gigabytes) still tells random initialisations
+    and fine-tunes apart, so two models that share a name never share chunks.
+    """
+    h = blake3.blake3()
+    config = model.config.to_dict()
+    for key in sorted(config):
+        if key in _VOLATILE_CONFIG_FIELDS:
+            continue
+        h.update(f"{key}={config[key]!r};".encode())
+    with torch.no_grad():
+        for name, tensor in sorted(model.state_dict().items()):
+            flat = tensor.detach().reshape(-1)
+            if flat.numel() == 0:
+                continue
+            k = min(samples_per_tensor, flat.numel())
+            idx = torch.arange(k, dtype=torch.int64) * (flat.numel() - 1) // max(k - 1, 1)  # exact ints
+            sample = flat[idx.to(flat.device)].to("cpu", torch.float64).numpy()
+            h.update(name.encode())
+            h.update(str(tuple(tensor.shape)).encode())
+            h.update(sample.tobytes())
+    return h.digest()
+
+
+# ---- small helpers -------------------------------------------------------------------------
+
+
+def _new_dynamic_cache(model: Any) -> DynamicCache:
+    try:
+        return DynamicCache(config=model.config)
+    except Exception:
+        return DynamicCache()
+
+
+def _logits_to_keep_kwarg(model: Any) -> dict[str, Any]:
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
+def _check_cache_shape(cache: Any, layout: KVChunkLayout, n: int) -> None:
+    if len(cache.layers) != layout.layers or cache.get_seq_length() != n:
+        raise UnsupportedModelError(
+            f"after prefill the cache holds {cache.get_seq_length()} tokens in {len(cache.layers)} layers; "
+            f"expected {n} in {layout.layers}. This model's cache does not grow like a DynamicCache."
+        )
+
+
+def _as_token_list(input_ids: Any) -> list[int]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 2:
+            if input_ids.shape[0] != 1:
+                raise UnsupportedModelError(
+                    f"batch size {input_ids.shape[0]} is not supported; pass one prompt"
+                )
+            input_ids = input_ids[0]
+        if input_ids.dim() != 1:
+            raise ConfigError(f"input_ids must be 1-D or (1, n), got shape {tuple(input_ids.shape)}")
+        return input_ids.tolist()
+    ids = list(input_ids)
+    if ids and isinstance(ids[0], list | tuple):
+        if len(ids) != 1:
+            raise UnsupportedModelError(f"batch size {len(ids)} is not supported; pass one prompt")
+        ids = list(ids[0])
+    if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in ids):
+        raise ConfigError("input_ids must be token ids (ints)")
+    return [int(t) for t in ids]
+
+
+def _as_batch1(input_ids: Any, model: Any) -> torch.Tensor:
+    if isinstance(input_ids, torch.Tensor):
+        ids = input_ids.long()
+    else:
+        ids = torch.tensor(_as_token_list(input_ids), dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    if ids.dim() != 2:
+        raise ConfigError(f"input_ids must be 1-D or (1, n), got shape {tuple(ids.shape)}")
+    if ids.shape[0] != 1:
+        raise UnsupportedModelError(
+            f"batch size {ids.shape[0]} is not supported; call once per prompt (each has its own prefix)"
+        )
+    if ids.shape[1] == 0:
+        raise ConfigError("input_ids is empty; a prompt needs at least one token")
+    return ids.to(model.device)
+
+
+def _check_mask(attention_mask: Any, n: int) -> None:
+    if attention_mask is None:
+        return
+    mask = torch.as_tensor(attention_mask)
+    if mask.numel() != n or not bool((mask == 1).all()):
+        raise UnsupportedModelError(
+            "attention_mask must be all ones for the prompt (padding would shift the prefix); "
+            "pass the unpadded prompt instead"
+        )
+
+
+def _np_view(t: torch.Tensor) -> np.ndarray:
+    """A zero-copy numpy view with the same bytes (numpy has no bfloat16: viewed as int16)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy()
+
+
+def _byte_len(chunk: Any) -> int:
+    if isinstance(chunk, torch.Tensor):
+        return chunk.numel() * chunk.element_size()
+    return memoryview(chunk).nbytes
+
+
+def _as_u8(chunk: Any) -> np.ndarray:
+    if isinstance(chunk, torch.Tensor):
+        return chunk.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
+    view = memoryview(chunk)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    return np.frombuffer(view, dtype=np.uint8)
+
+
+__all__ = [
+    "DEFAULT_CHUNK_TOKENS",
+    "KVBucketPrefixCache",
+    "KVChunkLayout",
+    "PrefillStats",
+    "StoreStats",
+    "UnsupportedModelError",
+    "model_fingerprint",
+    "probe_kv_layout",
+]

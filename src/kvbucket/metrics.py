@@ -1,0 +1,445 @@
+"""Prometheus metrics for operators: hits, misses, bytes and latency per tier and per store.
+
+Instrumentation is a pair of thin wrappers, so no other module has to know about metrics:
+
+- :class:`InstrumentedBackend` wraps any :class:`~kvbucket.backends.base.StorageBackend` and labels
+  its counters with a *tier* name (``local_cpu``, ``local_disk``, ``remote``, ...).
+- :class:`InstrumentedStore` wraps any :class:`~kvbucket.stores.base.ObjectStore` and labels its
+  counters with a *store* name (``hf``, ``s3``, ``file``, ...).
+
+Counters count only what happened: a put that raised is an ``error``, never bytes written; a
+non-blocking put is ``accepted`` (it may still fail later), and its bytes are not counted.
+:func:`start_metrics_server` exposes the default registry over HTTP (``/metrics``), and
+:func:`summarize` turns an exposition text back into per-tier / per-store rows for
+``kvbucket stats``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
+)
+
+BACKEND_OPS = Counter(
+    "kvbucket_backend_operations",
+    "Chunk operations per tier, by operation and result (hit/miss/ok/accepted/error).",
+    ["tier", "op", "result"],
+)
+BACKEND_BYTES = Counter(
+    "kvbucket_backend_bytes", "Chunk bytes read from / written to a tier.", ["tier", "direction"]
+)
+BACKEND_LATENCY = Histogram(
+    "kvbucket_backend_latency_seconds",
+    "Latency of one backend call (a batched call counts once).",
+    ["tier", "op"],
+    buckets=_LATENCY_BUCKETS,
+)
+STORE_OBJECTS = Counter(
+    "kvbucket_store_objects",
+    "Objects handled by an object store, by operation and result (hit/miss/ok/error).",
+    ["store", "op", "result"],
+)
+STORE_BYTES = Counter(
+    "kvbucket_store_bytes", "Object bytes read from / written to a store.", ["store", "direction"]
+)
+STORE_LATENCY = Histogram(
+    "kvbucket_store_latency_seconds",
+    "Latency of one object-store batch call.",
+    ["store", "op"],
+    buckets=_LATENCY_BUCKETS,
+)
+PREFIX_TOKENS = Counter(
+    "kvbucket_prefix_tokens",
+    "Prompt tokens whose KV was loaded from the cache (hit) or computed by the model (computed).",
+    ["result"],
+)
+PREFIX_CHUNKS = Counter(
+    "kvbucket_prefix_chunks",
+    "Prefix chunks handled: loaded, stored, store_failed, dropped (store queue full).",
+    ["result"],
+)
+PREFIX_SECONDS = Histogram(
+    "kvbucket_prefix_seconds",
+    "Time spent on the critical path of a prefill, by phase (lookup, load, compute).",
+    ["phase"],
+    buckets=_LATENCY_BUCKETS,
+)
+
+
+def _nbytes(chunk: Any) -> int:
+    nbytes = getattr(chunk, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    try:
+        return memoryview(chunk).nbytes
+    except TypeError:
+        return 0
+
+
+class InstrumentedBackend(StorageBackend):
+    """A :class:`StorageBackend` that counts what passes through it, labelled ``tier``.
+
+    Everything not in the interface is delegated to the wrapped backend, so code holding the
+    wrapper can still reach backend-specific methods.
+    """
+
+    def __init__(self, inner: StorageBackend, tier: str) -> None:
+        if not tier:
+            raise ValueError("InstrumentedBackend needs a tier name, e.g. 'remote'")
+        self.inner = inner
+        self.tier = tier
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"InstrumentedBackend({self.inner!r}, tier={self.tier!r})"
+
+    def _time(self, op: str) -> _Timer:
+        return _Timer(BACKEND_LATENCY.labels(self.tier, op))
+
+    def _count(self, op: str, result: str, n: int = 1) -> None:
+        if n:
+            BACKEND_OPS.labels(self.tier, op, result).inc(n)
+
+    def _count_get(self, chunk: Chunk | None) -> None:
+        if chunk is None:
+            self._count("get", "miss")
+        else:
+            self._count("get", "hit")
+            BACKEND_BYTES.labels(self.tier, "read").inc(_nbytes(chunk))
+
+    def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
+        with self._time("put"):
+            try:
+                self.inner.put(key, chunk, blocking=blocking)
+            except Exception:
+                self._count("put", "error")
+                raise
+        if blocking:
+            self._count("put", "ok")
+            BACKEND_BYTES.labels(self.tier, "write").inc(_nbytes(chunk))
+        else:
+            self._count("put", "accepted")
+
+    def get(self, key: Key) -> Chunk | None:
+        with self._time("get"):
+            try:
+                chunk = self.inner.get(key)
+            except Exception:
+                self._count("get", "error")
+                raise
+        self._count_get(chunk)
+        return chunk
+
+    def contains(self, key: Key) -> bool:
+        with self._time("contains"):
+            try:
+                found = self.inner.contains(key)
+            except Exception:
+                self._count("contains", "error")
+                raise
+        self._count("contains", "hit" if found else "miss")
+        return found
+
+    def batched_contains(self, keys: Sequence[Key]) -> list[bool]:
+        """Whether each key is stored; uses the inner backend's batched form when it has one."""
+        inner = getattr(self.inner, "batched_contains", None)
+        with self._time("batched_contains"):
+            try:
+                found = list(inner(keys)) if callable(inner) else [self.inner.contains(k) for k in keys]
+            except Exception:
+                self._count("contains", "error", len(keys))
+                raise
+        hits = sum(1 for f in found if f)
+        self._count("contains", "hit", hits)
+        self._count("contains", "miss", len(found) - hits)
+        return found
+
+    def remove(self, key: Key) -> bool:
+        with self._time("remove"):
+            try:
+                removed = self.inner.remove(key)
+            except Exception:
+                self._count("remove", "error")
+                raise
+        self._count("remove", "ok" if removed else "miss")
+        return removed
+
+    def list(self) -> list[str]:
+        with self._time("list"):
+            return self.inner.list()
+
+    def batched_put_results(
+        self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
+    ) -> list[Exception | None]:
+        items = list(items)
+        with self._time("batched_put"):
+            try:
+                results = self.inner.batched_put_results(items, blocking=blocking)
+            except Exception:
+                self._count("put", "error", len(items))
+                raise
+        landed = [chunk for (_, chunk), err in zip(items, results, strict=True) if err is None]
+        self._count("put", "error", len(items) - len(landed))
+        if blocking:
+            self._count("put", "ok", len(landed))
+            BACKEND_BYTES.labels(self.tier, "write").inc(sum(_nbytes(c) for c in landed))
+        else:  # accepted into a queue: it may still fail, so no bytes are counted
+            self._count("put", "accepted", len(landed))
+        return results
+
+    def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
+        with self._time("batched_get"):
+            try:
+                chunks = list(self.inner.batched_get(keys))
+            except Exception:
+                self._count("get", "error", len(keys))
+                raise
+        for c in chunks:
+            self._count_get(c)
+        return chunks
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class InstrumentedStore(ObjectStore):
+    """An :class:`ObjectStore` that counts objects, bytes and batch latency, labelled ``store``."""
+
+    def __init__(self, inner: ObjectStore, name: str | None = None) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.name = name or (inner.url.partition("://")[0] if "://" in inner.url else type(inner).__name__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"InstrumentedStore({self.inner!r}, name={self.name!r})"
+
+    def _count(self, op: str, results: Sequence[ItemResult], *, found: str, missing: str) -> None:
+        tally: dict[str, int] = {}
+        for r in results:
+            key = "error" if r.error is not None else (found if r.size is not None else missing)
+            tally[key] = tally.get(key, 0) + 1
+        for result, n in tally.items():
+            STORE_OBJECTS.labels(self.name, op, result).inc(n)
+
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        with _Timer(STORE_LATENCY.labels(self.name, "put")):
+            results = self.inner.put_many(items)
+        self._count("put", results, found="ok", missing="ok")
+        STORE_BYTES.labels(self.name, "write").inc(sum(r.size or 0 for r in results if r.error is None))
+        return results
+
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        with _Timer(STORE_LATENCY.labels(self.name, "get")):
+            results = self.inner.get_many(names, out)
+        self._count("get", results, found="hit", missing="miss")
+        STORE_BYTES.labels(self.name, "read").inc(sum(r.size or 0 for r in results if r.error is None))
+        return results
+
+    def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        with _Timer(STORE_LATENCY.labels(self.name, "head")):
+            results = self.inner.head_many(names)
+        self._count("head", results, found="hit", missing="miss")
+        return results
+
+    def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        with _Timer(STORE_LATENCY.labels(self.name, "delete")):
+            results = self.inner.delete_many(names)
+        self._count("delete", results, found="ok", missing="miss")
+        return results
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
+        return self.inner.list(prefix, page_size=page_size)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _Timer:
+    """Observe the wall time of a ``with`` block into a histogram child (also on error)."""
+
+    __slots__ = ("_child", "_t0")
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        self._t0 = 0.0
+
+    def __enter__(self) -> _Timer:
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._child.observe(time.perf_counter() - self._t0)
+
+
+# ---- HTTP endpoint --------------------------------------------------------------------------
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` endpoint; ``close()`` stops it."""
+
+    port: int
+    addr: str
+    _server: Any = field(repr=False)
+    _thread: Any = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.addr}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_metrics_server(
+    port: int = 0, addr: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
+) -> MetricsServer:
+    """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread.
+
+    ``port=0`` picks a free port (read it from ``.port``). The default address is loopback:
+    exposing metrics beyond the host is a deliberate choice (pass ``addr="0.0.0.0"``).
+    """
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(port=server.server_port, addr=addr, _server=server, _thread=thread)
+
+
+# ---- summaries (kvbucket stats, the demo) ----------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One tier or store: hits/misses of reads, objects written, bytes, mean read latency."""
+
+    kind: str  # "tier" | "store"
+    name: str
+    hits: float = 0.0
+    misses: float = 0.0
+    errors: float = 0.0
+    writes: float = 0.0
+    bytes_read: float = 0.0
+    bytes_written: float = 0.0
+    read_seconds: float = 0.0
+    read_calls: float = 0.0
+
+    @property
+    def hit_ratio(self) -> float | None:
+        looked = self.hits + self.misses
+        return self.hits / looked if looked else None
+
+    @property
+    def mean_read_ms(self) -> float | None:
+        return 1000 * self.read_seconds / self.read_calls if self.read_calls else None
+
+
+@dataclass
+class Summary:
+    rows: list[Row]
+    prefix_tokens: dict[str, float]
+    prefix_chunks: dict[str, float]
+
+
+_READ_OPS = {"get", "batched_get"}
+
+
+def summarize(exposition: str) -> Summary:
+    """Fold a Prometheus text exposition into per-tier and per-store rows.
+
+    Reads count ``get`` results (a ``contains`` probe is not a read); latency is the mean of the
+    get calls. Works on any process's ``/metrics`` output, not only this one's.
+    """
+    rows: dict[tuple[str, str], Row] = {}
+    prefix_tokens: dict[str, float] = {}
+    prefix_chunks: dict[str, float] = {}
+
+    def row(kind: str, name: str) -> Row:
+        return rows.setdefault((kind, name), Row(kind, name))
+
+    for family in text_string_to_metric_families(exposition):
+        for s in family.samples:
+            lab, v = s.labels, float(s.value)
+            if s.name == "kvbucket_backend_operations_total":
+                r = row("tier", lab["tier"])
+                _fold_op(r, lab["op"], lab["result"], v, read_ops={"get"}, write_ops={"put"})
+            elif s.name == "kvbucket_store_objects_total":
+                r = row("store", lab["store"])
+                _fold_op(r, lab["op"], lab["result"], v, read_ops={"get"}, write_ops={"put"})
+            elif s.name in ("kvbucket_backend_bytes_total", "kvbucket_store_bytes_total"):
+                kind, name = ("tier", lab["tier"]) if "tier" in lab else ("store", lab["store"])
+                r = row(kind, name)
+                if lab["direction"] == "read":
+                    r.bytes_read += v
+                else:
+                    r.bytes_written += v
+            elif s.name in ("kvbucket_backend_latency_seconds_sum", "kvbucket_store_latency_seconds_sum"):
+                if lab["op"] in _READ_OPS:
+                    kind, name = ("tier", lab["tier"]) if "tier" in lab else ("store", lab["store"])
+                    row(kind, name).read_seconds += v
+            elif s.name in ("kvbucket_backend_latency_seconds_count", "kvbucket_store_latency_seconds_count"):
+                if lab["op"] in _READ_OPS:
+                    kind, name = ("tier", lab["tier"]) if "tier" in lab else ("store", lab["store"])
+                    row(kind, name).read_calls += v
+            elif s.name == "kvbucket_prefix_tokens_total":
+                prefix_tokens[lab["result"]] = prefix_tokens.get(lab["result"], 0.0) + v
+            elif s.name == "kvbucket_prefix_chunks_total":
+                prefix_chunks[lab["result"]] = prefix_chunks.get(lab["result"], 0.0) + v
+    ordered = sorted(rows.values(), key=lambda r: (r.kind != "tier", r.name))
+    return Summary(ordered, prefix_tokens, prefix_chunks)
+
+
+def _fold_op(r: Row, op: str, result: str, v: float, *, read_ops: set[str], write_ops: set[str]) -> None:
+    if result == "error":
+        r.errors += v
+    elif op in read_ops:
+        if result == "hit":
+            r.hits += v
+        elif result == "miss":
+            r.misses += v
+    elif op in write_ops and result in ("ok", "accepted"):
+        r.writes += v
+
+
+__all__ = [
+    "BACKEND_BYTES",
+    "BACKEND_LATENCY",
+    "BACKEND_OPS",
+    "PREFIX_CHUNKS",
+    "PREFIX_SECONDS",
+    "PREFIX_TOKENS",
+    "STORE_BYTES",
+    "STORE_LATENCY",
+    "STORE_OBJECTS",
+    "InstrumentedBackend",
+    "InstrumentedStore",
+    "MetricsServer",
+    "Row",
+    "Summary",
+    "start_metrics_server",
+    "summarize",
+]

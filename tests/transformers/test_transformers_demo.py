@@ -1,0 +1,60 @@
+"""Smoke test of `kvbucket demo` with a tiny model: two machine processes, the emulator, the table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KVBUCKET_DEMO_SIZE": "tiny", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "kvbucket", "demo", "--prompt-tokens", "512", "--new-tokens", "8", *args],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_demo_on_the_in_process_emulator() -> None:
+    result = run_demo()
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = " ".join(result.stdout.split(" "))
+    assert "private bucket demo/kvbucket-demo on the in-process Hub emulator" in out
+    assert "512 of 544" in out  # every document chunk hit on machine B; the question is computed
+    assert "machine B: remote" in out and "read 256.0 KiB" in out
+    assert "outputs identical" in out and "yes" in out.split("outputs identical")[1].split("\n")[0]
+
+
+def test_demo_on_a_directory_target_cleans_up(tmp_path: Path) -> None:
+    target = tmp_path / "shared"
+    result = run_demo("--target", str(target))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "512 of 544" in result.stdout
+    leftovers = [p for p in target.rglob("*") if p.is_file()]
+    assert leftovers == [], f"the demo left chunks behind: {leftovers}"
+
+
+def test_demo_refuses_a_bad_dtype() -> None:
+    result = run_demo("--dtype", "int3")
+    assert result.returncode != 0 and "int3" in result.stdout + result.stderr
+
+
+def test_synthetic_only_flags_select_the_synthetic_demo(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kvbucket.cli import build_app
+
+    runner = CliRunner()
+    target = tmp_path / "synthetic"
+    args = ["demo", "--chunks", "2", "--model", "qwen2.5-0.5b", "--target", str(target)]
+    result = runner.invoke(build_app(), args)
+    assert result.exit_code == 0, result.output
+    assert "synthetic" in result.output
+    result = runner.invoke(build_app(), ["demo", "--synthetic", "--dtype", "bfloat16"])
+    assert result.exit_code != 0 and "--dtype" in result.output and "real-model demo" in result.output

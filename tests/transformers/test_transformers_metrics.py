@@ -1,0 +1,118 @@
+"""Metrics: instrumented backend/store wrappers, the /metrics endpoint, `kvbucket stats`."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+from typer.testing import CliRunner
+
+from kvbucket.backends.base import StorageBackend
+from kvbucket.cli import build_app
+from kvbucket.keys import CacheEngineKey
+from kvbucket.metrics import InstrumentedBackend, InstrumentedStore, start_metrics_server, summarize
+from kvbucket.stores.memory import MemoryStore
+
+
+class DictBackend(StorageBackend):
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def put(self, key, chunk, blocking=True):  # type: ignore[no-untyped-def]
+        if len(memoryview(chunk).cast("B")) == 13:
+            raise OSError("13 bytes are unlucky")
+        self.data[str(key)] = bytes(memoryview(chunk).cast("B"))
+
+    def get(self, key):  # type: ignore[no-untyped-def]
+        return self.data.get(str(key))
+
+    def contains(self, key):  # type: ignore[no-untyped-def]
+        return str(key) in self.data
+
+    def remove(self, key):  # type: ignore[no-untyped-def]
+        return self.data.pop(str(key), None) is not None
+
+    def list(self):  # type: ignore[no-untyped-def]
+        return list(self.data)
+
+
+def value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def key(i: int) -> CacheEngineKey:
+    return CacheEngineKey("m", 1, 0, i, "float32")
+
+
+def test_instrumented_backend_counts_hits_misses_bytes_and_errors() -> None:
+    tier = "t-backend"
+    b = InstrumentedBackend(DictBackend(), tier)
+    b.put(key(1), b"x" * 100)
+    assert b.batched_put([(key(2), b"y" * 50), (key(3), b"z" * 13)]) == 1  # the 13-byte one fails
+    assert b.get(key(1)) == b"x" * 100
+    assert b.batched_get([key(2), key(9)]) == [b"y" * 50, None]
+    assert b.contains(key(1)) and not b.contains(key(9))
+    assert b.batched_contains([key(1), key(2), key(9)]) == [True, True, False]
+    with pytest.raises(OSError):
+        b.put(key(4), b"q" * 13)
+    assert b.remove(key(1)) and not b.remove(key(1))
+    ops = "kvbucket_backend_operations_total"
+    assert value(ops, tier=tier, op="get", result="hit") == 2
+    assert value(ops, tier=tier, op="get", result="miss") == 1
+    assert value(ops, tier=tier, op="put", result="ok") == 2
+    assert value(ops, tier=tier, op="put", result="error") == 2
+    assert value(ops, tier=tier, op="contains", result="hit") == 3
+    assert value(ops, tier=tier, op="contains", result="miss") == 2
+    assert value(ops, tier=tier, op="remove", result="ok") == 1
+    assert value("kvbucket_backend_bytes_total", tier=tier, direction="read") == 150
+    # the failed batch item is not counted as written; the one that landed is
+    assert value("kvbucket_backend_bytes_total", tier=tier, direction="write") == 150
+    assert value("kvbucket_backend_latency_seconds_count", tier=tier, op="get") == 1
+    assert value("kvbucket_backend_latency_seconds_count", tier=tier, op="batched_get") == 1
+
+
+def test_instrumented_store_counts_objects_and_bytes() -> None:
+    s = InstrumentedStore(MemoryStore(), name="t-store")
+    assert s.name == "t-store"
+    s.put_many([("a", b"1234"), ("b", b"12")])
+    got = s.get_many(["a", "missing"])
+    assert got[0].data is not None and bytes(got[0].data) == b"1234" and got[1].size is None
+    assert [r.size for r in s.head_many(["b", "nope"])] == [2, None]
+    s.delete_many(["a"])
+    objs = "kvbucket_store_objects_total"
+    assert value(objs, store="t-store", op="put", result="ok") == 2
+    assert value(objs, store="t-store", op="get", result="hit") == 1
+    assert value(objs, store="t-store", op="get", result="miss") == 1
+    assert value(objs, store="t-store", op="head", result="miss") == 1
+    assert value(objs, store="t-store", op="delete", result="ok") == 1
+    assert value("kvbucket_store_bytes_total", store="t-store", direction="write") == 6
+    assert value("kvbucket_store_bytes_total", store="t-store", direction="read") == 4
+    assert [o.name for o in s.list()] == ["b"]
+
+
+def test_summary_over_http_and_kvbucket_stats() -> None:
+    b = InstrumentedBackend(DictBackend(), "t-http")
+    b.put(key(1), b"a" * 2048)
+    b.get(key(1))
+    b.get(key(2))
+    with start_metrics_server(0) as server:
+        assert server.port > 0 and server.addr == "127.0.0.1"
+        result = CliRunner(env={"COLUMNS": "200"}).invoke(build_app(), ["stats", "--url", server.url])
+        assert result.exit_code == 0, result.output
+        assert "t-http" in result.output and "50%" in result.output and "2.0 KiB" in result.output
+        import urllib.request
+
+        with urllib.request.urlopen(server.url) as resp:
+            rows = {r.name: r for r in summarize(resp.read().decode()).rows}
+    row = rows["t-http"]
+    assert (row.hits, row.misses, row.writes, row.bytes_read) == (1, 1, 1, 2048)
+    assert row.hit_ratio == 0.5 and row.mean_read_ms is not None
+
+
+def test_stats_says_what_is_wrong_with_the_url() -> None:
+    runner = CliRunner()
+    result = runner.invoke(build_app(), ["stats", "--url", "ftp://x/metrics"])
+    assert result.exit_code != 0 and "not an http(s) URL" in result.output
+    with start_metrics_server(0) as server:
+        port = server.port
+    result = runner.invoke(build_app(), ["stats", "--url", f"http://127.0.0.1:{port}/metrics"])
+    assert result.exit_code != 0 and "cannot reach" in result.output
