@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open, copy_chunk_into
+from kvbucket.backends._queued import QueuedBackend
+from kvbucket.backends.base import Chunk, Key, check_open, copy_chunk_into
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class RemoteBackend(StorageBackend):
+class RemoteBackend(QueuedBackend):
     """A chunk tier over an object store (FileStore, MemoryStore, S3, HF buckets, ...).
 
     Keys become object names with :func:`kvbucket.keys.key_to_name` under ``prefix``, so
@@ -229,22 +230,14 @@ class RemoteBackend(StorageBackend):
                 keys.append(name_to_key(info.name, self.prefix))
             except InvalidKeyError:
                 continue  # an object kvbucket did not write (or nested deeper): not a chunk
-        seen = set(keys)
-        return keys + [k for k in self._queue.pending_keys() if k not in seen]
+        return self._with_pending(keys)
 
-    def flush(self) -> None:
-        self._queue.flush()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.close()
+    # ---- internals -----------------------------------------------------------------------
+    def _release(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._owns_store:
             self.store.close()
 
-    # ---- internals -----------------------------------------------------------------------
     def _name(self, key: str) -> str:
         return key_to_name(key, self.prefix)
 
@@ -430,8 +423,6 @@ class PipelinedRemoteBackend(RemoteBackend):
                 fut.cancel()
         return out
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        super().close()
+    def _release(self) -> None:
+        super()._release()
         self._deser.shutdown(wait=True)
