@@ -125,6 +125,13 @@ def check_open(backend: StorageBackend, closed: bool) -> None:
         raise BackendClosedError(f"{type(backend).__name__} is closed; it accepts no more puts")
 
 
+def put_as_batch(backend: StorageBackend, key: Key, chunk: Chunk, blocking: bool) -> None:
+    """``put`` for tiers whose batch put is the primitive: the one item's error is raised."""
+    (err,) = backend.batched_put_results([(key, chunk)], blocking=blocking)
+    if err is not None:
+        raise err
+
+
 def copy_chunk_into(key: Key, chunk: Chunk, dst: memoryview) -> bool:
     """Copy ``chunk`` into ``dst`` when the sizes agree; log and return False when not."""
     from kvbucket.chunks import as_view
@@ -140,4 +147,6 @@ def copy_chunk_into(key: Key, chunk: Chunk, dst: memoryview) -> bool:
     return True
 
 
-__all__ = ["BackendClosedError", "Chunk", "Key", "StorageBackend", "check_open", "copy_chunk_into"]
+__all__ = [
+    "BackendClosedError", "Chunk", "Key", "StorageBackend", "check_open", "copy_chunk_into", "put_as_batch",
+]

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open, put_as_batch
 from kvbucket.chunks import as_view
 from kvbucket.errors import KVBucketError
 from kvbucket.keys import as_key_string
@@ -67,9 +67,7 @@ class HybridBackend(StorageBackend):
         return f"HybridBackend({self.tiers!r})"
 
     def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
-        (err,) = self.batched_put_results([(key, chunk)], blocking=blocking)
-        if err is not None:
-            raise err
+        put_as_batch(self, key, chunk, blocking)
 
     def batched_put_results(
         self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True

@@ -29,7 +29,7 @@ import numpy as np
 
 from kvbucket.backends._putqueue import PutQueue
 from kvbucket.backends._queued import QueuedBackend
-from kvbucket.backends.base import Chunk, Key, check_open, copy_chunk_into
+from kvbucket.backends.base import Chunk, Key, check_open, copy_chunk_into, put_as_batch
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
@@ -88,9 +88,7 @@ class RemoteBackend(QueuedBackend):
 
     # ---- interface -----------------------------------------------------------------------
     def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
-        (err,) = self.batched_put_results([(key, chunk)], blocking=blocking)
-        if err is not None:
-            raise err
+        put_as_batch(self, key, chunk, blocking)
 
     def batched_put_results(
         self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
