@@ -128,14 +128,7 @@ class RemoteBackend(QueuedBackend):
 
     def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
         ks = [as_key_string(k) for k in keys]
-        out: list[Chunk | None] = [None] * len(ks)
-        todo: list[int] = []
-        for i, k in enumerate(ks):
-            pending = self._queue.pending(k)
-            if pending is not None:
-                out[i] = pending.toreadonly()
-            else:
-                todo.append(i)
+        out, todo = self._read_pending(ks)
         if todo:
             fetched = self._fetch([ks[i] for i in todo])
             for i, r in zip(todo, fetched, strict=True):
@@ -290,6 +283,19 @@ class RemoteBackend(QueuedBackend):
             errors.append(None)
         return errors
 
+    def _read_pending(self, ks: list[str]) -> tuple[list[Chunk | None], list[int]]:
+        """Chunks of keys whose put is still queued (they are the newest), and the indexes of the
+        keys left to fetch from the store."""
+        out: list[Chunk | None] = [None] * len(ks)
+        todo: list[int] = []
+        for i, k in enumerate(ks):
+            pending = self._queue.pending(k)
+            if pending is not None:
+                out[i] = pending.toreadonly()
+            else:
+                todo.append(i)
+        return out, todo
+
     def _fetch(self, keys: list[str]) -> list[ItemResult]:
         names = [self._name(k) for k in keys]
         return self._call(self._get_raw, "get", names)
@@ -387,14 +393,7 @@ class PipelinedRemoteBackend(RemoteBackend):
         ks = [as_key_string(k) for k in keys]
         if len(ks) <= self.pipeline_batch:
             return super().batched_get(ks)
-        out: list[Chunk | None] = [None] * len(ks)
-        todo = []
-        for i, k in enumerate(ks):
-            pending = self._queue.pending(k)
-            if pending is not None:
-                out[i] = pending.toreadonly()
-            else:
-                todo.append(i)
+        out, todo = self._read_pending(ks)
         groups = [todo[j : j + self.pipeline_batch] for j in range(0, len(todo), self.pipeline_batch)]
         net: dict[int, Future[list[ItemResult]]] = {}
         decoded: list[Future[list[Chunk | None]]] = []
