@@ -1,5 +1,6 @@
-"""What the tiers with a :class:`PutQueue` share: pending keys in ``list()``, ``flush``, ``close``,
-and (for the byte-bounded local tiers) the put path with its whole-tier size check.
+"""What the tiers with a :class:`PutQueue` share: queued chunks served to ``batched_get_into``,
+pending keys in ``list()``, ``flush``, ``close``, and (for the byte-bounded local tiers) the put
+path with its whole-tier size check.
 
 One place, so that a fix to the ordering of a put against queued puts, or to what ``close()``
 drains first, reaches every tier at once.
@@ -7,8 +8,10 @@ drains first, reaches every tier at once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open, copy_chunk_into
 from kvbucket.chunks import ChunkSizeError, as_view
 from kvbucket.keys import as_key_string
 
@@ -37,6 +40,19 @@ class QueuedBackend(StorageBackend):
         """``keys`` followed by the keys of queued puts not among them (still visible to reads)."""
         seen = set(keys)
         return keys + [k for k in self._queue.pending_keys() if k not in seen]
+
+    def _copy_pending_into(self, ks: list[str], buffers: Sequence[Chunk]) -> tuple[list[bool], list[int]]:
+        """Serve keys with a queued put (the newest data) into their buffers; the indexes of the
+        other keys are returned for the tier to read."""
+        out = [False] * len(ks)
+        rest: list[int] = []
+        for i, k in enumerate(ks):
+            pending = self._queue.pending(k)
+            if pending is not None:
+                out[i] = copy_chunk_into(k, pending, as_view(buffers[i]))
+            else:
+                rest.append(i)
+        return out, rest
 
 
 class BoundedLocalTier(QueuedBackend):

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open, put_as_batch
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_buffers, check_open, put_as_batch
 from kvbucket.chunks import as_view
 from kvbucket.errors import KVBucketError
 from kvbucket.keys import as_key_string
@@ -110,8 +110,7 @@ class HybridBackend(StorageBackend):
         return self._read_through(ks, lambda tier, idx: tier.batched_get([ks[i] for i in idx]), lambda c: c)
 
     def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
-        if len(keys) != len(buffers):
-            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        check_buffers(keys, buffers)
         ks = [as_key_string(k) for k in keys]
 
         def read(tier: StorageBackend, idx: list[int]) -> list[Chunk | None]:

@@ -20,8 +20,7 @@ from filelock import FileLock, Timeout
 
 from kvbucket.backends._putqueue import PutQueue
 from kvbucket.backends._queued import BoundedLocalTier
-from kvbucket.backends.base import Chunk, Key, copy_chunk_into
-from kvbucket.chunks import as_view
+from kvbucket.backends.base import Chunk, Key, check_buffers
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.stores.base import ObjectStore
@@ -102,19 +101,14 @@ class LocalDiskBackend(BoundedLocalTier):
         return memoryview(buf).toreadonly()
 
     def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
-        if len(keys) != len(buffers):
-            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        check_buffers(keys, buffers)
         ks = [as_key_string(k) for k in keys]
-        out = [False] * len(ks)
+        out, rest = self._copy_pending_into(ks, buffers)
         todo: list[int] = []
-        for i, k in enumerate(ks):
-            pending = self._queue.pending(k)
-            if pending is not None:
-                out[i] = copy_chunk_into(k, pending, as_view(buffers[i]))
-                continue
+        for i in rest:
             with self._lock:
-                if k in self._index:
-                    self._index.move_to_end(k)
+                if ks[i] in self._index:
+                    self._index.move_to_end(ks[i])
                     todo.append(i)
         if todo:
             results = self.store.get_many([key_to_name(ks[i]) for i in todo], [buffers[i] for i in todo])

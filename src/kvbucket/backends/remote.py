@@ -29,7 +29,7 @@ import numpy as np
 
 from kvbucket.backends._putqueue import PutQueue
 from kvbucket.backends._queued import QueuedBackend
-from kvbucket.backends.base import Chunk, Key, check_open, copy_chunk_into, put_as_batch
+from kvbucket.backends.base import Chunk, Key, check_buffers, check_open, put_as_batch
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
@@ -138,19 +138,15 @@ class RemoteBackend(QueuedBackend):
     def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
         if self.serde.name != "naive":
             return super().batched_get_into(keys, buffers)
-        if len(keys) != len(buffers):
-            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        check_buffers(keys, buffers)
         ks = [as_key_string(k) for k in keys]
-        out = [False] * len(ks)
+        out, rest = self._copy_pending_into(ks, buffers)
         todo: list[int] = []
-        for i, k in enumerate(ks):
-            pending = self._queue.pending(k)
-            if pending is not None:
-                out[i] = copy_chunk_into(k, pending, as_view(buffers[i]))
-            elif self._size_ok(as_view(buffers[i]).nbytes):
+        for i in rest:
+            if self._size_ok(as_view(buffers[i]).nbytes):
                 todo.append(i)
             else:
-                self._log_bad(k, f"the caller's buffer is {as_view(buffers[i]).nbytes} bytes")
+                self._log_bad(ks[i], f"the caller's buffer is {as_view(buffers[i]).nbytes} bytes")
         if todo:
             names = [self._name(ks[i]) for i in todo]
             results = self._call(self.store.get_many, "get", names, [buffers[i] for i in todo])
