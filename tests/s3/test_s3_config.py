@@ -9,12 +9,11 @@ import pytest
 from kvbucket.errors import ConfigError
 from kvbucket.stores.s3 import S3Store, store_from_remote_url
 from kvbucket.stores.s3_config import S3Config
+from kvbucket.testing.seed_configs import SEED_004_BASIC, SEED_004_COREWEAVE, seed_config
 
-# The extra_config blocks of seed 004's three examples, verbatim.
-BASIC = (
-    "s3://your-bucket-name",
-    {"s3_region": "us-east-1", "s3_num_io_threads": 64, "save_chunk_meta": False},
-)
+# The remote_url and extra_config blocks of seed 004's three examples, verbatim.
+_BASIC = seed_config(SEED_004_BASIC)
+BASIC = (_BASIC["remote_url"], _BASIC["extra_config"])
 EXPRESS = (
     "s3://kvb--use1-az4--x-s3.s3express-use1-az4.us-east-1.amazonaws.com",
     {
@@ -25,19 +24,8 @@ EXPRESS = (
         "s3_enable_s3express": True,
     },
 )
-COREWEAVE = (
-    "s3://test-127.cwlota.com",
-    {
-        "s3_num_io_threads": 320,
-        "s3_prefer_http2": False,
-        "s3_region": "US-WEST-04A",
-        "s3_enable_s3express": False,
-        "save_chunk_meta": False,
-        "disable_tls": True,
-        "aws_access_key_id": "your-access-key-id",
-        "aws_secret_access_key": "your-secret-access-key",
-    },
-)
+_COREWEAVE = seed_config(SEED_004_COREWEAVE)
+COREWEAVE = (_COREWEAVE["remote_url"], _COREWEAVE["extra_config"])
 ENGINE = SimpleNamespace(save_unfull_chunk=False, blocking_timeout_secs=10)
 
 
