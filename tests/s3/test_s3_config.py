@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -147,30 +148,19 @@ def test_express_host_needs_the_express_flag() -> None:
         resolve(s3_endpoint=EXPRESS[0], s3_region="us-east-1")
 
 
+def store_with_ca_bundle(path: Path) -> S3Store:
+    config = {"s3_endpoint": "s3://b", "s3_region": "us-east-1", "s3_ca_bundle": str(path)}
+    return S3Store(S3Config.parse(config))
+
+
 def test_tls_conflicts_and_ca_bundle_errors(tmp_path) -> None:
     with pytest.raises(ConfigError, match="disable_tls"):
         resolve(s3_endpoint="s3://b", s3_endpoint_url="https://x.example", disable_tls=True)
     with pytest.raises(ConfigError, match="cannot be read"):
-        S3Store(
-            S3Config.parse(
-                {
-                    "s3_endpoint": "s3://b",
-                    "s3_region": "us-east-1",
-                    "s3_ca_bundle": str(tmp_path / "missing.pem"),
-                }
-            )
-        )
+        store_with_ca_bundle(tmp_path / "missing.pem")
     (tmp_path / "empty.pem").write_text("nothing here")
     with pytest.raises(ConfigError, match="no PEM certificate"):
-        S3Store(
-            S3Config.parse(
-                {
-                    "s3_endpoint": "s3://b",
-                    "s3_region": "us-east-1",
-                    "s3_ca_bundle": str(tmp_path / "empty.pem"),
-                }
-            )
-        )
+        store_with_ca_bundle(tmp_path / "empty.pem")
 
 
 def test_remote_url_rules() -> None:
