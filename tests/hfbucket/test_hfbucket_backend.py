@@ -21,34 +21,15 @@ from kvbucket.keys import key_to_name
 from kvbucket.stores.hfbucket import HFBucketStore
 from kvbucket.stores.hfbucket_config import build_config
 from kvbucket.testing.backend_tests import BackendTests, as_bytes, chunk_bytes, key
+from kvbucket.testing.seed_configs import SEED_001_MINIMAL, SEED_001_MULTI
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_size=16, dtype="bfloat16", chunk_tokens=256)
 
-SEED_001_SINGLE = """
-chunk_size: 256
-local_cpu: false
-save_unfull_chunk: false
-remote_serde: "naive"
-blocking_timeout_secs: 10
-remote_storage_plugins: ["hfbucket"]
-extra_config:
-  remote_storage_plugin.hfbucket.bucket_handle: "hf://buckets/{bucket}/prod"
-  remote_storage_plugin.hfbucket.token_env: "HF_TOKEN"
-  remote_storage_plugin.hfbucket.create_bucket_if_missing: false
-  remote_storage_plugin.hfbucket.download_tmp_dir: "{tmp}"
-  remote_storage_plugin.hfbucket.metadata_cache_ttl_secs: 30
-"""
-
-SEED_001_NAMED = """
-chunk_size: 256
-local_cpu: false
-remote_storage_plugins: ["hfbucket.us", "hfbucket.eu"]
-extra_config:
-  remote_storage_plugin.hfbucket.us.bucket_handle: "hf://buckets/{us}/us"
-  remote_storage_plugin.hfbucket.us.token_env: "HF_US_TOKEN"
-  remote_storage_plugin.hfbucket.eu.bucket_handle: "hf://buckets/{eu}/eu"
-  remote_storage_plugin.hfbucket.eu.token_env: "HF_EU_TOKEN"
-"""
+# Seed 001's YAMLs verbatim, but for the buckets (made per test) and the download directory.
+SEED_001_SINGLE = SEED_001_MINIMAL.replace("my-org/lmcache-kv", "{bucket}").replace(
+    "/tmp/lmcache-hfbucket", "{tmp}")
+SEED_001_NAMED = "\nchunk_size: 256\nlocal_cpu: false" + SEED_001_MULTI.replace(
+    "my-org/lmcache-kv/us", "{us}/us").replace("my-org/lmcache-kv/eu", "{eu}/eu")
 
 
 def store_on(hub: Any, bucket_id: str, prefix: str) -> HFBucketStore:

@@ -18,12 +18,12 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.distributed.api import ObjectKey as LMKey
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
-from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+from lmcache.v1.memory_management import MemoryFormat
 
 from kvbucket.integrations.lmcache import KVBucketL2Adapter, to_kvbucket_key, to_lmcache_key
 from kvbucket.keys import key_to_name
 from kvbucket.stores.file import FileStore
-from kvbucket.testing.l2 import wait_fd
+from kvbucket.testing.l2 import lmcache_memory_obj, wait_fd
 
 pytestmark = pytest.mark.lmcache
 
@@ -38,19 +38,6 @@ def plugin_spec(params: dict) -> str:
             "adapter_params": params,
         }
     )
-
-
-def mem_obj(data: bytes) -> TensorMemoryObj:
-    t = torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
-    meta = MemoryObjMetadata(
-        shape=torch.Size([len(data)]),
-        dtype=torch.uint8,
-        address=0,
-        phy_size=len(data),
-        fmt=MemoryFormat.KV_2LTD,
-        ref_count=1,
-    )
-    return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
 
 
 def lmkey(i: int, salt: str = "", group: int = 0) -> LMKey:
@@ -87,7 +74,7 @@ def test_lmcache_factory_builds_plugin_and_interface_round_trips(tmp_path: Path)
 
         adapter.register_listener(Listener())
         keys = [lmkey(1), lmkey(2, "alice"), lmkey(3, group=2)]
-        objs = [mem_obj(bytes([i]) * 2048) for i in (1, 2, 3)]
+        objs = [lmcache_memory_obj(bytes([i]) * 2048) for i in (1, 2, 3)]
         tid = adapter.submit_store_task(keys, objs)
         assert wait_fd(adapter.get_store_event_fd())
         res = adapter.pop_completed_store_tasks()[tid]
@@ -101,7 +88,7 @@ def test_lmcache_factory_builds_plugin_and_interface_round_trips(tmp_path: Path)
         bm = adapter.query_lookup_and_lock_result(tid)
         assert bm.get_indices_list() == [0, 1, 2] and adapter.query_lookup_and_lock_result(tid) is None
 
-        outs = [mem_obj(bytes(2048)) for _ in range(3)]
+        outs = [lmcache_memory_obj(bytes(2048)) for _ in range(3)]
         tid = adapter.submit_load_task(keys, outs)
         assert wait_fd(adapter.get_load_event_fd())
         assert adapter.query_load_result(tid).popcount() == 3
@@ -122,7 +109,7 @@ def test_lmcache_factory_builds_plugin_and_interface_round_trips(tmp_path: Path)
     finally:
         adapter.close()
     # after close: submits complete at once as failed
-    tid = adapter.submit_store_task([lmkey(5)], [mem_obj(bytes(2048))])
+    tid = adapter.submit_store_task([lmkey(5)], [lmcache_memory_obj(bytes(2048))])
     assert not adapter.pop_completed_store_tasks()[tid].is_successful()
 
 

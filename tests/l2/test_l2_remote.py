@@ -107,23 +107,9 @@ def test_s3_eviction_keeps_bucket_under_watermark(seaweedfs: S3Server, s3_bucket
 
 def test_lmcache_plugin_adapter_on_s3(seaweedfs: S3Server, s3_bucket: str) -> None:
     pytest.importorskip("lmcache")
-    import torch
     from lmcache.v1.distributed.api import ObjectKey as LMKey
     from lmcache.v1.distributed.l2_adapters import create_l2_adapter
     from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
-    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
-
-    def obj(data: bytes) -> TensorMemoryObj:
-        tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
-        meta = MemoryObjMetadata(
-            shape=torch.Size([len(data)]),
-            dtype=torch.uint8,
-            address=0,
-            phy_size=len(data),
-            fmt=MemoryFormat.KV_2LTD,
-            ref_count=1,
-        )
-        return TensorMemoryObj(raw_data=tensor, metadata=meta, parent_allocator=None)
 
     spec = {
         "type": "plugin",
@@ -136,10 +122,10 @@ def test_lmcache_plugin_adapter_on_s3(seaweedfs: S3Server, s3_bucket: str) -> No
     try:
         keys = [LMKey(chunk_hash=bytes([i]) * 8, model_name="m", kv_rank=3) for i in range(4)]
         # temporaries on purpose: the adapter must keep the MemoryObjs alive while it reads them
-        tid = adapter.submit_store_task(keys, [obj(chunk(i)) for i in range(4)])
+        tid = adapter.submit_store_task(keys, [t.lmcache_memory_obj(chunk(i)) for i in range(4)])
         assert t.wait_fd(adapter.get_store_event_fd())
         assert adapter.pop_completed_store_tasks()[tid].bytes_transferred() == 4 * CHUNK
-        outs = [obj(bytes(CHUNK)) for _ in range(4)]
+        outs = [t.lmcache_memory_obj(bytes(CHUNK)) for _ in range(4)]
         tid = adapter.submit_load_task(keys, outs)
         assert t.wait_fd(adapter.get_load_event_fd())
         assert adapter.query_load_result(tid).popcount() == 4

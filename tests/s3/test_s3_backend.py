@@ -20,6 +20,7 @@ from kvbucket.stores.s3 import S3Store
 from kvbucket.stores.s3_config import S3Config
 from kvbucket.testing.backend_tests import BackendTests
 from kvbucket.testing.s3_server import FaultProxy, S3Server
+from kvbucket.testing.seed_configs import SEED_004_COREWEAVE, seed_config
 
 
 class TestRemoteBackendOverS3(BackendTests):
@@ -90,27 +91,12 @@ def test_seed_coreweave_yaml_builds_a_hybrid_stack(seaweedfs: S3Server, fault_pr
     seaweedfs.create_bucket("test-127")
     try:
         cfg = EngineConfig.from_dict(
-            {
-                "chunk_size": 256,
-                "local_cpu": False,
-                "max_local_cpu_size": 50,
-                "save_unfull_chunk": False,
-                "enable_async_loading": True,
-                "remote_url": "s3://test-127.cwlota.com",
-                "remote_serde": "naive",
-                "blocking_timeout_secs": 10,
-                "extra_config": {
-                    "s3_num_io_threads": 320,
-                    "s3_prefer_http2": False,
-                    "s3_region": "US-WEST-04A",
-                    "s3_enable_s3express": False,
-                    "save_chunk_meta": False,
-                    "disable_tls": True,
-                    "aws_access_key_id": seaweedfs.access_key,
-                    "aws_secret_access_key": seaweedfs.secret_key,
-                    "s3_proxy_url": fault_proxy.url,  # carries test-127.cwlota.com to the local server
-                },
-            }
+            seed_config(
+                SEED_004_COREWEAVE,
+                aws_access_key_id=seaweedfs.access_key,
+                aws_secret_access_key=seaweedfs.secret_key,
+                s3_proxy_url=fault_proxy.url,  # carries test-127.cwlota.com to the local server
+            )
         )
         with build_backend(cfg, LAYOUT) as backend:
             assert isinstance(backend, PipelinedRemoteBackend | HybridBackend)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -9,12 +10,11 @@ import pytest
 from kvbucket.errors import ConfigError
 from kvbucket.stores.s3 import S3Store, store_from_remote_url
 from kvbucket.stores.s3_config import S3Config
+from kvbucket.testing.seed_configs import SEED_004_BASIC, SEED_004_COREWEAVE, seed_config
 
-# The extra_config blocks of seed 004's three examples, verbatim.
-BASIC = (
-    "s3://your-bucket-name",
-    {"s3_region": "us-east-1", "s3_num_io_threads": 64, "save_chunk_meta": False},
-)
+# The remote_url and extra_config blocks of seed 004's three examples, verbatim.
+_BASIC = seed_config(SEED_004_BASIC)
+BASIC = (_BASIC["remote_url"], _BASIC["extra_config"])
 EXPRESS = (
     "s3://kvb--use1-az4--x-s3.s3express-use1-az4.us-east-1.amazonaws.com",
     {
@@ -25,19 +25,8 @@ EXPRESS = (
         "s3_enable_s3express": True,
     },
 )
-COREWEAVE = (
-    "s3://test-127.cwlota.com",
-    {
-        "s3_num_io_threads": 320,
-        "s3_prefer_http2": False,
-        "s3_region": "US-WEST-04A",
-        "s3_enable_s3express": False,
-        "save_chunk_meta": False,
-        "disable_tls": True,
-        "aws_access_key_id": "your-access-key-id",
-        "aws_secret_access_key": "your-secret-access-key",
-    },
-)
+_COREWEAVE = seed_config(SEED_004_COREWEAVE)
+COREWEAVE = (_COREWEAVE["remote_url"], _COREWEAVE["extra_config"])
 ENGINE = SimpleNamespace(save_unfull_chunk=False, blocking_timeout_secs=10)
 
 
@@ -159,30 +148,19 @@ def test_express_host_needs_the_express_flag() -> None:
         resolve(s3_endpoint=EXPRESS[0], s3_region="us-east-1")
 
 
+def store_with_ca_bundle(path: Path) -> S3Store:
+    config = {"s3_endpoint": "s3://b", "s3_region": "us-east-1", "s3_ca_bundle": str(path)}
+    return S3Store(S3Config.parse(config))
+
+
 def test_tls_conflicts_and_ca_bundle_errors(tmp_path) -> None:
     with pytest.raises(ConfigError, match="disable_tls"):
         resolve(s3_endpoint="s3://b", s3_endpoint_url="https://x.example", disable_tls=True)
     with pytest.raises(ConfigError, match="cannot be read"):
-        S3Store(
-            S3Config.parse(
-                {
-                    "s3_endpoint": "s3://b",
-                    "s3_region": "us-east-1",
-                    "s3_ca_bundle": str(tmp_path / "missing.pem"),
-                }
-            )
-        )
+        store_with_ca_bundle(tmp_path / "missing.pem")
     (tmp_path / "empty.pem").write_text("nothing here")
     with pytest.raises(ConfigError, match="no PEM certificate"):
-        S3Store(
-            S3Config.parse(
-                {
-                    "s3_endpoint": "s3://b",
-                    "s3_region": "us-east-1",
-                    "s3_ca_bundle": str(tmp_path / "empty.pem"),
-                }
-            )
-        )
+        store_with_ca_bundle(tmp_path / "empty.pem")
 
 
 def test_remote_url_rules() -> None:

@@ -12,6 +12,7 @@ from kvbucket.errors import AuthError, NotFoundError, TransientStoreError
 from kvbucket.stores.s3 import S3Store, store_from_remote_url
 from kvbucket.stores.s3_config import S3Config
 from kvbucket.testing.s3_server import DOMAIN, FaultProxy, S3Server
+from kvbucket.testing.seed_configs import SEED_004_COREWEAVE, seed_config
 
 ENGINE = SimpleNamespace(save_unfull_chunk=False, blocking_timeout_secs=10)
 
@@ -153,17 +154,12 @@ def test_seed_coreweave_example_runs_unchanged_but_for_proxy_and_keys(
 ) -> None:
     """remote_url s3://test-127.cwlota.com (virtual-hosted, plain HTTP) reaches SeaweedFS via the proxy."""
     seaweedfs.create_bucket("test-127")
-    extra = {
-        "s3_num_io_threads": 320,
-        "s3_prefer_http2": False,
-        "s3_region": "US-WEST-04A",
-        "s3_enable_s3express": False,
-        "save_chunk_meta": False,
-        "disable_tls": True,
-        "aws_access_key_id": seaweedfs.access_key,
-        "aws_secret_access_key": seaweedfs.secret_key,
-        "s3_proxy_url": fault_proxy.url,
-    }
+    extra = seed_config(
+        SEED_004_COREWEAVE,
+        aws_access_key_id=seaweedfs.access_key,
+        aws_secret_access_key=seaweedfs.secret_key,
+        s3_proxy_url=fault_proxy.url,
+    )["extra_config"]
     try:
         with store_from_remote_url("s3://test-127.cwlota.com", extra, ENGINE) as store:
             store.put("k", b"coreweave")

@@ -93,8 +93,7 @@ class StorageBackend(abc.ABC):
         """
         from kvbucket.chunks import as_view
 
-        if len(keys) != len(buffers):
-            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        check_buffers(keys, buffers)
         out: list[bool] = []
         for key, buf, chunk in zip(keys, buffers, self.batched_get(keys), strict=True):
             if chunk is None:
@@ -125,6 +124,19 @@ def check_open(backend: StorageBackend, closed: bool) -> None:
         raise BackendClosedError(f"{type(backend).__name__} is closed; it accepts no more puts")
 
 
+def check_buffers(keys: Sequence[Key], buffers: Sequence[Chunk]) -> None:
+    """``batched_get_into`` needs one buffer per key."""
+    if len(keys) != len(buffers):
+        raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+
+
+def put_as_batch(backend: StorageBackend, key: Key, chunk: Chunk, blocking: bool) -> None:
+    """``put`` for tiers whose batch put is the primitive: the one item's error is raised."""
+    (err,) = backend.batched_put_results([(key, chunk)], blocking=blocking)
+    if err is not None:
+        raise err
+
+
 def copy_chunk_into(key: Key, chunk: Chunk, dst: memoryview) -> bool:
     """Copy ``chunk`` into ``dst`` when the sizes agree; log and return False when not."""
     from kvbucket.chunks import as_view
@@ -140,4 +152,7 @@ def copy_chunk_into(key: Key, chunk: Chunk, dst: memoryview) -> bool:
     return True
 
 
-__all__ = ["BackendClosedError", "Chunk", "Key", "StorageBackend", "check_open", "copy_chunk_into"]
+__all__ = [
+    "BackendClosedError", "Chunk", "Key", "StorageBackend", "check_buffers", "check_open", "copy_chunk_into",
+    "put_as_batch",
+]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import threading
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open
+from kvbucket.backends.base import Chunk, Key, StorageBackend, check_buffers, check_open, put_as_batch
 from kvbucket.chunks import as_view
 from kvbucket.errors import KVBucketError
 from kvbucket.keys import as_key_string
@@ -67,9 +67,7 @@ class HybridBackend(StorageBackend):
         return f"HybridBackend({self.tiers!r})"
 
     def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
-        (err,) = self.batched_put_results([(key, chunk)], blocking=blocking)
-        if err is not None:
-            raise err
+        put_as_batch(self, key, chunk, blocking)
 
     def batched_put_results(
         self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
@@ -109,13 +107,37 @@ class HybridBackend(StorageBackend):
 
     def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
         ks = [as_key_string(k) for k in keys]
+        return self._read_through(ks, lambda tier, idx: tier.batched_get([ks[i] for i in idx]), lambda c: c)
+
+    def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
+        check_buffers(keys, buffers)
+        ks = [as_key_string(k) for k in keys]
+
+        def read(tier: StorageBackend, idx: list[int]) -> list[Chunk | None]:
+            hits = tier.batched_get_into([ks[i] for i in idx], [buffers[i] for i in idx])
+            return [buffers[i] if hit else None for i, hit in zip(idx, hits, strict=True)]
+
+        def promoted(buf: Chunk) -> Chunk:
+            # the caller owns the buffer: promote a copy unless promotion is synchronous
+            return buf if self.promote_blocking else as_view(buf).tobytes()
+
+        return [c is not None for c in self._read_through(ks, read, promoted)]
+
+    def _read_through(
+        self,
+        ks: list[str],
+        read: Callable[[StorageBackend, list[int]], list[Chunk | None]],
+        promoted: Callable[[Chunk], Chunk],
+    ) -> list[Chunk | None]:
+        """Ask the tiers fastest first, each for the keys still missing (``read(tier, indexes)``);
+        a hit in a lower tier is promoted (as ``promoted(chunk)``) into the faster tiers."""
         gens = [self._gen[self._stripe(k)] for k in ks]
         out: list[Chunk | None] = [None] * len(ks)
         missing = list(range(len(ks)))
         for t, tier in enumerate(self.tiers):
             if not missing:
                 break
-            found = tier.batched_get([ks[i] for i in missing])
+            found = read(tier, missing)
             still: list[int] = []
             promote: list[tuple[str, Chunk, int]] = []
             for i, chunk in zip(missing, found, strict=True):
@@ -125,35 +147,7 @@ class HybridBackend(StorageBackend):
                 out[i] = chunk
                 self.hits[t] += 1
                 if t:
-                    promote.append((ks[i], chunk, gens[i]))
-            if promote:
-                self._promote(self.tiers[:t], promote)
-            missing = still
-        self.misses += len(missing)
-        return out
-
-    def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
-        if len(keys) != len(buffers):
-            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
-        ks = [as_key_string(k) for k in keys]
-        gens = [self._gen[self._stripe(k)] for k in ks]
-        out = [False] * len(ks)
-        missing = list(range(len(ks)))
-        for t, tier in enumerate(self.tiers):
-            if not missing:
-                break
-            found = tier.batched_get_into([ks[i] for i in missing], [buffers[i] for i in missing])
-            still: list[int] = []
-            promote: list[tuple[str, Chunk, int]] = []
-            for i, hit in zip(missing, found, strict=True):
-                if not hit:
-                    still.append(i)
-                    continue
-                out[i] = True
-                self.hits[t] += 1
-                if t:  # the caller owns the buffer: promote a copy unless promotion is synchronous
-                    chunk = buffers[i] if self.promote_blocking else as_view(buffers[i]).tobytes()
-                    promote.append((ks[i], chunk, gens[i]))
+                    promote.append((ks[i], promoted(chunk), gens[i]))
             if promote:
                 self._promote(self.tiers[:t], promote)
             missing = still

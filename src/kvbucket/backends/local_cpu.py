@@ -10,15 +10,15 @@ from collections.abc import Callable
 import numpy as np
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open
-from kvbucket.chunks import ChunkSizeError, as_view
+from kvbucket.backends._queued import BoundedLocalTier
+from kvbucket.backends.base import Chunk, Key
 from kvbucket.keys import as_key_string
 
 # sys.getrefcount of a slab held only by the free list's caller: the local name + the argument.
 _UNSHARED_REFS = 2
 
 
-class LocalCPUBackend(StorageBackend):
+class LocalCPUBackend(BoundedLocalTier):
     """Chunks in an LRU dict, never more than ``max_bytes`` of chunk data accounted.
 
     A put copies the chunk once into a memory *slab* (the caller may reuse its buffer after a
@@ -34,6 +34,9 @@ class LocalCPUBackend(StorageBackend):
     Non-blocking puts go through a bounded queue drained by one worker thread; ``close()``
     drains it. ``peak_bytes`` records the most ever accounted, so tests can prove the bound held.
     """
+
+    _TIER_NAME = "CPU"
+    _SIZE_SETTING = "max_local_cpu_size"
 
     def __init__(
         self, max_bytes: int, *, queue_size: int = 64, on_evict: Callable[[str], None] | None = None
@@ -56,17 +59,6 @@ class LocalCPUBackend(StorageBackend):
         return f"LocalCPUBackend(max_bytes={self.max_bytes})"
 
     # ---- interface -----------------------------------------------------------------------
-    def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
-        check_open(self, self._closed)
-        k = as_key_string(key)
-        view = as_view(chunk)
-        self._check_fits(k, view.nbytes)
-        if blocking:
-            self._queue.cancel(k)  # a queued older put of k must not land after this one
-            self._insert(k, view)
-        else:
-            self._queue.submit(k, view)
-
     def get(self, key: Key) -> Chunk | None:
         k = as_key_string(key)
         with self._lock:
@@ -97,29 +89,14 @@ class LocalCPUBackend(StorageBackend):
     def list(self) -> list[str]:
         with self._lock:
             keys = list(self._chunks)
-        seen = set(keys)
-        return keys + [k for k in self._queue.pending_keys() if k not in seen]
+        return self._with_pending(keys)
 
-    def flush(self) -> None:
-        self._queue.flush()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.close()
+    # ---- internals -----------------------------------------------------------------------
+    def _release(self) -> None:
         with self._lock:  # release the memory now; readers holding views keep their slabs alive
             self._chunks.clear()
             self._free.clear()
             self.used_bytes = self.free_bytes = 0
-
-    # ---- internals -----------------------------------------------------------------------
-    def _check_fits(self, key: str, nbytes: int) -> None:
-        if nbytes > self.max_bytes:
-            raise ChunkSizeError(
-                f"chunk {key} is {nbytes} bytes, larger than the whole CPU tier ({self.max_bytes} bytes); "
-                "raise max_local_cpu_size"
-            )
 
     def _apply(self, key: str, view: memoryview) -> None:
         self._insert(key, view)

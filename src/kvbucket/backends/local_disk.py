@@ -19,8 +19,8 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open, copy_chunk_into
-from kvbucket.chunks import ChunkSizeError, as_view
+from kvbucket.backends._queued import BoundedLocalTier
+from kvbucket.backends.base import Chunk, Key, check_buffers
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.stores.base import ObjectStore
@@ -31,7 +31,7 @@ _STRIPES = 64
 LOCK_NAME = ".kvbucket-disk.lock"
 
 
-class LocalDiskBackend(StorageBackend):
+class LocalDiskBackend(BoundedLocalTier):
     """Chunk files under ``path`` (or any store given), at most ``max_bytes`` accounted.
 
     Space is reserved (evicting least-recently-used chunks) *before* a file is written, so the
@@ -41,6 +41,9 @@ class LocalDiskBackend(StorageBackend):
     file that a concurrent put of the same key just wrote. A directory serves one backend at a
     time (a lock file, released by ``close()`` or by the process ending).
     """
+
+    _TIER_NAME = "disk"
+    _SIZE_SETTING = "max_local_disk_size"
 
     def __init__(
         self,
@@ -76,21 +79,6 @@ class LocalDiskBackend(StorageBackend):
         return f"LocalDiskBackend({self.store.url!r}, max_bytes={self.max_bytes})"
 
     # ---- interface -----------------------------------------------------------------------
-    def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
-        check_open(self, self._closed)
-        k = as_key_string(key)
-        view = as_view(chunk)
-        if view.nbytes > self.max_bytes:
-            raise ChunkSizeError(
-                f"chunk {k} is {view.nbytes} bytes, larger than the whole disk tier "
-                f"({self.max_bytes} bytes); raise max_local_disk_size"
-            )
-        if blocking:
-            self._queue.cancel(k)
-            self._write(k, view)
-        else:
-            self._queue.submit(k, view)
-
     def get(self, key: Key) -> Chunk | None:
         k = as_key_string(key)
         pending = self._queue.pending(k)
@@ -113,19 +101,14 @@ class LocalDiskBackend(StorageBackend):
         return memoryview(buf).toreadonly()
 
     def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
-        if len(keys) != len(buffers):
-            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        check_buffers(keys, buffers)
         ks = [as_key_string(k) for k in keys]
-        out = [False] * len(ks)
+        out, rest = self._copy_pending_into(ks, buffers)
         todo: list[int] = []
-        for i, k in enumerate(ks):
-            pending = self._queue.pending(k)
-            if pending is not None:
-                out[i] = copy_chunk_into(k, pending, as_view(buffers[i]))
-                continue
+        for i in rest:
             with self._lock:
-                if k in self._index:
-                    self._index.move_to_end(k)
+                if ks[i] in self._index:
+                    self._index.move_to_end(ks[i])
                     todo.append(i)
         if todo:
             results = self.store.get_many([key_to_name(ks[i]) for i in todo], [buffers[i] for i in todo])
@@ -170,22 +153,14 @@ class LocalDiskBackend(StorageBackend):
     def list(self) -> list[str]:
         with self._lock:
             keys = list(self._index)
-        seen = set(keys)
-        return keys + [k for k in self._queue.pending_keys() if k not in seen]
+        return self._with_pending(keys)
 
-    def flush(self) -> None:
-        self._queue.flush()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.close()
+    # ---- internals -----------------------------------------------------------------------
+    def _release(self) -> None:
         self.store.close()
         if self._dir_lock is not None:
             self._dir_lock.release()
 
-    # ---- internals -----------------------------------------------------------------------
     def _stripe(self, key: str) -> threading.Lock:
         return self._stripes[zlib.crc32(key.encode()) % _STRIPES]
 

@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open, copy_chunk_into
+from kvbucket.backends._queued import QueuedBackend
+from kvbucket.backends.base import Chunk, Key, check_buffers, check_open, put_as_batch
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class RemoteBackend(StorageBackend):
+class RemoteBackend(QueuedBackend):
     """A chunk tier over an object store (FileStore, MemoryStore, S3, HF buckets, ...).
 
     Keys become object names with :func:`kvbucket.keys.key_to_name` under ``prefix``, so
@@ -87,9 +88,7 @@ class RemoteBackend(StorageBackend):
 
     # ---- interface -----------------------------------------------------------------------
     def put(self, key: Key, chunk: Chunk, blocking: bool = True) -> None:
-        (err,) = self.batched_put_results([(key, chunk)], blocking=blocking)
-        if err is not None:
-            raise err
+        put_as_batch(self, key, chunk, blocking)
 
     def batched_put_results(
         self, items: Iterable[tuple[Key, Chunk]], blocking: bool = True
@@ -129,14 +128,7 @@ class RemoteBackend(StorageBackend):
 
     def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
         ks = [as_key_string(k) for k in keys]
-        out: list[Chunk | None] = [None] * len(ks)
-        todo: list[int] = []
-        for i, k in enumerate(ks):
-            pending = self._queue.pending(k)
-            if pending is not None:
-                out[i] = pending.toreadonly()
-            else:
-                todo.append(i)
+        out, todo = self._read_pending(ks)
         if todo:
             fetched = self._fetch([ks[i] for i in todo])
             for i, r in zip(todo, fetched, strict=True):
@@ -146,19 +138,15 @@ class RemoteBackend(StorageBackend):
     def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
         if self.serde.name != "naive":
             return super().batched_get_into(keys, buffers)
-        if len(keys) != len(buffers):
-            raise ValueError(f"batched_get_into got {len(keys)} keys but {len(buffers)} buffers")
+        check_buffers(keys, buffers)
         ks = [as_key_string(k) for k in keys]
-        out = [False] * len(ks)
+        out, rest = self._copy_pending_into(ks, buffers)
         todo: list[int] = []
-        for i, k in enumerate(ks):
-            pending = self._queue.pending(k)
-            if pending is not None:
-                out[i] = copy_chunk_into(k, pending, as_view(buffers[i]))
-            elif self._size_ok(as_view(buffers[i]).nbytes):
+        for i in rest:
+            if self._size_ok(as_view(buffers[i]).nbytes):
                 todo.append(i)
             else:
-                self._log_bad(k, f"the caller's buffer is {as_view(buffers[i]).nbytes} bytes")
+                self._log_bad(ks[i], f"the caller's buffer is {as_view(buffers[i]).nbytes} bytes")
         if todo:
             names = [self._name(ks[i]) for i in todo]
             results = self._call(self.store.get_many, "get", names, [buffers[i] for i in todo])
@@ -229,22 +217,14 @@ class RemoteBackend(StorageBackend):
                 keys.append(name_to_key(info.name, self.prefix))
             except InvalidKeyError:
                 continue  # an object kvbucket did not write (or nested deeper): not a chunk
-        seen = set(keys)
-        return keys + [k for k in self._queue.pending_keys() if k not in seen]
+        return self._with_pending(keys)
 
-    def flush(self) -> None:
-        self._queue.flush()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.close()
+    # ---- internals -----------------------------------------------------------------------
+    def _release(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._owns_store:
             self.store.close()
 
-    # ---- internals -----------------------------------------------------------------------
     def _name(self, key: str) -> str:
         return key_to_name(key, self.prefix)
 
@@ -298,6 +278,19 @@ class RemoteBackend(StorageBackend):
             self._cache_size(name, memoryview(payload).nbytes)
             errors.append(None)
         return errors
+
+    def _read_pending(self, ks: list[str]) -> tuple[list[Chunk | None], list[int]]:
+        """Chunks of keys whose put is still queued (they are the newest), and the indexes of the
+        keys left to fetch from the store."""
+        out: list[Chunk | None] = [None] * len(ks)
+        todo: list[int] = []
+        for i, k in enumerate(ks):
+            pending = self._queue.pending(k)
+            if pending is not None:
+                out[i] = pending.toreadonly()
+            else:
+                todo.append(i)
+        return out, todo
 
     def _fetch(self, keys: list[str]) -> list[ItemResult]:
         names = [self._name(k) for k in keys]
@@ -396,14 +389,7 @@ class PipelinedRemoteBackend(RemoteBackend):
         ks = [as_key_string(k) for k in keys]
         if len(ks) <= self.pipeline_batch:
             return super().batched_get(ks)
-        out: list[Chunk | None] = [None] * len(ks)
-        todo = []
-        for i, k in enumerate(ks):
-            pending = self._queue.pending(k)
-            if pending is not None:
-                out[i] = pending.toreadonly()
-            else:
-                todo.append(i)
+        out, todo = self._read_pending(ks)
         groups = [todo[j : j + self.pipeline_batch] for j in range(0, len(todo), self.pipeline_batch)]
         net: dict[int, Future[list[ItemResult]]] = {}
         decoded: list[Future[list[Chunk | None]]] = []
@@ -430,8 +416,6 @@ class PipelinedRemoteBackend(RemoteBackend):
                 fut.cancel()
         return out
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        super().close()
+    def _release(self) -> None:
+        super()._release()
         self._deser.shutdown(wait=True)

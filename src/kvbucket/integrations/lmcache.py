@@ -57,7 +57,7 @@ from kvbucket.l2.config import (
     S3L2Config,
     format_validation_error,
 )
-from kvbucket.l2.registry import build_store, parse_l2_config, store_options
+from kvbucket.l2.registry import build_store, open_l2_adapter, parse_l2_config
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.hfbucket_config import lenient_bool
 
@@ -153,22 +153,8 @@ class KVBucketL2Adapter(L2AdapterInterface):
         cfg = parse_l2_config(config)  # ConfigError is a ValueError: LMCache reports it as a bad spec
         super().__init__(max_capacity_bytes=cfg.max_capacity_bytes)
         self.config = cfg
-        store = build_store(cfg)
-        try:
-            self._impl = ObjectStoreL2Adapter(
-                store,
-                num_workers=cfg.num_workers,
-                max_capacity_bytes=cfg.max_capacity_bytes,
-                eviction=cfg.eviction,
-                metadata_cache_ttl_secs=cfg.metadata_cache_ttl_secs,
-                full_chunk_bytes=cfg.full_chunk_bytes,
-                listener=_Listener(self),
-                **store_options(cfg),
-            )
-        except Exception:
-            store.close()
-            raise
-        log.info("kvbucket L2 adapter on %s (%s workers)", store.url, cfg.num_workers)
+        self._impl = open_l2_adapter(cfg, listener=_Listener(self))
+        log.info("kvbucket L2 adapter on %s (%s workers)", self._impl.store.url, cfg.num_workers)
 
     @property
     def impl(self) -> ObjectStoreL2Adapter:

@@ -53,6 +53,13 @@ def _store_error(action: str, name: str, e: OSError) -> StoreError:
     return StoreError(f"could not {action} object {name!r}: {e.strerror or e} (errno {e.errno})")
 
 
+def _os_error_result(action: str, name: str, e: OSError) -> ItemResult:
+    """A batch item's result for an OS error: absent when the name is not a file here, else an error."""
+    if e.errno in _MISSING_ERRNOS:
+        return ItemResult(name)
+    return ItemResult(name, error=_store_error(action, name, e))
+
+
 class FileStore(ObjectStore):
     """Objects as files under ``root``. Thread- and process-safe for concurrent writers."""
 
@@ -296,10 +303,7 @@ class FileStore(ObjectStore):
             try:
                 st = os.lstat(self._path(n))
             except OSError as e:
-                if e.errno in _MISSING_ERRNOS:
-                    results.append(ItemResult(n))
-                else:
-                    results.append(ItemResult(n, error=_store_error("stat", n, e)))
+                results.append(_os_error_result("stat", n, e))
                 continue
             results.append(ItemResult(n, size=st.st_size if stat.S_ISREG(st.st_mode) else None))
         return results
@@ -316,10 +320,7 @@ class FileStore(ObjectStore):
                     continue
                 os.unlink(path)
             except OSError as e:
-                if e.errno in _MISSING_ERRNOS:
-                    results.append(ItemResult(n))
-                else:
-                    results.append(ItemResult(n, error=_store_error("delete", n, e)))
+                results.append(_os_error_result("delete", n, e))
                 continue
             results.append(ItemResult(n, size=st.st_size))
             self._remove_empty_parents(n)

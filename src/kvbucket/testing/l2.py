@@ -16,6 +16,24 @@ from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import L2Adapter, StoreResult
 
 
+def lmcache_memory_obj(data: bytes) -> Any:
+    """An LMCache ``TensorMemoryObj`` (KV_2LTD, uint8) holding a copy of ``data``, as LMCache's
+    L1 hands to an L2 adapter; needs the lmcache extra (imported here, not at module load)."""
+    import torch
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+    meta = MemoryObjMetadata(
+        shape=torch.Size([len(data)]),
+        dtype=torch.uint8,
+        address=0,
+        phy_size=len(data),
+        fmt=MemoryFormat.KV_2LTD,
+        ref_count=1,
+    )
+    return TensorMemoryObj(raw_data=tensor, metadata=meta, parent_allocator=None)
+
+
 def drain_fd(fd: int) -> None:
     try:
         if hasattr(os, "eventfd_read"):

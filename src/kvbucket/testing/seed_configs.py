@@ -5,6 +5,10 @@ Tests (ours and users') load them to check that LMCache users' files work as the
 
 from __future__ import annotations
 
+from typing import Any
+
+import yaml
+
 SEED_001_MINIMAL = """
 chunk_size: 256
 local_cpu: false
@@ -62,4 +66,14 @@ extra_config:
   aws_secret_access_key: "your-secret-access-key"
 """
 
-__all__ = ["SEED_001_MINIMAL", "SEED_001_MULTI", "SEED_004_BASIC", "SEED_004_COREWEAVE"]
+
+
+def seed_config(text: str, **extra_config: Any) -> dict[str, Any]:
+    """A seed YAML as the mapping an engine reads, with ``extra_config`` entries set or replaced
+    (a test's own bucket credentials or proxy), so tests run the seed's file and not a retyped copy."""
+    data = yaml.safe_load(text)
+    data["extra_config"] = {**data.get("extra_config", {}), **extra_config}
+    return data
+
+
+__all__ = ["SEED_001_MINIMAL", "SEED_001_MULTI", "SEED_004_BASIC", "SEED_004_COREWEAVE", "seed_config"]
