@@ -6,8 +6,10 @@
 A local Neuron-layout cache of ``entries`` MODULE dirs with ``files`` files each is built once.
 For every store:
 
-- kvbucket ``sync`` into an empty area, then ``fetch`` into an empty cache dir (both timed, store
-  calls counted with :class:`CountingStore`, and on the Hub emulator the HTTP requests it served);
+- kvbucket ``sync`` into an empty area (flat area + packs), then ``fetch`` into an empty cache dir
+  (from packs), then ``fetch/files``: the same fetch with ``packs=False`` (batched per-file reads)
+  (all timed, store calls counted with :class:`CountingStore`, and on the Hub emulator the HTTP
+  requests it served);
 - the naive baseline into another empty area: one ``put`` per file, then a listing and one
   ``get`` per file (what a per-file client such as ``hf_hub_download``/``boto3.put_object`` in a
   loop does; it skips even the existence checks kvbucket makes, which favours the baseline).
@@ -145,15 +147,20 @@ def bench_store(kind: str, src: Path, tmp: Path, repeat: int) -> list[Row]:
             for case in ("kvbucket", "naive"):
                 store = CountingStore(open_area(f"{case}-{r}"))
                 dest = tmp / f"dest-{kind}-{case}-{r}"
-                for phase in ("sync", "fetch"):
+                for phase in ("sync", "fetch", "fetch/files") if case == "kvbucket" else ("sync", "fetch"):
                     store.reset()
                     h0 = http() if http else {}
                     if case == "kvbucket" and phase == "sync":
                         sec, rep = timed(lambda s=store: sync(s, lay, src))
                         assert not rep.failed, rep.failed
-                    elif case == "kvbucket":
+                    elif case == "kvbucket" and phase == "fetch":
                         sec, rep = timed(lambda s=store, d=dest: fetch(s, lay, d, groups=[GROUP]))
-                        assert not rep.failed, rep.failed
+                        assert not rep.failed and rep.pack_entries == len(rep.transferred), rep.summary()
+                    elif case == "kvbucket":  # the same fetch without packs: batched per-file reads
+                        d2 = tmp / f"dest-{kind}-files-{r}"
+                        sec, rep = timed(lambda s=store, d=d2: fetch(s, lay, d, groups=[GROUP], packs=False))
+                        assert not rep.failed and rep.packs == 0, rep.summary()
+                        shutil.rmtree(d2, ignore_errors=True)
                     elif phase == "sync":
                         sec, _ = timed(lambda s=store: naive_sync(s, src))
                     else:
@@ -210,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         nfiles = args.entries * args.files
         print(f"local cache: {args.entries} entries x {args.files} files = {nfiles} files, "
               f"{nbytes / 2**20:.1f} MiB")
-        print(f"{'store':6} {'case':16} {'seconds':>9} {'store calls':>12} {'HTTP reqs':>10}")
+        print(f"{'store':6} {'case':20} {'seconds':>9} {'store calls':>12} {'HTTP reqs':>10}")
         for kind in [s for s in args.stores.split(",") if s]:
             try:
                 rows = bench_store(kind, src, tmp, args.repeat)
@@ -220,13 +227,14 @@ def main(argv: list[str] | None = None) -> int:
             by = {r.case: r for r in rows}
             for r in rows:
                 http = "-" if r.http is None else str(r.http)
-                print(f"{r.store:6} {r.case:16} {r.seconds:9.3f} {r.calls:12d} {http:>10}")
+                print(f"{r.store:6} {r.case:20} {r.seconds:9.3f} {r.calls:12d} {http:>10}")
                 if r.routes:
                     by_route = ", ".join(f"{k} {n}" for k, n in sorted(r.routes.items()))
-                    print(f"{'':24} HTTP by route: {by_route}")
-            for phase in ("sync", "fetch"):
-                k, n = by[f"kvbucket {phase}"], by[f"naive {phase}"]
-                line = (f"{kind:6} {phase:5} naive/kvbucket: time x{n.seconds / k.seconds:.1f}, "
+                    print(f"{'':28} HTTP by route: {by_route}")
+            for phase, mine in (("sync", "sync"), ("fetch", "fetch"), ("fetch", "fetch/files")):
+                k, n = by[f"kvbucket {mine}"], by[f"naive {phase}"]
+                label = "packs" if mine == "fetch" else "per-file" if mine == "fetch/files" else ""
+                line = (f"{kind:6} {phase:5} {label:8} naive/kvbucket: time x{n.seconds / k.seconds:.1f}, "
                         f"store calls x{n.calls / max(k.calls, 1):.0f}")
                 if k.routes is not None and n.routes is not None:
                     line += f", HTTP requests x{n.http / max(k.http or 0, 1):.1f}"
