@@ -70,6 +70,7 @@ class Row:
     seconds: float
     calls: int
     routes: dict[str, int] | None
+    objects: int = 0  # objects read/written + listing pages: S3's HTTP requests (one per object)
 
     @property
     def http(self) -> int | None:
@@ -170,13 +171,15 @@ def bench_store(kind: str, src: Path, tmp: Path, repeat: int) -> list[Row]:
                     if http:
                         h1 = http()
                         routes = {k: n - h0.get(k, 0) for k, n in h1.items() if n - h0.get(k, 0)}
-                    row = Row(kind, f"{case} {phase}", sec, calls, routes)
+                    objs = sum(n for v, n in store.items.items() if v != "list") + store.calls["list"]
+                    row = Row(kind, f"{case} {phase}", sec, calls, routes, objs)
                     rows.setdefault(row.case, []).append(row)
                 shutil.rmtree(dest, ignore_errors=True)
                 store.close()
     out = []
     for case, rs in rows.items():
-        out.append(Row(kind, case, statistics.median(r.seconds for r in rs), rs[0].calls, rs[0].routes))
+        out.append(Row(kind, case, statistics.median(r.seconds for r in rs), rs[0].calls, rs[0].routes,
+                       rs[0].objects))
     return out
 
 
@@ -217,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         nfiles = args.entries * args.files
         print(f"local cache: {args.entries} entries x {args.files} files = {nfiles} files, "
               f"{nbytes / 2**20:.1f} MiB")
-        print(f"{'store':6} {'case':20} {'seconds':>9} {'store calls':>12} {'HTTP reqs':>10}")
+        print(f"{'store':6} {'case':20} {'seconds':>9} {'store calls':>12} {'object reqs':>12} "
+              f"{'HTTP reqs':>10}")
         for kind in [s for s in args.stores.split(",") if s]:
             try:
                 rows = bench_store(kind, src, tmp, args.repeat)
@@ -227,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             by = {r.case: r for r in rows}
             for r in rows:
                 http = "-" if r.http is None else str(r.http)
-                print(f"{r.store:6} {r.case:20} {r.seconds:9.3f} {r.calls:12d} {http:>10}")
+                print(f"{r.store:6} {r.case:20} {r.seconds:9.3f} {r.calls:12d} {r.objects:12d} {http:>10}")
                 if r.routes:
                     by_route = ", ".join(f"{k} {n}" for k, n in sorted(r.routes.items()))
                     print(f"{'':28} HTTP by route: {by_route}")
@@ -235,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                 k, n = by[f"kvbucket {mine}"], by[f"naive {phase}"]
                 label = "packs" if mine == "fetch" else "per-file" if mine == "fetch/files" else ""
                 line = (f"{kind:6} {phase:5} {label:8} naive/kvbucket: time x{n.seconds / k.seconds:.1f}, "
-                        f"store calls x{n.calls / max(k.calls, 1):.0f}")
+                        f"store calls x{n.calls / max(k.calls, 1):.0f}, "
+                        f"object requests x{n.objects / max(k.objects, 1):.0f}")
                 if k.routes is not None and n.routes is not None:
                     line += f", HTTP requests x{n.http / max(k.http or 0, 1):.1f}"
                     # hf_xet probes the global-dedup route per new file on its own; without those:
