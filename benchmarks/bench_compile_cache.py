@@ -212,14 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--neff-kib", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--torch", action="store_true", help="also measure torch.compile cold vs warm")
+    ap.add_argument("--tmp", default=None, help="where to put the caches and file stores (default: the "
+                    "system temp dir); fetch ends with creating every file, whose cost is the file system's")
     args = ap.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-cc-"))
+    tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-cc-", dir=args.tmp))
     try:
         src = tmp / "src-cache"
         nbytes = build_cache(src, args.entries, args.files, args.neff_kib * 1024)
         nfiles = args.entries * args.files
         print(f"local cache: {args.entries} entries x {args.files} files = {nfiles} files, "
-              f"{nbytes / 2**20:.1f} MiB")
+              f"{nbytes / 2**20:.1f} MiB, in {tmp.parent}")
         print(f"{'store':6} {'case':20} {'seconds':>9} {'store calls':>12} {'object reqs':>12} "
               f"{'HTTP reqs':>10}")
         for kind in [s for s in args.stores.split(",") if s]:
