@@ -574,8 +574,14 @@ def _get_packs(store: ObjectStore, layout: CacheLayout, root: Path, batch: list[
                     report.pack_errors.append(msg)
             # file creation dominates on slow local or network file systems: write entries in parallel
             with ThreadPoolExecutor(INSTALL_THREADS) as pool:
-                staged = list(pool.map(lambda e, ix=ix, view=view: _stage_from_pack(
-                    layout, root, e, ix.entries[e], view), good))
+                futures = [pool.submit(_stage_from_pack, layout, root, e, ix.entries[e], view) for e in good]
+            try:
+                staged = [f.result() for f in futures]
+            except BaseException:  # leave no temp dir of the entries that were staged
+                for f in futures:
+                    if f.done() and f.exception() is None and (st := f.result()) is not None:
+                        st.discard()
+                raise
             used = 0
             for e, st in zip(good, staged, strict=True):
                 if st is None:
