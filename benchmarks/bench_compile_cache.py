@@ -6,8 +6,10 @@
 A local Neuron-layout cache of ``entries`` MODULE dirs with ``files`` files each is built once.
 For every store:
 
-- kvbucket ``sync`` into an empty area, then ``fetch`` into an empty cache dir (both timed, store
-  calls counted with :class:`CountingStore`, and on the Hub emulator the HTTP requests it served);
+- kvbucket ``sync`` into an empty area (flat area + packs), then ``fetch`` into an empty cache dir
+  (from packs), then ``fetch/files``: the same fetch with ``packs=False`` (batched per-file reads)
+  (all timed, store calls counted with :class:`CountingStore`, and on the Hub emulator the HTTP
+  requests it served);
 - the naive baseline into another empty area: one ``put`` per file, then a listing and one
   ``get`` per file (what a per-file client such as ``hf_hub_download``/``boto3.put_object`` in a
   loop does; it skips even the existence checks kvbucket makes, which favours the baseline).
@@ -68,6 +70,7 @@ class Row:
     seconds: float
     calls: int
     routes: dict[str, int] | None
+    objects: int = 0  # objects read/written + listing pages: S3's HTTP requests (one per object)
 
     @property
     def http(self) -> int | None:
@@ -145,15 +148,20 @@ def bench_store(kind: str, src: Path, tmp: Path, repeat: int) -> list[Row]:
             for case in ("kvbucket", "naive"):
                 store = CountingStore(open_area(f"{case}-{r}"))
                 dest = tmp / f"dest-{kind}-{case}-{r}"
-                for phase in ("sync", "fetch"):
+                for phase in ("sync", "fetch", "fetch/files") if case == "kvbucket" else ("sync", "fetch"):
                     store.reset()
                     h0 = http() if http else {}
                     if case == "kvbucket" and phase == "sync":
                         sec, rep = timed(lambda s=store: sync(s, lay, src))
                         assert not rep.failed, rep.failed
-                    elif case == "kvbucket":
+                    elif case == "kvbucket" and phase == "fetch":
                         sec, rep = timed(lambda s=store, d=dest: fetch(s, lay, d, groups=[GROUP]))
-                        assert not rep.failed, rep.failed
+                        assert not rep.failed and rep.pack_entries == len(rep.transferred), rep.summary()
+                    elif case == "kvbucket":  # the same fetch without packs: batched per-file reads
+                        d2 = tmp / f"dest-{kind}-files-{r}"
+                        sec, rep = timed(lambda s=store, d=d2: fetch(s, lay, d, groups=[GROUP], packs=False))
+                        assert not rep.failed and rep.packs == 0, rep.summary()
+                        shutil.rmtree(d2, ignore_errors=True)
                     elif phase == "sync":
                         sec, _ = timed(lambda s=store: naive_sync(s, src))
                     else:
@@ -163,13 +171,15 @@ def bench_store(kind: str, src: Path, tmp: Path, repeat: int) -> list[Row]:
                     if http:
                         h1 = http()
                         routes = {k: n - h0.get(k, 0) for k, n in h1.items() if n - h0.get(k, 0)}
-                    row = Row(kind, f"{case} {phase}", sec, calls, routes)
+                    objs = sum(n for v, n in store.items.items() if v != "list") + store.calls["list"]
+                    row = Row(kind, f"{case} {phase}", sec, calls, routes, objs)
                     rows.setdefault(row.case, []).append(row)
                 shutil.rmtree(dest, ignore_errors=True)
                 store.close()
     out = []
     for case, rs in rows.items():
-        out.append(Row(kind, case, statistics.median(r.seconds for r in rs), rs[0].calls, rs[0].routes))
+        out.append(Row(kind, case, statistics.median(r.seconds for r in rs), rs[0].calls, rs[0].routes,
+                       rs[0].objects))
     return out
 
 
@@ -202,15 +212,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--neff-kib", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--torch", action="store_true", help="also measure torch.compile cold vs warm")
+    ap.add_argument("--tmp", default=None, help="where to put the caches and file stores (default: the "
+                    "system temp dir); fetch ends with creating every file, whose cost is the file system's")
     args = ap.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-cc-"))
+    tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-cc-", dir=args.tmp))
     try:
         src = tmp / "src-cache"
         nbytes = build_cache(src, args.entries, args.files, args.neff_kib * 1024)
         nfiles = args.entries * args.files
         print(f"local cache: {args.entries} entries x {args.files} files = {nfiles} files, "
-              f"{nbytes / 2**20:.1f} MiB")
-        print(f"{'store':6} {'case':16} {'seconds':>9} {'store calls':>12} {'HTTP reqs':>10}")
+              f"{nbytes / 2**20:.1f} MiB, in {tmp.parent}")
+        print(f"{'store':6} {'case':20} {'seconds':>9} {'store calls':>12} {'object reqs':>12} "
+              f"{'HTTP reqs':>10}")
         for kind in [s for s in args.stores.split(",") if s]:
             try:
                 rows = bench_store(kind, src, tmp, args.repeat)
@@ -220,14 +233,16 @@ def main(argv: list[str] | None = None) -> int:
             by = {r.case: r for r in rows}
             for r in rows:
                 http = "-" if r.http is None else str(r.http)
-                print(f"{r.store:6} {r.case:16} {r.seconds:9.3f} {r.calls:12d} {http:>10}")
+                print(f"{r.store:6} {r.case:20} {r.seconds:9.3f} {r.calls:12d} {r.objects:12d} {http:>10}")
                 if r.routes:
                     by_route = ", ".join(f"{k} {n}" for k, n in sorted(r.routes.items()))
-                    print(f"{'':24} HTTP by route: {by_route}")
-            for phase in ("sync", "fetch"):
-                k, n = by[f"kvbucket {phase}"], by[f"naive {phase}"]
-                line = (f"{kind:6} {phase:5} naive/kvbucket: time x{n.seconds / k.seconds:.1f}, "
-                        f"store calls x{n.calls / max(k.calls, 1):.0f}")
+                    print(f"{'':28} HTTP by route: {by_route}")
+            for phase, mine in (("sync", "sync"), ("fetch", "fetch"), ("fetch", "fetch/files")):
+                k, n = by[f"kvbucket {mine}"], by[f"naive {phase}"]
+                label = "packs" if mine == "fetch" else "per-file" if mine == "fetch/files" else ""
+                line = (f"{kind:6} {phase:5} {label:8} naive/kvbucket: time x{n.seconds / k.seconds:.1f}, "
+                        f"store calls x{n.calls / max(k.calls, 1):.0f}, "
+                        f"object requests x{n.objects / max(k.objects, 1):.0f}")
                 if k.routes is not None and n.routes is not None:
                     line += f", HTTP requests x{n.http / max(k.http or 0, 1):.1f}"
                     # hf_xet probes the global-dedup route per new file on its own; without those:

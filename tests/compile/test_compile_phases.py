@@ -102,7 +102,9 @@ def test_without_model_id_only_the_flat_area_is_written(store: CountingStore, ho
                                                         host_b: StandInCompiler) -> None:
     with _cc(host_a, store):
         host_a.compile("g")
-    names = _names(store)
+    packs = [n for n in _names(store) if n.startswith(".kvbucket/packs/")]
+    assert packs and all(n.startswith(f".kvbucket/packs/neuron/{GROUP}/flat/") for n in packs), packs
+    names = [n for n in _names(store) if n not in packs]
     assert names and all(n.startswith(f"{GROUP}/MODULE_") for n in names), names
     assert not [n for n in names if "unknown" in n or "default" in n]
     with _cc(host_b, store) as s:
@@ -142,7 +144,8 @@ def test_interrupted_sync_is_ignored_by_fetch_and_completed_by_the_next_sync(
     store.reset()
     rep = sync(store, lay, host_a.cache_dir)
     assert len(rep.transferred) == 4
-    assert rep.files == 4 and store.items["put"] == 4  # only the four markers were missing
+    # only the four markers were missing (+ the pack, which rode with them, and its index)
+    assert rep.files == 4 and store.items["put"] == 4 + 2 and rep.packs == 1
     assert len(fetch(store, lay, host_b.cache_dir).transferred) == 4
     for g in GRAPHS:
         host_b.compile(g)
@@ -247,7 +250,7 @@ def test_a_failed_download_leaves_no_entry_behind(store: CountingStore, host_a: 
     host_a.compile("w")
     sync(store, NeuronLayout(VERSION), host_a.cache_dir)
     bad = host_a.module_dir("z").relative_to(host_a.cache_dir).as_posix() + "/model.neff"
-    rep = fetch(_FailingGetStore(store, bad), NeuronLayout(VERSION), host_b.cache_dir)
+    rep = fetch(_FailingGetStore(store, bad), NeuronLayout(VERSION), host_b.cache_dir, packs=False)
     assert len(rep.transferred) == 1 and list(rep.failed) == [bad.rsplit("/", 1)[0]]
     assert "connection reset" in rep.failed[bad.rsplit("/", 1)[0]]
     assert not host_b.module_dir("z").exists()
@@ -261,12 +264,12 @@ def test_requests_are_batched(local_store: CountingStore, host_a: StandInCompile
     for i in range(400):  # 400 entries x 4 files
         host_a.compile(f"g{i}")
     store.reset()
-    rep = sync(store, NeuronLayout(VERSION), host_a.cache_dir)
+    rep = sync(store, NeuronLayout(VERSION), host_a.cache_dir, packs=False)  # the per-file path
     assert rep.files == 1600 and len(rep.transferred) == 400
     assert store.calls["put"] == 3  # ceil(1200 / 1000) data batches + 1 marker batch
     assert store.calls["list"] == 1
     store.reset()
-    rep = fetch(store, NeuronLayout(VERSION), host_b.cache_dir)
+    rep = fetch(store, NeuronLayout(VERSION), host_b.cache_dir, packs=False)
     # 1,600 names listed in 2 pages; the 1,200 non-empty files in 2 reads (empty ones need none)
     assert rep.files == 1600 and store.calls["get"] == 2 and store.calls["list"] == 2
 

@@ -92,7 +92,8 @@ def test_s3_neuron_cache_url_is_a_target_not_a_path(tmp_path: Path, monkeypatch:
         host.compile("g")
     assert s.target == f"s3://{s3_bucket}/neuron-cache" and s.cache_dir == tmp_path / "local"
     assert s.synced is not None and len(s.synced.transferred) == 1 and not (tmp_path / "s3:").exists()
-    keys = [o["Key"] for o in seaweedfs.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    keys = [o["Key"] for o in seaweedfs.client().list_objects_v2(Bucket=s3_bucket)["Contents"]
+            if not o["Key"].startswith("neuron-cache/.kvbucket/packs/")]
     assert len(keys) == 4 and all(k.startswith(f"neuron-cache/neuronxcc-{VERSION}/MODULE_") for k in keys)
 
 
@@ -140,7 +141,7 @@ def test_directory_layout_states_markers_and_growth(tmp_path: Path) -> None:
     store = CountingStore(MemoryStore())
     rep = sync(store, lay, src)
     assert sorted(rep.transferred) == ["AAA", "fxgraph.bin"] and rep.held_back == {"in_progress": 2}
-    names = {o.name for o in store.list()}
+    names = {o.name for o in store.list() if not o.name.startswith(".kvbucket/packs/")}
     assert names == {"AAA/kernel.cubin", "AAA/__grp__kernel.json", "fxgraph.bin",
                      ".kvbucket/complete/AAA.json", ".kvbucket/complete/fxgraph.bin.json"}
     manifest = json.loads(store.get(".kvbucket/complete/AAA.json") or b"")
@@ -157,7 +158,12 @@ def test_directory_layout_states_markers_and_growth(tmp_path: Path) -> None:
     store.reset()
     rep = sync(store, lay, src)
     assert sorted(rep.transferred) == ["AAA", "BBB"] and rep.skipped == ["fxgraph.bin"]
-    assert store.items["put"] == 5  # kernel.ptx, BBB's two files, then the two markers
+    # kernel.ptx, BBB's two files, then the two markers (+ a pack of AAA and BBB, and its index)
+    assert store.items["put"] == 5 + 2 and rep.packs == 1
+    # the older pack holds AAA without kernel.ptx: fetch must take AAA as the flat area has it now
+    rep = fetch(store, lay, tmp_path / "dst2")
+    assert sorted(rep.transferred) == ["AAA", "BBB", "fxgraph.bin"] and rep.pack_entries == 3
+    assert (tmp_path / "dst2" / "AAA" / "kernel.ptx").read_text() == "ptx"
 
 
 def test_directory_layout_needs_a_cache_dir() -> None:
