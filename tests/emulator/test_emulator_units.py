@@ -274,3 +274,31 @@ def test_fixture_isolates_xet_cache_and_hides_stored_tokens(hub_bucket) -> None:
     assert "HF_TOKEN" not in os.environ and not Path(constants.HF_TOKEN_PATH).exists()
     with pytest.raises(BucketNotFoundError):  # token=None: no stored token is found or sent
         HfApi(endpoint=hub_bucket.hub.endpoint).bucket_info(hub_bucket.bucket_id)
+
+
+def test_zerocopy_wait_works_for_descriptors_above_1024():
+    """select() refuses fds >= 1024; an emulator inside a process with many open files gets them."""
+    import resource
+    import socket
+
+    from kvbucket.testing.hub_emulator.zerocopy import _wait_readable
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    high = 1500
+    if hard != resource.RLIM_INFINITY and hard <= high:
+        high = hard - 1
+    assert high >= 1024, "the hard open-file limit is too low to reach fd 1024 on this machine"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, high + 1), hard))
+    a, b = socket.socketpair()
+    try:
+        fd = os.dup2(a.fileno(), high)
+        try:
+            assert _wait_readable(fd, 0.05) is False
+            b.send(b"x")
+            assert _wait_readable(fd, 1.0) is True
+        finally:
+            os.close(fd)
+    finally:
+        a.close()
+        b.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -93,8 +93,7 @@ def splice_to_file(sock_fd: int, head: bytes, total: int, directory: Path, timeo
             try:
                 n = os.splice(sock_fd, w, min(remaining, _PIPE_SIZE), flags=flags)
             except BlockingIOError:
-                ready, _, _ = select.select([sock_fd], [], [], timeout_s)
-                if not ready:
+                if not _wait_readable(sock_fd, timeout_s):
                     raise TimeoutError(
                         f"no body bytes for {timeout_s:.0f} s ({remaining} still due)"
                     ) from None
@@ -120,3 +119,11 @@ def finish(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse
     request.content.feed_eof()
     resp.force_close()
     return resp
+
+
+def _wait_readable(fd: int, timeout_s: float) -> bool:
+    """Wait until ``fd`` has bytes. poll(), not select(): select() fails for fds >= 1024,
+    which an emulator running inside a busy process (many open files) reaches."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(timeout_s * 1000))
