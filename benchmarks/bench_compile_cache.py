@@ -1,7 +1,7 @@
 """Compile cache: batched sync/fetch against a naive one-request-per-file baseline, same run.
 
     PYTHONPATH=src python benchmarks/bench_compile_cache.py [--stores file,s3,hf] [--entries 500]
-        [--files 5] [--neff-kib 32] [--torch] [--repeat 1]
+        [--files 5] [--neff-kib 32] [--torch] [--repeat 1] [--hub-latency-ms 0]
 
 A local Neuron-layout cache of ``entries`` MODULE dirs with ``files`` files each is built once.
 For every store:
@@ -19,6 +19,10 @@ It prints seconds, store calls and HTTP requests for both, and the ratios baseli
 started here on free ports and stopped at the end), ``hf`` (the project's Hub emulator driven
 by the unmodified huggingface_hub/hf_xet, when it is installed). ``--torch`` adds torch.compile
 cold vs warm compile time (two fresh processes; the warm one fetches the cold one's artifacts).
+``--hub-latency-ms N`` makes the Hub emulator add N ms to every Hub and CAS request it serves
+(its own ``"*"`` latency fault rule, set for the whole hf run, so kvbucket and the baseline pay
+it alike, and removed afterwards): on loopback a request costs about 1 ms, which hides what
+round trips cost against a remote Hub.
 """
 
 from __future__ import annotations
@@ -92,8 +96,8 @@ def naive_fetch(store: ObjectStore, root: Path) -> None:
 
 
 @contextlib.contextmanager
-def open_stores(kind: str, tmp: Path) -> Iterator[tuple[Callable[[str], ObjectStore],
-                                                        Callable[[], dict[str, int]] | None]]:
+def open_stores(kind: str, tmp: Path, hub_latency_ms: float = 0.0) -> Iterator[
+        tuple[Callable[[str], ObjectStore], Callable[[], dict[str, int]] | None]]:
     """Yield (open a fresh area by name, HTTP requests per route so far, or None)."""
     if kind == "file":
         from kvbucket.stores.file import FileStore
@@ -127,7 +131,13 @@ def open_stores(kind: str, tmp: Path) -> Iterator[tuple[Callable[[str], ObjectSt
                     return open_hfbucket_store(f"hf://buckets/bench/compile-cache/{name}",
                                                endpoint=emu.endpoint, token=token, token_env="")
 
-                yield area, http
+                if hub_latency_ms:  # every route but the emulator's control route, both cases alike
+                    emu.faults.add("*", latency_s=hub_latency_ms / 1000)
+                try:
+                    yield area, http
+                finally:
+                    if hub_latency_ms:
+                        emu.faults.reset()
         finally:
             restore_env(saved)
     else:
@@ -140,10 +150,10 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, res
 
 
-def bench_store(kind: str, src: Path, tmp: Path, repeat: int) -> list[Row]:
+def bench_store(kind: str, src: Path, tmp: Path, repeat: int, hub_latency_ms: float = 0.0) -> list[Row]:
     lay = NeuronLayout(VERSION)
     rows: dict[str, list[Row]] = {}
-    with open_stores(kind, tmp) as (open_area, http):
+    with open_stores(kind, tmp, hub_latency_ms) as (open_area, http):
         for r in range(repeat):
             for case in ("kvbucket", "naive"):
                 store = CountingStore(open_area(f"{case}-{r}"))
@@ -211,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=5)
     ap.add_argument("--neff-kib", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--hub-latency-ms", type=float, default=0.0, help="latency the Hub emulator adds to "
+                    "every Hub and CAS request during the hf runs, for kvbucket and the baseline alike "
+                    "(a stand-in for a remote Hub; default 0: loopback only)")
     ap.add_argument("--torch", action="store_true", help="also measure torch.compile cold vs warm")
     ap.add_argument("--tmp", default=None, help="where to put the caches and file stores (default: the "
                     "system temp dir); fetch ends with creating every file, whose cost is the file system's")
@@ -222,11 +235,14 @@ def main(argv: list[str] | None = None) -> int:
         nfiles = args.entries * args.files
         print(f"local cache: {args.entries} entries x {args.files} files = {nfiles} files, "
               f"{nbytes / 2**20:.1f} MiB, in {tmp.parent}")
+        lat = (f"{args.hub_latency_ms:g} ms injected per Hub/CAS request (hf only, kvbucket and naive alike)"
+               if args.hub_latency_ms else "none injected (loopback)")
+        print(f"hub latency: {lat}")
         print(f"{'store':6} {'case':20} {'seconds':>9} {'store calls':>12} {'object reqs':>12} "
               f"{'HTTP reqs':>10}")
         for kind in [s for s in args.stores.split(",") if s]:
             try:
-                rows = bench_store(kind, src, tmp, args.repeat)
+                rows = bench_store(kind, src, tmp, args.repeat, args.hub_latency_ms)
             except ImportError as e:
                 print(f"{kind:6} not available here: {e}")
                 continue
