@@ -45,13 +45,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CountingSt
     s.close()
 
 
-@pytest.fixture(params=["memory", "file"])
-def local_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CountingStore]:
-    s = CountingStore(_open(request.param, request, tmp_path))
-    yield s
-    s.close()
-
-
 def _host(tmp_path: Path, name: str, graphs: list[str] = GRAPHS) -> StandInCompiler:
     h = StandInCompiler(tmp_path / name, VERSION)
     for g in graphs:
