@@ -6,33 +6,20 @@ import pytest
 from prometheus_client import REGISTRY
 from typer.testing import CliRunner
 
-from kvbucket.backends.base import StorageBackend
 from kvbucket.cli import build_app
 from kvbucket.keys import CacheEngineKey
 from kvbucket.metrics import InstrumentedBackend, InstrumentedStore, start_metrics_server, summarize
 from kvbucket.stores.memory import MemoryStore
+from kvbucket.testing.dict_backend import DictBackend as _DictBackend
 
 
-class DictBackend(StorageBackend):
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
+class DictBackend(_DictBackend):
+    """Puts of exactly 13 bytes fail, so error counters have something to count."""
 
     def put(self, key, chunk, blocking=True):  # type: ignore[no-untyped-def]
         if len(memoryview(chunk).cast("B")) == 13:
             raise OSError("13 bytes are unlucky")
-        self.data[str(key)] = bytes(memoryview(chunk).cast("B"))
-
-    def get(self, key):  # type: ignore[no-untyped-def]
-        return self.data.get(str(key))
-
-    def contains(self, key):  # type: ignore[no-untyped-def]
-        return str(key) in self.data
-
-    def remove(self, key):  # type: ignore[no-untyped-def]
-        return self.data.pop(str(key), None) is not None
-
-    def list(self):  # type: ignore[no-untyped-def]
-        return list(self.data)
+        super().put(key, chunk, blocking)
 
 
 def value(name: str, **labels: str) -> float:

@@ -11,43 +11,19 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvbucket.backends.base import StorageBackend  # noqa: E402
 from kvbucket.demo.model import TINY, build_model  # noqa: E402
 from kvbucket.errors import ConfigError, KVBucketError  # noqa: E402
 from kvbucket.integrations.transformers import (  # noqa: E402
     KVBucketPrefixCache,
     UnsupportedModelError,
 )
+from kvbucket.testing.dict_backend import DictBackend  # noqa: E402
 from transformers import MistralConfig, MistralForCausalLM  # noqa: E402
 
 T = 16  # tokens a chunk in these tests
 GEN = {"max_new_tokens": 12, "do_sample": False, "output_logits": True, "return_dict_in_generate": True}
 # First-token logits with a hit vs without: fp32 differs only by summation order.
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.1, torch.float16: 2e-2}
-
-
-class DictBackend(StorageBackend):
-    """The smallest correct backend (unit tests of logic only; real tiers are tested elsewhere)."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self.gets = 0
-
-    def put(self, key, chunk, blocking=True):  # type: ignore[no-untyped-def]
-        self.data[str(key)] = bytes(memoryview(chunk).cast("B"))
-
-    def get(self, key):  # type: ignore[no-untyped-def]
-        self.gets += 1
-        return self.data.get(str(key))
-
-    def contains(self, key):  # type: ignore[no-untyped-def]
-        return str(key) in self.data
-
-    def remove(self, key):  # type: ignore[no-untyped-def]
-        return self.data.pop(str(key), None) is not None
-
-    def list(self):  # type: ignore[no-untyped-def]
-        return list(self.data)
 
 
 class GatedBackend(DictBackend):
