@@ -9,8 +9,8 @@ depth, round-trip verification). Pairs:
 - ``s3``: LMCache's ``{"type": "s3"}`` (awscrt) vs kvbucket's ``{"type": "s3"}``, both against
   SeaweedFS (``kvbucket.testing.s3_server``). LMCache's adapter only speaks virtual-hosted
   requests to the host in ``s3_endpoint``, so it is pointed at ``127.0.0.1:<port>`` with SeaweedFS
-  serving domain ``0.0.1`` (Host ``127.0.0.1`` = bucket ``127``); kvbucket uses path-style requests
-  to the same server and bucket;
+  serving domain ``0.0.1`` (Host ``127.0.0.1`` = bucket ``127``); kvbucket is given the same bare
+  host (plus a prefix), so both send the same virtual-hosted requests to the same bucket;
 - ``fs``: LMCache's ``{"type": "fs"}`` vs kvbucket's ``{"type": "fs"}`` on a local directory.
 
 Prints ops/s per operation and the ratio kvbucket / LMCache. Goal: >= 1.5x on lookup and load,
@@ -40,6 +40,14 @@ OPS = ("Store", "Lookup", "Load")
 GOALS = {"Store": 1.0, "Lookup": 1.5, "Load": 1.5}
 
 
+def _omp(args: argparse.Namespace) -> dict[str, str]:
+    """LMCache's bench zeroes its load buffers with torch before each round; torch's OpenMP
+    workers then spin-wait for a while, burning a core the server and both adapters need on a
+    small machine (measured here on 2 cores: the harness doubled every adapter's client CPU).
+    One OpenMP thread removes that for both sides alike; ``--omp-threads 0`` keeps torch's default."""
+    return {"OMP_NUM_THREADS": str(args.omp_threads)} if args.omp_threads else {}
+
+
 def run_bench(spec: dict[str, Any], env: dict[str, str], args: argparse.Namespace, workdir: Path) -> dict:
     out = workdir / f"result-{os.urandom(4).hex()}.json"
     cmd = [
@@ -49,7 +57,7 @@ def run_bench(spec: dict[str, Any], env: dict[str, str], args: argparse.Namespac
         "--rounds", str(args.rounds), "--warmup-rounds", "1", "--in-flight", str(args.in_flight),
         "--lookup-max-hit-rate", "1.0", "--no-skip-verify", "--format", "json", "--output", str(out),
     ]  # fmt: skip
-    full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **env}
+    full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **_omp(args), **env}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=workdir, timeout=1800)
     if proc.returncode != 0 or not out.exists():
         tail = (proc.stdout + proc.stderr)[-2500:]
@@ -69,7 +77,7 @@ def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argp
     job = workdir / f"job-{os.urandom(4).hex()}.json"
     job.write_text(json.dumps({"specs": {"lmcache": builtin, "kvbucket": plugin}, "num_keys": args.num_keys,
                                "data_size": args.data_size_kb * 1024, "rounds": args.rounds}))
-    full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **env}
+    full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **_omp(args), **env}
     proc = subprocess.run([sys.executable, __file__, "--worker", str(job)], capture_output=True, text=True,
                           env=full_env, cwd=workdir, timeout=1800)  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -169,10 +177,11 @@ def s3_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
         creds = {"aws_access_key_id": server.access_key, "aws_secret_access_key": server.secret_key}
         builtin = {"type": "s3", "s3_endpoint": host, "s3_region": server.region, "disable_tls": True,
                    "s3_prefer_http2": False, **creds}
-        # Same request concurrency as LMCache's default (64) and, like awscrt, UNSIGNED-PAYLOAD
-        # signatures (kvbucket signs bodies over plain HTTP unless told otherwise).
-        ours = {"type": "s3", **server.config("127", prefix="kvbucket"), "disable_tls": True,
-                "s3_num_io_threads": 64, "s3_unsigned_payload": True}
+        # The same virtual-hosted requests to the same bare host as LMCache's adapter, the same
+        # request concurrency as its default (64) and, like awscrt, UNSIGNED-PAYLOAD signatures
+        # (kvbucket signs bodies over plain HTTP unless told otherwise).
+        ours = {"type": "s3", "s3_endpoint": f"{host}/kvbucket", "s3_region": server.region,
+                "disable_tls": True, **creds, "s3_num_io_threads": 64, "s3_unsigned_payload": True}
         yield builtin, ours, {}
     finally:
         weed.stop()
@@ -194,7 +203,7 @@ def _fresh_location(spec: dict[str, Any], n: int) -> dict[str, Any]:
         params["bucket_handle"] += f"-{n}"
     elif "base_path" in params:
         params["base_path"] += f"-{n}"
-    elif "s3_endpoint_url" in params:  # kvbucket's s3: a prefix of its own
+    elif "s3_unsigned_payload" in params:  # kvbucket's s3 (host/prefix): a prefix of its own
         params["s3_endpoint"] = params["s3_endpoint"].rstrip("/") + f"-{n}"
     if "adapter_params" in spec:
         return {**spec, "adapter_params": params}
@@ -219,6 +228,8 @@ def main() -> int:
     p.add_argument("--mode", choices=["interleaved", "cli"], default="interleaved",
                    help="interleaved: both adapters in one process, rounds alternating (default); "
                         "cli: the lmcache bench l2 command per adapter, ABBA order, averaged")
+    p.add_argument("--omp-threads", type=int, default=1,
+                   help="OMP_NUM_THREADS for the bench process (0: torch's default; see _omp)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:

@@ -343,6 +343,9 @@ def main() -> int:
     )
     args = ap.parse_args()
 
+    # LMCache's client allocates and fills torch tensors; torch's OpenMP workers then spin-wait,
+    # taking a core from the server and the clients on a small machine. Same for every client.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     import logging
 
     logging.getLogger("lmcache").setLevel(logging.WARNING)

@@ -70,10 +70,13 @@ def test_throttling_and_5xx_are_retried(
         assert fault_proxy.injected == 6
 
 
+@pytest.mark.parametrize("direct", [True, False])
 def test_a_storm_of_errors_is_many_per_item_retries_not_a_hang(
-    seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy
+    seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy, direct: bool
 ) -> None:
-    with open_store(seaweedfs, s3_bucket, s3_endpoint_url=fault_proxy.url, s3_max_retries=2) as store:
+    with open_store(
+        seaweedfs, s3_bucket, s3_endpoint_url=fault_proxy.url, s3_max_retries=2, s3_direct_reads=direct
+    ) as store:
         store.put_many([(f"k{i}", b"v") for i in range(4)])
         fault_proxy.fail(503, "SlowDown", times=1000, methods={"GET"}, path_contains="/k1")
         fault_proxy.fail(500, "InternalError", times=1000, methods={"GET"}, path_contains="/k3")
@@ -84,7 +87,8 @@ def test_a_storm_of_errors_is_many_per_item_retries_not_a_hang(
         assert isinstance(results[1].error, TransientStoreError) and "SlowDown" in str(results[1].error)
         assert isinstance(results[3].error, TransientStoreError) and "InternalError" in str(results[3].error)
         assert bytes(results[0].data) == b"v" and bytes(results[2].data) == b"v"
-        assert fault_proxy.injected == 2 * 3  # first try + 2 retries for each failing item
+        # obstore's first try + 2 retries for each failing item, after one direct attempt if enabled
+        assert fault_proxy.injected == 2 * (3 + direct)
         fault_proxy.clear()
         assert store.get("k1") == b"v"
 

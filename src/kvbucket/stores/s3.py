@@ -37,6 +37,7 @@ from kvbucket.errors import (
 from kvbucket.secrets import redact, reveal
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size
 from kvbucket.stores.s3_config import S3Config, S3Target, resolve_target
+from kvbucket.stores.s3_direct import MISSING, Body, DirectReader, WrongSize
 
 _XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -71,6 +72,7 @@ class S3Store(ObjectStore):
         self._bucket_checked = False
         self._bucket_lock = threading.Lock()
         self._put_concurrency = max(1, min(8, config.s3_num_io_threads))
+        self._direct = _direct_reader(config, self.target, self._store)
 
     @classmethod
     def from_config(cls, cfg: S3Config) -> S3Store:
@@ -89,7 +91,31 @@ class S3Store(ObjectStore):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
         self._ready(bool(names))
         bufs: Sequence[Buffer | None] = out if out is not None else [None] * len(names)
-        return self._run(self._get_one, list(zip(names, bufs, strict=True)))
+        urls = self._direct.sign(names) if self._direct is not None and names else None
+        if urls is None:
+            return self._run(self._get_one, list(zip(names, bufs, strict=True)))
+        assert self._direct is not None
+        results: list[ItemResult | None] = [None] * len(names)
+        again: list[int] = []
+        for i, got in enumerate(self._direct.fetch(urls, bufs)):
+            name = names[i]
+            if isinstance(got, Body):
+                results[i] = ItemResult(name, size=got.size, data=got.data)
+            elif got == MISSING:
+                results[i] = ItemResult(name)
+            elif isinstance(got, WrongSize):
+                try:
+                    check_buffer_size(name, got.size, bufs[i])  # words the error; the buffer is untouched
+                    again.append(i)
+                except StoreError as e:
+                    results[i] = ItemResult(name, error=e)
+            else:  # anything unusual: obstore repeats it, with its retries and error messages
+                again.append(i)
+        if again:
+            retried = self._run(self._get_one, [(names[i], bufs[i]) for i in again])
+            for i, r in zip(again, retried, strict=True):
+                results[i] = r
+        return [r for r in results if r is not None]
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
@@ -127,6 +153,8 @@ class S3Store(ObjectStore):
         if not self._closed:
             self._closed = True
             self._pool.shutdown(wait=True, cancel_futures=True)
+            if self._direct is not None:
+                self._direct.close()
 
     # ---- one item -----------------------------------------------------------------------
     def _put_one(self, name: str, view: memoryview) -> ItemResult:
@@ -343,6 +371,22 @@ def _build_client(cfg: S3Config, target: S3Target) -> _ObS3Store:
             f"cannot configure the S3 client for {target.url}: "
             f"{redact(str(e).splitlines()[0], cfg.aws_secret_access_key)}"
         ) from None
+
+
+def _direct_reader(cfg: S3Config, target: S3Target, store: _ObS3Store) -> DirectReader | None:
+    """Direct reads when the connection is plain HTTP/1.1 to the endpoint (see s3_direct.py).
+
+    Proxies, HTTP/2 and S3 Express session auth stay with obstore, which implements them.
+    """
+    if not cfg.s3_direct_reads or cfg.s3_proxy_url or cfg.s3_prefer_http2 or target.express:
+        return None
+    return DirectReader(
+        store,
+        ca_bundle=str(Path(cfg.s3_ca_bundle).expanduser()) if cfg.s3_ca_bundle else None,
+        timeout=cfg.s3_request_timeout_secs,
+        connect_timeout=cfg.s3_connect_timeout_secs,
+        max_parallel=cfg.s3_num_io_threads,
+    )
 
 
 def _default_credentials() -> Any:

@@ -68,6 +68,11 @@ class S3Config(BaseModel):
     s3_retry_timeout_secs: float = Field(30.0, gt=0, description="stop retrying a request after this long")
     s3_request_timeout_secs: float = Field(60.0, gt=0, description="one HTTP request, connect to last byte")
     s3_connect_timeout_secs: float = Field(5.0, gt=0)
+    s3_direct_reads: bool = Field(
+        True,
+        description="GETs presigned by obstore and run by libcurl (pycurl), bodies written straight "
+        "into the caller's buffers; false sends every request through obstore",
+    )
 
     @field_validator("s3_endpoint")
     @classmethod

@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -304,7 +305,13 @@ _HOP_BY_HOP = {
 
 @dataclass
 class Fault:
-    """``times`` answers of ``status`` with S3 error ``code`` (status 0: drop the connection)."""
+    """``times`` answers of ``status`` with S3 error ``code``.
+
+    Special statuses: 0 drops the connection unanswered; ``CUT`` forwards the request but sends
+    only the first half of the body (with the full Content-Length) and hangs up; ``HANG_UP``
+    forwards it whole and then closes the connection without saying so, as a server does with
+    an idle keep-alive connection.
+    """
 
     status: int
     code: str
@@ -312,6 +319,10 @@ class Fault:
     methods: frozenset[str] | None = None
     delay: float = 0.0
     path_contains: str | None = None
+
+
+CUT = -1
+HANG_UP = -2
 
 
 class FaultProxy:
@@ -323,12 +334,15 @@ class FaultProxy:
     without DNS). Requests are forwarded unchanged, so signatures still verify upstream.
     """
 
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, tls: tuple[str, str] | None = None) -> None:
+        """``tls``: (certificate PEM file, key PEM file) to serve HTTPS instead of HTTP."""
         self.target_port = target_port
+        self.tls = tls
         self.faults: list[Fault] = []
         self.requests = 0
         self.injected = 0
         self.hosts: list[str] = []
+        self.targets: list[tuple[str, str]] = []  # (method, request target) of every request
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -340,7 +354,7 @@ class FaultProxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def fail(
         self,
@@ -359,6 +373,14 @@ class FaultProxy:
 
     def drop(self, times: int = 1, methods: set[str] | None = None) -> None:
         self.fail(0, "", times, methods)
+
+    def cut(self, times: int = 1, methods: set[str] | None = None) -> None:
+        """Send only half of the next ``times`` bodies, then hang up."""
+        self.fail(CUT, "", times, methods)
+
+    def hang_up_after(self, times: int = 1, methods: set[str] | None = None) -> None:
+        """Answer the next ``times`` requests in full, then close their connections silently."""
+        self.fail(HANG_UP, "", times, methods)
 
     def clear(self) -> None:
         with self._lock:
@@ -405,8 +427,9 @@ class FaultProxy:
                 body = self._body()
                 with proxy._lock:
                     proxy.hosts.append(self.headers.get("Host", ""))
+                    proxy.targets.append((self.command, self.path))
                 fault = proxy._take(self.command, self.path)
-                if fault is not None:
+                if fault is not None and fault.status not in (CUT, HANG_UP):
                     if fault.delay:
                         time.sleep(fault.delay)
                     if fault.status == 0:
@@ -459,8 +482,18 @@ class FaultProxy:
                 elif not length_sent:
                     self.send_header("Content-Length", "0")
                 self.end_headers()
+                if fault is not None and fault.status == CUT:
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 if self.command != "HEAD" and data:
                     self.wfile.write(data)
+                if fault is not None and fault.status == HANG_UP:
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
@@ -472,6 +505,10 @@ class FaultProxy:
                 pass  # clients that timed out on purpose hang up mid-answer
 
         self._httpd = Server(("127.0.0.1", 0), Handler)
+        if self.tls is not None:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(*self.tls)
+            self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="kvbucket-fault-proxy", daemon=True
         )

@@ -1,0 +1,292 @@
+"""Direct reads for ``S3Store``: batches of GETs presigned by obstore, run by libcurl, into caller memory.
+
+Why: obstore hands a body over as Rust-owned frames that ``S3Store`` then copies into the
+caller's buffer, one Python call per frame, and a thread of our pool per request. Measured on
+loopback (``benchmarks/bench_s3.py``, ``benchmarks/bench_l2.py``), a batch of GETs on libcurl's
+multi interface (pycurl) in the calling thread costs half the client CPU per request: headers are
+parsed in C, connections are kept and re-tried by libcurl, and each body arrives in a few large
+writes straight into the caller's buffer. With the server on the same cores, client CPU is
+throughput. obstore still does what a proven S3 client must: credentials (static, session,
+refreshed by its providers) and SigV4, as presigned URLs signed locally, one call per batch.
+
+Only the happy path lives here: status 200 with a ``Content-Length``. A 404 whose body says
+``NoSuchKey`` is a miss (one request). Anything else (an error status, a body cut short, a
+timeout, TLS trouble) comes back as :data:`RETRY` and ``S3Store`` repeats that item through
+obstore, which owns retries, backoff and error messages. Presigned URLs carry the access key id
+and a signature (never the secret) and are never logged or put in errors.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import obstore
+import pycurl
+
+# A batch is signed right before its requests go out; the URLs only need to outlive the batch.
+URL_LIFETIME = timedelta(minutes=15)
+MISSING = "missing"  # 404 NoSuchKey: the object is not there
+RETRY = "retry"  # let obstore do this one
+_ERROR_BODY_MAX = 64 * 1024
+_RECV_BUFFER = 512 * 1024  # libcurl's receive buffer: a 2 MiB body arrives in a few writes
+
+
+@dataclass(frozen=True)
+class Body:
+    """A body received whole: ``data`` is the caller's buffer or a new bytearray."""
+
+    size: int
+    data: Any
+
+
+@dataclass(frozen=True)
+class WrongSize:
+    """The object has ``size`` bytes but the caller's buffer another size; the buffer is untouched."""
+
+    size: int
+
+
+Outcome = Body | WrongSize | str
+
+
+@dataclass
+class _Transfer:
+    url: str
+    view: memoryview | None  # the caller's buffer (writable bytes), or None: allocate one
+    status: int = 0
+    announced: int = -1
+    pos: int = 0
+    data: Any = None
+    wrong_size: bool = False
+    error_body: bytearray = field(default_factory=bytearray)
+
+    def header(self, line: bytes) -> None:
+        if line.startswith(b"HTTP/"):  # a new response (after 100-continue or a redirect)
+            parts = line.split(None, 2)
+            self.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+            self.announced = -1
+        elif line[:15].lower() == b"content-length:":
+            value = line[15:].strip()
+            self.announced = int(value) if value.isdigit() else -1
+
+    def write(self, chunk: bytes) -> int | None:
+        """libcurl's write callback; returning 0 aborts the transfer (CURLE_WRITE_ERROR)."""
+        if self.status != 200:
+            if len(self.error_body) < _ERROR_BODY_MAX:
+                self.error_body += chunk[: _ERROR_BODY_MAX - len(self.error_body)]
+            return None
+        if self.data is None:  # first body byte: check the announced size before writing any
+            if self.announced < 0:
+                return 0
+            if self.view is None:
+                self.data = bytearray(self.announced)
+                self.view = memoryview(self.data)
+            elif self.view.nbytes != self.announced:
+                self.wrong_size = True
+                return 0
+            else:
+                self.data = self.view
+        n = len(chunk)
+        end = self.pos + n
+        if end > self.announced:  # never write past what was announced (or past the buffer)
+            return 0
+        assert self.view is not None
+        self.view[self.pos : end] = chunk
+        self.pos = end
+        return None
+
+    def outcome(self, curl_ok: bool, original: Any) -> Outcome:
+        if self.wrong_size:
+            return WrongSize(self.announced)
+        if self.status == 404 and curl_ok and b"<Code>NoSuchKey</Code>" in self.error_body:
+            return MISSING
+        if not curl_ok or self.status != 200 or self.announced < 0 or self.pos != self.announced:
+            return RETRY
+        if self.announced == 0:  # no write callback ran for an empty body
+            if self.view is None:
+                return Body(0, bytearray())
+            if self.view.nbytes != 0:
+                return WrongSize(0)
+            return Body(0, original)
+        return Body(self.announced, original if original is not None else self.data)
+
+
+class _Session:
+    """One libcurl multi handle with its easy handles; its connection cache outlives batches."""
+
+    def __init__(self, setup: dict[int, Any]) -> None:
+        self.multi = pycurl.CurlMulti()
+        self.setup = setup
+        self.free: list[pycurl.Curl] = []
+
+    def easy(self) -> pycurl.Curl:
+        if self.free:
+            return self.free.pop()
+        c = pycurl.Curl()
+        for opt, value in self.setup.items():
+            c.setopt(opt, value)
+        return c
+
+    def close(self) -> None:
+        for c in self.free:
+            c.close()
+        self.free.clear()
+        self.multi.close()
+
+
+class DirectReader:
+    """Presigned GETs for ``S3Store.get_many``; batches run in the caller's thread."""
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        ca_bundle: str | None,
+        timeout: float,
+        connect_timeout: float,
+        max_parallel: int,
+    ) -> None:
+        self._store = store
+        self._max_parallel = max(1, max_parallel)
+        setup: dict[int, Any] = {
+            pycurl.NOSIGNAL: 1,  # we run in worker threads
+            pycurl.BUFFERSIZE: _RECV_BUFFER,
+            pycurl.TCP_NODELAY: 1,
+            pycurl.CONNECTTIMEOUT_MS: int(connect_timeout * 1000),
+            pycurl.TIMEOUT_MS: int(timeout * 1000),
+            pycurl.FOLLOWLOCATION: 0,
+            pycurl.PROXY: "",  # never an environment proxy: S3Store sends proxied setups to obstore
+            pycurl.HTTP_VERSION: pycurl.CURL_HTTP_VERSION_1_1,
+        }
+        if ca_bundle:
+            setup[pycurl.CAINFO] = ca_bundle
+        else:
+            try:
+                import certifi
+
+                setup[pycurl.CAINFO] = certifi.where()
+            except ImportError:  # libcurl's compiled-in default store
+                pass
+        self._setup = setup
+        self._lock = threading.Lock()
+        self._idle: list[_Session] = []
+        self._closed = False
+
+    def sign(self, names: Sequence[str]) -> list[str] | None:
+        """Presigned GET URLs for ``names`` (relative to the store's prefix); None if the store can't."""
+        try:
+            return list(obstore.sign(self._store, "GET", list(names), URL_LIFETIME))
+        except Exception:  # e.g. a credential provider failing: obstore's own path reports it
+            return None
+
+    def fetch(self, urls: Sequence[str], buffers: Sequence[Any | None]) -> list[Outcome]:
+        """GET every URL, up to ``max_parallel`` at once; one outcome per URL, in order.
+
+        ``buffers[i]`` is the caller's buffer for item ``i`` (any writable contiguous buffer) or
+        None. A buffer that cannot be written (read-only, not contiguous) gets :data:`RETRY` so
+        ``S3Store``'s own checks word the error.
+        """
+        if self._closed:
+            return [RETRY] * len(urls)
+        session = self._borrow()
+        try:
+            return self._run(session, urls, buffers)
+        finally:
+            self._give_back(session)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sessions, self._idle = self._idle, []
+        for s in sessions:
+            s.close()
+
+    # ---- machinery ------------------------------------------------------------------------
+    def _run(self, session: _Session, urls: Sequence[str], buffers: Sequence[Any | None]) -> list[Outcome]:
+        out: list[Outcome] = [RETRY] * len(urls)
+        transfers: dict[int, tuple[int, _Transfer, pycurl.Curl]] = {}
+        pending = list(range(len(urls)))
+        pending.reverse()  # pop() from the end keeps request order
+        multi = session.multi
+
+        def start_next() -> None:
+            while pending and len(transfers) < self._max_parallel:
+                i = pending.pop()
+                view = _writable_view(buffers[i])
+                if view is False:
+                    continue  # RETRY: S3Store's checks report it
+                t = _Transfer(urls[i], view if view is not None else None)
+                c = session.easy()
+                c.setopt(pycurl.URL, t.url)
+                c.setopt(pycurl.HEADERFUNCTION, t.header)
+                c.setopt(pycurl.WRITEFUNCTION, t.write)
+                transfers[id(c)] = (i, t, c)
+                multi.add_handle(c)
+
+        def finish(c: pycurl.Curl, ok: bool) -> None:
+            i, t, _ = transfers.pop(id(c))
+            out[i] = t.outcome(ok, buffers[i])
+            multi.remove_handle(c)
+            # Drop references to the caller's buffer before the handle is reused.
+            c.setopt(pycurl.WRITEFUNCTION, _discard)
+            c.setopt(pycurl.HEADERFUNCTION, _discard)
+            session.free.append(c)
+
+        start_next()
+        try:
+            while transfers:
+                ret, _running = multi.perform()
+                if ret == pycurl.E_CALL_MULTI_PERFORM:
+                    continue
+                while True:
+                    queued, done, failed = multi.info_read()
+                    for c in done:
+                        finish(c, True)
+                    for c, _errno, _msg in failed:
+                        finish(c, False)
+                    if not queued:
+                        break
+                start_next()
+                if transfers:
+                    multi.select(0.5)
+        finally:
+            for i, _t, c in list(transfers.values()):  # only after an exception: abandon cleanly
+                multi.remove_handle(c)
+                c.close()
+                out[i] = RETRY
+            transfers.clear()
+        return out
+
+    def _borrow(self) -> _Session:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return _Session(self._setup)
+
+    def _give_back(self, session: _Session) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(session)
+                return
+        session.close()
+
+
+def _discard(_data: bytes) -> None:
+    return None
+
+
+def _writable_view(buf: Any | None) -> memoryview | bool | None:
+    """A writable flat byte view of ``buf``; None for no buffer; False if it can't be written."""
+    if buf is None:
+        return None
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        return False
+    if view.readonly or not view.contiguous:
+        return False
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")

@@ -1,0 +1,137 @@
+"""Direct reads (presigned GETs received straight into caller buffers) on the real server.
+
+Every test goes through a FaultProxy in front of SeaweedFS, which records each request, so the
+tests can tell a direct read (a presigned URL: X-Amz-Signature in the query) from obstore's
+fallback (signed headers, no query) and count what each outcome cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvbucket.errors import AuthError, SizeMismatchError
+from kvbucket.stores.s3 import S3Store
+from kvbucket.stores.s3_config import S3Config
+from kvbucket.testing.s3_server import FaultProxy, S3Server
+from kvbucket.testing.tls import make_test_certificates
+
+
+def open_store(server: S3Server, bucket: str, url: str, **overrides: object) -> S3Store:
+    return S3Store(S3Config.parse(server.config(bucket, "direct", s3_endpoint_url=url, **overrides)))
+
+
+def gets(proxy: FaultProxy) -> tuple[int, int]:
+    """(presigned GETs, header-signed GETs) the proxy has seen."""
+    targets = [t for m, t in proxy.targets if m == "GET" and "list-type" not in t]
+    presigned = sum("X-Amz-Signature=" in t for t in targets)
+    return presigned, len(targets) - presigned
+
+
+@pytest.fixture
+def store(seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy) -> Iterator[S3Store]:
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=4) as s:
+        yield s
+
+
+def test_loads_go_straight_into_the_callers_buffers(store: S3Store, fault_proxy: FaultProxy) -> None:
+    rng = np.random.default_rng(1)
+    chunks = [rng.integers(0, 256, 300_000 + i, dtype=np.uint8) for i in range(12)]
+    names = [f"c{i}" for i in range(12)]
+    assert all(r.ok for r in store.put_many(list(zip(names, chunks, strict=True))))
+    outs = [np.zeros_like(c) for c in chunks]
+    results = store.get_many(names, outs)
+    assert [r.size for r in results] == [c.nbytes for c in chunks]
+    assert all(r.data is o for r, o in zip(results, outs, strict=True))
+    assert all(np.array_equal(o, c) for o, c in zip(outs, chunks, strict=True))
+    assert gets(fault_proxy) == (12, 0)  # one presigned GET each, no fallback
+    # Without caller buffers the bodies come back as new bytes-like objects, also directly.
+    assert [bytes(r.data) for r in store.get_many(names[:3])] == [c.tobytes() for c in chunks[:3]]
+    assert gets(fault_proxy) == (15, 0)
+
+
+def test_a_miss_costs_one_request(store: S3Store, fault_proxy: FaultProxy) -> None:
+    store.put("here", b"x")
+    before = fault_proxy.requests
+    here, absent = store.get_many(["here", "absent"])
+    assert (here.found, bytes(here.data)) == (True, b"x")
+    assert (absent.found, absent.ok, absent.data) == (False, True, None)
+    assert fault_proxy.requests - before == 2
+
+
+def test_a_wrong_sized_buffer_is_refused_untouched_and_the_next_read_works(
+    store: S3Store, fault_proxy: FaultProxy
+) -> None:
+    store.put("k", b"0123456789")
+    for size in (9, 11):
+        buf = bytearray(b"\xab" * size)
+        (r,) = store.get_many(["k"], [buf])  # one item: runs on this thread, on its connection
+        assert isinstance(r.error, SizeMismatchError) and "10 bytes" in str(r.error)
+        assert buf == b"\xab" * size
+        # The unread body was not left on the connection to be misread as the next answer.
+        out = bytearray(10)
+        (ok,) = store.get_many(["k"], [out])
+        assert ok.found and out == b"0123456789"
+    assert gets(fault_proxy) == (4, 0)
+
+
+def test_a_body_cut_midway_is_fetched_again_whole(store: S3Store, fault_proxy: FaultProxy) -> None:
+    data = np.random.default_rng(2).integers(0, 256, 1_000_000, dtype=np.uint8)
+    store.put("big", data)
+    fault_proxy.cut(times=1, methods={"GET"})
+    out = np.zeros_like(data)
+    (r,) = store.get_many(["big"], [out])
+    assert r.found and np.array_equal(out, data)
+    assert fault_proxy.injected == 1
+    assert gets(fault_proxy) == (1, 1)  # the cut direct read, then obstore's whole fetch
+
+
+def test_a_connection_the_server_closed_while_idle_is_reopened_without_fallback(
+    store: S3Store, fault_proxy: FaultProxy
+) -> None:
+    store.put("k", b"value")
+    fault_proxy.hang_up_after(times=3, methods={"GET"})
+    for _ in range(4):
+        buf = bytearray(5)
+        (r,) = store.get_many(["k"], [buf])
+        assert r.found and buf == b"value"
+    assert fault_proxy.injected == 3
+    assert gets(fault_proxy) == (4, 0)
+
+
+def test_errors_keep_obstores_wording(seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy) -> None:
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url) as good:
+        good.put("k", b"v")
+    secret = "not-the-secret-at-all"
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, aws_secret_access_key=secret) as bad:
+        (r,) = bad.get_many(["k"], [bytearray(1)])
+    assert isinstance(r.error, AuthError) and "secret access key is wrong" in str(r.error)
+    assert secret not in str(r.error) and "X-Amz-Signature" not in str(r.error)
+
+
+def test_disabled_direct_reads_use_obstore_alone(
+    seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy
+) -> None:
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_direct_reads=False) as s:
+        s.put("k", b"v")
+        buf = bytearray(1)
+        assert s.get_many(["k"], [buf])[0].found and buf == b"v"
+    assert gets(fault_proxy) == (0, 1)
+
+
+def test_https_endpoint_with_a_ca_bundle(seaweedfs: S3Server, s3_bucket: str, tmp_path: Path) -> None:
+    certs = make_test_certificates(tmp_path)
+    with FaultProxy(seaweedfs.port, tls=(str(certs.cert), str(certs.key))) as tls_proxy:
+        assert tls_proxy.url.startswith("https://")
+        with open_store(seaweedfs, s3_bucket, tls_proxy.url, s3_ca_bundle=str(certs.ca)) as s:
+            s.put("k", b"over tls")
+            buf = bytearray(8)
+            assert s.get_many(["k"], [buf])[0].found and buf == b"over tls"
+        assert gets(tls_proxy) == (1, 0)
+        # Without the bundle the server's certificate is refused, by both paths.
+        with open_store(seaweedfs, s3_bucket, tls_proxy.url) as untrusting:
+            (r,) = untrusting.get_many(["k"], [bytearray(8)])
+            assert r.error is not None
