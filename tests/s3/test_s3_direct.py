@@ -8,6 +8,7 @@ fallback (signed headers, no query) and count what each outcome cost.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +136,26 @@ def test_https_endpoint_with_a_ca_bundle(seaweedfs: S3Server, s3_bucket: str, tm
         with open_store(seaweedfs, s3_bucket, tls_proxy.url) as untrusting:
             (r,) = untrusting.get_many(["k"], [bytearray(8)])
             assert r.error is not None
+
+
+def test_concurrent_batches_from_many_threads(store: S3Store, fault_proxy: FaultProxy) -> None:
+    rng = np.random.default_rng(3)
+    data = {f"t{i}": rng.integers(0, 256, 50_000 + i, dtype=np.uint8) for i in range(24)}
+    assert all(r.ok for r in store.put_many(list(data.items())))
+    names = sorted(data)
+
+    def reader(k: int) -> bool:
+        mine = names[k % 3 :: 3]
+        for _ in range(5):
+            outs = [np.zeros_like(data[n]) for n in mine]
+            results = store.get_many(mine, outs)
+            if not all(r.found for r in results):
+                return False
+            if not all(np.array_equal(o, data[n]) for o, n in zip(outs, mine, strict=True)):
+                return False
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(reader, range(8)))
+    assert gets(fault_proxy) == (8 * 5 * 8, 0)
+

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import select
+import signal
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from kvbucket.errors import InvalidKeyError, SizeMismatchError
+from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError
 from kvbucket.keys import CacheEngineKey, key_to_name, name_to_key
 from kvbucket.stores.s3 import S3Store
 from kvbucket.stores.s3_config import S3Config
@@ -161,3 +164,41 @@ def test_closed_store_refuses_work(seaweedfs: S3Server, s3_bucket: str) -> None:
     store.close()
     with pytest.raises(Exception, match="closed"):
         store.head("x")
+
+
+def test_a_child_forked_after_s3_calls_gets_a_clear_error_not_a_hang(
+    seaweedfs: S3Server, s3_bucket: str
+) -> None:
+    """obstore's tokio threads do not survive fork(): without the check the child hangs forever."""
+    store = S3Store(S3Config.parse(seaweedfs.config(s3_bucket, "fork")))
+    store.put("k", b"before fork")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what each verb did, then leave without cleanup
+        os.close(r)
+        out = []
+        for call in (lambda: store.get_many(["k"]), lambda: store.put_many([("x", b"1")]),
+                     lambda: S3Store(store.config).head_many(["k"])):  # fmt: skip
+            try:
+                call()
+                out.append("no error")
+            except StoreError as e:
+                out.append(("spawn" in str(e) and "forked" in str(e) and "refused") or str(e))
+        os.write(w, "|".join(out).encode())
+        os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + 60
+    report = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([r], [], [], 1.0)
+        if ready:
+            report = os.read(r, 4096)
+            break
+    os.close(r)
+    if not report:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert report.decode() == "refused|refused|refused"
+    # The parent's store is unaffected by the child.
+    assert store.get("k") == b"before fork"
+    store.close()

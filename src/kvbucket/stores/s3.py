@@ -237,6 +237,7 @@ class S3Store(ObjectStore):
         """Refuse work on a closed store; once per store, make sure the bucket exists."""
         if self._closed:
             raise StoreError(f"{self.url} is closed")
+        _claim_runtime()
         if self._bucket_checked or not probe:
             return
         with self._bucket_lock:
@@ -290,6 +291,33 @@ class S3Store(ObjectStore):
         if "timed out" in text or "error sending request" in text or "connection" in text.lower():
             return TransientStoreError(f"S3 {op} of {where} could not reach {endpoint}: {first}")
         return StoreError(f"S3 {op} of {where} failed: {first}")
+
+
+# ---- fork -------------------------------------------------------------------------------
+
+# The process whose S3 calls started obstore's I/O runtime. tokio's threads do not survive
+# fork(), so in a child forked after that every obstore call would hang forever (obstore is not
+# fork-safe; a store opened anew in the child hangs too). Such a child gets an error instead.
+_RUNTIME_PID: int | None = None
+_RUNTIME_LOCK = threading.Lock()
+
+
+def _claim_runtime() -> None:
+    global _RUNTIME_PID
+    pid = os.getpid()
+    if pid == _RUNTIME_PID:
+        return
+    with _RUNTIME_LOCK:
+        if _RUNTIME_PID is None:
+            _RUNTIME_PID = pid
+            return
+    raise StoreError(
+        f"S3 stores cannot be used in this process: it was forked (pid {_RUNTIME_PID} -> {pid}) after "
+        "the parent had made S3 calls, and the S3 client's I/O threads do not survive fork(), so "
+        "every call would hang. Start workers with multiprocessing's 'spawn' or 'forkserver' "
+        "method (vLLM: VLLM_WORKER_MULTIPROC_METHOD=spawn), or make the first S3 call only after "
+        "forking."
+    )
 
 
 # ---- construction -----------------------------------------------------------------------
