@@ -119,6 +119,7 @@ def _worker(job_path: str) -> None:
             for who in names if r % 2 == 0 else names[::-1]:
                 a = adapters[who]
                 keys = make_object_keys(n, key_offset=r * n)
+                os.sync()  # earlier rounds' dirty pages are written back now, not during this one
                 if op == "Store":
                     res = bench_store(a, 1, n, size, 1, lambda _r, k=keys: [k],
                                       lambda _r, w=who: [store_objs[w]], quiet)  # fmt: skip
