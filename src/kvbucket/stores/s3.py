@@ -5,6 +5,8 @@ API called from a thread pool. Each call releases the GIL while the Rust client 
 object_store's SigV4, retries with jittered backoff) does the request, so a pool of
 ``s3_num_io_threads`` threads gives that many requests in flight at a fraction of boto3's CPU.
 obstore's async API is avoided because it sometimes aborted the interpreter at exit here.
+Reads of batches are the exception: obstore presigns them and libcurl runs them straight into
+the caller's buffers (:mod:`kvbucket.stores.s3_direct`), at half the client CPU per byte.
 
 Batches run their items concurrently on the pool and answer per item. A missing bucket is
 detected once per store by a one-key listing, because S3 answers HEAD on a missing bucket with
@@ -402,7 +404,7 @@ def _build_client(cfg: S3Config, target: S3Target) -> _ObS3Store:
 
 
 def _direct_reader(cfg: S3Config, target: S3Target, store: _ObS3Store) -> DirectReader | None:
-    """Direct reads when the connection is plain HTTP/1.1 to the endpoint (see s3_direct.py).
+    """Direct reads when requests go straight to the endpoint over HTTP/1.1, plain or TLS (s3_direct.py).
 
     Proxies, HTTP/2 and S3 Express session auth stay with obstore, which implements them.
     """
