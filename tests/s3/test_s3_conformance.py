@@ -26,6 +26,18 @@ class TestS3StoreOnSeaweedFS(StoreTests):
         return S3Store(store.config)
 
 
+class TestS3StoreObstoreReadsOnSeaweedFS(TestS3StoreOnSeaweedFS):
+    """The same suite with every GET through obstore: the path of proxies, h2, S3 Express and of
+    every direct read that fails over (the default runs GETs through s3_direct)."""
+
+    @pytest.fixture
+    def store(self, seaweedfs: S3Server, s3_bucket: str) -> Iterator[S3Store]:
+        cfg = seaweedfs.config(s3_bucket, "conformance/obstore", s3_direct_reads=False)
+        with S3Store.from_config(S3Config.parse(cfg)) as s:
+            assert s._direct is None
+            yield s
+
+
 class TestS3StoreOnMoto(StoreTests):
     supports_reopen = True
     lists_sorted = True  # moto, like AWS, lists in UTF-8 byte order
