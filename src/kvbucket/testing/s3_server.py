@@ -39,6 +39,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from kvbucket.testing.children import dies_with_parent
+
 ACCESS_KEY = "kvbucket-test-key"
 SECRET_KEY = "kvbucket-test-secret-0123456789"
 REGION = "us-east-1"
@@ -226,7 +228,12 @@ class SeaweedFS:
         }
         self._log = open(f"{self.dir}/weed.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            args, cwd=self.dir, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            dies_with_parent(args),
+            cwd=self.dir,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.server = S3Server(f"http://{self.client_host}:{ports['s3.port']}")
         try:

@@ -28,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from kvbucket.errors import ConfigError
+from kvbucket.testing.children import dies_with_parent
 
 from .app import Emulator, build_app
 from .auth import Auth, TokenSpec
@@ -154,7 +155,7 @@ class SubprocessServer:
         src = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvbucket.testing.hub_emulator"],
+            dies_with_parent([sys.executable, "-m", "kvbucket.testing.hub_emulator"]),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
