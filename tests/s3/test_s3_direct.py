@@ -159,3 +159,21 @@ def test_concurrent_batches_from_many_threads(store: S3Store, fault_proxy: Fault
         assert all(pool.map(reader, range(8)))
     assert gets(fault_proxy) == (8 * 5 * 8, 0)
 
+
+
+def test_lookups_are_presigned_heads_and_a_miss_costs_one_request(
+    store: S3Store, fault_proxy: FaultProxy
+) -> None:
+    store.put_many([("a", b"12345"), ("b", b"")])
+    before = fault_proxy.requests
+    results = store.head_many(["a", "b", "absent"])
+    assert [(r.found, r.size) for r in results] == [(True, 5), (True, 0), (False, None)]
+    assert all(r.ok for r in results)
+    heads = [t for m, t in fault_proxy.targets if m == "HEAD"]
+    assert len(heads) == 3 and all("X-Amz-Signature=" in t for t in heads)
+    assert fault_proxy.requests - before == 3
+    # A throttled HEAD is repeated through obstore (its retries), not reported as a miss.
+    fault_proxy.fail(503, "SlowDown", times=1, methods={"HEAD"})
+    assert store.head("a") == 5
+    assert fault_proxy.injected == 1
+    assert [t for m, t in fault_proxy.targets if m == "HEAD"][-1].find("X-Amz-Signature=") < 0

@@ -122,7 +122,23 @@ class S3Store(ObjectStore):
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
         self._ready(bool(names))
-        return self._run(self._head_one, [(n,) for n in names])
+        urls = self._direct.sign(names, "HEAD") if self._direct is not None and names else None
+        if urls is None:
+            return self._run(self._head_one, [(n,) for n in names])
+        assert self._direct is not None
+        results: list[ItemResult | None] = [None] * len(names)
+        again: list[int] = []
+        for i, got in enumerate(self._direct.head(urls)):
+            if isinstance(got, Body):
+                results[i] = ItemResult(names[i], size=got.size)
+            elif got == MISSING:
+                results[i] = ItemResult(names[i])
+            else:  # obstore repeats it, with its retries and error messages
+                again.append(i)
+        if again:
+            for i, r in zip(again, self._run(self._head_one, [(names[i],) for i in again]), strict=True):
+                results[i] = r
+        return [r for r in results if r is not None]
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)

@@ -57,6 +57,7 @@ Outcome = Body | WrongSize | str
 class _Transfer:
     url: str
     view: memoryview | None  # the caller's buffer (writable bytes), or None: allocate one
+    head: bool = False  # a HEAD: only the status and Content-Length matter
     status: int = 0
     announced: int = -1
     pos: int = 0
@@ -100,6 +101,10 @@ class _Transfer:
         return None
 
     def outcome(self, curl_ok: bool, original: Any) -> Outcome:
+        if self.head:  # a HEAD 404 has no body; the bucket itself was checked by S3Store._ready
+            if curl_ok and self.status == 200 and self.announced >= 0:
+                return Body(self.announced, None)
+            return MISSING if curl_ok and self.status == 404 else RETRY
         if self.wrong_size:
             return WrongSize(self.announced)
         if self.status == 404 and curl_ok and b"<Code>NoSuchKey</Code>" in self.error_body:
@@ -121,20 +126,23 @@ class _Session:
     def __init__(self, setup: dict[int, Any]) -> None:
         self.multi = pycurl.CurlMulti()
         self.setup = setup
-        self.free: list[pycurl.Curl] = []
+        self.free: dict[bool, list[pycurl.Curl]] = {False: [], True: []}  # GET / HEAD handles
 
-    def easy(self) -> pycurl.Curl:
-        if self.free:
-            return self.free.pop()
+    def easy(self, head: bool) -> pycurl.Curl:
+        if self.free[head]:
+            return self.free[head].pop()
         c = pycurl.Curl()
         for opt, value in self.setup.items():
             c.setopt(opt, value)
+        if head:
+            c.setopt(pycurl.NOBODY, 1)
         return c
 
     def close(self) -> None:
-        for c in self.free:
-            c.close()
-        self.free.clear()
+        for handles in self.free.values():
+            for c in handles:
+                c.close()
+            handles.clear()
         self.multi.close()
 
 
@@ -176,10 +184,10 @@ class DirectReader:
         self._idle: list[_Session] = []
         self._closed = False
 
-    def sign(self, names: Sequence[str]) -> list[str] | None:
-        """Presigned GET URLs for ``names`` (relative to the store's prefix); None if the store can't."""
+    def sign(self, names: Sequence[str], method: str = "GET") -> list[str] | None:
+        """Presigned URLs for ``names`` (relative to the store's prefix); None if the store can't."""
         try:
-            return list(obstore.sign(self._store, "GET", list(names), URL_LIFETIME))
+            return list(obstore.sign(self._store, method, list(names), URL_LIFETIME))  # type: ignore[arg-type]
         except Exception:  # e.g. a credential provider failing: obstore's own path reports it
             return None
 
@@ -190,11 +198,18 @@ class DirectReader:
         None. A buffer that cannot be written (read-only, not contiguous) gets :data:`RETRY` so
         ``S3Store``'s own checks word the error.
         """
+        return self._batch(urls, buffers, head=False)
+
+    def head(self, urls: Sequence[str]) -> list[Outcome]:
+        """HEAD every URL: :class:`Body` (size, no data), :data:`MISSING` on 404, else :data:`RETRY`."""
+        return self._batch(urls, [None] * len(urls), head=True)
+
+    def _batch(self, urls: Sequence[str], buffers: Sequence[Any | None], head: bool) -> list[Outcome]:
         if self._closed:
             return [RETRY] * len(urls)
         session = self._borrow()
         try:
-            return self._run(session, urls, buffers)
+            return self._run(session, urls, buffers, head)
         finally:
             self._give_back(session)
 
@@ -206,7 +221,9 @@ class DirectReader:
             s.close()
 
     # ---- machinery ------------------------------------------------------------------------
-    def _run(self, session: _Session, urls: Sequence[str], buffers: Sequence[Any | None]) -> list[Outcome]:
+    def _run(
+        self, session: _Session, urls: Sequence[str], buffers: Sequence[Any | None], head: bool
+    ) -> list[Outcome]:
         out: list[Outcome] = [RETRY] * len(urls)
         transfers: dict[int, tuple[int, _Transfer, pycurl.Curl]] = {}
         pending = list(range(len(urls)))
@@ -219,8 +236,8 @@ class DirectReader:
                 view = _writable_view(buffers[i])
                 if view is False:
                     continue  # RETRY: S3Store's checks report it
-                t = _Transfer(urls[i], view if view is not None else None)
-                c = session.easy()
+                t = _Transfer(urls[i], view if view is not None else None, head)
+                c = session.easy(head)
                 c.setopt(pycurl.URL, t.url)
                 c.setopt(pycurl.HEADERFUNCTION, t.header)
                 c.setopt(pycurl.WRITEFUNCTION, t.write)
@@ -234,7 +251,7 @@ class DirectReader:
             # Drop references to the caller's buffer before the handle is reused.
             c.setopt(pycurl.WRITEFUNCTION, _discard)
             c.setopt(pycurl.HEADERFUNCTION, _discard)
-            session.free.append(c)
+            session.free[head].append(c)
 
         start_next()
         try:
