@@ -1,4 +1,4 @@
-"""Direct reads for ``S3Store``: batches of GETs presigned by obstore, run by libcurl, into caller memory.
+"""Direct reads for ``S3Store``: batches of GETs (and HEADs) presigned by obstore, run by libcurl.
 
 Why: obstore hands a body over as Rust-owned frames that ``S3Store`` then copies into the
 caller's buffer, one Python call per frame, and a thread of our pool per request. Measured on
@@ -9,8 +9,8 @@ writes straight into the caller's buffer. With the server on the same cores, cli
 throughput. obstore still does what a proven S3 client must: credentials (static, session,
 refreshed by its providers) and SigV4, as presigned URLs signed locally, one call per batch.
 
-Only the happy path lives here: status 200 with a ``Content-Length``. A 404 whose body says
-``NoSuchKey`` is a miss (one request). Anything else (an error status, a body cut short, a
+Only the happy path lives here: status 200 with a ``Content-Length``. A GET's 404 whose body says
+``NoSuchKey``, or any HEAD's 404, is a miss (one request). Anything else (an error status, a body cut short, a
 timeout, TLS trouble) comes back as :data:`RETRY` and ``S3Store`` repeats that item through
 obstore, which owns retries, backoff and error messages. Presigned URLs carry the access key id
 and a signature (never the secret) and are never logged or put in errors.
