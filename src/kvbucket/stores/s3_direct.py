@@ -4,15 +4,16 @@ Why: obstore hands a body over as Rust-owned frames that ``S3Store`` then copies
 caller's buffer, one Python call per frame, and a thread of our pool per request. Measured on
 loopback (``benchmarks/bench_s3.py``, ``benchmarks/bench_l2.py``), a batch of GETs on libcurl's
 multi interface (pycurl) in the calling thread costs half the client CPU per request: headers are
-parsed in C, connections are kept and re-tried by libcurl, and each body arrives in a few large
-writes straight into the caller's buffer. With the server on the same cores, client CPU is
-throughput. obstore still does what a proven S3 client must: credentials (static, session,
-refreshed by its providers) and SigV4, as presigned URLs signed locally, one call per batch.
+parsed in C, connections are kept and re-tried by libcurl, and each body is written straight
+into the caller's buffer as it arrives (16-32 KiB per libcurl write callback). With the server
+on the same cores, client CPU is throughput. obstore still does what a proven S3 client must:
+credentials (static, session, refreshed by its providers) and SigV4, as presigned URLs signed
+locally, one call per batch.
 
-Only the happy path lives here: status 200 with a ``Content-Length``. A GET's 404 whose body says
-``NoSuchKey``, or any HEAD's 404, is a miss (one request). Anything else (an error status, a body cut short, a
-timeout, TLS trouble) comes back as :data:`RETRY` and ``S3Store`` repeats that item through
-obstore, which owns retries, backoff and error messages. Presigned URLs carry the access key id
+Only the happy path lives here: status 200 with a ``Content-Length``. A GET's 404 whose body
+says ``NoSuchKey``, or any HEAD's 404, is a miss (one request). Anything else (an error status, a
+body cut short, a timeout, TLS trouble) comes back as :data:`RETRY` and ``S3Store`` repeats that
+item through obstore, which owns retries, backoff and error messages. Presigned URLs carry the access key id
 and a signature (never the secret) and are never logged or put in errors.
 """
 
