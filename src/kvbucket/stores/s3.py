@@ -22,12 +22,13 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import obstore
 import obstore.exceptions as obe
 from obstore.store import S3Store as _ObS3Store
 
+from kvbucket.chunks import as_view
 from kvbucket.errors import (
     AuthError,
     ConfigError,
@@ -39,7 +40,7 @@ from kvbucket.errors import (
 from kvbucket.secrets import redact, reveal
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size
 from kvbucket.stores.s3_config import S3Config, S3Target, resolve_target
-from kvbucket.stores.s3_direct import MISSING, Body, DirectReader, WrongSize
+from kvbucket.stores.s3_direct import MISSING, Body, DirectReader, Outcome, WrongSize
 
 _XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -83,7 +84,7 @@ class S3Store(ObjectStore):
     # ---- protocol -----------------------------------------------------------------------
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
         names = self._names([n for n, _ in items])
-        views = [_byte_view(d) for _, d in items]
+        views = [as_view(d) for _, d in items]
         self._ready(bool(names))
         return self._run(self._put_one, list(zip(names, views, strict=True)))
 
@@ -93,52 +94,18 @@ class S3Store(ObjectStore):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
         self._ready(bool(names))
         bufs: Sequence[Buffer | None] = out if out is not None else [None] * len(names)
-        urls = self._direct.sign(names) if self._direct is not None and names else None
-        if urls is None:
-            return self._run(self._get_one, list(zip(names, bufs, strict=True)))
-        assert self._direct is not None
-        results: list[ItemResult | None] = [None] * len(names)
-        again: list[int] = []
-        for i, got in enumerate(self._direct.fetch(urls, bufs)):
-            name = names[i]
-            if isinstance(got, Body):
-                results[i] = ItemResult(name, size=got.size, data=got.data)
-            elif got == MISSING:
-                results[i] = ItemResult(name)
-            elif isinstance(got, WrongSize):
-                try:
-                    check_buffer_size(name, got.size, bufs[i])  # words the error; the buffer is untouched
-                    again.append(i)
-                except StoreError as e:
-                    results[i] = ItemResult(name, error=e)
-            else:  # anything unusual: obstore repeats it, with its retries and error messages
-                again.append(i)
-        if again:
-            retried = self._run(self._get_one, [(names[i], bufs[i]) for i in again])
-            for i, r in zip(again, retried, strict=True):
-                results[i] = r
-        return [r for r in results if r is not None]
+        args = list(zip(names, bufs, strict=True))
+        if self._direct is None or not names or (urls := self._direct.sign(names)) is None:
+            return self._run(self._get_one, args)
+        return self._settle(args, self._direct.fetch(urls, bufs), self._get_one)
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
         self._ready(bool(names))
-        urls = self._direct.sign(names, "HEAD") if self._direct is not None and names else None
-        if urls is None:
-            return self._run(self._head_one, [(n,) for n in names])
-        assert self._direct is not None
-        results: list[ItemResult | None] = [None] * len(names)
-        again: list[int] = []
-        for i, got in enumerate(self._direct.head(urls)):
-            if isinstance(got, Body):
-                results[i] = ItemResult(names[i], size=got.size)
-            elif got == MISSING:
-                results[i] = ItemResult(names[i])
-            else:  # obstore repeats it, with its retries and error messages
-                again.append(i)
-        if again:
-            for i, r in zip(again, self._run(self._head_one, [(names[i],) for i in again]), strict=True):
-                results[i] = r
-        return [r for r in results if r is not None]
+        args = [(n,) for n in names]
+        if self._direct is None or not names or (urls := self._direct.sign(names, "HEAD")) is None:
+            return self._run(self._head_one, args)
+        return self._settle(args, self._direct.head(urls), self._head_one)
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
@@ -251,6 +218,19 @@ class S3Store(ObjectStore):
         futures = [self._pool.submit(fn, *a) for a in args]
         return [f.result() for f in futures]
 
+    def _settle(
+        self, args: list[tuple[Any, ...]], outcomes: Sequence[Outcome], fallback: Callable[..., ItemResult]
+    ) -> list[ItemResult]:
+        """One result per item: the direct outcome where it settles the item, else ``fallback``
+        (obstore's call for one item, with its retries and error messages) on the pool."""
+        results = [
+            _settled(a[0], a[1] if len(a) > 1 else None, got) for a, got in zip(args, outcomes, strict=True)
+        ]
+        again = [i for i, r in enumerate(results) if r is None]
+        for i, r in zip(again, self._run(fallback, [args[i] for i in again]), strict=True):
+            results[i] = r
+        return cast(list[ItemResult], results)
+
     def _ready(self, probe: bool = True) -> None:
         """Refuse work on a closed store; once per store, make sure the bucket exists."""
         if self._closed:
@@ -311,6 +291,20 @@ class S3Store(ObjectStore):
         return StoreError(f"S3 {op} of {where} failed: {first}")
 
 
+def _settled(name: str, buf: Buffer | None, got: Outcome) -> ItemResult | None:
+    """The result a direct read or HEAD settled, or None when obstore should repeat it."""
+    if isinstance(got, Body):
+        return ItemResult(name, size=got.size, data=got.data)  # a HEAD's Body has no data
+    if got == MISSING:
+        return ItemResult(name)
+    if isinstance(got, WrongSize):
+        try:
+            check_buffer_size(name, got.size, buf)  # words the error; the buffer is untouched
+        except StoreError as e:
+            return ItemResult(name, error=e)
+    return None
+
+
 # ---- fork -------------------------------------------------------------------------------
 
 # The process whose S3 calls started obstore's I/O runtime. tokio's threads do not survive
@@ -344,13 +338,6 @@ def _claim_runtime() -> None:
 def _status(e: BaseException) -> int | None:
     m = _STATUS.search(str(e))
     return int(m.group(1)) if m else None
-
-
-def _byte_view(data: Buffer) -> memoryview:
-    view = memoryview(data)
-    if not view.contiguous:
-        raise ValueError("S3Store.put_many needs contiguous buffers")
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def _build_client(cfg: S3Config, target: S3Target) -> _ObS3Store:

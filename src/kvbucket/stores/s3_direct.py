@@ -28,6 +28,8 @@ from typing import Any
 import obstore
 import pycurl
 
+from kvbucket.chunks import as_view
+
 # A batch is signed right before its requests go out; the URLs only need to outlive the batch.
 URL_LIFETIME = timedelta(minutes=15)
 MISSING = "missing"  # 404 NoSuchKey: the object is not there
@@ -302,9 +304,7 @@ def _writable_view(buf: Any | None) -> memoryview | bool | None:
     if buf is None:
         return None
     try:
-        view = memoryview(buf)
-    except TypeError:
+        view = as_view(buf)  # numpy, torch and any C-contiguous buffer, without copying
+    except (TypeError, ValueError):
         return False
-    if view.readonly or not view.contiguous:
-        return False
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    return False if view.readonly else view
