@@ -204,7 +204,7 @@ def _fresh_location(spec: dict[str, Any], n: int) -> dict[str, Any]:
         params["bucket_handle"] += f"-{n}"
     elif "base_path" in params:
         params["base_path"] += f"-{n}"
-    elif "s3_unsigned_payload" in params:  # kvbucket's s3 (host/prefix): a prefix of its own
+    elif "adapter_params" in spec and params.get("type") == "s3":  # kvbucket's s3: a prefix of its own
         params["s3_endpoint"] = params["s3_endpoint"].rstrip("/") + f"-{n}"
     if "adapter_params" in spec:
         return {**spec, "adapter_params": params}
