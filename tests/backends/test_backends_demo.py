@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.cli import build_app
+from kvbucket.envelope import HEADER_SIZE
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def test_demo_on_a_target_directory_cleans_up_unless_keep(isolated_tmp: Path, tm
     result = run("--chunks", "2", "--model", "qwen2.5-0.5b", "--target", f"file://{target}", "--keep")
     assert result.exit_code == 0, result.output
     kept = [p for p in target.rglob("*") if p.is_file() and ".kvbucket-tmp" not in p.parts]
-    assert len(kept) == 2 and all(p.stat().st_size == 3 * 1024 * 1024 for p in kept)
+    assert len(kept) == 2 and all(p.stat().st_size == 3 * 1024 * 1024 + HEADER_SIZE for p in kept)
 
 
 def test_demo_exits_1_when_a_byte_differs(isolated_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
