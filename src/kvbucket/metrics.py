@@ -427,6 +427,18 @@ def summarize(exposition: str) -> Summary:
     return Summary(ordered, prefix_tokens, prefix_chunks, verified, failures)
 
 
+def integrity_totals(registry: CollectorRegistry = REGISTRY) -> tuple[float, float]:
+    """(objects verified, objects refused) on reads of every tier of this process so far."""
+    verified = failures = 0.0
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name == "kvbucket_integrity_verified_total":
+                verified += s.value
+            elif s.name == "kvbucket_integrity_failures_total":
+                failures += s.value
+    return verified, failures
+
+
 def _fold_op(r: Row, op: str, result: str, v: float, *, read_ops: set[str], write_ops: set[str]) -> None:
     if result == "error":
         r.errors += v
@@ -456,6 +468,7 @@ __all__ = [
     "MetricsServer",
     "Row",
     "Summary",
+    "integrity_totals",
     "start_metrics_server",
     "summarize",
 ]

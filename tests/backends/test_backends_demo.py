@@ -33,6 +33,9 @@ def test_demo_on_the_embedded_default(isolated_tmp: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "all bytes verified" in result.output
     assert "fresh engine hits per tier (local_cpu, local_disk, remote): [3, 0, 3]" in result.output
+    # disk and remote reads (3 + 3) and the fresh engine's 3 remote hits were verified envelopes
+    row = next(line for line in result.output.splitlines() if "integrity (envelopes)" in line)
+    assert [c.strip() for c in row.strip("│ ").split("│")][1] == "9" and "0 refused" in row
     assert list(isolated_tmp.iterdir()) == []  # the temp stack is gone
 
 

@@ -69,3 +69,28 @@ def test_verify_bad_input_is_exit_2(tmp_path: Path) -> None:
 def test_verify_help_renders() -> None:
     proc = kvbucket("verify", "--help")
     assert proc.returncode == 0 and "--delete-bad" in proc.stdout
+
+
+def test_kvbucket_stats_shows_integrity_counts(tmp_path: Path) -> None:
+    """A refused chunk is counted per tier and reason, and ``kvbucket stats`` prints it."""
+    from prometheus_client import REGISTRY
+
+    from kvbucket.metrics import start_metrics_server, summarize
+
+    with RemoteBackend(FileStore(tmp_path), LAYOUT) as b:
+        b.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in range(2)])
+        raw = FileStore(tmp_path)
+        data = bytearray(raw.get(key_to_name(key(1))) or b"")
+        data[-1] ^= 0xFF
+        raw.put(key_to_name(key(1)), data)
+        assert b.get(key(0)) is not None and b.get(key(1)) is None
+    from prometheus_client import generate_latest
+
+    summary = summarize(generate_latest(REGISTRY).decode())
+    assert summary.integrity_failures[("remote", "checksum")] >= 1
+    assert summary.integrity_verified["remote"] >= 1
+    with start_metrics_server(0) as server:
+        proc = kvbucket("stats", "--url", server.url)  # another process: reads this one's endpoint
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("integrity:"))
+    assert "objects verified on load" in line and "remote checksum" in line
