@@ -65,8 +65,9 @@ def check_name(name: str) -> str:
     A name is a relative path of non-empty segments joined by ``/``; it has no ``.``/``..``
     segment, no backslash, no NUL or other control character, is valid Unicode (no lone
     surrogate, which no store can encode: refusing it here, before any item of a batch is
-    written, keeps a batch from failing half-way) and has at most 1,024 UTF-8 bytes. These rules make it impossible for a name to escape the store's prefix on any backend
-    (a directory, S3, a bucket).
+    written, keeps a batch from failing half-way) and has at most 1,024 UTF-8 bytes. These
+    rules make it impossible for a name to escape the store's prefix on any backend (a
+    directory, S3, a bucket).
     """
     if not isinstance(name, str):
         raise InvalidKeyError(f"object name must be a str, got {type(name).__name__}")
