@@ -8,6 +8,7 @@ acknowledged. Files are 0600 and directories 0700 because KV caches hold users' 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import threading
@@ -16,7 +17,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from filelock import FileLock, Timeout
 
 from kvbucket.backends._putqueue import PutQueue
 from kvbucket.backends._queued import BoundedLocalTier
@@ -70,7 +70,7 @@ class LocalDiskBackend(BoundedLocalTier):
             self._rebuild_index()
         except BaseException:
             if self._dir_lock is not None:
-                self._dir_lock.release()
+                os.close(self._dir_lock)
             raise
         self._queue = PutQueue("disk", self._apply, queue_size)
         self._closed = False
@@ -159,7 +159,7 @@ class LocalDiskBackend(BoundedLocalTier):
     def _release(self) -> None:
         self.store.close()
         if self._dir_lock is not None:
-            self._dir_lock.release()
+            os.close(self._dir_lock)  # releases the flock
 
     def _stripe(self, key: str) -> threading.Lock:
         return self._stripes[zlib.crc32(key.encode()) % _STRIPES]
@@ -210,20 +210,34 @@ class LocalDiskBackend(BoundedLocalTier):
             if self._on_evict is not None:
                 self._on_evict(vkey)
 
-    def _lock_directory(self) -> FileLock | None:
+    def _lock_directory(self) -> int | None:
         """One disk tier per directory: two indexes over one directory would break the byte bound
-        and evict each other's files, so a second user gets a clear error instead."""
+        and evict each other's files, so a second user gets a clear error instead.
+
+        The lock is an ``flock`` on a file opened with ``O_NOFOLLOW``: a symlink planted under
+        the lock's name is refused, never followed to create or lock a file outside the tier.
+        Returns the fd holding the lock (closing it releases the lock).
+        """
         if not isinstance(self.store, FileStore):
             return None
-        lock = FileLock(os.path.join(self.store.root, LOCK_NAME), mode=0o600, thread_local=False)
+        path = os.path.join(self.store.root, LOCK_NAME)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
-            lock.acquire(timeout=0)
-        except Timeout:
+            fd = os.open(path, flags, 0o600)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot open the disk tier's lock file {path!r}: {e.strerror} (a symlink there is "
+                "refused; remove it)"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
             raise ConfigError(
                 f"the disk tier directory {str(self.store.root)!r} is in use by another LocalDiskBackend "
                 "(this or another process); give each engine process its own local_disk directory"
             ) from None
-        return lock
+        return fd
 
     def _rebuild_index(self) -> None:
         found: list[tuple[float, str, int]] = []
