@@ -11,12 +11,12 @@ import logging
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from kvbucket.backends.base import Chunk, Key, StorageBackend, check_buffers, check_open, put_as_batch
 from kvbucket.chunks import as_view
 from kvbucket.errors import KVBucketError
 from kvbucket.keys import as_key_string
+from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
 _STRIPES = 256
@@ -59,7 +59,7 @@ class HybridBackend(StorageBackend):
         self._closed = False
         self._writers = (
             # threads start lazily; enough for several callers putting at once
-            ThreadPoolExecutor(8 * (len(self.tiers) - 1), thread_name_prefix="kvbucket-hybrid-put")
+            DaemonThreadPool(8 * (len(self.tiers) - 1), "kvbucket-hybrid-put")
             if parallel_writes and len(self.tiers) > 1 else None
         )
 
@@ -197,7 +197,7 @@ class HybridBackend(StorageBackend):
             return
         self._closed = True
         if self._writers is not None:
-            self._writers.shutdown(wait=True)
+            self._writers.shutdown(wait=True)  # bounded: DEFAULT_CLOSE_TIMEOUT_SECS
         errors: list[BaseException] = []
         for tier in self.tiers:
             try:
