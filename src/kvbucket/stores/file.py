@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvbucket.errors import ConfigError, InvalidKeyError, NotFoundError, StoreError
+from kvbucket.errors import ConfigError, InvalidKeyError, NoSpaceError, NotFoundError, StoreError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size, check_name
 
 TMP_DIR_NAME = ".kvbucket-tmp"
@@ -48,11 +48,13 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _DIR_FLAGS = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
 _RENAME_ATTEMPTS = 16
+_NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
 
 def _store_error(action: str, name: str, e: OSError) -> StoreError:
     """A per-item error naming the object and the OS reason (never the full traceback)."""
-    return StoreError(f"could not {action} object {name!r}: {e.strerror or e} (errno {e.errno})")
+    cls = NoSpaceError if e.errno in _NO_SPACE_ERRNOS else StoreError
+    return cls(f"could not {action} object {name!r}: {e.strerror or e} (errno {e.errno})")
 
 
 def _os_error_result(action: str, name: str, e: OSError) -> ItemResult:
@@ -154,7 +156,7 @@ class FileStore(ObjectStore):
         try:
             return _open_dir(root_fd, TMP_DIR_NAME, [], TMP_DIR_NAME)
         except OSError as e:
-            raise StoreError(
+            raise (NoSpaceError if e.errno in _NO_SPACE_ERRNOS else StoreError)(
                 f"cannot write to store directory {self._root_str!r}: creating {TMP_DIR_NAME} "
                 f"failed: {e.strerror}"
             ) from None
