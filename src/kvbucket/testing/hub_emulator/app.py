@@ -7,8 +7,10 @@ control routes (stats, faults, health), here.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
+import re
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -28,6 +30,8 @@ from .wire import FAULT, HubError, error_response, read_json
 from .xet import MAX_XORB_BYTES as _MAX_XORB
 
 log = logging.getLogger("kvbucket.emulator")
+
+HUB = web.AppKey("hub", HubRoutes)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -199,18 +203,21 @@ class ControlRoutes:
     def __init__(self, emu: Emulator) -> None:
         self.emu = emu
 
-    def _admin(self, request: web.Request) -> None:
-        if self.emu.admin_key and request.headers.get("X-Emulator-Admin") != self.emu.admin_key:
-            raise HubError(403, "fault control needs the emulator's admin key (X-Emulator-Admin)")
+    def _admin(self, request: web.Request, what: str) -> None:
+        sent = request.headers.get("X-Emulator-Admin", "")
+        if self.emu.admin_key and not hmac.compare_digest(sent.encode(), self.emu.admin_key.encode()):
+            raise HubError(403, f"{what} needs the emulator's admin key (X-Emulator-Admin)")
 
     async def stats(self, request: web.Request) -> web.StreamResponse:
+        if not self.emu.auth.open:  # with users configured, what they do is not for anyone to read
+            self._admin(request, "the stats route")
         return web.json_response(self.emu.snapshot())
 
     async def health(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"ok": True})
 
     async def faults(self, request: web.Request) -> web.StreamResponse:
-        self._admin(request)
+        self._admin(request, "fault control")
         if request.method == "DELETE":
             self.emu.faults.reset()
         elif request.method == "POST":
@@ -225,8 +232,15 @@ class ControlRoutes:
         return web.json_response(self.emu.faults.describe())
 
 
+# what a client asks of model/dataset/space repos: /api/{models,datasets,spaces}/..., and
+# downloads /[{datasets,spaces}/]{ns}/{repo}/resolve/...
+_REPO_ROUTE = re.compile(r"^/(api/(models|datasets|spaces)/.+|((datasets|spaces)/)?[^/]+/[^/]+/resolve/.*)$")
+
+
 async def not_found(request: web.Request) -> web.StreamResponse:
     log.info("no route for %s %s", request.method, request.path)
+    if _REPO_ROUTE.match(request.path):
+        return await request.app[HUB].repo_not_found(request)
     raise HubError(404, f"no route {request.method} {request.path} in the emulator")
 
 
@@ -234,6 +248,7 @@ def build_app(emu: Emulator) -> web.Application:
     app = web.Application(middlewares=[make_middleware(emu)], client_max_size=_MAX_XORB + 1024 * 1024)
     hub, cas, ctl = HubRoutes(emu), CasRoutes(emu), ControlRoutes(emu)
     hub.emu_cas = cas
+    app[HUB] = hub
     r = app.router
     r.add_get("/api/whoami-v2", hub.whoami)
     r.add_post("/api/repos/move", hub.move)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -41,6 +42,12 @@ def _not_found(bucket_id: str) -> HubError:
     return HubError(404, f"Bucket {bucket_id!r} not found (or you cannot see it)", "RepoNotFound")
 
 
+def _anonymous_refused(what: str) -> HubError:
+    """The Hub's answer to an anonymous caller for something it may not see: 401, and
+    ``RepoNotFound`` so the client raises its not-found error (missing and private look alike)."""
+    return HubError(401, f"{what}: authenticate with a token that may read it", "RepoNotFound")
+
+
 class HubRoutes:
     def __init__(self, emu: Emulator) -> None:
         self.emu = emu
@@ -55,15 +62,32 @@ class HubRoutes:
     def bucket(
         self, request: web.Request, bucket_id: str, *, write: bool = False
     ) -> tuple[BucketRow, Caller]:
+        """The bucket if the caller may see it (and, with ``write``, change it), else the Hub's error.
+
+        Not visible: 401 for anonymous callers, 404 for users (missing and private look alike).
+        Visible but not writable: 401 anonymous, 403 outside the caller's namespaces or with a
+        read-only token.
+        """
         caller = self.caller(request)
         row = self.state.get_bucket(bucket_id)
-        if row is None or (row.private and not caller.can_read):
-            raise _not_found(bucket_id)
-        if write and not caller.can_write:
+        ns = bucket_id.split("/", 1)[0]
+        if row is None or not caller.can_read(ns, row.private):
             if not caller.authenticated:
-                raise HubError(401, "You must be authenticated with a write token to change this bucket")
-            raise HubError(403, f"Your token ({caller.name}) is read-only: it cannot write to {bucket_id!r}")
+                raise _anonymous_refused(f"Bucket {bucket_id!r} not found (or you cannot see it)")
+            raise _not_found(bucket_id)
+        if write:
+            self.check_write(caller, ns, f"bucket {bucket_id!r}")
         return row, caller
+
+    @staticmethod
+    def check_write(caller: Caller, ns: str, what: str) -> None:
+        if not caller.authenticated:
+            raise HubError(401, f"You must be authenticated with a write token to change {what}")
+        if not caller.member_of(ns):
+            raise HubError(403, f"You don't have the rights to change {what}: {ns!r} is not your namespace "
+                           "nor one of your organisations")  # fmt: skip
+        if not caller.can_write:
+            raise HubError(403, f"Your token ({caller.token_name}) is read-only: it cannot change {what}")
 
     def bucket_json(self, row: BucketRow) -> dict[str, Any]:
         n, size = self.state.bucket_usage(row.id)
@@ -79,13 +103,16 @@ class HubRoutes:
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         segs = raw_segments(request, "/api/buckets/")
         ns = unquote(segs[0])
-        if len(segs) == 1:
-            if request.method != "GET":
-                raise HubError(405, "use GET to list buckets")
+        if len(segs) == 1 or segs[1] == "":
+            if request.method != "GET":  # e.g. DELETE of a bucket id without a namespace
+                raise HubError(404, f"Bucket {ns!r} not found: ids are 'namespace/name'", "RepoNotFound")
             return await self.list_buckets(request, ns)
         name = unquote(segs[1])
         if ns == "me" and len(segs) == 2 and request.method == "POST":
-            ns = self.caller(request).name
+            caller = self.caller(request)
+            if not caller.authenticated:
+                raise HubError(401, "You must be authenticated with a write token to create a bucket")
+            ns = caller.name
         bucket_id = f"{ns}/{name}"
         m = request.method
         if len(segs) == 2:
@@ -121,11 +148,17 @@ class HubRoutes:
         body = await read_json(request)
         if not isinstance(body, dict):
             raise HubError(400, "create_bucket expects a JSON object")
-        if not caller.can_write:
-            raise HubError(401 if not caller.authenticated else 403, "creating a bucket needs a write token")
-        visibility = body.get("visibility", "public")
-        if visibility not in ("public", "private"):
+        self.check_write(caller, ns, f"namespace {ns!r}")
+        visibility = body.get("visibility")
+        private = body.get("private")
+        if private is not None and not isinstance(private, bool):
+            raise HubError(400, f"'private' must be true or false, not {private!r}")
+        if visibility is None:
+            visibility = "private" if private else "public"  # the Hub's default is public
+        elif visibility not in ("public", "private"):
             raise HubError(400, f"visibility must be 'public' or 'private', not {visibility!r}")
+        elif private is not None and private != (visibility == "private"):
+            raise HubError(400, f"'private': {str(private).lower()} contradicts 'visibility': {visibility!r}")
         url = f"{origin(request)}/buckets/{bucket_id}"
         if not self.state.create_bucket(bucket_id, visibility == "private"):
             resp = web.json_response(
@@ -139,12 +172,18 @@ class HubRoutes:
     async def list_buckets(self, request: web.Request, ns: str) -> web.StreamResponse:
         caller = self.caller(request)
         if ns == "me":
+            if not caller.authenticated:
+                raise HubError(401, "listing your buckets ('me') needs a token")
             ns = caller.name
         search = request.query.get("search", "")
         after = request.query.get("cursor", "")
+        rows = self.state.list_buckets(ns)
+        if not rows and ns not in self.emu.auth.namespaces():
+            # as on the Hub: an unknown namespace (e.g. a bucket id without its namespace) is a 404
+            raise HubError(404, f"namespace {ns!r} not found (ids are 'namespace/name')", "RepoNotFound")
         rows = [
-            r for r in self.state.list_buckets(ns)
-            if (not r.private or caller.can_read) and search in r.id.split("/", 1)[1] and r.id > after
+            r for r in rows
+            if caller.can_read(ns, r.private) and search in r.id.split("/", 1)[1] and r.id > after
         ]  # fmt: skip
         page = rows[:LIST_PAGE]
         resp = web.json_response([self.bucket_json(r) for r in page])
@@ -164,7 +203,7 @@ class HubRoutes:
 
     async def tree(self, request: web.Request, bucket_id: str, prefix: str) -> web.StreamResponse:
         self.bucket(request, bucket_id)
-        recursive = request.query.get("recursive", "false").lower() in ("true", "1")
+        recursive = request.query.get("recursive", "true").lower() not in ("false", "0")  # the Hub: recursive
         cursor = request.query.get("cursor")
         try:
             limit = max(1, min(TREE_PAGE, int(request.query.get("limit", TREE_PAGE))))
@@ -267,8 +306,8 @@ class HubRoutes:
             if not isinstance(src, str):
                 raise HubError(400, "missing 'sourceRepoId'")
             row = self.state.get_bucket(src)
-            if row is None or (row.private and not caller.can_read):
-                raise HubError(404, f"source bucket {src!r} not found")
+            if row is None or not caller.can_read(src.split("/", 1)[0], row.private):
+                raise HubError(404, f"source bucket {src!r} not found (or you cannot see it)")
             if xet != EMPTY_FILE_HASH_HEX and not self.state.bucket_has_hash(src, xet):
                 raise HubError(404, f"no file with hash {xet} in source bucket {src!r}")
         rec = self.state.get_reconstruction(xet)
@@ -294,23 +333,31 @@ class HubRoutes:
         src, dst = body.get("fromRepo"), body.get("toRepo")
         if not isinstance(src, str) or not isinstance(dst, str) or dst.count("/") != 1:
             raise HubError(400, "'fromRepo' and 'toRepo' must be bucket ids (namespace/name)")
-        self.bucket(request, src, write=True)
+        _, caller = self.bucket(request, src, write=True)
         ns, name = dst.split("/")
         check_name(ns, "namespace")
         check_name(name, "bucket name")
+        self.check_write(caller, ns, f"namespace {ns!r}")
         if not self.state.move_bucket(src, dst):
             raise HubError(409, f"bucket {dst!r} already exists")
         return web.json_response({})
 
     async def whoami(self, request: web.Request) -> web.StreamResponse:
+        """``/api/whoami-v2`` in the Hub's shape (what ``HfApi.whoami``, ``hf auth whoami`` and
+        ``login`` read: ``name``, ``type``, ``orgs[].name``, ``auth.accessToken.{displayName, role}``)."""
         c = self.caller(request)
-        if not c.authenticated and not self.emu.auth.open:
+        if not c.authenticated:
             raise HubError(401, "Invalid credentials in Authorization header")
-        role = "write" if c.can_write else "read"
-        return web.json_response(
-            {"type": "user", "name": c.name, "fullname": c.name, "orgs": [],
-             "auth": {"type": "access_token", "accessToken": {"displayName": c.name, "role": role}}}
-        )  # fmt: skip
+        return web.json_response(whoami_json(c))
+
+    async def repo_not_found(self, request: web.Request) -> web.StreamResponse:
+        """Model, dataset and space repos: the emulator holds none, so every repo is not found,
+        with the Hub's ``RepoNotFound`` (the client raises ``RepositoryNotFoundError``, and
+        ``HfFileSystem`` a ``FileNotFoundError``); 401 for anonymous callers, as on the Hub."""
+        caller = self.caller(request)
+        if not caller.authenticated:
+            raise _anonymous_refused("Repository not found")
+        raise HubError(404, "Repository not found (the emulator holds buckets only)", "RepoNotFound")
 
     # /buckets/{ns}/{name}/resolve/{path}
     async def resolve(self, request: web.Request) -> web.StreamResponse:
@@ -360,3 +407,36 @@ class HubRoutes:
         return resp
 
     emu_cas: CasRoutes
+
+
+_CREATED = "2025-01-01T00:00:00.000Z"
+
+
+def _entity_id(kind: str, name: str) -> str:
+    """A stable 24-hex-digit id, like the Hub's object ids."""
+    return hashlib.sha256(f"{kind}:{name}".encode()).hexdigest()[:24]
+
+
+def whoami_json(c: Caller) -> dict[str, Any]:
+    role = {"write": "write", "read": "read", "fine-read": "fineGrained"}[c.scope or "read"]
+    token: dict[str, Any] = {"displayName": c.token_name, "role": role, "createdAt": _CREATED}
+    if role == "fineGrained":  # read-only rights on the user's and its organisations' repos
+        token["fineGrained"] = {
+            "canReadGatedRepos": False,
+            "global": [],
+            "scoped": [
+                {"entity": {"_id": _entity_id(kind, n), "type": kind, "name": n},
+                 "permissions": ["repo.content.read"]}
+                for kind, n in [("user", c.name), *(("org", o) for o in c.orgs)]
+            ],
+        }  # fmt: skip
+    orgs = [
+        {"type": "org", "id": _entity_id("org", o), "name": o, "fullname": o, "email": None,
+         "canPay": False, "periodEnd": None, "avatarUrl": "", "roleInOrg": "write", "isEnterprise": False}
+        for o in c.orgs
+    ]  # fmt: skip
+    return {
+        "type": "user", "id": _entity_id("user", c.name), "name": c.name, "fullname": c.name,
+        "email": None, "emailVerified": False, "canPay": False, "periodEnd": None, "isPro": False,
+        "avatarUrl": "", "orgs": orgs, "auth": {"type": "access_token", "accessToken": token},
+    }  # fmt: skip

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
 from aiohttp import web
 
+from .auth import hub_name_problem
 from .faults import Fault
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -27,7 +27,6 @@ FETCH_URL_TTL_S = 3600
 _READ_WINDOW = 8 * 1024 * 1024
 ZERO_COPY_MIN = 1024 * 1024  # smaller xorb bodies take the ordinary path
 BODY_TIMEOUT_S = 60.0
-_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?$")
 
 FAULT = web.RequestKey("fault", Fault)
 
@@ -58,12 +57,10 @@ def raw_segments(request: web.Request, prefix: str) -> list[str]:
 
 
 def check_name(part: str, what: str) -> str:
-    if not _NAME_RE.match(part) or ".." in part or "--" in part:
-        raise HubError(
-            400,
-            f"invalid {what} {part!r}: use letters, digits, '-', '_' or '.', at most 96 characters, "
-            "starting and ending with a letter or digit",
-        )
+    """``part`` if it is a valid Hub namespace or bucket name (the Hub's rules), else a 400."""
+    why = hub_name_problem(part)
+    if why:
+        raise HubError(400, f"invalid {what} {part!r}: {why}")
     return part
 
 
