@@ -96,17 +96,17 @@ def commands(block: Block) -> list[str]:
     lines = block.text.splitlines()
     prompted = any(ln.startswith("$ ") for ln in lines)
     if prompted:
-        picked: list[str] = []
+        groups: list[list[str]] = []
         taking = False
         for ln in lines:
             if ln.startswith("$ "):
-                picked.append(ln[2:])
+                groups.append([ln[2:]])
                 taking = True
-            elif taking and picked and (picked[-1].rstrip().endswith("\\") or _open_quote(picked[-1])):
-                picked[-1] = f"{picked[-1]}\n{ln}"
+            elif taking and groups and _incomplete("\n".join(groups[-1])):
+                groups[-1].append(ln)  # a continuation of the prompted command
             else:
-                taking = False
-        return [c for c in _join_continued([p for p in picked]) if words(c)]
+                taking = False  # output
+        return [c for g in groups for c in _join_continued(g) if words(c)]
     if block.lang in SHELL_LANGS:
         return [c for c in _join_continued(lines) if words_or_raw(c)]
     if block.lang == "":
@@ -136,9 +136,12 @@ def words_or_raw(c: str) -> bool:
         return bool(c.strip())
 
 
-def _open_quote(text: str) -> bool:
+def _incomplete(text: str) -> bool:
+    """A command line that goes on: a trailing backslash or an open quote."""
+    if text.rstrip().endswith("\\"):
+        return True
     try:
-        shlex.split(text.rstrip("\\"), comments=True)
+        shlex.split(text, comments=True)
     except ValueError:
         return True
     return False
