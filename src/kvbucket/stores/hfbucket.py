@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from kvbucket.errors import (
@@ -48,6 +48,7 @@ from kvbucket.stores.hfbucket_config import (
 )
 from kvbucket.stores.hub_client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
 from kvbucket.stores.meta_cache import MetaCache
+from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class HFBucketStore(ObjectStore):
         )
         self.endpoint = self._client.endpoint
         self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)
-        self._pool = ThreadPoolExecutor(config.num_workers, thread_name_prefix="kvbucket-hfbucket")
+        self._pool = DaemonThreadPool(config.num_workers, "kvbucket-hfbucket")  # never blocks exit
         self._create_lock = threading.Lock()
         self._bucket_ready = False
         self._closed = False
