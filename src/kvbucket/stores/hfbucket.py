@@ -25,7 +25,6 @@ the retries); only bad arguments or a closed store raise.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -65,12 +64,9 @@ class HFBucketStore(ObjectStore):
         self.bucket_id = loc.bucket_id
         self.prefix = loc.prefix
         self.url = loc.handle
-        source = (f"${config.token_env}" if config.token_env and os.environ.get(config.token_env)
-                  else "the 'token' option" if config.token is not None
-                  else f"${config.token_env or 'HF_TOKEN'} or the saved Hugging Face login")
         self._client = client or HubBucketClient(
             endpoint=config.resolved_endpoint(), bucket_id=self.bucket_id, token=config.resolved_token(),
-            token_source=source, max_retries=config.max_retries,
+            token_source=config.token_source(), max_retries=config.max_retries,
             retry_backoff_secs=config.retry_backoff_secs,
         )
         self.endpoint = self._client.endpoint
