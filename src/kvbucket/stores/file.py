@@ -376,8 +376,8 @@ class FileStore(ObjectStore):
                     if root_fd < 0:
                         raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
                     with self._parents(root_fd, name) as fds:
-                        fd = os.open(name.rsplit("/", 1)[-1], os.O_RDONLY | _O_BINARY | _O_NOFOLLOW | _O_CLOEXEC,
-                                     dir_fd=fds[-1])
+                        flags = os.O_RDONLY | _O_BINARY | _O_NOFOLLOW | _O_CLOEXEC
+                        fd = os.open(name.rsplit("/", 1)[-1], flags, dir_fd=fds[-1])
                 except OSError:
                     out.append(None)
                     continue
