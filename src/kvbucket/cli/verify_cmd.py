@@ -22,7 +22,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kvbucket.cli.store_cmd import _fail, _opened, human_size
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store
+from kvbucket.cli.store_cmd import human_size
 from kvbucket.encryption import Keyring
 from kvbucket.errors import KVBucketError
 from kvbucket.stores.base import ObjectInfo, ObjectStore
@@ -86,14 +87,15 @@ def register(app: typer.Typer) -> None:
             help="Keyring JSON to authenticate encrypted chunks too (default: none; their checksums "
             "are verified either way).",
         ),
+        timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Check every object's kvbucket envelope; exit status 1 when any is corrupt or foreign."""
         console = Console()
         try:
             keyring = Keyring.from_file(keyring_file) if keyring_file is not None else None
         except KVBucketError as e:
-            raise _fail(str(e)) from None
-        with _opened(url) as store:
+            raise fail(str(e)) from None
+        with opened_store(url, timeout) as store:
             infos = list(store.list(prefix))
             with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                           TimeRemainingColumn(), console=console, transient=True) as progress:
