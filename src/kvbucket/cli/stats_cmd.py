@@ -79,7 +79,7 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
         console.print(
             f"integrity: {verified:.0f} objects verified on load, {refused:.0f} refused"
             + (f" ({why})" if why else ""),
-            markup=False, highlight=False,
+            markup=False, highlight=False, soft_wrap=True,  # one line, however many reasons
         )
     return True
 
