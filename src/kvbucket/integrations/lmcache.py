@@ -58,9 +58,11 @@ from kvbucket.l2.config import (
     S3L2Config,
     format_validation_error,
 )
+from kvbucket.l2.format_store import route_formats
 from kvbucket.l2.registry import build_store, make_work_dir, naming_for, open_l2_adapter, parse_l2_config
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.hfbucket_config import lenient_bool
+from kvbucket.stores.sealed import seal_store
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +350,14 @@ class KVBucketConnector(RemoteConnector):
         self.local_cpu_backend = local_cpu_backend
         self._cfg = connector_config_from_extra(extra, plugin_name)
         self.naming = naming_for(self._cfg, connector=True)
-        self.store = store if store is not None else build_store(self._cfg)
+        # Sealed like every persistent tier: writes go through SealedStore.put_many, loads are
+        # verified before LMCache gets the memory object (kvbucket.stores.sealed); objects under
+        # LMCache's names stay raw, exactly LMCache's bytes (kvbucket.l2.format_store).
+        raw = store if store is not None else build_store(self._cfg)
+        sealed = seal_store(
+            raw, tier="connector", unsealed=self._cfg.unsealed, encryption=self._cfg.encryption
+        )
+        self.store = route_formats(sealed, self.naming)
         # LMCache's connector makes a download session dir in download_tmp_dir, removed on close.
         self.work_dir = make_work_dir(self._cfg, f"hfbucket-{plugin_name.replace('.', '-')}-")
         self._ttl = self._cfg.metadata_cache_ttl_secs

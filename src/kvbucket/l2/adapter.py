@@ -42,7 +42,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -51,8 +51,11 @@ from kvbucket.keys import ObjectKey
 from kvbucket.l2.accounting import KeyIndex
 from kvbucket.l2.base import EventNotifier, KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
+from kvbucket.l2.format_store import route_formats
 from kvbucket.l2.naming import Naming
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore, check_prefix
+from kvbucket.stores.sealed import seal_store
+from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +97,21 @@ class ObjectStoreL2Adapter(L2Adapter):
         split_batches: bool = True,
         naming: Naming | None = None,
         work_dir: Any = None,
+        unsealed: str = "miss",
+        encryption: Any = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError("num_workers must be at least 1")
-        self._store = store
         self._prefix = check_prefix(prefix)
         self._naming = naming if naming is not None else Naming(self._prefix)
         if self._naming.prefix != self._prefix:
             raise ValueError("naming and adapter prefixes differ")
+        # Every write under kvbucket's names goes through SealedStore.put_many (one function:
+        # SealedStore.seal) and every such load is verified there; refused objects come back as
+        # misses (then forgotten). LMCache's names hold LMCache's raw bytes (kvbucket.l2.format_store).
+        self._store = route_formats(
+            seal_store(store, tier="l2", unsealed=unsealed, encryption=encryption), self._naming
+        )
         # A per-process working dir (LMCache's download session dir), removed on close.
         self._work_dir = work_dir
         self._num_workers = num_workers
@@ -156,9 +166,11 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._lookup_efd = EventNotifier()
         self._load_efd = EventNotifier()
 
-        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="kvbucket-l2")
+        # Daemon workers: a store call stuck past close() never keeps the process alive. (Every
+        # blocking call names this pool explicitly; asyncio only takes a ThreadPoolExecutor as
+        # the loop's default executor.)
+        self._pool = DaemonThreadPool(num_workers, "kvbucket-l2")
         self._loop = asyncio.new_event_loop()
-        self._loop.set_default_executor(self._pool)
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvbucket-l2-loop", daemon=True)
         self._thread.start()
         if rebuild_usage:

@@ -17,7 +17,12 @@ Fields shared by every type (kvbucket's, on top of each type's own):
 - ``object_format`` (``"kvbucket"`` default, or ``"lmcache"``): which names (and bytes) new
   objects get. Both read LMCache's built-in adapter's objects too; ``"lmcache"`` writes exactly
   what LMCache 0.5.6's built-in writes, so LMCache nodes read kvbucket's chunks (see
-  :mod:`kvbucket.l2.naming`, docs/l2.md).
+  :mod:`kvbucket.l2.naming`, docs/l2.md);
+- ``encryption`` (dict, optional): AES-256-GCM at rest per tenant (``cache_salt``),
+  ``{"keyring_file": "/path/keys.json"}`` or ``{"keyring_env": "VAR"}`` (see
+  :mod:`kvbucket.encryption`; docs/integrity.md);
+- ``unsealed`` (``"miss"`` or ``"accept"``, default ``"miss"``): what a load does with an object
+  that has no kvbucket envelope (see :mod:`kvbucket.stores.sealed`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.hfbucket_config import HFBucketConfig
@@ -46,6 +52,8 @@ class L2CommonConfig(BaseModel):
     metadata_cache_ttl_secs: float = Field(30.0, ge=0.0)
     full_chunk_bytes: int | None = Field(None, gt=0)
     object_format: Literal["kvbucket", "lmcache"] = "kvbucket"
+    encryption: EncryptionConfig | None = None
+    unsealed: Literal["miss", "accept"] = "miss"
 
     @property
     def max_capacity_bytes(self) -> int:
@@ -118,6 +126,7 @@ def load_spec(spec: str | dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "GIB",
+    "EncryptionConfig",
     "FsL2Config",
     "HFBucketL2Config",
     "L2CommonConfig",

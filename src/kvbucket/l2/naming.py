@@ -142,6 +142,7 @@ class Naming:
         self._connector = connector
         self.object_format = object_format
         self.writes_lmcache = object_format == "lmcache"
+        self._is_lm: dict[str, bool] = {}
 
     # -- names
     def kvbucket_name(self, key: Any) -> str:
@@ -174,7 +175,13 @@ class Naming:
 
     def is_lmcache_name(self, name: str) -> bool:
         """Whether ``name`` is in LMCache's format (raw chunk bytes, no kvbucket envelope)."""
-        return self.parse_lmcache(name) is not None
+        hit = self._is_lm.get(name)
+        if hit is None:
+            hit = self.parse_lmcache(name) is not None
+            if len(self._is_lm) >= 1 << 20:
+                self._is_lm.clear()
+            self._is_lm[name] = hit
+        return hit
 
     def write_item(self, key: Any, data: Buffer) -> tuple[str, Buffer]:
         """The one place a key and its bytes become the stored object (name, payload).

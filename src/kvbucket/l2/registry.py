@@ -94,6 +94,8 @@ def open_l2_adapter(
             listener=listener,
             naming=naming,
             work_dir=work_dir,
+            unsealed=config.unsealed,
+            encryption=config.encryption,
             **store_options(config),
         )
     except Exception:
