@@ -13,7 +13,10 @@ Fields shared by every type (kvbucket's, on top of each type's own):
 - ``eviction`` (dict, optional): see :class:`kvbucket.l2.eviction.EvictionConfig`;
 - ``metadata_cache_ttl_secs`` (float, default 30): how long a lookup miss is remembered;
 - ``full_chunk_bytes`` (int, optional): the full chunk size; stores of smaller buffers are
-  refused. Unset, it is learned (see :mod:`kvbucket.l2.adapter`).
+  refused. Unset, it is learned (see :mod:`kvbucket.l2.adapter`);
+- ``fleet`` (dict, optional): share the prefix's capacity with every other node using it
+  (see :class:`kvbucket.fleet.config.FleetConfig` and docs/fleet.md); ``max_capacity_gb``
+  then bounds the whole prefix, not this node's stores.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbucket.errors import ConfigError
+from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.hfbucket_config import HFBucketConfig
 from kvbucket.stores.s3_config import S3Config
@@ -41,6 +45,7 @@ class L2CommonConfig(BaseModel):
     eviction: EvictionConfig | None = None
     metadata_cache_ttl_secs: float = Field(30.0, ge=0.0)
     full_chunk_bytes: int | None = Field(None, gt=0)
+    fleet: FleetConfig | None = None
 
     @property
     def max_capacity_bytes(self) -> int:

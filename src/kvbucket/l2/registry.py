@@ -85,6 +85,7 @@ def open_l2_adapter(
             metadata_cache_ttl_secs=config.metadata_cache_ttl_secs,
             full_chunk_bytes=config.full_chunk_bytes,
             listener=listener,
+            fleet=config.fleet,
             **store_options(config),
         )
     except Exception:
