@@ -63,7 +63,7 @@ def test_a_chunk_stored_on_one_node_is_a_hit_on_another_without_heads() -> None:
 
 def test_warm_start_reads_a_snapshot_not_a_listing() -> None:
     shared = MemoryStore("warm")
-    n = 50_000  # bench_fleet.py measures 100,000
+    n = 30_000  # bench_fleet.py measures 100,000
     names = [key_to_name(key(i)) for i in range(n)]
     shared.put_many([(nm, b"x" * 16) for nm in names])
     a = ObjectStoreL2Adapter(shared, owns_store=False, full_chunk_bytes=16,
