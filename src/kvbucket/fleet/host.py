@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 class FleetLink:
     def __init__(self, adapter: ObjectStoreL2Adapter, config: FleetConfig) -> None:
         self._adapter = adapter
+        sealed = adapter.store  # chunks are sealed (kvbucket.stores.sealed); fleet objects are not
         self.fleet = Fleet(
-            adapter.store,
+            getattr(sealed, "inner", sealed),
             config,
+            chunk_store=sealed,
             prefix=adapter._prefix,
             capacity=adapter._capacity,
             eviction=adapter._eviction,

@@ -83,10 +83,15 @@ class Fleet:
         on_changes: Callable[[list[Change]], None] = lambda changes: None,
         on_tick: Callable[[], None] = lambda: None,
         on_ready: Callable[[], None] = lambda: None,
+        chunk_store: ObjectStore | None = None,
     ) -> None:
+        """``store`` holds the fleet's own objects (written as they are, so ``kvbucket du`` reads
+        them with any store); ``chunk_store`` is the view of the chunks whose listing reports
+        their payload sizes (the adapter's sealed store), default ``store``."""
         self.config = config
         self.node = config.node_id or secrets.token_hex(6)
         self._store = store
+        self._chunks = chunk_store or store
         self._prefix = prefix
         self._capacity = capacity
         self._eviction = eviction or EvictionConfig(eviction_policy="noop")
@@ -423,7 +428,7 @@ class Fleet:
         listed: dict[str, tuple[int, float]] = {}
         pages = 0
         where = f"{self._prefix}/" if self._prefix else ""
-        for i, info in enumerate(self._store.list(where)):
+        for i, info in enumerate(self._chunks.list(where)):
             if i % 1000 == 0:
                 pages += 1
             if is_fleet_name(info.name, self._prefix) or salt_of(info.name, self._prefix) is None:

@@ -13,7 +13,12 @@ Fields shared by every type (kvbucket's, on top of each type's own):
 - ``eviction`` (dict, optional): see :class:`kvbucket.l2.eviction.EvictionConfig`;
 - ``metadata_cache_ttl_secs`` (float, default 30): how long a lookup miss is remembered;
 - ``full_chunk_bytes`` (int, optional): the full chunk size; stores of smaller buffers are
-  refused. Unset, it is learned (see :mod:`kvbucket.l2.adapter`);
+  refused. Unset, it is learned (see :mod:`kvbucket.l2.adapter`).
+- ``encryption`` (dict, optional): AES-256-GCM at rest per tenant (``cache_salt``),
+  ``{"keyring_file": "/path/keys.json"}`` or ``{"keyring_env": "VAR"}`` (see
+  :mod:`kvbucket.encryption`; docs/integrity.md);
+- ``unsealed`` (``"miss"`` or ``"accept"``, default ``"miss"``): what a load does with an object
+  that has no kvbucket envelope (see :mod:`kvbucket.stores.sealed`);
 - ``fleet`` (dict, optional): share the prefix's capacity with every other node using it
   (see :class:`kvbucket.fleet.config.FleetConfig` and docs/fleet.md); ``max_capacity_gb``
   then bounds the whole prefix, not this node's stores.
@@ -26,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2.eviction import EvictionConfig
@@ -46,6 +52,8 @@ class L2CommonConfig(BaseModel):
     metadata_cache_ttl_secs: float = Field(30.0, ge=0.0)
     full_chunk_bytes: int | None = Field(None, gt=0)
     fleet: FleetConfig | None = None
+    encryption: EncryptionConfig | None = None
+    unsealed: Literal["miss", "accept"] = "miss"
 
     @property
     def max_capacity_bytes(self) -> int:
@@ -118,6 +126,7 @@ def load_spec(spec: str | dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "GIB",
+    "EncryptionConfig",
     "FsL2Config",
     "HFBucketL2Config",
     "L2CommonConfig",

@@ -86,6 +86,8 @@ def open_l2_adapter(
             full_chunk_bytes=config.full_chunk_bytes,
             listener=listener,
             fleet=config.fleet,
+            unsealed=config.unsealed,
+            encryption=config.encryption,
             **store_options(config),
         )
     except Exception:
