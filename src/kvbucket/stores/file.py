@@ -391,23 +391,22 @@ class FileStore(ObjectStore):
         Opened like ``get_many`` (relative to the root, never following a symlink)."""
         names = self._check(names)
         out: list[bytes | None] = []
-        with self._root_for("read", names) as root_fd:
-            for name in names:
-                try:
-                    if root_fd < 0:
-                        raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
-                    with self._parents(root_fd, name) as fds:
-                        flags = os.O_RDONLY | _O_BINARY | _O_NOFOLLOW | _O_CLOEXEC
-                        fd = os.open(name.rsplit("/", 1)[-1], flags, dir_fd=fds[-1])
-                except OSError:
-                    out.append(None)
-                    continue
-                try:
-                    out.append(os.pread(fd, n, 0))
-                except OSError:
-                    out.append(None)
-                finally:
-                    os.close(fd)
+        root_fd = self._root_for("read", names)
+        for name in names:
+            try:
+                if root_fd < 0:
+                    raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
+                with self._parents(root_fd, name) as fds:
+                    fd = os.open(name.rsplit("/", 1)[-1], _READ_FLAGS, dir_fd=fds[-1])
+            except OSError:
+                out.append(None)
+                continue
+            try:
+                out.append(os.pread(fd, n, 0))
+            except OSError:
+                out.append(None)
+            finally:
+                os.close(fd)
         return out
 
     def _lstat(self, root_fd: int, name: str) -> os.stat_result:
