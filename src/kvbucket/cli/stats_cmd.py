@@ -45,7 +45,7 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
     from kvbucket.metrics import summarize
 
     summary = summarize(exposition)
-    if not summary.rows and not summary.prefix_tokens:
+    if not summary.rows and not summary.prefix_tokens and not summary.integrity_verified:
         return False
     table = Table(title=title)
     for col, justify in (
@@ -70,6 +70,16 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
         chunks = ", ".join(f"{k} {v:.0f}" for k, v in sorted(summary.prefix_chunks.items()))
         console.print(
             f"prefix reuse: {hit:.0f} tokens loaded, {computed:.0f} computed{share}; chunks: {chunks}"
+        )
+    if summary.integrity_verified or summary.integrity_failures:
+        verified = sum(summary.integrity_verified.values())
+        refused = sum(summary.integrity_failures.values())
+        failures = sorted(summary.integrity_failures.items())
+        why = ", ".join(f"{tier} {reason} {n:.0f}" for (tier, reason), n in failures)
+        console.print(
+            f"integrity: {verified:.0f} objects verified on load, {refused:.0f} refused"
+            + (f" ({why})" if why else ""),
+            markup=False, highlight=False, soft_wrap=True,  # one line, however many reasons
         )
     return True
 

@@ -44,6 +44,7 @@ from kvbucket.l2.base import EventNotifier, KeyPage, L2Adapter, L2TaskId, StoreR
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
 from kvbucket.log_once import RepeatedLog, flush_all
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore, check_prefix
+from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
@@ -85,10 +86,14 @@ class ObjectStoreL2Adapter(L2Adapter):
         delete_timeout_secs: float = 30.0,
         listener: L2Listener | None = None,
         split_batches: bool = True,
+        unsealed: str = "miss",
+        encryption: Any = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError("num_workers must be at least 1")
-        self._store = store
+        # Every write goes through SealedStore.put_many (one function: SealedStore.seal) and
+        # every load is verified there; refused objects come back as misses (then forgotten).
+        self._store = seal_store(store, tier="l2", unsealed=unsealed, encryption=encryption)
         self._prefix = check_prefix(prefix)
         self._num_workers = num_workers
         self._capacity = int(max_capacity_bytes)
