@@ -44,20 +44,27 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError
+from kvbucket.fleet.layout import is_fleet_name
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.accounting import KeyIndex
 from kvbucket.l2.base import EventNotifier, KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
 from kvbucket.l2.format_store import route_formats
 from kvbucket.l2.naming import Naming
+from kvbucket.log_once import RepeatedLog, flush_all
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore, check_prefix
 from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
+if TYPE_CHECKING:
+    from kvbucket.fleet.config import FleetConfig
+    from kvbucket.fleet.host import FleetLink
+
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 
 _REBUILD_PAGE = 1000
 _NAME_CACHE_MAX = 1 << 20
@@ -99,7 +106,11 @@ class ObjectStoreL2Adapter(L2Adapter):
         work_dir: Any = None,
         unsealed: str = "miss",
         encryption: Any = None,
+        fleet: FleetConfig | None = None,
     ) -> None:
+        """``fleet``: share capacity, eviction and visibility with every other node on this
+        prefix through the store (see :mod:`kvbucket.fleet`); usage is then rebuilt from the
+        fleet's snapshot and journals instead of a listing."""
         if num_workers < 1:
             raise ValueError("num_workers must be at least 1")
         self._prefix = check_prefix(prefix)
@@ -144,7 +155,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._inflight: set[Future[None]] = set()
         self._closed = False
         self._evicting = False
-        self._rebuilt = not rebuild_usage
+        self._rebuilt = not rebuild_usage and fleet is None
         self._deleted_while_rebuilding: set[str] = set()
         self._stats = {
             "stores": 0,
@@ -173,7 +184,14 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvbucket-l2-loop", daemon=True)
         self._thread.start()
-        if rebuild_usage:
+        self._fleet: FleetLink | None = None
+        if fleet is not None:
+            from kvbucket.fleet.host import FleetLink
+
+            if self._eviction is None:  # max_age works without a capacity
+                self._eviction = EvictionConfig(eviction_policy="LRU" if self._capacity > 0 else "noop")
+            self._fleet = FleetLink(self, fleet)
+        elif rebuild_usage:
             self._schedule(self._rebuild())
 
     # ---- small helpers ------------------------------------------------------------------
@@ -331,12 +349,14 @@ class ObjectStoreL2Adapter(L2Adapter):
                     failed.append(i)
             if failed:
                 # Remote batches are not transactional: ask which objects are there now.
-                log.warning(
+                first_error = results[take.index(failed[0])].error
+                _repeated.warning(
                     "store task %d: %d of %d puts failed (%s); checking what landed",
                     tid,
                     len(failed),
                     len(take),
-                    results[take.index(failed[0])].error,
+                    first_error,
+                    same=f"store puts failed: {first_error}",
                 )
                 heads = await self._sliced(self._store.head_many, [names[i] for i in failed])
                 present: dict[int, int] = {}  # there, but not what we wrote (an older object)
@@ -360,6 +380,8 @@ class ObjectStoreL2Adapter(L2Adapter):
                     if was_new:
                         new_keys.append(keys[i])
                         new_sizes.append(size)
+                if self._fleet is not None:
+                    self._fleet.stored([names[i] for i in landed], landed.values())
             ok = len(landed) == n
             result = StoreResult(ok, sum(landed.values()), tuple(i in landed for i in range(n)))
         except Exception as e:
@@ -437,6 +459,8 @@ class ObjectStoreL2Adapter(L2Adapter):
 
     def _all_known(self, cands: list[tuple[str, ...]]) -> bool:
         """Whether every key is in the index or a remembered miss under every name (call with ``_lock``)."""
+        if self._fleet is not None and self._rebuilt:
+            return True  # the fleet's journals tell every store within sync_secs: no HEADs
         now = time.monotonic()
         index, missing = self._index, self._missing
         return all(
@@ -448,6 +472,7 @@ class ObjectStoreL2Adapter(L2Adapter):
     ) -> list[bool]:
         """Hits among indexed names; lock and touch each (call with ``_lock``)."""
         hits = [False] * len(keys)
+        hit_names: list[str] = []
         for i, c in enumerate(cands):
             name = self._where(c)
             if name is None:
@@ -459,6 +484,9 @@ class ObjectStoreL2Adapter(L2Adapter):
             self._locks[name] = self._locks.get(name, 0) + 1
             self._index.touch(name)
             accessed.append(keys[i])
+            hit_names.append(name)
+        if self._fleet is not None and hit_names:
+            self._fleet.accessed(hit_names)
         return hits
 
     def query_lookup_and_lock_result(self, task_id: L2TaskId) -> list[bool] | None:
@@ -571,12 +599,16 @@ class ObjectStoreL2Adapter(L2Adapter):
                             self._index.touch(name)
                         elif isinstance(res.error, SizeMismatchError):
                             self._stats["size_mismatches"] += 1
-                            log.warning("load task %d: %s; reported as a miss", tid, res.error)
+                            _repeated.warning(
+                                "load task %d: %s; reported as a miss", tid, res.error, item=tid
+                            )
                         elif res.ok:  # not there (deleted elsewhere): forget it, try the next name
                             size = self._index.remove(name)
                             if size:
                                 gone_keys.append(keys[i])
                                 gone_sizes.append(size)
+                                if self._fleet is not None:
+                                    self._fleet.deleted([name])
                             if r + 1 < len(order[i]):
                                 retry.append(i)
                         else:
@@ -630,7 +662,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         return out
 
     async def _delete_names(
-        self, names: list[str], *, notify: bool = True
+        self, names: list[str], *, notify: bool = True, evicted: bool = False
     ) -> tuple[list[bool], dict[str, int]]:
         """Delete from the store, then from the index; names must be in ``_deleting``.
 
@@ -653,6 +685,8 @@ class ObjectStoreL2Adapter(L2Adapter):
                     continue
                 if not self._rebuilt:
                     self._deleted_while_rebuilding.add(name)
+                if self._fleet is not None:
+                    self._fleet.deleted([name], evicted=evicted)
                 entry = self._index.get(name)
                 size = self._index.remove(name)
                 if entry is not None:
@@ -669,7 +703,8 @@ class ObjectStoreL2Adapter(L2Adapter):
         if cfg is None or self._evicting or self._closed:
             return
         with self._lock:
-            if not cfg.triggered(self._index.bytes_used, self._capacity):
+            expired = self._fleet is not None and self._fleet.has_expired()
+            if not expired and not cfg.triggered(self._index.bytes_used, self._capacity):
                 return
             self._evicting = True
         self._loop.create_task(self._evict())
@@ -680,18 +715,23 @@ class ObjectStoreL2Adapter(L2Adapter):
             while not self._closed:
                 with self._lock:
                     busy = set(self._locks) | self._deleting
-                    victims = choose_victims(self._index, self._capacity, self._eviction, busy)
+                    if self._fleet is not None:
+                        victims = self._fleet.victims(busy)
+                    else:
+                        victims = choose_victims(self._index, self._capacity, self._eviction, busy)
                     sizes = {v: e.size for v in victims if (e := self._index.get(v)) is not None}
                     self._deleting.update(victims)
                 if not victims:
                     return
-                removed, _ = await self._delete_names(victims)
+                removed, _ = await self._delete_names(victims, evicted=True)
                 self._stats["evicted_keys"] += sum(removed)
                 self._stats["evicted_bytes"] += sum(
                     sizes.get(v, 0) for v, r in zip(victims, removed, strict=True) if r
                 )
-                if not any(removed):
-                    return  # the store refuses deletes; try again after the next store
+                if not any(removed) or self._fleet is not None:
+                    # The store refuses deletes (try again after the next store), or a fleet
+                    # node took its share of this round (the next sync round shows the rest).
+                    return
         finally:
             self._evicting = False
 
@@ -749,7 +789,8 @@ class ObjectStoreL2Adapter(L2Adapter):
                 return
             key = self._naming.parse(info.name)  # kvbucket's names and LMCache's
             if key is None:
-                self._stats["foreign_objects"] += 1
+                if not is_fleet_name(info.name, self._prefix):
+                    self._stats["foreign_objects"] += 1
                 continue
             page.append((info.name, key, info.size, info.mtime or 0.0))
             if len(page) >= _REBUILD_PAGE:
@@ -805,6 +846,7 @@ class ObjectStoreL2Adapter(L2Adapter):
             "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
             "last_error": self._last_error,
             **self._stats,
+            **({"fleet": self._fleet.status()} if self._fleet is not None else {}),
         }
 
     # ---- close --------------------------------------------------------------------------------------------
@@ -820,9 +862,12 @@ class ObjectStoreL2Adapter(L2Adapter):
         for fut in pending:
             with contextlib.suppress(Exception):
                 fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        if self._fleet is not None:
+            self._fleet.close()  # publishes what it still buffers
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        flush_all()  # the counts of repeated failures
         if not self._thread.is_alive():
             self._loop.close()
         for efd in (self._store_efd, self._lookup_efd, self._load_efd):

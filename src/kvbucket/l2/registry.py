@@ -94,6 +94,7 @@ def open_l2_adapter(
             listener=listener,
             naming=naming,
             work_dir=work_dir,
+            fleet=config.fleet,
             unsealed=config.unsealed,
             encryption=config.encryption,
             **store_options(config),
