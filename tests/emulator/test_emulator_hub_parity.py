@@ -391,3 +391,15 @@ def test_cli_serve_with_orgs_applies_them_and_fences_stats(tmp_path: Path) -> No
         _, err = proc.communicate(timeout=30)
     assert "acme: alice" in err
     assert "alice-cli-secret" not in err and "bob-cli-secret" not in err
+
+
+def test_serve_help_says_what_open_mode_allows() -> None:
+    kvbucket = str(Path(sys.executable).parent / "kvbucket")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "COLUMNS": "200"}
+    r = subprocess.run(
+        [kvbucket, "emulator", "serve", "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.replace("│", " ").split())
+    assert "Without any token the server is OPEN" in text and "in any namespace" in text
+    assert "--org" in text and "ORG=USER,USER" in text and "fine-read" in text
