@@ -25,6 +25,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, s
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.errors import NoSpaceError
+from kvbucket.stores import sealed as _sealed
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
 
 _LATENCY_BUCKETS = (
@@ -33,7 +35,8 @@ _LATENCY_BUCKETS = (
 
 BACKEND_OPS = Counter(
     "kvbucket_backend_operations",
-    "Chunk operations per tier, by operation and result (hit/miss/ok/accepted/error).",
+    "Chunk operations per tier, by operation and result (hit/miss/ok/accepted/error/skipped: a "
+    "local tier whose filesystem was full).",
     ["tier", "op", "result"],
 )
 BACKEND_BYTES = Counter(
@@ -75,6 +78,10 @@ PREFIX_SECONDS = Histogram(
     ["phase"],
     buckets=_LATENCY_BUCKETS,
 )
+# Integrity counters live next to the code that counts them (kvbucket.stores.sealed, which
+# cannot import this module: backends import it); re-exported here with the others.
+INTEGRITY_FAILURES = _sealed.INTEGRITY_FAILURES
+INTEGRITY_VERIFIED = _sealed.INTEGRITY_VERIFIED
 
 
 def _nbytes(chunk: Any) -> int:
@@ -124,6 +131,9 @@ class InstrumentedBackend(StorageBackend):
         with self._time("put"):
             try:
                 self.inner.put(key, chunk, blocking=blocking)
+            except NoSpaceError:
+                self._count("put", "skipped")
+                raise
             except Exception:
                 self._count("put", "error")
                 raise
@@ -192,7 +202,9 @@ class InstrumentedBackend(StorageBackend):
                 self._count("put", "error", len(items))
                 raise
         landed = [chunk for (_, chunk), err in zip(items, results, strict=True) if err is None]
-        self._count("put", "error", len(items) - len(landed))
+        skipped = sum(isinstance(err, NoSpaceError) for err in results)
+        self._count("put", "skipped", skipped)
+        self._count("put", "error", len(items) - len(landed) - skipped)
         if blocking:
             self._count("put", "ok", len(landed))
             BACKEND_BYTES.labels(self.tier, "write").inc(sum(_nbytes(c) for c in landed))
@@ -363,6 +375,8 @@ class Summary:
     rows: list[Row]
     prefix_tokens: dict[str, float]
     prefix_chunks: dict[str, float]
+    integrity_verified: dict[str, float] = field(default_factory=dict)  # tier -> objects verified
+    integrity_failures: dict[tuple[str, str], float] = field(default_factory=dict)  # (tier, reason)
 
 
 _READ_OPS = {"get", "batched_get"}
@@ -377,6 +391,8 @@ def summarize(exposition: str) -> Summary:
     rows: dict[tuple[str, str], Row] = {}
     prefix_tokens: dict[str, float] = {}
     prefix_chunks: dict[str, float] = {}
+    verified: dict[str, float] = {}
+    failures: dict[tuple[str, str], float] = {}
 
     def row(kind: str, name: str) -> Row:
         return rows.setdefault((kind, name), Row(kind, name))
@@ -409,8 +425,25 @@ def summarize(exposition: str) -> Summary:
                 prefix_tokens[lab["result"]] = prefix_tokens.get(lab["result"], 0.0) + v
             elif s.name == "kvbucket_prefix_chunks_total":
                 prefix_chunks[lab["result"]] = prefix_chunks.get(lab["result"], 0.0) + v
+            elif s.name == "kvbucket_integrity_verified_total":
+                verified[lab["tier"]] = verified.get(lab["tier"], 0.0) + v
+            elif s.name == "kvbucket_integrity_failures_total":
+                k = (lab["tier"], lab["reason"])
+                failures[k] = failures.get(k, 0.0) + v
     ordered = sorted(rows.values(), key=lambda r: (r.kind != "tier", r.name))
-    return Summary(ordered, prefix_tokens, prefix_chunks)
+    return Summary(ordered, prefix_tokens, prefix_chunks, verified, failures)
+
+
+def integrity_totals(registry: CollectorRegistry = REGISTRY) -> tuple[float, float]:
+    """(objects verified, objects refused) on reads of every tier of this process so far."""
+    verified = failures = 0.0
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name == "kvbucket_integrity_verified_total":
+                verified += s.value
+            elif s.name == "kvbucket_integrity_failures_total":
+                failures += s.value
+    return verified, failures
 
 
 def _fold_op(r: Row, op: str, result: str, v: float, *, read_ops: set[str], write_ops: set[str]) -> None:
@@ -429,6 +462,8 @@ __all__ = [
     "BACKEND_BYTES",
     "BACKEND_LATENCY",
     "BACKEND_OPS",
+    "INTEGRITY_FAILURES",
+    "INTEGRITY_VERIFIED",
     "PREFIX_CHUNKS",
     "PREFIX_SECONDS",
     "PREFIX_TOKENS",
@@ -440,6 +475,7 @@ __all__ = [
     "MetricsServer",
     "Row",
     "Summary",
+    "integrity_totals",
     "start_metrics_server",
     "summarize",
 ]

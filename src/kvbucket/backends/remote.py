@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
@@ -34,9 +34,17 @@ from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
+from kvbucket.stores.sealed import seal_store
+from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def layout_identity(layout: KVLayout) -> str:
+    """What a chunk's envelope records of the KV layout it was written for."""
+    return (f"kv:{layout.num_layers}x{layout.kv_factor}x{layout.chunk_tokens}x{layout.num_kv_heads}x"
+            f"{layout.head_size}:{layout.dtype}")
 
 
 class RemoteBackend(QueuedBackend):
@@ -62,8 +70,13 @@ class RemoteBackend(QueuedBackend):
         io_threads: int = 4,
         queue_size: int = 64,
         owns_store: bool = True,
+        unsealed: str = "miss",
+        encryption: Any = None,
     ) -> None:
-        self.store = store
+        # Every object is sealed on write and verified on read (kvbucket.stores.sealed); the
+        # envelope names the KV layout, so a chunk written for another layout is a miss.
+        self.store = seal_store(store, tier="remote", identity=layout_identity(layout), unsealed=unsealed,
+                                encryption=encryption)
         self.layout = layout
         self.serde = get_serde(serde)
         self.save_unfull_chunk = save_unfull_chunk
@@ -75,7 +88,7 @@ class RemoteBackend(QueuedBackend):
         self._exists_max = exists_cache_max
         self._exists_lock = threading.Lock()
         self._logged_bad: set[str] = set()
-        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvbucket-remote")
+        self._pool = DaemonThreadPool(io_threads, "kvbucket-remote")  # a stuck call never blocks exit
         self._queue = PutQueue("remote", self._apply, queue_size)
         self._closed = False
 
@@ -156,6 +169,8 @@ class RemoteBackend(QueuedBackend):
                         self._log_bad(ks[i], str(r.error))
                     else:
                         log.warning("get of %s from %s failed: %s", ks[i], self.store.url, r.error)
+                if not r.found:  # missing, or refused by the integrity check (and removed)
+                    self._invalidate([r.name])
                 out[i] = r.found
         return out
 
@@ -305,6 +320,12 @@ class RemoteBackend(QueuedBackend):
         return self.store.get_many(names, [np.empty(full, dtype=np.uint8) for _ in names])
 
     def _decode(self, key: str, r: ItemResult) -> Chunk | None:
+        chunk = self._decode_one(key, r)
+        if chunk is None:  # missing, refused (the sealing layer removed it) or wrong: not "known"
+            self._invalidate([r.name])
+        return chunk
+
+    def _decode_one(self, key: str, r: ItemResult) -> Chunk | None:
         if r.error is not None:
             if isinstance(r.error, SizeMismatchError):
                 self._log_bad(key, str(r.error))
@@ -383,7 +404,7 @@ class PipelinedRemoteBackend(RemoteBackend):
             raise ValueError("pipeline_batch and max_inflight must be positive")
         self.pipeline_batch = pipeline_batch
         self.max_inflight = max_inflight
-        self._deser = ThreadPoolExecutor(1, thread_name_prefix="kvbucket-deserialize")
+        self._deser = DaemonThreadPool(1, "kvbucket-deserialize")
 
     def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
         ks = [as_key_string(k) for k in keys]

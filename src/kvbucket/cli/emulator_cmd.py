@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -74,6 +75,9 @@ def register(app: typer.Typer) -> None:
         if host not in ("127.0.0.1", "localhost", "::1"):
             typer.secho(f"warning: listening on {host}, not only on loopback", fg="yellow", err=True)
         admin_key = os.environ.get(ADMIN_ENV)  # enables /_emulator/faults for whoever holds it
+        if data_dir.exists() and not data_dir.is_dir():
+            raise typer.BadParameter(f"{data_dir} is a file; give a directory (created if missing)",
+                                     param_hint="--data-dir")
         try:
             emu = HubEmulator(
                 data_dir,
@@ -86,7 +90,22 @@ def register(app: typer.Typer) -> None:
             )
         except ConfigError as e:
             raise typer.BadParameter(str(e)) from None
-        emu.start()
+        except OSError as e:
+            raise typer.BadParameter(f"cannot use {data_dir}: {e.strerror or e}",
+                                     param_hint="--data-dir") from None
+        try:
+            emu.start()
+        except OSError as e:
+            emu.close()
+            if e.filename is not None:  # the data dir (created on start), not the socket
+                raise typer.BadParameter(f"cannot use {data_dir}: {e.strerror or e}: {e.filename}",
+                                         param_hint="--data-dir") from None
+            reason = e.strerror or str(e)
+            if e.errno == errno.EADDRINUSE or "address already in use" in reason.lower():
+                reason = "the port is taken by another process"
+            typer.echo(f"error: cannot listen on {host}:{port}: {reason}; pick another --port "
+                       "(or --port 0 for a free one)", err=True)
+            raise typer.Exit(1) from None
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())

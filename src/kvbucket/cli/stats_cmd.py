@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvbucket.cli.common import fail
+
 DEFAULT_URL = "http://127.0.0.1:9464/metrics"
 
 
@@ -22,11 +24,11 @@ def fetch_metrics(url: str, timeout: float = 10.0) -> str:
             return resp.read().decode("utf-8")
     except urllib.error.HTTPError as e:
         raise typer.BadParameter(f"{url} answered HTTP {e.code}; is it a /metrics endpoint?") from None
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, OSError) as e:  # a runtime failure (exit 1), not a usage error
         reason = getattr(e, "reason", e)
-        raise typer.BadParameter(
+        raise fail(
             f"cannot reach {url} ({reason}); "
-            "start the process with kvbucket.metrics.start_metrics_server(port)"
+            "start the process with kvbucket.metrics.start_metrics_server(port)", 1
         ) from None
 
 
@@ -43,7 +45,7 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
     from kvbucket.metrics import summarize
 
     summary = summarize(exposition)
-    if not summary.rows and not summary.prefix_tokens:
+    if not summary.rows and not summary.prefix_tokens and not summary.integrity_verified:
         return False
     table = Table(title=title)
     for col, justify in (
@@ -68,6 +70,16 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
         chunks = ", ".join(f"{k} {v:.0f}" for k, v in sorted(summary.prefix_chunks.items()))
         console.print(
             f"prefix reuse: {hit:.0f} tokens loaded, {computed:.0f} computed{share}; chunks: {chunks}"
+        )
+    if summary.integrity_verified or summary.integrity_failures:
+        verified = sum(summary.integrity_verified.values())
+        refused = sum(summary.integrity_failures.values())
+        failures = sorted(summary.integrity_failures.items())
+        why = ", ".join(f"{tier} {reason} {n:.0f}" for (tier, reason), n in failures)
+        console.print(
+            f"integrity: {verified:.0f} objects verified on load, {refused:.0f} refused"
+            + (f" ({why})" if why else ""),
+            markup=False, highlight=False, soft_wrap=True,  # one line, however many reasons
         )
     return True
 

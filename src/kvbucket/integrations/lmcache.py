@@ -60,6 +60,7 @@ from kvbucket.l2.config import (
 from kvbucket.l2.registry import build_store, open_l2_adapter, parse_l2_config
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.hfbucket_config import lenient_bool
+from kvbucket.stores.sealed import seal_store
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +347,11 @@ class KVBucketConnector(RemoteConnector):
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
         self._cfg = connector_config_from_extra(extra, plugin_name)
-        self.store = store if store is not None else build_store(self._cfg)
+        # Sealed like every persistent tier: writes go through SealedStore.put_many, loads are
+        # verified before LMCache gets the memory object (kvbucket.stores.sealed).
+        raw = store if store is not None else build_store(self._cfg)
+        self.store = seal_store(raw, tier="connector", unsealed=self._cfg.unsealed,
+                                encryption=self._cfg.encryption)
         self._ttl = self._cfg.metadata_cache_ttl_secs
         self._sizes: dict[str, tuple[int | None, float]] = {}  # name -> (size, expiry)
         log.info("kvbucket connector %r on %s", plugin_name, self.store.url)

@@ -14,6 +14,11 @@ Fields shared by every type (kvbucket's, on top of each type's own):
 - ``metadata_cache_ttl_secs`` (float, default 30): how long a lookup miss is remembered;
 - ``full_chunk_bytes`` (int, optional): the full chunk size; stores of smaller buffers are
   refused. Unset, it is learned (see :mod:`kvbucket.l2.adapter`).
+- ``encryption`` (dict, optional): AES-256-GCM at rest per tenant (``cache_salt``),
+  ``{"keyring_file": "/path/keys.json"}`` or ``{"keyring_env": "VAR"}`` (see
+  :mod:`kvbucket.encryption`; docs/integrity.md);
+- ``unsealed`` (``"miss"`` or ``"accept"``, default ``"miss"``): what a load does with an object
+  that has no kvbucket envelope (see :mod:`kvbucket.stores.sealed`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.hfbucket_config import HFBucketConfig
@@ -41,6 +47,8 @@ class L2CommonConfig(BaseModel):
     eviction: EvictionConfig | None = None
     metadata_cache_ttl_secs: float = Field(30.0, ge=0.0)
     full_chunk_bytes: int | None = Field(None, gt=0)
+    encryption: EncryptionConfig | None = None
+    unsealed: Literal["miss", "accept"] = "miss"
 
     @property
     def max_capacity_bytes(self) -> int:
@@ -113,6 +121,7 @@ def load_spec(spec: str | dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "GIB",
+    "EncryptionConfig",
     "FsL2Config",
     "HFBucketL2Config",
     "L2CommonConfig",

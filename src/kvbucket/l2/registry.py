@@ -85,6 +85,8 @@ def open_l2_adapter(
             metadata_cache_ttl_secs=config.metadata_cache_ttl_secs,
             full_chunk_bytes=config.full_chunk_bytes,
             listener=listener,
+            unsealed=config.unsealed,
+            encryption=config.encryption,
             **store_options(config),
         )
     except Exception:

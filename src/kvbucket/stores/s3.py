@@ -19,7 +19,6 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -41,6 +40,7 @@ from kvbucket.secrets import redact, reveal
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size
 from kvbucket.stores.s3_config import S3Config, S3Target, resolve_target
 from kvbucket.stores.s3_direct import MISSING, Body, DirectReader, Outcome, WrongSize
+from kvbucket.threads import DaemonThreadPool
 
 _XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -68,9 +68,7 @@ class S3Store(ObjectStore):
         self.url = self.target.url
         self._secrets = (config.aws_access_key_id, config.aws_secret_access_key, config.aws_session_token)
         self._store = _build_client(config, self.target)
-        self._pool = ThreadPoolExecutor(
-            max_workers=config.s3_num_io_threads, thread_name_prefix="kvbucket-s3"
-        )
+        self._pool = DaemonThreadPool(config.s3_num_io_threads, "kvbucket-s3")  # never blocks exit
         self._closed = False
         self._bucket_checked = False
         self._bucket_lock = threading.Lock()
