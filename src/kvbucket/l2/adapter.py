@@ -42,11 +42,13 @@ from kvbucket.keys import ObjectKey, key_to_name, name_to_key
 from kvbucket.l2.accounting import KeyIndex
 from kvbucket.l2.base import EventNotifier, KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
+from kvbucket.log_once import RepeatedLog, flush_all
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore, check_prefix
 from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 
 _REBUILD_PAGE = 1000
 _NAME_CACHE_MAX = 1 << 20
@@ -286,12 +288,14 @@ class ObjectStoreL2Adapter(L2Adapter):
                     failed.append(i)
             if failed:
                 # Remote batches are not transactional: ask which objects are there now.
-                log.warning(
+                first_error = results[take.index(failed[0])].error
+                _repeated.warning(
                     "store task %d: %d of %d puts failed (%s); checking what landed",
                     tid,
                     len(failed),
                     len(take),
-                    results[take.index(failed[0])].error,
+                    first_error,
+                    same=f"store puts failed: {first_error}",
                 )
                 heads = await self._sliced(self._store.head_many, [names[i] for i in failed])
                 present: dict[int, int] = {}  # there, but not what we wrote (an older object)
@@ -476,7 +480,7 @@ class ObjectStoreL2Adapter(L2Adapter):
                         self._index.touch(names[i])
                     elif isinstance(r.error, SizeMismatchError):
                         self._stats["size_mismatches"] += 1
-                        log.warning("load task %d: %s; reported as a miss", tid, r.error)
+                        _repeated.warning("load task %d: %s; reported as a miss", tid, r.error, item=tid)
                     elif r.ok:  # the object is not there (deleted elsewhere): forget it
                         size = self._index.remove(names[i])
                         if size:
@@ -705,6 +709,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        flush_all()  # the counts of repeated failures
         if not self._thread.is_alive():
             self._loop.close()
         for efd in (self._store_efd, self._lookup_efd, self._load_efd):
