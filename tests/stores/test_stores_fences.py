@@ -8,6 +8,7 @@ temp directory, the disk tier's lock file.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -103,3 +104,17 @@ def test_disk_tier_never_follows_links_in_its_directory(tmp_path: Path, outside:
     finally:
         disk.close()
     assert _snapshot(outside) == {"x": b"secret"}
+
+
+def test_a_root_removed_and_recreated_behind_the_store_is_followed_by_path(tmp_path: Path) -> None:
+    """The root's fd is kept open between calls; a root replaced since is reopened, never written
+    into the removed directory (where puts would vanish)."""
+    root = tmp_path / "store"
+    store = FileStore(root)
+    store.put("a", b"1")
+    shutil.rmtree(root)
+    root.mkdir()
+    assert store.get("a") is None and store.head("a") is None
+    store.put("nested/b", b"2")
+    assert (root / "nested" / "b").read_bytes() == b"2" and store.get("nested/b") == b"2"
+    assert [i.name for i in store.list()] == ["nested/b"]

@@ -35,18 +35,25 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError
+from kvbucket.fleet.layout import is_fleet_name
 from kvbucket.keys import ObjectKey, key_to_name, name_to_key
 from kvbucket.l2.accounting import KeyIndex
 from kvbucket.l2.base import EventNotifier, KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
+from kvbucket.log_once import RepeatedLog, flush_all
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore, check_prefix
 from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
+if TYPE_CHECKING:
+    from kvbucket.fleet.config import FleetConfig
+    from kvbucket.fleet.host import FleetLink
+
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 
 _REBUILD_PAGE = 1000
 _NAME_CACHE_MAX = 1 << 20
@@ -86,7 +93,11 @@ class ObjectStoreL2Adapter(L2Adapter):
         split_batches: bool = True,
         unsealed: str = "miss",
         encryption: Any = None,
+        fleet: FleetConfig | None = None,
     ) -> None:
+        """``fleet``: share capacity, eviction and visibility with every other node on this
+        prefix through the store (see :mod:`kvbucket.fleet`); usage is then rebuilt from the
+        fleet's snapshot and journals instead of a listing."""
         if num_workers < 1:
             raise ValueError("num_workers must be at least 1")
         # Every write goes through SealedStore.put_many (one function: SealedStore.seal) and
@@ -120,7 +131,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._inflight: set[Future[None]] = set()
         self._closed = False
         self._evicting = False
-        self._rebuilt = not rebuild_usage
+        self._rebuilt = not rebuild_usage and fleet is None
         self._deleted_while_rebuilding: set[str] = set()
         self._stats = {
             "stores": 0,
@@ -149,7 +160,14 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvbucket-l2-loop", daemon=True)
         self._thread.start()
-        if rebuild_usage:
+        self._fleet: FleetLink | None = None
+        if fleet is not None:
+            from kvbucket.fleet.host import FleetLink
+
+            if self._eviction is None:  # max_age works without a capacity
+                self._eviction = EvictionConfig(eviction_policy="LRU" if self._capacity > 0 else "noop")
+            self._fleet = FleetLink(self, fleet)
+        elif rebuild_usage:
             self._schedule(self._rebuild())
 
     # ---- small helpers ------------------------------------------------------------------
@@ -286,12 +304,14 @@ class ObjectStoreL2Adapter(L2Adapter):
                     failed.append(i)
             if failed:
                 # Remote batches are not transactional: ask which objects are there now.
-                log.warning(
+                first_error = results[take.index(failed[0])].error
+                _repeated.warning(
                     "store task %d: %d of %d puts failed (%s); checking what landed",
                     tid,
                     len(failed),
                     len(take),
-                    results[take.index(failed[0])].error,
+                    first_error,
+                    same=f"store puts failed: {first_error}",
                 )
                 heads = await self._sliced(self._store.head_many, [names[i] for i in failed])
                 present: dict[int, int] = {}  # there, but not what we wrote (an older object)
@@ -314,6 +334,8 @@ class ObjectStoreL2Adapter(L2Adapter):
                     if was_new:
                         new_keys.append(keys[i])
                         new_sizes.append(size)
+                if self._fleet is not None:
+                    self._fleet.stored([names[i] for i in landed], landed.values())
             ok = len(landed) == n
             result = StoreResult(ok, sum(landed.values()), tuple(i in landed for i in range(n)))
         except Exception as e:
@@ -362,6 +384,8 @@ class ObjectStoreL2Adapter(L2Adapter):
 
     def _all_known(self, names: list[str]) -> bool:
         """Whether every name is in the index or a remembered miss (call with ``_lock``)."""
+        if self._fleet is not None and self._rebuilt:
+            return True  # the fleet's journals tell every store within sync_secs: no HEADs
         now = time.monotonic()
         index, missing = self._index, self._missing
         return all(n in index or missing.get(n, 0.0) > now for n in names)
@@ -377,6 +401,8 @@ class ObjectStoreL2Adapter(L2Adapter):
             self._locks[name] = self._locks.get(name, 0) + 1
             self._index.touch(name)
             accessed.append(keys[i])
+        if self._fleet is not None and accessed:
+            self._fleet.accessed(n for n, hit in zip(names, hits, strict=True) if hit)
         return hits
 
     def query_lookup_and_lock_result(self, task_id: L2TaskId) -> list[bool] | None:
@@ -476,12 +502,14 @@ class ObjectStoreL2Adapter(L2Adapter):
                         self._index.touch(names[i])
                     elif isinstance(r.error, SizeMismatchError):
                         self._stats["size_mismatches"] += 1
-                        log.warning("load task %d: %s; reported as a miss", tid, r.error)
+                        _repeated.warning("load task %d: %s; reported as a miss", tid, r.error, item=tid)
                     elif r.ok:  # the object is not there (deleted elsewhere): forget it
                         size = self._index.remove(names[i])
                         if size:
                             gone_keys.append(keys[i])
                             gone_sizes.append(size)
+                            if self._fleet is not None:
+                                self._fleet.deleted([names[i]])
                     else:
                         self._last_error = str(r.error)
         except Exception as e:
@@ -514,7 +542,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._stats["deleted_keys"] += sum(out)
         return out
 
-    async def _delete_names(self, names: list[str]) -> list[bool]:
+    async def _delete_names(self, names: list[str], *, evicted: bool = False) -> list[bool]:
         """Delete from the store, then from the index; names must be in ``_deleting``."""
         try:
             results = await self._sliced(self._store.delete_many, names)
@@ -532,6 +560,8 @@ class ObjectStoreL2Adapter(L2Adapter):
                     continue
                 if not self._rebuilt:
                     self._deleted_while_rebuilding.add(name)
+                if self._fleet is not None:
+                    self._fleet.deleted([name], evicted=evicted)
                 entry = self._index.get(name)
                 size = self._index.remove(name)
                 if entry is not None:
@@ -547,7 +577,8 @@ class ObjectStoreL2Adapter(L2Adapter):
         if cfg is None or self._evicting or self._closed:
             return
         with self._lock:
-            if not cfg.triggered(self._index.bytes_used, self._capacity):
+            expired = self._fleet is not None and self._fleet.has_expired()
+            if not expired and not cfg.triggered(self._index.bytes_used, self._capacity):
                 return
             self._evicting = True
         self._loop.create_task(self._evict())
@@ -558,18 +589,23 @@ class ObjectStoreL2Adapter(L2Adapter):
             while not self._closed:
                 with self._lock:
                     busy = set(self._locks) | self._deleting
-                    victims = choose_victims(self._index, self._capacity, self._eviction, busy)
+                    if self._fleet is not None:
+                        victims = self._fleet.victims(busy)
+                    else:
+                        victims = choose_victims(self._index, self._capacity, self._eviction, busy)
                     sizes = {v: e.size for v in victims if (e := self._index.get(v)) is not None}
                     self._deleting.update(victims)
                 if not victims:
                     return
-                removed = await self._delete_names(victims)
+                removed = await self._delete_names(victims, evicted=True)
                 self._stats["evicted_keys"] += sum(removed)
                 self._stats["evicted_bytes"] += sum(
                     sizes.get(v, 0) for v, r in zip(victims, removed, strict=True) if r
                 )
-                if not any(removed):
-                    return  # the store refuses deletes; try again after the next store
+                if not any(removed) or self._fleet is not None:
+                    # The store refuses deletes (try again after the next store), or a fleet
+                    # node took its share of this round (the next sync round shows the rest).
+                    return
         finally:
             self._evicting = False
 
@@ -627,7 +663,8 @@ class ObjectStoreL2Adapter(L2Adapter):
             try:
                 key = ObjectKey.from_string(name_to_key(info.name, self._prefix))
             except InvalidKeyError:
-                self._stats["foreign_objects"] += 1
+                if not is_fleet_name(info.name, self._prefix):
+                    self._stats["foreign_objects"] += 1
                 continue
             page.append((info.name, key, info.size, info.mtime or 0.0))
             if len(page) >= _REBUILD_PAGE:
@@ -687,6 +724,7 @@ class ObjectStoreL2Adapter(L2Adapter):
             "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
             "last_error": self._last_error,
             **self._stats,
+            **({"fleet": self._fleet.status()} if self._fleet is not None else {}),
         }
 
     # ---- close --------------------------------------------------------------------------------------------
@@ -702,9 +740,12 @@ class ObjectStoreL2Adapter(L2Adapter):
         for fut in pending:
             with contextlib.suppress(Exception):
                 fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        if self._fleet is not None:
+            self._fleet.close()  # publishes what it still buffers
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        flush_all()  # the counts of repeated failures
         if not self._thread.is_alive():
             self._loop.close()
         for efd in (self._store_efd, self._lookup_efd, self._load_efd):

@@ -18,7 +18,10 @@ Fields shared by every type (kvbucket's, on top of each type's own):
   ``{"keyring_file": "/path/keys.json"}`` or ``{"keyring_env": "VAR"}`` (see
   :mod:`kvbucket.encryption`; docs/integrity.md);
 - ``unsealed`` (``"miss"`` or ``"accept"``, default ``"miss"``): what a load does with an object
-  that has no kvbucket envelope (see :mod:`kvbucket.stores.sealed`).
+  that has no kvbucket envelope (see :mod:`kvbucket.stores.sealed`);
+- ``fleet`` (dict, optional): share the prefix's capacity with every other node using it
+  (see :class:`kvbucket.fleet.config.FleetConfig` and docs/fleet.md); ``max_capacity_gb``
+  then bounds the whole prefix, not this node's stores.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
+from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.hfbucket_config import HFBucketConfig
 from kvbucket.stores.s3_config import S3Config
@@ -47,6 +51,7 @@ class L2CommonConfig(BaseModel):
     eviction: EvictionConfig | None = None
     metadata_cache_ttl_secs: float = Field(30.0, ge=0.0)
     full_chunk_bytes: int | None = Field(None, gt=0)
+    fleet: FleetConfig | None = None
     encryption: EncryptionConfig | None = None
     unsealed: Literal["miss", "accept"] = "miss"
 

@@ -85,6 +85,7 @@ def open_l2_adapter(
             metadata_cache_ttl_secs=config.metadata_cache_ttl_secs,
             full_chunk_bytes=config.full_chunk_bytes,
             listener=listener,
+            fleet=config.fleet,
             unsealed=config.unsealed,
             encryption=config.encryption,
             **store_options(config),
