@@ -223,3 +223,16 @@ def test_put_queue_close_drops_what_cannot_land_in_time() -> None:
     release.set()
     time.sleep(0.2)
     assert "b" not in applied and "c" not in applied, "a dropped put must not land after close()"
+
+
+def test_a_pool_dropped_without_shutdown_ends_its_workers() -> None:
+    import gc
+
+    pool = DaemonThreadPool(2, "kvbucket-dropped")
+    assert pool.submit(int, "7").result(timeout=5) == 7
+    threads = pool.threads
+    del pool
+    gc.collect()
+    for t in threads:
+        t.join(5)
+    assert not any(t.is_alive() for t in threads)

@@ -106,3 +106,27 @@ def test_max_age_is_enforced_by_any_node_and_counted_as_cross_node() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_lmcache_format_names_are_shared_too(tmp_path) -> None:
+    from kvbucket.l2.naming import Naming
+    from kvbucket.stores.file import FileStore
+
+    shared = FileStore(tmp_path / "kv")
+    nodes = [ObjectStoreL2Adapter(shared, owns_store=False, full_chunk_bytes=CHUNK,
+                                  naming=Naming(style="fs", object_format="lmcache"),
+                                  fleet=FleetConfig(node_id=n, **FAST)) for n in ("a", "b")]
+    a, b = nodes
+    try:
+        assert a.wait_until_rebuilt(10) and b.wait_until_rebuilt(10)
+        keys = [key(i, "t") for i in range(3)]
+        assert t.store(a, keys, [chunk(i, CHUNK) for i in range(3)]).success
+        assert any(i.name.endswith(".data") for i in shared.list(""))  # LMCache's fs names
+        assert until(lambda: b.get_usage().bytes_used == 3 * CHUNK)
+        assert b.get_usage().bytes_by_cache_salt == {"t": 3 * CHUNK}
+        assert t.lookup(b, keys) == [True] * 3
+        b.submit_unlock(keys)
+    finally:
+        for n in nodes:
+            n.close()
+        shared.close()

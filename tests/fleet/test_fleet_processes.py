@@ -7,8 +7,6 @@ stop, the fleet is given SETTLE seconds (several sync rounds) to get back under 
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +14,9 @@ from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2 import open_l2_adapter
 from kvbucket.stores.file import FileStore
 from kvbucket.stores.sealed import seal_store
+from kvbucket.testing import fleet_node
 from kvbucket.testing import l2 as t
-from kvbucket.testing.fleet_node import chunk, key, run_node
+from kvbucket.testing.fleet_node import chunk, key
 
 CHUNK = 64 * 1024
 CAPACITY = 4 * 1024 * 1024
@@ -39,25 +38,7 @@ def chunk_bytes(root: Path) -> dict[str, int]:
 
 def run_fleet(root: Path, plans: list[dict[str, Any]], fleet: dict[str, Any] | None = None,
               timeout: float = 90.0) -> list[dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=run_node, args=(spec(root, p["name"], **(fleet or {})), p, out))
-             for p in plans]
-    for p in procs:
-        p.start()
-    reports = []
-    expected = sum(1 for p in plans if not p.get("die_in_delete"))
-    end = time.monotonic() + timeout
-    while len(reports) < expected and time.monotonic() < end:
-        try:
-            reports.append(out.get(timeout=1.0))
-        except Exception:
-            continue
-    for p in procs:
-        p.join(30)
-    assert len(reports) == expected, reports
-    assert not [r for r in reports if "error" in r], reports
-    return reports
+    return fleet_node.run_fleet([spec(root, p["name"], **(fleet or {})) for p in plans], plans, timeout)
 
 
 def seed_hot(root: Path, hot: list[int], salt: str = "") -> None:

@@ -118,3 +118,23 @@ def test_a_root_removed_and_recreated_behind_the_store_is_followed_by_path(tmp_p
     store.put("nested/b", b"2")
     assert (root / "nested" / "b").read_bytes() == b"2" and store.get("nested/b") == b"2"
     assert [i.name for i in store.list()] == ["nested/b"]
+
+
+def test_a_key_that_is_not_valid_utf8_fails_alone_in_a_backend_batch() -> None:
+    """At the chunk level a bad key is that item's error; the others land, nothing half-written."""
+    import numpy as np
+
+    from kvbucket.backends.remote import RemoteBackend
+    from kvbucket.chunks import KVLayout
+    from kvbucket.errors import InvalidKeyError
+    from kvbucket.stores.memory import MemoryStore
+
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_size=4, dtype="float16", chunk_tokens=4)
+    store = MemoryStore()
+    with RemoteBackend(store, layout) as b:
+        full = np.ones(layout.full_chunk_bytes, np.uint8)
+        out = b.batched_put_results([("good", full), ("bad\ud800", full), ("also-good", full)])
+        assert out[0] is None and out[2] is None
+        assert isinstance(out[1], InvalidKeyError) and "UTF-8" in str(out[1])
+        assert sorted(b.list()) == ["also-good", "good"]
+        assert len(list(store.list())) == 2

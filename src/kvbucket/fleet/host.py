@@ -32,6 +32,7 @@ class FleetLink:
             getattr(sealed, "inner", sealed),
             config,
             chunk_store=sealed,
+            parse=adapter.naming.parse,
             prefix=adapter._prefix,
             capacity=adapter._capacity,
             eviction=adapter._eviction,
@@ -77,7 +78,7 @@ class FleetLink:
                     if entry is not None and a._index.remove(name):
                         gone.append((entry.key, entry.size))
                     continue
-                key = key_of(name, a._prefix)
+                key = key_of(name, a._prefix) or a.naming.parse(name)
                 if key is None:
                     continue
                 was_new = name not in a._index

@@ -44,7 +44,8 @@ from kvbucket.fleet.layout import (
     parse_name,
     snapshot_name,
 )
-from kvbucket.fleet.view import Change, FleetView, salt_of
+from kvbucket.fleet.view import Change, FleetView
+from kvbucket.keys import ObjectKey
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.base import ObjectStore
 
@@ -84,6 +85,7 @@ class Fleet:
         on_tick: Callable[[], None] = lambda: None,
         on_ready: Callable[[], None] = lambda: None,
         chunk_store: ObjectStore | None = None,
+        parse: Callable[[str], ObjectKey | None] | None = None,
     ) -> None:
         """``store`` holds the fleet's own objects (written as they are, so ``kvbucket du`` reads
         them with any store); ``chunk_store`` is the view of the chunks whose listing reports
@@ -100,7 +102,8 @@ class Fleet:
         self._on_tick = on_tick
         self._on_ready = on_ready
         self._lock = threading.Lock()
-        self._view = FleetView(prefix)
+        self._parse = parse
+        self._view = FleetView(prefix, parse)
         self._buf: list[Record] = []
         self._accessed: dict[str, float] = {}  # deduplicated access hints since the last journal
         self._seq = 0
@@ -366,7 +369,7 @@ class Fleet:
         if data is None:
             return []  # replaced since the listing; the next round sees the newer one
         body = decode("snapshot", data)
-        view = FleetView.from_body(body, self._prefix)
+        view = FleetView.from_body(body, self._prefix, self._parse)
         marks = {str(k): int(v) for k, v in body.get("marks", {}).items()}
         with self._lock:
             for n, js in self._pending.items():
@@ -431,7 +434,7 @@ class Fleet:
         for i, info in enumerate(self._chunks.list(where)):
             if i % 1000 == 0:
                 pages += 1
-            if is_fleet_name(info.name, self._prefix) or salt_of(info.name, self._prefix) is None:
+            if is_fleet_name(info.name, self._prefix) or self._view.salt(info.name) is None:
                 continue
             listed[info.name] = (info.size, info.mtime if info.mtime is not None else start)
         self._count("list", max(1, pages))

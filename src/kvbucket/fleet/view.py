@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -90,8 +90,10 @@ def owner(name: str, live: list[str]) -> str:
 class FleetView:
     """Not thread-safe: :class:`kvbucket.fleet.sync.Fleet` guards it with its lock."""
 
-    def __init__(self, prefix: str = "") -> None:
+    def __init__(self, prefix: str = "", parse: Callable[[str], ObjectKey | None] | None = None) -> None:
         self.prefix = prefix
+        #: Parses object names of other formats (LMCache's, see kvbucket.l2.naming) as a fallback.
+        self.parse = parse
         self.entries: dict[str, FleetEntry] = {}
         self.tombs: dict[str, float] = {}
         self.bytes_used = 0
@@ -99,6 +101,14 @@ class FleetView:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def salt(self, name: str) -> str | None:
+        """The salt of a chunk's name (kvbucket's or, through ``parse``, LMCache's), or None."""
+        salt = salt_of(name, self.prefix)
+        if salt is None and self.parse is not None:
+            key = self.parse(name)
+            return None if key is None else key.cache_salt
+        return salt
 
     def _name(self, seg: str) -> str:
         return f"{self.prefix}/{seg}" if self.prefix else seg
@@ -131,7 +141,7 @@ class FleetView:
             if size <= 0 or self.tombs.get(name, float("-inf")) > t:
                 return None
             if entry is None:
-                salt = salt_of(name, self.prefix)
+                salt = self.salt(name)
                 if salt is None:
                     return None
                 self.entries[name] = FleetEntry(size, salt, t, t, node)
@@ -187,11 +197,13 @@ class FleetView:
         }
 
     @classmethod
-    def from_body(cls, body: dict[str, object], prefix: str) -> FleetView:
-        view = cls(prefix)
+    def from_body(
+        cls, body: dict[str, object], prefix: str, parse: Callable[[str], ObjectKey | None] | None = None
+    ) -> FleetView:
+        view = cls(prefix, parse)
         for seg, size, stored, accessed, writer in body.get("e", []):  # type: ignore[union-attr]
             name = view._name(str(seg))
-            salt = salt_of(name, prefix)
+            salt = view.salt(name)
             if salt is None or int(size) <= 0:
                 continue
             view.entries[name] = FleetEntry(int(size), salt, float(stored), float(accessed), str(writer))

@@ -77,7 +77,8 @@ def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
             time.sleep(0.2)
         status = adapter.report_status()
         out.put({"node": plan.get("name"), "status": status, "hot_hits": hot_hits, "hot_reads": hot_reads,
-                 "write_secs": written})
+                 "write_secs": written, "run_secs": time.monotonic() - t0,
+                 "data_requests": count + hot_hits})
     except BaseException as e:  # report, never hang the parent
         out.put({"node": plan.get("name"), "error": f"{type(e).__name__}: {e}"})
         raise
@@ -85,4 +86,35 @@ def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
         adapter.close()
 
 
-__all__ = ["chunk", "key", "run_node"]
+__all__ = ["chunk", "key", "run_fleet", "run_node"]
+
+
+def run_fleet(
+    specs: list[dict[str, Any]], plans: list[dict[str, Any]], timeout: float = 120.0
+) -> list[dict[str, Any]]:
+    """Run one spawned process per (spec, plan) and return the reports of those that were not
+    told to die; raises AssertionError naming what went wrong."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=run_node, args=(s, p, out)) for s, p in zip(specs, plans, strict=True)]
+    for p in procs:
+        p.start()
+    reports: list[dict[str, Any]] = []
+    expected = sum(1 for p in plans if not p.get("die_in_delete"))
+    end = time.monotonic() + timeout
+    while len(reports) < expected and time.monotonic() < end:
+        try:
+            reports.append(out.get(timeout=1.0))
+        except queue.Empty:
+            continue
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    assert len(reports) == expected, reports
+    errors = [r for r in reports if "error" in r]
+    assert not errors, errors
+    return reports
