@@ -28,11 +28,13 @@ from kvbucket.backends._queued import BoundedLocalTier
 from kvbucket.backends.base import Chunk, Key, check_buffers
 from kvbucket.errors import ConfigError, InvalidKeyError, NoSpaceError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
+from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ObjectInfo, ObjectStore
 from kvbucket.stores.file import FileStore
 from kvbucket.stores.sealed import seal_store
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 _STRIPES = 64
 LOCK_NAME = ".kvbucket-disk.lock"
 
@@ -126,7 +128,8 @@ class LocalDiskBackend(BoundedLocalTier):
             results = self.store.get_many([key_to_name(ks[i]) for i in todo], [buffers[i] for i in todo])
             for i, r in zip(todo, results, strict=True):
                 if r.error is not None:
-                    log.warning("disk tier read of %s into the caller's buffer failed: %s", ks[i], r.error)
+                    _repeated.warning("disk tier read of %s into the caller's buffer failed: %s", ks[i],
+                                      r.error, item=ks[i])
                 elif r.size is None:
                     self._forget_if_gone(ks[i])
                 out[i] = r.found

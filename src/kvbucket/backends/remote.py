@@ -33,11 +33,13 @@ from kvbucket.backends.base import Chunk, Key, check_buffers, check_open, put_as
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
+from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
 from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 T = TypeVar("T")
 
 
@@ -168,7 +170,8 @@ class RemoteBackend(QueuedBackend):
                     if isinstance(r.error, SizeMismatchError):
                         self._log_bad(ks[i], str(r.error))
                     else:
-                        log.warning("get of %s from %s failed: %s", ks[i], self.store.url, r.error)
+                        _repeated.warning("get of %s from %s failed: %s", ks[i], self.store.url, r.error,
+                                          item=ks[i])
                 if not r.found:  # missing, or refused by the integrity check (and removed)
                     self._invalidate([r.name])
                 out[i] = r.found
@@ -330,7 +333,7 @@ class RemoteBackend(QueuedBackend):
             if isinstance(r.error, SizeMismatchError):
                 self._log_bad(key, str(r.error))
             else:
-                log.warning("get of %s from %s failed: %s", key, self.store.url, r.error)
+                _repeated.warning("get of %s from %s failed: %s", key, self.store.url, r.error, item=key)
             return None
         if r.size is None or r.data is None:
             return None

@@ -30,6 +30,7 @@ COMMAND_MODULES: list[str] = [
     "kvbucket.cli.verify_cmd",
     "kvbucket.cli.compile_cache_cmd",
     "kvbucket.cli.emulator_cmd",
+    "kvbucket.cli.doctor_cmd",
 ]
 
 LOG_LEVEL_ENV = "KVBUCKET_LOG_LEVEL"
