@@ -41,6 +41,8 @@ from kvbucket.cli import build_app
 #: commands that cannot run here, and why; their JSON arguments are still parsed
 EXCEPTIONS: dict[str, str] = {
     "vllm": "needs vLLM and a GPU (not installed in CI); JSON arguments are still parsed",
+    "sglang": "needs SGLang and a GPU (not installed in CI); JSON arguments are still parsed",
+    "nvidia-smi": "needs a GPU",
 }
 #: modules python blocks may import that CI does not install, and why
 OPTIONAL_MODULES: dict[str, str] = {
@@ -287,6 +289,8 @@ def _check_python(argv: list[str], where: str) -> None:
             _check_pytest(["pytest", *args[2:]], where)
             return
         mod = args[1]
+        if mod.split(".")[0] in OPTIONAL_MODULES:  # listed with the reason it is not installed here
+            return
         assert importlib.util.find_spec(mod.split(".")[0]) is not None, f"{where}: no module {mod}"
         return
     script = ROOT / args[0]
@@ -303,6 +307,14 @@ def _check_pytest(argv: list[str], where: str) -> None:
         if not a.startswith("-") and ("/" in a or a.endswith(".py")):
             path = a.split("::")[0]
             assert (ROOT / path).exists(), f"{where}: no test path {path}"
+
+
+def _check_engine_venv(argv: list[str], where: str) -> None:
+    """``engines/venv.sh ENGINE``: the script and the engine's pins exist (tests/engines builds it)."""
+    assert (ROOT / argv[0]).is_file(), f"{where}: no script {argv[0]}"
+    engine = argv[1]
+    for pins in (ROOT / f"constraints-{engine}.txt", ROOT / "engines" / f"{engine}-requirements.txt"):
+        assert pins.is_file(), f"{where}: engine {engine!r} has no {pins.name}"
 
 
 def _check_make(argv: list[str], where: str) -> None:
@@ -375,4 +387,5 @@ CHECKS = {
     "make": _check_make,
     "pip": _check_pip,
     "lmcache": _check_lmcache,
+    "venv.sh": _check_engine_venv,
 }
