@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvbucket.backends.base import Chunk, Key, StorageBackend
@@ -58,6 +58,19 @@ STORE_LATENCY = Histogram(
     "Latency of one object-store batch call.",
     ["store", "op"],
     buckets=_LATENCY_BUCKETS,
+)
+STORE_BREAKER_STATE = Gauge(
+    "kvbucket_store_breaker_state",
+    "Circuit breaker of a remote store: 0 closed (calls go through), 1 half-open (probing), 2 open.",
+    ["store"],
+)
+STORE_BREAKER_OPENS = Counter(
+    "kvbucket_store_breaker_opens", "Times a remote store's circuit breaker opened.", ["store"]
+)
+STORE_BREAKER_REJECTED = Counter(
+    "kvbucket_store_breaker_rejected",
+    "Objects of calls answered at once by an open circuit breaker (lookups missed, stores dropped).",
+    ["store", "op"],
 )
 PREFIX_TOKENS = Counter(
     "kvbucket_prefix_tokens",
@@ -363,8 +376,11 @@ class Summary:
     rows: list[Row]
     prefix_tokens: dict[str, float]
     prefix_chunks: dict[str, float]
+    #: store -> breaker state ("closed", "half_open", "open") and objects its open breaker refused
+    breakers: dict[str, tuple[str, float]] = field(default_factory=dict)
 
 
+_BREAKER_NAMES = {0: "closed", 1: "half_open", 2: "open"}
 _READ_OPS = {"get", "batched_get"}
 
 
@@ -377,6 +393,7 @@ def summarize(exposition: str) -> Summary:
     rows: dict[tuple[str, str], Row] = {}
     prefix_tokens: dict[str, float] = {}
     prefix_chunks: dict[str, float] = {}
+    breakers: dict[str, tuple[str, float]] = {}
 
     def row(kind: str, name: str) -> Row:
         return rows.setdefault((kind, name), Row(kind, name))
@@ -409,8 +426,14 @@ def summarize(exposition: str) -> Summary:
                 prefix_tokens[lab["result"]] = prefix_tokens.get(lab["result"], 0.0) + v
             elif s.name == "kvbucket_prefix_chunks_total":
                 prefix_chunks[lab["result"]] = prefix_chunks.get(lab["result"], 0.0) + v
+            elif s.name == "kvbucket_store_breaker_state":
+                state = _BREAKER_NAMES.get(int(v), "unknown")
+                breakers[lab["store"]] = (state, breakers.get(lab["store"], ("", 0.0))[1])
+            elif s.name == "kvbucket_store_breaker_rejected_total":
+                state, n = breakers.get(lab["store"], ("closed", 0.0))
+                breakers[lab["store"]] = (state, n + v)
     ordered = sorted(rows.values(), key=lambda r: (r.kind != "tier", r.name))
-    return Summary(ordered, prefix_tokens, prefix_chunks)
+    return Summary(ordered, prefix_tokens, prefix_chunks, breakers)
 
 
 def _fold_op(r: Row, op: str, result: str, v: float, *, read_ops: set[str], write_ops: set[str]) -> None:
@@ -432,6 +455,9 @@ __all__ = [
     "PREFIX_CHUNKS",
     "PREFIX_SECONDS",
     "PREFIX_TOKENS",
+    "STORE_BREAKER_OPENS",
+    "STORE_BREAKER_REJECTED",
+    "STORE_BREAKER_STATE",
     "STORE_BYTES",
     "STORE_LATENCY",
     "STORE_OBJECTS",
