@@ -7,8 +7,8 @@ dropped and counted), without touching the network. After ``cooldown_secs`` it *
 one call goes through as a probe; success closes the breaker, failure opens it for another
 cooldown. (LMCache's breaker never closes again; this one does.)
 
-A *failed call* is one that raised a :class:`~kvbucket.errors.StoreError` or had an item fail
-with a :class:`~kvbucket.errors.TransientStoreError` (timeouts, deadlines, 5xx, refused
+A *failed call* is one that raised or had an item fail with a
+:class:`~kvbucket.errors.TransientStoreError` (timeouts, deadlines, 5xx, refused
 connections). Answers from a healthy server (missing objects, refused credentials, size
 mismatches) are not failures. ``failures=0`` disables the breaker.
 
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvbucket.errors import CircuitOpenError, StoreError, TransientStoreError
+from kvbucket.errors import CircuitOpenError, TransientStoreError
 from kvbucket.stores.base import ItemResult, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -145,11 +145,11 @@ def _guard(verb: str, fn: Callable[..., list[ItemResult]]) -> Callable[..., list
             return breaker.rejected(op, names)
         try:
             results = fn(self, *args, **kwargs)
-        except StoreError:
+        except TransientStoreError:
             breaker.record(True)
             raise
         except BaseException:
-            breaker.record(False)  # bad arguments: not the store's health
+            breaker.record(False)  # bad arguments, a missing bucket: not the store's health
             raise
         breaker.record(call_failed(results))
         return results
