@@ -35,6 +35,15 @@ class TransientStoreError(StoreError):
     """A failure worth retrying (throttling, 5xx, timeout, dropped connection)."""
 
 
+class NoSpaceError(StoreError):
+    """The filesystem under a store or tier is full (ENOSPC, EDQUOT); the write did not land.
+
+    A local cache tier that still cannot write after evicting to make room *skips* the chunk
+    with this error: :class:`~kvbucket.backends.hybrid.HybridBackend` does not fail a put that
+    its other tiers stored, and metrics count it as ``skipped``.
+    """
+
+
 class SizeMismatchError(StoreError):
     """A stored object's size is not what the caller expected (e.g. not a full chunk)."""
 

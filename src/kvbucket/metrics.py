@@ -25,6 +25,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.errors import NoSpaceError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
 
 _LATENCY_BUCKETS = (
@@ -33,7 +34,8 @@ _LATENCY_BUCKETS = (
 
 BACKEND_OPS = Counter(
     "kvbucket_backend_operations",
-    "Chunk operations per tier, by operation and result (hit/miss/ok/accepted/error).",
+    "Chunk operations per tier, by operation and result (hit/miss/ok/accepted/error/skipped: a "
+    "local tier whose filesystem was full).",
     ["tier", "op", "result"],
 )
 BACKEND_BYTES = Counter(
@@ -137,6 +139,9 @@ class InstrumentedBackend(StorageBackend):
         with self._time("put"):
             try:
                 self.inner.put(key, chunk, blocking=blocking)
+            except NoSpaceError:
+                self._count("put", "skipped")
+                raise
             except Exception:
                 self._count("put", "error")
                 raise
@@ -205,7 +210,9 @@ class InstrumentedBackend(StorageBackend):
                 self._count("put", "error", len(items))
                 raise
         landed = [chunk for (_, chunk), err in zip(items, results, strict=True) if err is None]
-        self._count("put", "error", len(items) - len(landed))
+        skipped = sum(isinstance(err, NoSpaceError) for err in results)
+        self._count("put", "skipped", skipped)
+        self._count("put", "error", len(items) - len(landed) - skipped)
         if blocking:
             self._count("put", "ok", len(landed))
             BACKEND_BYTES.labels(self.tier, "write").inc(sum(_nbytes(c) for c in landed))

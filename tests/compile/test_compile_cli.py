@@ -77,6 +77,8 @@ def test_create_set_sync_fetch_status(cli: Any, tmp_path: Path) -> None:
 
 def test_lookup_with_normalized_filters(cli: Any, tmp_path: Path) -> None:
     bucket = tmp_path / "bucket"
+    cli("set", str(bucket), code=2)  # a directory target must exist (issue 16)
+    bucket.mkdir()
     cli("set", str(bucket))
     a = StandInCompiler(tmp_path / "a", VERSION)
     for cfg in ({"tp_degree": 2, "auto_cast_type": "bf16", "batch_size": 1, "sequence_length": 4096},

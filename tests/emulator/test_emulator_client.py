@@ -98,17 +98,17 @@ def test_tree_prefix_recursive_and_directories(hub_bucket: HubBucket) -> None:
     api, bid = hub_bucket.api, hub_bucket.bucket_id
     paths = ["top.txt", "d/x.txt", "d/e/y.txt", "d/e/z.txt", "dd/w.txt", "d-other.txt"]
     api.batch_bucket_files(bid, add=[(p.encode(), p) for p in paths])
-    root = {(e.type, e.path) for e in api.list_bucket_tree(bid)}
+    root = {(e.type, e.path) for e in api.list_bucket_tree(bid, recursive=False)}
     assert root == {("file", "top.txt"), ("directory", "d"), ("directory", "dd"), ("file", "d-other.txt")}
     assert sorted(e.path for e in api.list_bucket_tree(bid, recursive=True)) == sorted(paths)
-    under_d = {(e.type, e.path) for e in api.list_bucket_tree(bid, prefix="d")}
+    under_d = {(e.type, e.path) for e in api.list_bucket_tree(bid, prefix="d", recursive=False)}
     # the Hub matches the prefix lexically: "dd/" and "d-other.txt" come too (HfFileSystem filters)
     assert {("file", "d/x.txt"), ("directory", "d/e")} <= under_d
     assert sorted(e.path for e in api.list_bucket_tree(bid, prefix="d/e", recursive=True)) == [
         "d/e/y.txt",
         "d/e/z.txt",
     ]
-    assert {e.path for e in api.list_bucket_tree(bid, prefix="d/")} == {"d/x.txt", "d/e"}
+    assert {e.path for e in api.list_bucket_tree(bid, prefix="d/", recursive=False)} == {"d/x.txt", "d/e"}
 
 
 def test_tree_pagination_over_2500_files_and_paths_info_1000_plus(hub_bucket: HubBucket) -> None:

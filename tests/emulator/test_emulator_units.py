@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from kvbucket.errors import ConfigError
 from kvbucket.testing import FaultControl, HubEmulator
-from kvbucket.testing.hub_emulator.auth import Auth, TokenSpec
+from kvbucket.testing.hub_emulator.auth import Auth, TokenSpec, parse_org
 from kvbucket.testing.hub_emulator.faults import FaultPlan, FaultRule
 from kvbucket.testing.hub_emulator.xet import (
     XetFormatError,
@@ -102,15 +102,39 @@ def test_xet_tokens_are_signed_scoped_and_expire() -> None:
     assert auth.check_xet_token(f"Bearer {old}") is None
 
 
-def test_callers_by_token() -> None:
-    auth = Auth([TokenSpec.parse("w=ww-secret:write"), TokenSpec.parse("r=rr-secret:read")])
-    assert auth.caller("Bearer ww-secret").can_write  # type: ignore[union-attr]
-    reader = auth.caller("Bearer rr-secret")
-    assert reader is not None and reader.can_read and not reader.can_write
+def test_callers_by_token_with_users_and_orgs() -> None:
+    tokens = [TokenSpec.parse(t) for t in ("w=ww-secret:write", "w=wr-secret:read", "r=rr-secret:fine-read")]
+    auth = Auth(tokens, orgs={"acme": ["w", "bob"]})
+    writer = auth.caller("Bearer ww-secret")
+    assert writer is not None and writer.can_write and writer.orgs == ("acme",)
+    assert writer.member_of("w") and writer.member_of("acme") and not writer.member_of("r")
+    assert writer.can_read("r", private=False) and not writer.can_read("r", private=True)
+    w_read = auth.caller("Bearer wr-secret")
+    assert w_read is not None and w_read.can_read("acme", private=True) and not w_read.can_write
+    fine = auth.caller("Bearer rr-secret")
+    assert fine is not None and fine.scope == "fine-read" and not fine.can_write and fine.orgs == ()
     assert auth.caller("Bearer nope") is None
     anon = auth.caller(None)
-    assert anon is not None and not anon.can_read
-    assert Auth([]).caller(None).can_write  # type: ignore[union-attr]  # open server
+    assert anon is not None and not anon.authenticated and not anon.can_read("w", private=True)
+    assert anon.can_read("w", private=False) and not anon.member_of("w")
+    assert auth.namespaces() == {"w", "r", "acme", "bob"}
+    open_caller = Auth([]).caller(None)
+    assert open_caller is not None and open_caller.can_write and open_caller.member_of("anyone")
+
+
+def test_token_and_org_specs_follow_the_hub_name_rules() -> None:
+    assert TokenSpec.parse("__x__=s:write").name == "__x__"
+    assert parse_org("acme=alice, bob") == ("acme", ["alice", "bob"])
+    for bad in ("a--b=s:write", "-a=s:write", "a=s:admin", "a.git=s:read", "nosecret"):
+        with pytest.raises(ConfigError):
+            TokenSpec.parse(bad)
+    for bad in ("acme", "ac..me=alice", "acme=-alice"):
+        with pytest.raises(ConfigError):
+            parse_org(bad)
+    with pytest.raises(ConfigError, match="both a user and an organisation"):
+        Auth([TokenSpec.parse("acme=s:write")], orgs={"acme": ["bob"]})
+    with pytest.raises(ConfigError, match="same secret"):
+        Auth([TokenSpec.parse("a=s:write"), TokenSpec.parse("b=s:read")])
 
 
 def test_fault_plan_nth_and_times() -> None:

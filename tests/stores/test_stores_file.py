@@ -37,7 +37,7 @@ _CRASHER = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGKILL)
         return n
 
-    def dying_replace(src, dst):
+    def dying_replace(src, dst, **dir_fds):
         os.kill(os.getpid(), signal.SIGKILL)
 
     if point == "mid-write":

@@ -5,21 +5,29 @@ owning backend (``pending``), so a ``get`` right after a non-blocking ``put`` fi
 ``remove`` cancels a queued put and waits for one being applied, so a removed key can never
 reappear because an older queued write landed after it.
 
+``close()`` lets queued puts land, within ``drain_timeout_secs`` (a put stuck on a hung store
+must not hold up ``close()`` or process exit: past the bound the rest are dropped, counted in
+``dropped`` and logged; the worker is a daemon thread).
+
 The caller hands over its buffer: with ``blocking=False`` the chunk must not be modified
 until the put has landed (``flush()``), exactly as with LMCache's non-blocking puts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
+#: How long ``close()`` waits for queued puts to land before dropping the rest.
+DEFAULT_DRAIN_TIMEOUT_SECS = 30.0
 
 
 class PutQueue:
@@ -35,6 +43,8 @@ class PutQueue:
         self._pending: dict[str, tuple[object, memoryview]] = {}
         self._closed = False
         self.failed = 0  # puts that raised on the worker (logged)
+        self.dropped = 0  # queued puts abandoned by a close() that hit its bound (logged)
+        self._name = name
         self._thread = threading.Thread(target=self._run, name=f"kvbucket-put-{name}", daemon=True)
         self._thread.start()
 
@@ -67,13 +77,26 @@ class PutQueue:
         """Wait until every put submitted so far has landed (or failed and been logged)."""
         self._q.join()
 
-    def close(self) -> None:
+    def close(self, drain_timeout_secs: float = DEFAULT_DRAIN_TIMEOUT_SECS) -> None:
+        """Let queued puts land, within ``drain_timeout_secs``; drop (count, log) the rest."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._q.put(_STOP)
-        self._thread.join()
+        deadline = time.monotonic() + drain_timeout_secs
+        with contextlib.suppress(queue.Full):  # the worker is stuck and the queue full: drop below
+            self._q.put(_STOP, timeout=max(0.001, drain_timeout_secs))
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            with self._lock:
+                dropped = len(self._pending)
+                self._pending.clear()  # the worker skips what is no longer pending
+            self.dropped += dropped
+            log.warning(
+                "closing the %s tier: queued puts did not land within %gs; %d dropped (a put stuck "
+                "on the store is abandoned; it never holds up the process)",
+                self._name, drain_timeout_secs, dropped,
+            )
 
     def _run(self) -> None:
         while True:

@@ -11,12 +11,12 @@ import logging
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from kvbucket.backends.base import Chunk, Key, StorageBackend, check_buffers, check_open, put_as_batch
 from kvbucket.chunks import as_view
-from kvbucket.errors import KVBucketError
+from kvbucket.errors import KVBucketError, NoSpaceError
 from kvbucket.keys import as_key_string
+from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
 _STRIPES = 256
@@ -27,7 +27,9 @@ class TierPutError(KVBucketError):
 
 
 class HybridBackend(StorageBackend):
-    """Tiers fastest first. A chunk counts as stored only when every tier took it.
+    """Tiers fastest first. A chunk counts as stored only when every tier took it, except that
+    a local tier whose filesystem is full may skip it (:class:`NoSpaceError`, counted in
+    ``tier_skips``) when another tier stored it: a full disk never fails a put.
 
     With ``parallel_writes`` (the default) a put writes all tiers at the same time, so a
     disk write overlaps the upload; the put returns when every tier has answered.
@@ -53,13 +55,14 @@ class HybridBackend(StorageBackend):
         self.misses = 0
         self.promotion_failures = 0
         self.promotions_skipped = 0  # a write of the key raced the read; its data is newer
+        self.tier_skips = [0] * len(self.tiers)  # chunks a full tier skipped (others stored them)
         self._gen = [0] * _STRIPES
         self._writing = [0] * _STRIPES
         self._gen_locks = [threading.Lock() for _ in range(_STRIPES)]
         self._closed = False
         self._writers = (
             # threads start lazily; enough for several callers putting at once
-            ThreadPoolExecutor(8 * (len(self.tiers) - 1), thread_name_prefix="kvbucket-hybrid-put")
+            DaemonThreadPool(8 * (len(self.tiers) - 1), "kvbucket-hybrid-put")
             if parallel_writes and len(self.tiers) > 1 else None
         )
 
@@ -85,10 +88,14 @@ class HybridBackend(StorageBackend):
                            for tier in self.tiers[1:]]
                 per_tier = [self.tiers[0].batched_put_results(items, blocking=blocking)]  # in this thread
                 per_tier += [f.result() for f in futures]
-            for tier, results in zip(self.tiers, per_tier, strict=True):
+            for t, (tier, results) in enumerate(zip(self.tiers, per_tier, strict=True)):
                 for i, err in enumerate(results):
-                    if err is not None:
-                        failures[i].append(f"{type(tier).__name__}: {err}")
+                    if err is None:
+                        continue
+                    if isinstance(err, NoSpaceError) and any(r[i] is None for r in per_tier):
+                        self.tier_skips[t] += 1  # a full local tier: the others have the chunk
+                        continue
+                    failures[i].append(f"{type(tier).__name__}: {err}")
         finally:
             self._end_writes(names)
         out: list[Exception | None] = []
@@ -197,7 +204,7 @@ class HybridBackend(StorageBackend):
             return
         self._closed = True
         if self._writers is not None:
-            self._writers.shutdown(wait=True)
+            self._writers.shutdown(wait=True)  # bounded: DEFAULT_CLOSE_TIMEOUT_SECS
         errors: list[BaseException] = []
         for tier in self.tiers:
             try:

@@ -8,6 +8,8 @@ acknowledged. Files are 0600 and directories 0700 because KV caches hold users' 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import threading
@@ -16,12 +18,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from filelock import FileLock, Timeout
 
 from kvbucket.backends._putqueue import PutQueue
 from kvbucket.backends._queued import BoundedLocalTier
 from kvbucket.backends.base import Chunk, Key, check_buffers
-from kvbucket.errors import ConfigError, InvalidKeyError
+from kvbucket.errors import ConfigError, InvalidKeyError, NoSpaceError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.file import FileStore
@@ -70,9 +71,11 @@ class LocalDiskBackend(BoundedLocalTier):
             self._rebuild_index()
         except BaseException:
             if self._dir_lock is not None:
-                self._dir_lock.release()
+                os.close(self._dir_lock)
             raise
-        self._queue = PutQueue("disk", self._apply, queue_size)
+        self.skipped_full = 0  # chunks this tier skipped because the filesystem was full
+        self._full_logged = False
+        self._queue = PutQueue("disk", self._apply_queued, queue_size)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -159,7 +162,7 @@ class LocalDiskBackend(BoundedLocalTier):
     def _release(self) -> None:
         self.store.close()
         if self._dir_lock is not None:
-            self._dir_lock.release()
+            os.close(self._dir_lock)  # releases the flock
 
     def _stripe(self, key: str) -> threading.Lock:
         return self._stripes[zlib.crc32(key.encode()) % _STRIPES]
@@ -167,8 +170,43 @@ class LocalDiskBackend(BoundedLocalTier):
     def _apply(self, key: str, view: memoryview) -> None:
         self._write(key, view)
 
+    def _apply_queued(self, key: str, view: memoryview) -> None:
+        with contextlib.suppress(NoSpaceError):  # skipped: counted and logged once by _write
+            self._write(key, view)
+
     def _write(self, key: str, view: memoryview) -> None:
+        """Store one chunk; on a full filesystem evict to make room and retry once, else skip.
+
+        The old file of ``key`` (if any) is never deleted before the new one is in place: the
+        store writes a temp file and renames it, so a failed write leaves the old copy, which
+        is indexed again. A write that still finds no space after evicting raises
+        :class:`NoSpaceError` (counted in ``skipped_full``, logged once per full episode).
+        """
         n = view.nbytes
+        failure, victims = self._try_write(key, view, n)
+        self._delete_victims(victims)  # outside the stripe: victims may share it
+        if isinstance(failure, NoSpaceError):
+            # The byte bound said there was room, the filesystem disagrees (it is smaller than
+            # max_bytes, or shared). Free at least this chunk's size more, then retry once.
+            self._delete_victims(self._evict_bytes(n, keep=key))
+            failure, victims = self._try_write(key, view, n)
+            self._delete_victims(victims)
+            if isinstance(failure, NoSpaceError):
+                self.skipped_full += 1
+                if not self._full_logged:
+                    self._full_logged = True
+                    log.warning(
+                        "disk tier %s: the filesystem is full even after evicting; chunks are skipped "
+                        "by this tier until space frees up (the other tiers still store them): %s",
+                        self.store.url, failure,
+                    )
+                raise failure
+        if failure is not None:
+            raise failure
+        self._full_logged = False
+
+    def _try_write(self, key: str, view: memoryview, n: int) -> tuple[BaseException | None, list[str]]:
+        """One attempt: reserve ``n`` bytes (choosing LRU victims), write; (failure, victims)."""
         victims: list[str] = []
         with self._stripe(key):
             with self._lock:
@@ -182,23 +220,48 @@ class LocalDiskBackend(BoundedLocalTier):
                     victims.append(vkey)
                 self.used_bytes += n  # reserved before writing: the bound holds at every moment
                 self.peak_bytes = max(self.peak_bytes, self.used_bytes)
-            failure: BaseException | None = None
             try:
                 (r,) = self.store.put_many([(key_to_name(key), view)])
                 if r.error is not None:
                     raise r.error
             except BaseException as e:
-                failure = e
                 with self._lock:
                     self.used_bytes -= n
-                # the old file (if any) may still be there; drop it so the index never lies
-                self.store.delete_many([key_to_name(key)])
-            else:
+                self._reindex_after_failure(key)
+                return e, victims
+            with self._lock:
+                self._index[key] = n
+        return None, victims
+
+    def _reindex_after_failure(self, key: str) -> None:
+        """After a failed write the file under ``key`` is the old copy (the store renames a
+        complete temp file into place, or nothing): keep it indexed, so a failed re-put never
+        loses a good chunk. Called under the key's stripe."""
+        with contextlib.suppress(Exception):
+            (h,) = self.store.head_many([key_to_name(key)])
+            if h.error is None and h.size is not None:
                 with self._lock:
-                    self._index[key] = n
-        self._delete_victims(victims)  # outside the stripe: victims may share it
-        if failure is not None:
-            raise failure
+                    if key not in self._index:
+                        self._index[key] = h.size
+                        self.used_bytes += h.size
+
+    def _evict_bytes(self, n: int, keep: str) -> list[str]:
+        """Unindex least-recently-used chunks holding at least ``n`` bytes (to be deleted), never
+        ``keep``: the old copy of the chunk being written stays until the new one is in place."""
+        victims: list[str] = []
+        freed = 0
+        with self._lock:
+            for vkey in list(self._index):
+                if freed >= n:
+                    break
+                if vkey == keep:
+                    continue
+                vsize = self._index.pop(vkey)
+                self.used_bytes -= vsize
+                self.evictions += 1
+                freed += vsize
+                victims.append(vkey)
+        return victims
 
     def _delete_victims(self, victims: list[str]) -> None:
         for vkey in victims:
@@ -210,20 +273,34 @@ class LocalDiskBackend(BoundedLocalTier):
             if self._on_evict is not None:
                 self._on_evict(vkey)
 
-    def _lock_directory(self) -> FileLock | None:
+    def _lock_directory(self) -> int | None:
         """One disk tier per directory: two indexes over one directory would break the byte bound
-        and evict each other's files, so a second user gets a clear error instead."""
+        and evict each other's files, so a second user gets a clear error instead.
+
+        The lock is an ``flock`` on a file opened with ``O_NOFOLLOW``: a symlink planted under
+        the lock's name is refused, never followed to create or lock a file outside the tier.
+        Returns the fd holding the lock (closing it releases the lock).
+        """
         if not isinstance(self.store, FileStore):
             return None
-        lock = FileLock(os.path.join(self.store.root, LOCK_NAME), mode=0o600, thread_local=False)
+        path = os.path.join(self.store.root, LOCK_NAME)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
-            lock.acquire(timeout=0)
-        except Timeout:
+            fd = os.open(path, flags, 0o600)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot open the disk tier's lock file {path!r}: {e.strerror} (a symlink there is "
+                "refused; remove it)"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
             raise ConfigError(
                 f"the disk tier directory {str(self.store.root)!r} is in use by another LocalDiskBackend "
                 "(this or another process); give each engine process its own local_disk directory"
             ) from None
-        return lock
+        return fd
 
     def _rebuild_index(self) -> None:
         found: list[tuple[float, str, int]] = []

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
+from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,7 +76,7 @@ class RemoteBackend(QueuedBackend):
         self._exists_max = exists_cache_max
         self._exists_lock = threading.Lock()
         self._logged_bad: set[str] = set()
-        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvbucket-remote")
+        self._pool = DaemonThreadPool(io_threads, "kvbucket-remote")  # a stuck call never blocks exit
         self._queue = PutQueue("remote", self._apply, queue_size)
         self._closed = False
 
@@ -383,7 +384,7 @@ class PipelinedRemoteBackend(RemoteBackend):
             raise ValueError("pipeline_batch and max_inflight must be positive")
         self.pipeline_batch = pipeline_batch
         self.max_inflight = max_inflight
-        self._deser = ThreadPoolExecutor(1, thread_name_prefix="kvbucket-deserialize")
+        self._deser = DaemonThreadPool(1, "kvbucket-deserialize")
 
     def batched_get(self, keys: Sequence[Key]) -> list[Chunk | None]:
         ks = [as_key_string(k) for k in keys]

@@ -1,11 +1,24 @@
 """The ``kvbucket`` command line (typer). Each command group lives in its own module.
 
 A module in ``COMMAND_MODULES`` exposes ``register(app: typer.Typer) -> None``.
+
+Two properties hold for every command, present and future, because they are enforced here
+rather than in each command:
+
+- help texts are plain text, never Rich markup: ``hf://buckets/<ns>/<bucket>[/prefix]`` is
+  shown as written instead of crashing ``--help`` (:func:`plain_help`);
+- an error reaches the user as one ``error: ...`` line on stderr with exit status 2 (bad
+  input) or 1 (a runtime failure), never as a traceback, unless ``--debug`` or
+  ``KVBUCKET_LOG_LEVEL=DEBUG`` asks for it (:func:`main`).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
 
 import typer
 
@@ -18,20 +31,72 @@ COMMAND_MODULES: list[str] = [
     "kvbucket.cli.emulator_cmd",
 ]
 
+LOG_LEVEL_ENV = "KVBUCKET_LOG_LEVEL"
+
+
+def _click_class(name: str) -> type[Exception]:
+    """A click exception class of the click that typer runs on (typer vendors its own copy)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+_UsageError = _click_class("UsageError")
+_ClickException = _click_class("ClickException")
+
 app = typer.Typer(
     name="kvbucket",
     help="Keep LLM inference caches (KV chunks, compiled artifacts) in buckets and S3.",
     no_args_is_help=True,
-    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,  # main() turns errors into one line; --debug shows the traceback
     pretty_exceptions_show_locals=False,  # locals may hold tokens
 )
 
 _registered = False
+_debug = False
+
+
+def debug_enabled() -> bool:
+    """True when the user asked for tracebacks (``--debug`` or ``KVBUCKET_LOG_LEVEL=DEBUG``)."""
+    return _debug or os.environ.get(LOG_LEVEL_ENV, "").strip().upper() == "DEBUG"
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        import kvbucket
+
+        typer.echo(f"kvbucket {kvbucket.__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True,
+        help="Print kvbucket's version and exit.",
+    ),
+    debug: bool = typer.Option(
+        False, "--debug", help=f"Log at DEBUG and show tracebacks on errors (or ${LOG_LEVEL_ENV}=DEBUG)."
+    ),
+) -> None:
     """Keep LLM inference caches (KV chunks, compiled artifacts) in buckets and S3."""
+    global _debug
+    _debug = _debug or debug
+    level = "DEBUG" if debug else os.environ.get(LOG_LEVEL_ENV, "").strip().upper()
+    if level:
+        logging.basicConfig(level=getattr(logging, level, logging.WARNING),
+                            format="%(levelname)s %(name)s: %(message)s")
+
+
+def plain_help(typer_app: typer.Typer) -> None:
+    """Render every help text of ``typer_app`` and its sub-apps as plain text (no Rich markup).
+
+    Help texts quote URLs such as ``s3://bucket[/prefix]``, which Rich markup reads as a closing
+    tag and refuses with a MarkupError; plain text cannot be misread.
+    """
+    typer_app.rich_markup_mode = None
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            plain_help(group.typer_instance)
 
 
 def build_app() -> typer.Typer:
@@ -39,12 +104,59 @@ def build_app() -> typer.Typer:
     if not _registered:
         for name in COMMAND_MODULES:
             importlib.import_module(name).register(app)
+        plain_help(app)
         _registered = True
     return app
 
 
-def main() -> None:
-    build_app()(prog_name="kvbucket")
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
-__all__ = ["app", "build_app", "main"]
+def main(argv: Sequence[str] | None = None) -> None:
+    """The console script: run the command; every failure becomes one line and an exit status."""
+    command = typer.main.get_command(build_app())
+    try:
+        rv = command.main(args=list(argv) if argv is not None else None, prog_name="kvbucket",
+                          standalone_mode=False)
+    except _UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # `kvbucket` alone: the help text is the message
+            e.show()  # type: ignore[attr-defined]
+        else:
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            typer.echo(f"error: {_one_line(e.format_message())}{hint}", err=True)  # type: ignore[attr-defined]
+        sys.exit(e.exit_code)  # type: ignore[attr-defined]
+    except _ClickException as e:
+        typer.echo(f"error: {_one_line(e.format_message())}", err=True)  # type: ignore[attr-defined]
+        sys.exit(e.exit_code)  # type: ignore[attr-defined]
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(1)
+    except Exception as e:
+        if debug_enabled():
+            raise
+        sys.exit(_report(e))
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _report(e: Exception) -> int:
+    """One line for an error no command turned into a message; the exit status for it."""
+    from kvbucket.errors import ConfigError, InvalidKeyError, KVBucketError
+
+    if isinstance(e, KVBucketError):
+        typer.echo(f"error: {_one_line(str(e))}", err=True)
+        return 2 if isinstance(e, ConfigError | InvalidKeyError) else 1
+    if isinstance(e, OSError) and e.strerror:
+        where = f": {e.filename}" if e.filename else ""
+        typer.echo(f"error: {e.strerror}{where}", err=True)
+        return 1
+    typer.echo(
+        f"error: unexpected {type(e).__name__}: {_one_line(str(e))} (a kvbucket bug: rerun with --debug "
+        "and report the traceback)",
+        err=True,
+    )
+    return 1
+
+
+__all__ = ["app", "build_app", "debug_enabled", "main", "plain_help"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +13,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvbucket.cli.common import (
+    DEFAULT_TIMEOUT_S,
+    NoAnswerError,
+    TimeoutOpt,
+    bounded,
+    exit_code_for,
+    exit_now,
+    probe,
+    unreachable_hint,
+)
 from kvbucket.errors import ConfigError, KVBucketError
 
 app = typer.Typer(
@@ -38,15 +47,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 
 @contextmanager
 def _errors() -> Iterator[None]:
-    """Turn kvbucket errors into a one-line message and an exit code (2: bad input, 1: failure)."""
+    """Turn kvbucket errors into a one-line message and an exit code (kvbucket.cli.common)."""
     try:
         yield
-    except ConfigError as e:
-        err.print(f"error: {e}", markup=False, highlight=False, style="red")
-        raise typer.Exit(2) from None
     except KVBucketError as e:
-        err.print(f"error: {e}", markup=False, highlight=False, style="red")
-        raise typer.Exit(1) from None
+        typer.secho(f"error: {' '.join(str(e).split())}", fg="red", err=True)  # one line, never wrapped
+        raise typer.Exit(exit_code_for(e)) from None
 
 
 def _layout_and_dir(layout: str, version: str | None, cache_dir: Path | None) -> tuple[Any, Path, str | None]:
@@ -84,13 +90,26 @@ def _target(explicit: str | None, neuron_remote: str | None) -> str:
     return t
 
 
-def _open(target: str) -> Any:
+def _open(target: str, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
+    """Open the target; a remote one must answer a first listing within ``timeout`` seconds."""
     from kvbucket.compile_cache.session import hub_offline
     from kvbucket.stores import open_store
 
     if hub_offline() and target.startswith("hf://"):
         raise ConfigError("HF_HUB_OFFLINE is set: unset it to reach the bucket")
-    return open_store(target)
+    store = open_store(target)
+    try:
+        probe(store, target, timeout)
+    except NoAnswerError as e:
+        exit_now(str(e), 1)  # the stuck call would hold close() and the exit
+    except KVBucketError as e:
+        store.close()
+        e.args = (unreachable_hint(e, target, store),)
+        raise
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -111,6 +130,7 @@ def create(
                                          "(writes stay yours). Default: private.")] = False,
     remember: Annotated[bool, typer.Option("--set/--no-set", help="Remember it as the default target.")]
     = True,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Create the cache's bucket (private unless --public) and remember it.
 
@@ -124,31 +144,19 @@ def create(
     with _errors():
         t = check_target(target)
         if t.startswith("hf://buckets/"):
-            from huggingface_hub import HfApi
-
             ns, name = t.removeprefix("hf://buckets/").split("/")[:2]
-            api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)  # read now, not at import
-            try:
-                url = api.create_bucket(f"{ns}/{name}", private=not public, exist_ok=True)
-                info = api.bucket_info(f"{ns}/{name}")
-            except Exception as e:  # huggingface_hub's errors: say what failed, never the token
-                raise KVBucketError(f"could not create bucket {ns}/{name}: {type(e).__name__}: {e}") from None
-            private = getattr(info, "private", None)
-            if private is not None and private == public:
-                err.print(f"warning: bucket {ns}/{name} already existed and is "
-                          f"{'private' if private else 'PUBLIC'}; its visibility was not changed")
-            vis = "private" if private else "public"
-            out.print(f"bucket {ns}/{name} ready ({vis}): {url}", highlight=False, markup=False)
+            where = _create_hub_bucket(f"{ns}/{name}", public, timeout)
+            out.print(where, highlight=False, markup=False)
         elif t.startswith("s3://"):
             if public:
                 raise ConfigError("--public is for Hub buckets; kvbucket never makes S3 buckets public")
-            store = _open(t)
+            store = _open(t, timeout)
             try:
-                probe = ".kvbucket/probe"
-                r = store.put_many([(probe, b"ok")])[0]
+                probe_name = ".kvbucket/probe"
+                r = store.put_many([(probe_name, b"ok")])[0]
                 if not r.ok:
                     raise KVBucketError(f"{t} is not writable: {r.error}")
-                store.delete_many([probe])
+                store.delete_many([probe_name])
             finally:
                 store.close()
             out.print(f"{t} is reachable and writable", highlight=False, markup=False)
@@ -163,13 +171,60 @@ def create(
             out.print(f"default target saved in {p}", highlight=False, markup=False)
 
 
+def _create_hub_bucket(bucket_id: str, public: bool, timeout: float) -> str:
+    """Create (or keep) a Hub bucket; a line saying where it is. Errors name the token's source."""
+    from huggingface_hub import HfApi
+
+    from kvbucket.stores.hfbucket_config import HFBucketConfig
+    from kvbucket.stores.hub_client import HubBucketClient
+
+    cfg = HFBucketConfig(bucket_handle=f"hf://buckets/{bucket_id}")
+    endpoint, token = cfg.resolved_endpoint(), cfg.resolved_token()  # read now, not at import
+    # the client maps huggingface_hub's errors to kvbucket's (auth: names where the token came from)
+    client = HubBucketClient(endpoint=endpoint, bucket_id=bucket_id, token=token,
+                             token_source=cfg.token_source(), max_retries=0)
+    api = HfApi(endpoint=endpoint, token=token)
+    url = f"hf://buckets/{bucket_id}"
+
+    def create() -> Any:
+        api.create_bucket(bucket_id, private=not public, exist_ok=True)
+        return api.bucket_info(bucket_id)
+
+    try:
+        info = bounded(create, timeout, url)
+    except NoAnswerError as e:
+        exit_now(str(e), 1)
+    except Exception as e:
+        mapped = client.error(e, "create the bucket")
+        mapped.args = (unreachable_hint(mapped, url),)
+        raise mapped from None
+    private = getattr(info, "private", None)
+    if private is not None and private == public:
+        err.print(f"warning: bucket {bucket_id} already existed and is "
+                  f"{'private' if private else 'PUBLIC'}; its visibility was not changed",
+                  markup=False, highlight=False)
+    vis = "private" if private else "public"
+    return f"bucket {bucket_id} ready ({vis}) on {endpoint}: hf://buckets/{bucket_id}"
+
+
 @app.command("set")
 def set_target(target: Annotated[str, typer.Argument(help=_TARGET_HELP)]) -> None:
-    """Remember TARGET as the default compile cache (a small file in your config dir)."""
-    from kvbucket.compile_cache.settings import save_target
+    """Remember TARGET as the default compile cache (a small file in your config dir).
+
+    A directory must exist (`kvbucket compile-cache create DIR` makes one); bucket URLs are
+    remembered as given and reached when used.
+    """
+    from kvbucket.compile_cache.settings import check_target, save_target
 
     with _errors():
-        p = save_target(target)
+        t = check_target(target)
+        if "://" not in t or t.startswith("file://"):
+            path = Path(t.removeprefix("file://"))
+            if not path.is_dir():
+                what = "is not a directory" if path.exists() else "does not exist"
+                raise ConfigError(f"{path} {what}; create it first (`kvbucket compile-cache create {path}`) "
+                                  "or give hf://buckets/<ns>/<bucket> or s3://<bucket>")
+        p = save_target(t)
         out.print(f"compile cache target saved in {p}", highlight=False, markup=False)
 
 
@@ -179,7 +234,7 @@ def fetch_cmd(
                                                    "flat area of the compiler version).")] = None,
     task: Annotated[str | None, typer.Option("--task")] = None,
     target: TargetOpt = None, cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
-    compiler_version: VersionOpt = None, as_json: JsonOpt = False,
+    compiler_version: VersionOpt = None, as_json: JsonOpt = False, timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Pre-warm the local cache from the bucket (complete entries only, written atomically)."""
     from kvbucket.compile_cache.sync import ModelScope, fetch
@@ -187,7 +242,7 @@ def fetch_cmd(
     with _errors():
         lay, root, remote = _layout_and_dir(layout, compiler_version, cache_dir)
         scope = ModelScope(model_id, task) if model_id else None
-        store = _open(_target(target, remote))
+        store = _open(_target(target, remote), timeout)
         try:
             rep = fetch(store, lay, root, groups=lay.current_groups(), scope=scope, progress=_progress())
         finally:
@@ -203,13 +258,14 @@ def sync_cmd(
     compiler_version: VersionOpt = None, as_json: JsonOpt = False,
     lock_timeout: Annotated[float, typer.Option("--lock-timeout", help="Seconds to wait for another "
                                                 "sync on this host.")] = 600.0,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Upload every good local entry the bucket lacks (failed, locked and partial ones never)."""
     from kvbucket.compile_cache.sync import sync
 
     with _errors():
         lay, root, remote = _layout_and_dir(layout, compiler_version, cache_dir)
-        store = _open(_target(target, remote))
+        store = _open(_target(target, remote), timeout)
         try:
             rep = sync(store, lay, root, groups=lay.current_groups() if compiler_version else None,
                        progress=_progress(), lock_timeout=lock_timeout)
@@ -227,6 +283,7 @@ def lookup_cmd(
     task: Annotated[str | None, typer.Option("--task")] = None,
     compiler_version: VersionOpt = None,
     target: TargetOpt = None, layout: LayoutOpt = "neuron", as_json: JsonOpt = False,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Export records of MODEL_ID; extra options filter them: --tensor_parallel_size 2 --dtype bf16.
 
@@ -240,7 +297,7 @@ def lookup_cmd(
         lay = _parse_layout(layout, compiler_version)
         groups = lay.current_groups() if compiler_version else None
         group = groups[0] if groups else None
-        store = _open(_target(target, None))
+        store = _open(_target(target, None), timeout)
         try:
             recs = lookup(store, model_id, task=task, group=group, filters=filters)
         finally:

@@ -8,6 +8,8 @@ import os
 
 import typer
 
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, is_remote, opened_store
+
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -53,6 +55,7 @@ def register(app: typer.Typer) -> None:
             help="--synthetic: engine config (YAML/JSON) whose remote settings (remote_url, "
             "remote_storage_plugins, extra_config) to use.",
         ),
+        timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Time to first token saved by a prompt prefix computed on another machine.
 
@@ -62,6 +65,8 @@ def register(app: typer.Typer) -> None:
 
         Exits 1 if outputs (or, with --synthetic, bytes) differ, 2 if the demo cannot run.
         """
+        if target is not None and is_remote(target):
+            _check_target(target, timeout)
         implied = [flag for flag, v in (("--chunks", chunks), ("--model", model), ("--config", config)) if v]
         if synthetic or implied:  # those flags only exist for the synthetic demo: they imply it
             real_only = [
@@ -98,6 +103,12 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"kvbucket demo failed: {e}", err=True)
             raise typer.Exit(2) from None
         raise typer.Exit(code)
+
+
+def _check_target(target: str, timeout: float) -> None:
+    """A remote --target must exist and answer before the demo starts: one line if not, not one per chunk."""
+    with opened_store(target, timeout):
+        pass
 
 
 def _synthetic(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -27,40 +28,93 @@ def register(app: typer.Typer) -> None:
         token: list[str] = typer.Option(
             [],
             "--token",
-            help="NAME=SECRET:read|write (repeatable). None = an open server. Also read from "
-            f"${TOKENS_ENV} (space-separated), which keeps secrets out of the process list.",
+            help="USER=SECRET:SCOPE, SCOPE being read, write or fine-read (repeatable): a token "
+            "of USER. Also read from "
+            f"${TOKENS_ENV} (space-separated), which keeps secrets out of the process list. "
+            "Without any token the server is OPEN: every caller, with or without a token, is the "
+            "user 'local' and may create, read, write and delete buckets in any namespace, and "
+            "the stats route answers anyone.",
+        ),
+        org: list[str] = typer.Option(
+            [],
+            "--org",
+            help="ORG=USER,USER (repeatable), e.g. acme=alice,bob: an organisation and its members. "
+            "Members read private buckets of ORG and, with a write token, write them; other users "
+            "get 404 on them, anonymous callers 401.",
         ),
         xet_token_ttl: int = typer.Option(3600, help="Lifetime of issued Xet tokens, in seconds."),
     ) -> None:
-        """Serve until interrupted; prints the HF_ENDPOINT to use (never the tokens).
+        """Serve until interrupted; prints the HF_ENDPOINT to use (never tokens).
 
-        Fault injection (POST /_emulator/faults) needs the admin key: set it in
-        $KVBUCKET_EMULATOR_ADMIN_KEY and send it as the X-Emulator-Admin header, or use
-        ``kvbucket.testing.FaultControl(endpoint, key)``.
+        With tokens, access follows the Hub: a user reads public buckets and
+        the private buckets of its own namespace and organisations, and
+        writes those with a write token. Without tokens the server is open:
+        anyone may do anything (for quick local use only).
+
+        Fault injection (/_emulator/faults) always needs the admin key, and
+        so does /_emulator/stats when tokens are configured: set it in
+        $KVBUCKET_EMULATOR_ADMIN_KEY and send it as the X-Emulator-Admin
+        header, or use kvbucket.testing.FaultControl(endpoint, key).
         """
         from kvbucket.testing.hub_emulator import HubEmulator, TokenSpec
+        from kvbucket.testing.hub_emulator.auth import parse_org
 
         specs_text = list(token) + os.environ.get(TOKENS_ENV, "").split()
         try:
             specs = [TokenSpec.parse(t) for t in specs_text]
         except ConfigError as e:
             raise typer.BadParameter(str(e), param_hint="--token") from None
+        try:
+            orgs = dict(parse_org(o) for o in org)
+        except ConfigError as e:
+            raise typer.BadParameter(str(e), param_hint="--org") from None
+        if orgs and not specs:
+            raise typer.BadParameter(
+                "organisations need users: give their tokens with --token", param_hint="--org"
+            )
         if host not in ("127.0.0.1", "localhost", "::1"):
             typer.secho(f"warning: listening on {host}, not only on loopback", fg="yellow", err=True)
         admin_key = os.environ.get(ADMIN_ENV)  # enables /_emulator/faults for whoever holds it
+        if data_dir.exists() and not data_dir.is_dir():
+            raise typer.BadParameter(f"{data_dir} is a file; give a directory (created if missing)",
+                                     param_hint="--data-dir")
         try:
             emu = HubEmulator(
-                data_dir, specs, host=host, port=port, xet_token_ttl_s=xet_token_ttl, admin_key=admin_key
+                data_dir,
+                specs,
+                orgs=orgs,
+                host=host,
+                port=port,
+                xet_token_ttl_s=xet_token_ttl,
+                admin_key=admin_key,
             )
         except ConfigError as e:
             raise typer.BadParameter(str(e)) from None
-        emu.start()
+        except OSError as e:
+            raise typer.BadParameter(f"cannot use {data_dir}: {e.strerror or e}",
+                                     param_hint="--data-dir") from None
+        try:
+            emu.start()
+        except OSError as e:
+            emu.close()
+            if e.filename is not None:  # the data dir (created on start), not the socket
+                raise typer.BadParameter(f"cannot use {data_dir}: {e.strerror or e}: {e.filename}",
+                                         param_hint="--data-dir") from None
+            reason = e.strerror or str(e)
+            if e.errno == errno.EADDRINUSE or "address already in use" in reason.lower():
+                reason = "the port is taken by another process"
+            typer.echo(f"error: cannot listen on {host}:{port}: {reason}; pick another --port "
+                       "(or --port 0 for a free one)", err=True)
+            raise typer.Exit(1) from None
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
-        users = ", ".join(f"{s.name} ({s.scope})" for s in specs) or "none: open server"
+        users = ", ".join(f"{s.name} ({s.scope})" for s in specs) or "none: OPEN server, anyone may write"
+        orgs_text = "; ".join(f"{o}: {', '.join(m)}" for o, m in orgs.items()) or "none"
         typer.echo(f"HF_ENDPOINT={emu.endpoint}")
-        typer.echo(f"data dir: {emu.data_dir}  tokens: {users}", err=True)
+        typer.echo(f"data dir: {emu.data_dir}  tokens: {users}  organisations: {orgs_text}", err=True)
+        if specs and not admin_key:
+            typer.echo(f"stats and fault routes: set ${ADMIN_ENV} to use them", err=True)
         try:
             while not stop.wait(0.5):
                 pass

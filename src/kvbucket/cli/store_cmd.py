@@ -6,21 +6,20 @@ The commands speak only the :class:`~kvbucket.stores.ObjectStore` protocol throu
 
 Output is plain lines streamed as the listing arrives (a remote listing can be long, and the
 lines are easy to pipe); errors are one line on stderr with exit status 2 for unusable input
-and 1 when some objects of an ``rm`` could not be removed.
+(URL, missing bucket or directory, refused token) and 1 when the store failed or could not be
+reached, or some objects of an ``rm`` could not be removed (kvbucket.cli.common).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 from collections.abc import Iterator
 
 import typer
 
-from kvbucket.errors import InvalidKeyError, KVBucketError
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store
+from kvbucket.errors import InvalidKeyError
 from kvbucket.keys import name_to_key
-from kvbucket.stores import ObjectStore, open_store
+from kvbucket.stores import ObjectStore
 
 RM_BATCH = 1000
 URL_HELP = "Store URL: file:///dir, a path, memory://, hf://buckets/ns/name[/prefix], s3://bucket[/prefix]"
@@ -46,40 +45,7 @@ def display_key(name: str) -> str:
     return f"{directory}/{key}" if directory else key
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
-@contextlib.contextmanager
-def _opened(url: str) -> Iterator[ObjectStore]:
-    """Open a store for inspection; never create a missing directory or bucket.
-
-    ``create=False`` is the opener option for that; an opener that does not know the option
-    (it never creates anything) is opened without it.
-    """
-    try:
-        try:
-            store = open_store(url, create=False)
-        except TypeError as e:
-            if "create" not in str(e):
-                raise
-            store = open_store(url)
-    except KVBucketError as e:
-        raise _fail(str(e)) from None
-    except (OSError, ValueError, TypeError) as e:
-        raise _fail(f"cannot open {url!r}: {e}") from None
-    try:
-        yield store
-    except BrokenPipeError:
-        # `kvbucket ls URL | head`: the reader has gone; stop quietly like other Unix tools.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        raise typer.Exit(0) from None
-    except (KVBucketError, OSError) as e:
-        raise _fail(str(e)) from None
-    finally:
-        store.close()
+_fail = fail
 
 
 def register(app: typer.Typer) -> None:
@@ -88,9 +54,10 @@ def register(app: typer.Typer) -> None:
         url: str = typer.Argument(..., help=URL_HELP),
         prefix: str = typer.Option("", "--prefix", "-p", help="Only names starting with this string."),
         keys: bool = typer.Option(False, "--keys", "-k", help="Show cache keys, not object names."),
+        timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """List objects: size in bytes, then the name (or decoded cache key with --keys)."""
-        with _opened(url) as store:
+        with opened_store(url, timeout) as store:
             for info in store.list(prefix):
                 typer.echo(f"{info.size:>12}  {display_key(info.name) if keys else info.name}")
 
@@ -98,10 +65,11 @@ def register(app: typer.Typer) -> None:
     def du(
         url: str = typer.Argument(..., help=URL_HELP),
         prefix: str = typer.Option("", "--prefix", "-p", help="Only names starting with this string."),
+        timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Count objects and bytes."""
         count = total = 0
-        with _opened(url) as store:
+        with opened_store(url, timeout) as store:
             for info in store.list(prefix):
                 count += 1
                 total += info.size
@@ -117,6 +85,7 @@ def register(app: typer.Typer) -> None:
             None, "--prefix", "-p", help="Remove every object whose name starts with this string."
         ),
         yes: bool = typer.Option(False, "--yes", "-y", help="Confirm a --prefix removal."),
+        timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Remove objects by name, or every object under --prefix (needs --yes)."""
         names = names or []
@@ -128,7 +97,7 @@ def register(app: typer.Typer) -> None:
             what = f"every object under prefix {prefix!r}" if prefix else "EVERY object in the store"
             raise _fail(f"this would remove {what} of {url}; add --yes to confirm")
         removed = missing = failed = 0
-        with _opened(url) as store:
+        with opened_store(url, timeout) as store:
             for batch in _batches(names) if names else _listed_batches(store, prefix or ""):
                 # A store may answer size=None for a removal it cannot size cheaply, so whether a
                 # named object existed is asked first: only objects that were there count.

@@ -33,7 +33,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -43,6 +43,7 @@ from kvbucket.l2.accounting import KeyIndex
 from kvbucket.l2.base import EventNotifier, KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore, check_prefix
+from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +137,11 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._lookup_efd = EventNotifier()
         self._load_efd = EventNotifier()
 
-        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="kvbucket-l2")
+        # Daemon workers: a store call stuck past close() never keeps the process alive. (Every
+        # blocking call names this pool explicitly; asyncio only takes a ThreadPoolExecutor as
+        # the loop's default executor.)
+        self._pool = DaemonThreadPool(num_workers, "kvbucket-l2")
         self._loop = asyncio.new_event_loop()
-        self._loop.set_default_executor(self._pool)
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvbucket-l2-loop", daemon=True)
         self._thread.start()
         if rebuild_usage:

@@ -63,9 +63,11 @@ def check_name(name: str) -> str:
     """Validate an object name and return it, or raise :class:`InvalidKeyError`.
 
     A name is a relative path of non-empty segments joined by ``/``; it has no ``.``/``..``
-    segment, no backslash, no NUL or other control character, and at most 1,024 UTF-8 bytes.
-    These rules make it impossible for a name to escape the store's prefix on any backend
-    (a directory, S3, a bucket).
+    segment, no backslash, no NUL or other control character, is valid Unicode (no lone
+    surrogate, which no store can encode: refusing it here, before any item of a batch is
+    written, keeps a batch from failing half-way) and has at most 1,024 UTF-8 bytes. These
+    rules make it impossible for a name to escape the store's prefix on any backend (a
+    directory, S3, a bucket).
     """
     if not isinstance(name, str):
         raise InvalidKeyError(f"object name must be a str, got {type(name).__name__}")
@@ -78,7 +80,14 @@ def _check_name_cached(name: str) -> str:
     # names are cached (a raise is not).
     if not name:
         raise InvalidKeyError("object name is empty")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidKeyError(
+            f"object name {name!r} is not valid UTF-8 (it holds a lone surrogate, e.g. a file name "
+            "decoded with surrogateescape); pass names as proper text"
+        ) from None
+    if len(encoded) > MAX_NAME_BYTES:
         raise InvalidKeyError(f"object name is longer than {MAX_NAME_BYTES} bytes: {name[:60]!r}...")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
         raise InvalidKeyError(f"object name contains a control character: {name!r}")

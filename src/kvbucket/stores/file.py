@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvbucket.errors import ConfigError, InvalidKeyError, NotFoundError, StoreError
+from kvbucket.errors import ConfigError, InvalidKeyError, NoSpaceError, NotFoundError, StoreError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size, check_name
 
 TMP_DIR_NAME = ".kvbucket-tmp"
@@ -45,12 +45,16 @@ _MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 _O_BINARY = getattr(os, "O_BINARY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_DIR_FLAGS = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
 _RENAME_ATTEMPTS = 16
+_NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
 
 def _store_error(action: str, name: str, e: OSError) -> StoreError:
     """A per-item error naming the object and the OS reason (never the full traceback)."""
-    return StoreError(f"could not {action} object {name!r}: {e.strerror or e} (errno {e.errno})")
+    cls = NoSpaceError if e.errno in _NO_SPACE_ERRNOS else StoreError
+    return cls(f"could not {action} object {name!r}: {e.strerror or e} (errno {e.errno})")
 
 
 def _os_error_result(action: str, name: str, e: OSError) -> ItemResult:
@@ -93,14 +97,11 @@ class FileStore(ObjectStore):
         self.fsync = bool(fsync)
         self.url = "file://" + root_path.as_posix()
         self._root_str = os.fspath(root_path)
-        self._tmp = os.path.join(self._root_str, TMP_DIR_NAME)
-        self._tmp_ready = os.path.isdir(self._tmp)
         try:
             self._name_max = os.pathconf(self._root_str, "PC_NAME_MAX")
         except (OSError, ValueError, AttributeError):
             self._name_max = 255
-        if self._tmp_ready:
-            self.sweep_stale_temp_files(stale_tmp_secs)
+        self.sweep_stale_temp_files(stale_tmp_secs)
 
     # ---- helpers ------------------------------------------------------------------------
     def _check(self, names: Sequence[str]) -> list[str]:
@@ -125,46 +126,47 @@ class FileStore(ObjectStore):
                     )
         return checked
 
-    def _path(self, name: str) -> str:
-        return os.path.join(self._root_str, name)
+    # Every path below the root is resolved one component at a time, relative to the directory
+    # opened just before it, with O_NOFOLLOW: a symlink (or a directory swapped for one mid-call)
+    # anywhere inside the store is never followed, so no verb can reach outside the root. The
+    # root itself is the configured path and may be reached through symlinks.
+    def _open_root(self) -> int:
+        return os.open(self._root_str, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
 
-    def _ensure_tmp_dir(self) -> None:
-        if not self._tmp_ready:
-            try:
-                os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
-            except OSError as e:
-                raise StoreError(
-                    f"cannot write to store directory {self._root_str!r}: creating {TMP_DIR_NAME} "
-                    f"failed: {e.strerror}"
-                ) from None
-            self._tmp_ready = True
+    @contextlib.contextmanager
+    def _parents(self, root_fd: int, name: str, created: list[str] | None = None) -> Iterator[list[int]]:
+        """The fds of the root and of every directory above ``name``'s last component.
 
-    def _make_parents(self, name: str) -> list[str]:
-        """Create the directories ``name`` needs; return the ones this call created."""
-        created: list[str] = []
-        parts = name.split("/")[:-1]
-        d = self._root_str
-        for p in parts:
-            d = os.path.join(d, p)
-            try:
-                os.mkdir(d, DIR_MODE)
-                created.append(d)
-            except FileExistsError:
-                try:
-                    st = os.lstat(d)
-                except FileNotFoundError:
-                    continue  # pruned by a concurrent delete just now: the caller's retry recreates it
-                if not stat.S_ISDIR(st.st_mode):
-                    raise NotADirectoryError(errno.ENOTDIR, "a parent of the name is an object", d) from None
-        return created
-
-    @staticmethod
-    def _fsync_dir(path: str) -> None:
-        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        ``fds[i]`` is the directory holding segment ``i`` of the name. Missing directories raise
+        ``FileNotFoundError``, unless ``created`` is given: then they are made (0700) and their
+        relative paths appended to it. A component that is a file or a symlink raises
+        ``NotADirectoryError``/``ELOOP``.
+        """
+        fds = [root_fd]
         try:
-            os.fsync(fd)
+            segs = name.split("/")[:-1]
+            for i, seg in enumerate(segs):
+                fds.append(_open_dir(fds[-1], seg, created, "/".join(segs[: i + 1])))
+            yield fds
         finally:
-            os.close(fd)
+            for fd in fds[1:]:
+                os.close(fd)
+
+    def _open_tmp(self, root_fd: int) -> int:
+        try:
+            return _open_dir(root_fd, TMP_DIR_NAME, [], TMP_DIR_NAME)
+        except OSError as e:
+            raise (NoSpaceError if e.errno in _NO_SPACE_ERRNOS else StoreError)(
+                f"cannot write to store directory {self._root_str!r}: creating {TMP_DIR_NAME} "
+                f"failed: {e.strerror}"
+            ) from None
+
+    def _fsync_dirs(self, root_fd: int, rel_dir: str) -> None:
+        if not rel_dir:
+            os.fsync(root_fd)
+            return
+        with self._parents(root_fd, rel_dir + "/x") as fds:
+            os.fsync(fds[-1])
 
     # ---- the protocol -------------------------------------------------------------------
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
@@ -178,12 +180,29 @@ class FileStore(ObjectStore):
             if not v.c_contiguous:
                 raise ValueError(f"data for {n!r} is not a contiguous buffer; pass a contiguous copy")
             views.append(v.cast("B") if v.format != "B" or v.ndim != 1 else v)
-        self._ensure_tmp_dir()
+        if not names:
+            return []
+        try:
+            root_fd = self._open_root()
+        except OSError as e:
+            raise StoreError(f"cannot open store directory {self._root_str!r}: {e.strerror}") from None
+        try:
+            tmp_fd = self._open_tmp(root_fd)
+            try:
+                return self._put_all(root_fd, tmp_fd, names, views)
+            finally:
+                os.close(tmp_fd)
+        finally:
+            os.close(root_fd)
+
+    def _put_all(
+        self, root_fd: int, tmp_fd: int, names: list[str], views: list[memoryview]
+    ) -> list[ItemResult]:
         results: list[ItemResult] = []
         to_sync: dict[str, list[int]] = {}  # directory -> indexes of the items waiting on its fsync
         for i, (n, v) in enumerate(zip(names, views, strict=True)):
             try:
-                dirs = self._put_one(n, v)
+                dirs = self._put_one(root_fd, tmp_fd, n, v)
             except OSError as e:
                 results.append(ItemResult(n, error=_store_error("write", n, e)))
                 continue
@@ -194,21 +213,17 @@ class FileStore(ObjectStore):
         # put_many returns, which is when they count as stored.
         for d, idxs in to_sync.items():
             try:
-                self._fsync_dir(d)
+                self._fsync_dirs(root_fd, d)
             except OSError as e:
                 for i in idxs:
                     results[i] = ItemResult(names[i], error=_store_error("make durable", names[i], e))
         return results
 
-    def _put_one(self, name: str, view: memoryview) -> list[str]:
-        """Write one object atomically; return the directories whose fsync makes it durable."""
-        tmp = os.path.join(self._tmp, uuid.uuid4().hex)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC
-        try:
-            fd = os.open(tmp, flags, FILE_MODE)
-        except FileNotFoundError:  # the temp dir was removed behind our back (e.g. rm -rf): recreate
-            os.makedirs(self._tmp, mode=DIR_MODE, exist_ok=True)
-            fd = os.open(tmp, flags, FILE_MODE)
+    def _put_one(self, root_fd: int, tmp_fd: int, name: str, view: memoryview) -> list[str]:
+        """Write one object atomically; return the directories (relative) whose fsync makes it durable."""
+        tmp = uuid.uuid4().hex
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_BINARY | _O_CLOEXEC
+        fd = os.open(tmp, flags, FILE_MODE, dir_fd=tmp_fd)
         try:
             try:
                 written = 0
@@ -219,53 +234,97 @@ class FileStore(ObjectStore):
                     os.fsync(fd)
             finally:
                 os.close(fd)
-            dest = self._path(name)
+            leaf = name.rsplit("/", 1)[-1]
             created: list[str] = []
             for attempt in range(_RENAME_ATTEMPTS):
                 try:
-                    os.replace(tmp, dest)
+                    with self._parents(root_fd, name, created) as fds:
+                        os.replace(tmp, leaf, src_dir_fd=tmp_fd, dst_dir_fd=fds[-1])
                     break
                 except FileNotFoundError:
-                    # The parent is missing: never created, or removed by a concurrent delete
-                    # that emptied it. Create it and retry.
-                    if attempt == _RENAME_ATTEMPTS - 1 or "/" not in name:
+                    # A directory on the way was removed by a concurrent delete that emptied it
+                    # (between our open and the rename): walk again, recreating it.
+                    if attempt == _RENAME_ATTEMPTS - 1:
                         raise
                 except IsADirectoryError:
                     raise IsADirectoryError(
                         errno.EISDIR, "other objects are stored below this name (it is a directory)"
                     ) from None
-                except NotADirectoryError:
-                    raise NotADirectoryError(
-                        errno.ENOTDIR, "a leading part of this name is an object, so it cannot be a directory"
-                    ) from None
-                with contextlib.suppress(FileNotFoundError):  # a concurrent delete pruned a level: retry
-                    created += self._make_parents(name)
+                except OSError as e:
+                    if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                        raise
+                    raise NotADirectoryError(errno.ENOTDIR, self._why_not_a_dir(root_fd, name)) from None
             if not self.fsync:
                 return []
-            return [os.path.dirname(dest), *(os.path.dirname(d) for d in created)]
+            parent = name.rsplit("/", 1)[0] if "/" in name else ""
+            return [parent, *(d.rsplit("/", 1)[0] if "/" in d else "" for d in created)]
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=tmp_fd)
             raise
+
+    @staticmethod
+    def _why_not_a_dir(root_fd: int, name: str) -> str:
+        """Which leading part of ``name`` stopped a put: an object, or a symlink (never followed)."""
+        segs = name.split("/")[:-1]
+        fd = os.dup(root_fd)
+        try:
+            for seg in segs:
+                st = os.stat(seg, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    return (f"{seg!r}, a leading part of this name, is a symlink; kvbucket never follows "
+                            "links inside a store (remove it)")
+                if not stat.S_ISDIR(st.st_mode):
+                    break
+                nfd = os.open(seg, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return "a leading part of this name is an object, so it cannot be a directory"
 
     def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
         names = self._check(names)
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
         results = []
-        for i, n in enumerate(names):
-            buf = out[i] if out is not None else None
-            try:
-                results.append(self._get_one(n, buf))
-            except StoreError as e:
-                results.append(ItemResult(n, error=e))
-            except OSError as e:
-                results.append(ItemResult(n, error=_store_error("read", n, e)))
+        with self._root_for("read", names) as root_fd:
+            for i, n in enumerate(names):
+                buf = out[i] if out is not None else None
+                try:
+                    results.append(self._get_one(root_fd, n, buf))
+                except StoreError as e:
+                    results.append(ItemResult(n, error=e))
+                except OSError as e:
+                    results.append(ItemResult(n, error=_store_error("read", n, e)))
         return results
 
-    def _get_one(self, name: str, buf: Buffer | None) -> ItemResult:
+    @contextlib.contextmanager
+    def _root_for(self, action: str, names: Sequence[str]) -> Iterator[int]:
+        """The root's fd for one batch (-1 when the root is gone: every name is then missing)."""
         try:
-            fd = os.open(self._path(name), os.O_RDONLY | _O_BINARY | _O_NOFOLLOW | _O_CLOEXEC)
+            fd = self._open_root() if names else -1
+        except OSError as e:
+            if e.errno not in _MISSING_ERRNOS:
+                raise StoreError(
+                    f"could not {action} in store directory {self._root_str!r}: {e.strerror}"
+                ) from None
+            fd = -1
+        try:
+            yield fd
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _get_one(self, root_fd: int, name: str, buf: Buffer | None) -> ItemResult:
+        try:
+            if root_fd < 0:
+                raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
+            with self._parents(root_fd, name) as fds:
+                fd = os.open(name.rsplit("/", 1)[-1], os.O_RDONLY | _O_BINARY | _O_NOFOLLOW | _O_CLOEXEC,
+                             dir_fd=fds[-1])
         except OSError as e:
             if e.errno in _MISSING_ERRNOS:
                 return ItemResult(name)
@@ -296,50 +355,57 @@ class FileStore(ObjectStore):
         finally:
             os.close(fd)
 
+    def _lstat(self, root_fd: int, name: str) -> os.stat_result:
+        if root_fd < 0:
+            raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
+        with self._parents(root_fd, name) as fds:
+            return os.stat(name.rsplit("/", 1)[-1], dir_fd=fds[-1], follow_symlinks=False)
+
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._check(names)
         results = []
-        for n in names:
-            try:
-                st = os.lstat(self._path(n))
-            except OSError as e:
-                results.append(_os_error_result("stat", n, e))
-                continue
-            results.append(ItemResult(n, size=st.st_size if stat.S_ISREG(st.st_mode) else None))
+        with self._root_for("stat", names) as root_fd:
+            for n in names:
+                try:
+                    st = self._lstat(root_fd, n)
+                except OSError as e:
+                    results.append(_os_error_result("stat", n, e))
+                    continue
+                results.append(ItemResult(n, size=st.st_size if stat.S_ISREG(st.st_mode) else None))
         return results
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._check(names)
         results = []
-        for n in names:
-            path = self._path(n)
-            try:
-                st = os.lstat(path)
-                if not stat.S_ISREG(st.st_mode):
-                    results.append(ItemResult(n))  # nothing we own lives under this name
+        with self._root_for("delete", names) as root_fd:
+            for n in names:
+                try:
+                    if root_fd < 0:
+                        raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
+                    size = self._delete_one(root_fd, n)
+                except OSError as e:
+                    results.append(_os_error_result("delete", n, e))
                     continue
-                os.unlink(path)
-            except OSError as e:
-                results.append(_os_error_result("delete", n, e))
-                continue
-            results.append(ItemResult(n, size=st.st_size))
-            self._remove_empty_parents(n)
+                results.append(ItemResult(n, size=size))
         return results
 
-    def _remove_empty_parents(self, name: str) -> None:
-        """Remove the directories above a deleted object that it left empty (never the root).
-
-        Without this, a long-lived cache that churns nested names would accumulate empty
-        directories that slow every listing. A concurrent put into a directory being removed
-        recreates it (see ``_put_one``).
-        """
-        parts = name.split("/")[:-1]
-        while parts:
-            try:
-                os.rmdir(os.path.join(self._root_str, *parts))
-            except OSError:
-                return  # not empty (or already gone): stop climbing
-            parts.pop()
+    def _delete_one(self, root_fd: int, name: str) -> int | None:
+        segs = name.split("/")
+        with self._parents(root_fd, name) as fds:
+            st = os.stat(segs[-1], dir_fd=fds[-1], follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                return None  # nothing we own lives under this name
+            os.unlink(segs[-1], dir_fd=fds[-1])
+            # Remove the directories above it that it left empty (never the root): without
+            # this, a long-lived cache that churns nested names would accumulate empty
+            # directories that slow every listing. A concurrent put into a directory being
+            # removed walks again and recreates it (see ``_put_one``).
+            for i in range(len(segs) - 2, -1, -1):
+                try:
+                    os.rmdir(segs[i], dir_fd=fds[i])
+                except OSError:
+                    break  # not empty (or already gone): stop climbing
+        return st.st_size
 
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
         if not isinstance(prefix, str):
@@ -348,15 +414,23 @@ class FileStore(ObjectStore):
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
         # page_size bounds remote round trips; locally one directory is read at a time, so it
         # has nothing to bound. It is validated for protocol compatibility.
-        return self._walk("", prefix)
+        return self._list(prefix)
 
-    def _walk(self, rel_dir: str, prefix: str) -> Iterator[ObjectInfo]:
-        path = os.path.join(self._root_str, rel_dir) if rel_dir else self._root_str
+    def _list(self, prefix: str) -> Iterator[ObjectInfo]:
         try:
-            with os.scandir(path) as it:
-                entries = [(e, e.is_dir(follow_symlinks=False)) for e in it]
-        except (FileNotFoundError, NotADirectoryError):
-            return  # removed while we walked
+            root_fd = self._open_root()
+        except OSError as e:
+            if e.errno in _MISSING_ERRNOS:
+                return
+            raise
+        try:
+            yield from self._walk(root_fd, "", prefix)
+        finally:
+            os.close(root_fd)
+
+    def _walk(self, dir_fd: int, rel_dir: str, prefix: str) -> Iterator[ObjectInfo]:
+        with os.scandir(dir_fd) as it:
+            entries = [(e, e.is_dir(follow_symlinks=False)) for e in it]
         # Sort directories as "name/" so that the walk yields full names in lexicographic order.
         entries.sort(key=lambda ed: ed[0].name + "/" if ed[1] else ed[0].name)
         for entry, is_dir in entries:
@@ -366,7 +440,16 @@ class FileStore(ObjectStore):
             if is_dir:
                 sub = name + "/"
                 if sub.startswith(prefix) or prefix.startswith(sub):
-                    yield from self._walk(name, prefix)
+                    try:
+                        sub_fd = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+                    except OSError as e:
+                        if e.errno in _MISSING_ERRNOS:
+                            continue  # removed, or swapped for a symlink, since the scan
+                        raise
+                    try:
+                        yield from self._walk(sub_fd, name, prefix)
+                    finally:
+                        os.close(sub_fd)
                 continue
             if not name.startswith(prefix):
                 continue
@@ -391,19 +474,45 @@ class FileStore(ObjectStore):
         cutoff = time.time() - older_than_secs
         removed = 0
         try:
-            with os.scandir(self._tmp) as it:
+            root_fd = self._open_root()
+        except OSError:
+            return 0
+        try:
+            tmp_fd = os.open(TMP_DIR_NAME, _DIR_FLAGS, dir_fd=root_fd)  # a symlink here is not followed
+        except OSError:
+            os.close(root_fd)
+            return 0  # no temp dir yet (or not one we made)
+        try:
+            with os.scandir(tmp_fd) as it:
                 for e in it:
                     try:
                         if e.stat(follow_symlinks=False).st_mtime < cutoff:
-                            os.unlink(e.path)
+                            os.unlink(e.name, dir_fd=tmp_fd)
                             removed += 1
                     except FileNotFoundError:
                         continue  # renamed into place or swept by another process meanwhile
                     except OSError:
                         continue  # not ours to remove (a directory, read-only mount): opening must not fail
-        except (FileNotFoundError, NotADirectoryError):
-            return 0
+        finally:
+            os.close(tmp_fd)
+            os.close(root_fd)
         return removed
+
+
+def _open_dir(parent_fd: int, seg: str, created: list[str] | None, rel: str) -> int:
+    """Open directory ``seg`` of ``parent_fd`` without following a symlink; with ``created``,
+    make it first when missing (and record ``rel`` there)."""
+    try:
+        return os.open(seg, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if created is None:
+            raise
+    try:
+        os.mkdir(seg, DIR_MODE, dir_fd=parent_fd)
+        created.append(rel)
+    except FileExistsError:
+        pass  # made by a concurrent writer just now
+    return os.open(seg, _DIR_FLAGS, dir_fd=parent_fd)
 
 
 def _valid_name(name: str) -> bool:

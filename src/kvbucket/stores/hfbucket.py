@@ -31,11 +31,10 @@ the retries); only bad arguments or a closed store raise.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from kvbucket.errors import (
@@ -57,6 +56,7 @@ from kvbucket.stores.hfbucket_config import (
 )
 from kvbucket.stores.hub_client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
 from kvbucket.stores.meta_cache import MetaCache
+from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +72,15 @@ class HFBucketStore(RemoteStore):
         self.bucket_id = loc.bucket_id
         self.prefix = loc.prefix
         self.url = loc.handle
-        source = (f"${config.token_env}" if config.token_env and os.environ.get(config.token_env)
-                  else "the 'token' option" if config.token is not None
-                  else f"${config.token_env or 'HF_TOKEN'} or the saved Hugging Face login")
         self._client = client or HubBucketClient(
             endpoint=config.resolved_endpoint(), bucket_id=self.bucket_id, token=config.resolved_token(),
-            token_source=source, max_retries=config.max_retries,
+            token_source=config.token_source(), max_retries=config.max_retries,
             retry_backoff_secs=config.retry_backoff_secs, connect_timeout_secs=config.connect_timeout_secs,
             request_timeout_secs=config.request_timeout_secs,
         )
         self.endpoint = self._client.endpoint
         self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)
-        self._pool = ThreadPoolExecutor(config.num_workers, thread_name_prefix="kvbucket-hfbucket")
+        self._pool = DaemonThreadPool(config.num_workers, "kvbucket-hfbucket")  # never blocks exit
         self._pool_lock = threading.Lock()
         self.breaker = CircuitBreaker(
             self.url, failures=config.breaker_failures, cooldown_secs=config.breaker_cooldown_secs
@@ -145,7 +142,7 @@ class HFBucketStore(RemoteStore):
             old = self._pool
             if self._closed:
                 return
-            self._pool = ThreadPoolExecutor(self.config.num_workers, thread_name_prefix="kvbucket-hfbucket")
+            self._pool = DaemonThreadPool(self.config.num_workers, "kvbucket-hfbucket")
         old.shutdown(wait=False, cancel_futures=True)
         log.warning("calls to %s passed their deadline and were abandoned", self.url)
 

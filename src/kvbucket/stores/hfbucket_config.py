@@ -188,6 +188,20 @@ class HFBucketConfig(BaseModel):
                 return env
         return self.token.get_secret_value() if self.token is not None else None
 
+    def token_source(self) -> str:
+        """Words naming where the token comes from, for error messages (never the token itself)."""
+        env_name = self.token_env or "HF_TOKEN"
+        if self.token_env and os.environ.get(self.token_env):
+            return f"${self.token_env}"
+        if self.token is not None:
+            return "the 'token' option"
+        from huggingface_hub import constants
+
+        saved = str(constants.HF_TOKEN_PATH)
+        if os.path.isfile(saved):
+            return f"the saved Hugging Face login in {saved} (${env_name} is unset)"
+        return f"nowhere: ${env_name} is unset and there is no saved login (`hf auth login`)"
+
     def resolved_endpoint(self) -> str:
         """``endpoint``, else ``$HF_ENDPOINT`` read now, else huggingface_hub's configured endpoint."""
         if self.endpoint:

@@ -25,7 +25,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 from pathlib import Path
@@ -50,6 +50,7 @@ from kvbucket.stores.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.s3_config import S3Config, S3Target, resolve_target
 from kvbucket.stores.s3_direct import EXPIRED, MISSING, Body, DirectReader, Outcome, WrongSize
+from kvbucket.threads import DaemonThreadPool
 
 _XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -77,9 +78,7 @@ class S3Store(RemoteStore):
         self.url = self.target.url
         self._secrets = (config.aws_access_key_id, config.aws_secret_access_key, config.aws_session_token)
         self._store = _build_client(config, self.target)
-        self._pool = ThreadPoolExecutor(
-            max_workers=config.s3_num_io_threads, thread_name_prefix="kvbucket-s3"
-        )
+        self._pool = DaemonThreadPool(config.s3_num_io_threads, "kvbucket-s3")  # never blocks exit
         self._pool_lock = threading.Lock()
         self._closed = False
         self._bucket_checked = False
@@ -303,9 +302,7 @@ class S3Store(RemoteStore):
             if self._closed:
                 return
             old = self._pool
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.config.s3_num_io_threads, thread_name_prefix="kvbucket-s3"
-            )
+            self._pool = DaemonThreadPool(self.config.s3_num_io_threads, "kvbucket-s3")
         old.shutdown(wait=False, cancel_futures=True)
 
     def _settle(

@@ -1,7 +1,11 @@
 """Pytest fixtures around ``HubEmulator``; enable with ``pytest_plugins = ["kvbucket.testing.hub_fixtures"]``.
 
-- ``hub_emulator`` (session): a running emulator with its own data dir, a write token and a read
-  token. It gives the process a private ``HF_XET_CACHE`` (hf_xet's shard cache never meets a
+- ``hub_emulator`` (session): a running emulator with its own data dir and users as on the Hub:
+  ``kvtest`` (the namespace of ``hub_bucket``; a write and a read token), ``kvmember`` (a member
+  of the organisation ``kvorg`` with ``kvtest``) and ``kvother`` (in no organisation), each with
+  ``write``, ``read`` and ``fine-read`` tokens (``hub.token(user, scope)``). Override the
+  ``hub_orgs`` fixture (session scope) in a conftest to configure other organisations. It gives
+  the process a private ``HF_XET_CACHE`` (hf_xet's shard cache never meets a
   server whose state it does not match) and hides any stored Hugging Face token (see
   ``isolate_hf_env``).
 - ``hub_bucket`` (function): a fresh private bucket with a unique name; faults are reset before
@@ -17,7 +21,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,10 @@ import pytest
 from .hub_emulator import FaultControl, HubEmulator
 
 WRITE_USER = "kvtest"
-READ_USER = "kvreader"
+MEMBER_USER = "kvmember"
+OTHER_USER = "kvother"
+ORG = "kvorg"
+SCOPES = ("write", "read", "fine-read")
 
 
 @dataclass
@@ -37,6 +44,15 @@ class RunningHub:
     write_token: str
     read_token: str
     namespace: str = WRITE_USER
+    tokens: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)
+    orgs: dict[str, list[str]] = field(default_factory=dict)
+
+    def token(self, user: str, scope: str = "write") -> str:
+        """The secret of ``user``'s token of ``scope`` (``write``, ``read`` or ``fine-read``)."""
+        try:
+            return self.tokens[(user, scope)]
+        except KeyError:
+            raise KeyError(f"no {scope} token for user {user!r} in this emulator") from None
 
     @property
     def endpoint(self) -> str:
@@ -73,12 +89,6 @@ class HubBucket:
     @property
     def api(self) -> Any:
         return self.hub.api()
-
-
-_CONSTANTS = (
-    "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN_PATH", "HF_STORED_TOKENS_PATH", "HF_XET_CACHE",
-    "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS",
-)  # fmt: skip
 
 
 _ENV_VARS = ("HF_XET_CACHE", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_TOKEN")
@@ -131,14 +141,27 @@ def restore_env(saved: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="session")
-def hub_emulator() -> Iterator[RunningHub]:
+def hub_orgs() -> dict[str, list[str]]:
+    """Organisations of the ``hub_emulator`` fixture: override (session scope) to configure others.
+
+    Every user named here gets tokens too, alongside ``kvtest``, ``kvmember`` and ``kvother``.
+    """
+    return {ORG: [WRITE_USER, MEMBER_USER]}
+
+
+@pytest.fixture(scope="session")
+def hub_emulator(hub_orgs: dict[str, list[str]]) -> Iterator[RunningHub]:
     home = Path(tempfile.mkdtemp(prefix="kvbucket-hfhome-"))
     saved = isolate_hf_env(home)
-    write_token, read_token = "hf_w" + secrets.token_hex(12), "hf_r" + secrets.token_hex(12)
-    tokens = {WRITE_USER: (write_token, "write"), READ_USER: (read_token, "read")}
+    users = dict.fromkeys([WRITE_USER, MEMBER_USER, OTHER_USER, *(u for m in hub_orgs.values() for u in m)])
+    tokens = {(u, sc): f"hf_{sc[0]}{secrets.token_hex(12)}" for u in users for sc in SCOPES}
+    specs = [f"{u}={secret}:{sc}" for (u, sc), secret in tokens.items()]
     try:
-        with HubEmulator(tokens=tokens) as emu:
-            yield RunningHub(emu, write_token, read_token)
+        with HubEmulator(tokens=specs, orgs=hub_orgs) as emu:
+            yield RunningHub(
+                emu, tokens[(WRITE_USER, "write")], tokens[(WRITE_USER, "read")], tokens=tokens,
+                orgs={o: list(m) for o, m in hub_orgs.items()},
+            )  # fmt: skip
     finally:
         restore_env(saved)
         shutil.rmtree(home, ignore_errors=True)

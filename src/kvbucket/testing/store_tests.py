@@ -72,6 +72,8 @@ INVALID_NAMES = (
     "nul\x00byte",
     "new\nline",
     "x" * 1025,
+    "lone\ud800surrogate",  # not valid UTF-8: no store can encode it
+    "escaped\udcff",  # what os.fsdecode makes of an undecodable byte
 )
 
 

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import urllib.request
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from kvbucket.errors import ConfigError
 from kvbucket.testing.children import dies_with_parent
 
 from .app import Emulator, build_app
-from .auth import Auth, TokenSpec
+from .auth import Auth, TokenSpec, parse_org
 from .faults import FaultPlan, FaultRule
 from .state import State
 
@@ -48,6 +49,7 @@ class ServerConfig:
     admin_key: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     fault_seed: int = 0
     zero_copy: bool = True
+    orgs: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -55,7 +57,7 @@ class ServerConfig:
                 "data_dir": str(self.data_dir), "host": self.host, "port": self.port,
                 "tokens": [[t.name, t.secret.get_secret_value(), t.scope] for t in self.tokens],
                 "xet_token_ttl_s": self.xet_token_ttl_s, "admin_key": self.admin_key,
-                "fault_seed": self.fault_seed, "zero_copy": self.zero_copy,
+                "fault_seed": self.fault_seed, "zero_copy": self.zero_copy, "orgs": self.orgs,
             }
         )  # fmt: skip
 
@@ -71,6 +73,7 @@ class ServerConfig:
             admin_key=d["admin_key"],
             fault_seed=int(d["fault_seed"]),
             zero_copy=bool(d["zero_copy"]),
+            orgs={str(k): [str(u) for u in v] for k, v in d.get("orgs", {}).items()},
         )
 
 
@@ -116,7 +119,7 @@ class ThreadServer:
     async def _start_async(self) -> None:
         cfg = self.config
         self._state = State(cfg.data_dir)
-        auth = Auth(cfg.tokens, cfg.xet_token_ttl_s, Auth.load_key(cfg.data_dir))
+        auth = Auth(cfg.tokens, cfg.xet_token_ttl_s, Auth.load_key(cfg.data_dir), cfg.orgs)
         self._emu = Emulator(self._state, auth, FaultPlan(cfg.fault_seed), cfg.admin_key, cfg.zero_copy)
         self._runner = web.AppRunner(build_app(self._emu), access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -215,10 +218,29 @@ class FaultControl:
         self._call("DELETE")
 
 
+TokensArg = Mapping[str, "tuple[str, str] | list[tuple[str, str]]"] | Iterable["TokenSpec | str"] | None
+
+
+def token_specs(tokens: TokensArg) -> list[TokenSpec]:
+    """The ``tokens`` argument of ``HubEmulator`` as a list of ``TokenSpec``."""
+    if tokens is None:
+        return []
+    if isinstance(tokens, Mapping):
+        out = []
+        for user, value in tokens.items():
+            pairs = [value] if isinstance(value, tuple) else list(value)
+            out += [TokenSpec.parse(f"{user}={secret}:{scope}") for secret, scope in pairs]
+        return out
+    return [t if isinstance(t, TokenSpec) else TokenSpec.parse(t) for t in tokens]
+
+
 class HubEmulator:
     """A local Hugging Face Storage Buckets server, as a context manager.
 
     ``with HubEmulator(tokens={"me": ("secret", "write")}) as emu: HfApi(endpoint=emu.endpoint, ...)``.
+    ``tokens`` maps a user to one ``(secret, scope)`` or a list of them (scope ``write``, ``read``
+    or ``fine-read``), or is a list of ``TokenSpec``/``"USER=SECRET:scope"``; ``orgs`` maps an
+    organisation to its members (``{"acme": ["alice", "bob"]}``). No tokens: an open server.
     Without ``data_dir`` a temporary one is made and removed at exit. ``port=0`` picks a free port.
     ``subprocess=True`` runs the server in a child process (own CPU time and GIL).
     ``zero_copy=False`` turns off the Linux ``splice`` path for large xorb uploads.
@@ -227,8 +249,9 @@ class HubEmulator:
     def __init__(
         self,
         data_dir: str | os.PathLike[str] | None = None,
-        tokens: dict[str, tuple[str, str]] | list[TokenSpec] | None = None,
+        tokens: TokensArg = None,
         *,
+        orgs: Mapping[str, Iterable[str]] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         subprocess: bool = False,
@@ -237,10 +260,11 @@ class HubEmulator:
         admin_key: str | None = None,
         zero_copy: bool = True,
     ) -> None:
-        if isinstance(tokens, dict):
-            specs = [TokenSpec.parse(f"{n}={s}:{scope}") for n, (s, scope) in tokens.items()]
-        else:
-            specs = list(tokens or [])
+        specs = token_specs(tokens)
+        org_map = {str(o): [str(u) for u in members] for o, members in (orgs or {}).items()}
+        for o in org_map:
+            parse_org(f"{o}={','.join(org_map[o])}")  # the Hub's name rules, a clear error
+        Auth(specs, orgs=org_map)  # refuses a user that is also an org, duplicate secrets
         if xet_token_ttl_s <= 0:
             raise ConfigError("xet_token_ttl_s must be positive")
         if admin_key is not None and len(admin_key) < 8:
@@ -253,6 +277,7 @@ class HubEmulator:
         if admin_key is not None:
             self.config.admin_key = admin_key
         self.config.zero_copy = zero_copy
+        self.config.orgs = org_map
         self.use_subprocess = subprocess
         self._server: ThreadServer | SubprocessServer | None = None
 
@@ -284,7 +309,9 @@ class HubEmulator:
 
     def stats(self) -> dict[str, Any]:
         """Request counts and bytes per route, plus the server's CPU time (see docs/emulator.md)."""
-        with urllib.request.urlopen(f"{self.endpoint}/_emulator/stats", timeout=30) as r:
+        req = urllib.request.Request(f"{self.endpoint}/_emulator/stats")
+        req.add_header("X-Emulator-Admin", self.config.admin_key)  # needed when tokens are configured
+        with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 
     def start(self) -> HubEmulator:
@@ -325,7 +352,10 @@ class HubEmulator:
 
     def __repr__(self) -> str:
         state = f"endpoint={self.endpoint}" if self._server is not None else "stopped"
-        return f"HubEmulator({state}, data_dir={str(self.data_dir)!r}, tokens={len(self.config.tokens)})"
+        return (
+            f"HubEmulator({state}, data_dir={str(self.data_dir)!r}, tokens={len(self.config.tokens)}, "
+            f"orgs={sorted(self.config.orgs)})"
+        )
 
 
 def child_main() -> None:

@@ -1,0 +1,166 @@
+"""What every store-facing command shares: exit statuses, the first-answer probe, ``--timeout``.
+
+Exit statuses: 2 when the user must change the command line or its environment (a malformed
+URL, a bucket or directory that does not exist, a refused token), 1 when the store failed or
+could not be reached (unreachable, no answer, server errors) and trying again later may work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+
+from kvbucket.errors import AuthError, ConfigError, InvalidKeyError, KVBucketError, NotFoundError, StoreError
+from kvbucket.stores import ObjectStore, open_store
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 30.0
+TIMEOUT_ENV = "KVBUCKET_TIMEOUT"
+
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout", envvar=TIMEOUT_ENV, min=0.1,
+        help="Seconds to wait for a remote store's first answer; an endpoint that accepts connections "
+        f"but never answers fails after this (default {DEFAULT_TIMEOUT_S:g}; also ${TIMEOUT_ENV}).",
+    ),
+]
+
+
+class NoAnswerError(StoreError):
+    """A store did not answer within the CLI's ``--timeout``."""
+
+
+def exit_code_for(e: BaseException) -> int:
+    """2: fix the input (URL, bucket, token); 1: the store failed or was unreachable."""
+    if isinstance(e, ConfigError | InvalidKeyError | NotFoundError | AuthError | ValueError):
+        return 2
+    return 1
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``error: message`` as one line on stderr; the Exit to raise."""
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    return typer.Exit(code)
+
+
+def exit_now(message: str, code: int = 1) -> NoReturn:
+    """Print the error and leave at once: a call stuck in a client's thread must not hold the exit."""
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def is_remote(url: str) -> bool:
+    return url.startswith(("hf://", "s3://"))
+
+
+def endpoint_hint(url: str, store: Any = None) -> str:
+    """Which endpoint a URL goes to and where that came from (never a secret)."""
+    if url.startswith("hf://"):
+        endpoint = getattr(store, "endpoint", None) or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+        source = "$HF_ENDPOINT" if os.environ.get("HF_ENDPOINT") else "the default Hub endpoint"
+        return f"{endpoint} ({source})"
+    if url.startswith("s3://"):
+        for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if os.environ.get(var):
+                return f"{os.environ[var]} (${var})"
+        return "AWS S3 (no $AWS_ENDPOINT_URL)"
+    return url
+
+
+def bounded(fn: Callable[[], T], timeout: float, url: str, store: Any = None) -> T:
+    """``fn()``'s result or error, or :class:`NoAnswerError` when it has not returned in ``timeout`` s.
+
+    ``fn`` runs in a daemon thread: a client blocked on a socket that never answers is left
+    behind (the command then exits with :func:`exit_now`).
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # delivered to the caller below
+            outcome["error"] = e
+
+    t = threading.Thread(target=run, name="kvbucket-cli-call", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise NoAnswerError(
+            f"no answer from {endpoint_hint(url, store)} within {timeout:g} s for {url}; check that the "
+            "endpoint is a working store server, or raise --timeout"
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]  # type: ignore[no-any-return]
+
+
+def probe(store: Any, url: str, timeout: float) -> None:
+    """Ask a remote store for one listing entry within ``timeout`` seconds (else NoAnswerError).
+
+    Run first by commands on remote stores, so a missing bucket, a refused token or a dead
+    endpoint is one line before any work starts.
+    """
+    if not is_remote(url):
+        return
+
+    def first() -> None:
+        for _ in store.list("", page_size=1):
+            break
+
+    bounded(first, timeout, url, store)
+
+
+def unreachable_hint(e: BaseException, url: str, store: Any = None) -> str:
+    """The error's text, with the endpoint to check when the store could not be reached."""
+    text = str(e)
+    if exit_code_for(e) == 1 and not isinstance(e, NoAnswerError) and is_remote(url):
+        text += f"; check that {endpoint_hint(url, store)} is up and reachable"
+    return text
+
+
+@contextlib.contextmanager
+def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[ObjectStore]:
+    """Open a store for inspection; never create a missing directory or bucket.
+
+    ``create=False`` is the opener option for that; an opener that does not know the option
+    (it never creates anything) is opened without it. A remote store is probed first, so a
+    missing bucket, a refused token or an endpoint that never answers is one line at once.
+    """
+    try:
+        try:
+            store = open_store(url, create=False)
+        except TypeError as e:
+            if "create" not in str(e):
+                raise
+            store = open_store(url)
+    except KVBucketError as e:
+        raise fail(str(e), exit_code_for(e)) from None
+    except (OSError, ValueError, TypeError) as e:
+        raise fail(f"cannot open {url!r}: {e}") from None
+    try:
+        probe(store, url, timeout)
+    except NoAnswerError as e:
+        exit_now(str(e), 1)  # the stuck call would hold close() and the exit
+    except KVBucketError as e:
+        store.close()
+        raise fail(unreachable_hint(e, url, store), exit_code_for(e)) from None
+    try:
+        yield store
+    except BrokenPipeError:
+        # `kvbucket ls URL | head`: the reader has gone; stop quietly like other Unix tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise typer.Exit(0) from None
+    except (KVBucketError, OSError) as e:
+        raise fail(unreachable_hint(e, url, store), exit_code_for(e)) from None
+    finally:
+        store.close()

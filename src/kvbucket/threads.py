@@ -1,0 +1,116 @@
+"""Worker threads that never keep a process alive.
+
+``concurrent.futures.ThreadPoolExecutor`` joins its (non-daemon) workers at interpreter exit, so
+one worker stuck in a call that its client library cannot cancel (a socket that never answers, a
+Xet upload commit waiting on a dead server) keeps the process alive for as long as that call
+lasts: minutes, or forever. kvbucket's pools are :class:`DaemonThreadPool` instead: the same
+``Executor`` interface, daemon workers, and a ``shutdown`` whose wait is bounded. A call still
+running when the bound passes is abandoned (its thread ends with the call, or with the process).
+
+Every thread kvbucket starts is a daemon and is named ``kvbucket-*``, so a test can tell its own
+threads from the client libraries'.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: How long ``close()`` of a store or backend waits for calls in progress before abandoning them.
+DEFAULT_CLOSE_TIMEOUT_SECS = 5.0
+
+_STOP = object()
+_counter = itertools.count()
+
+
+class DaemonThreadPool(Executor):
+    """A thread pool of at most ``max_workers`` daemon threads, started as work arrives."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str = "kvbucket-pool") -> None:
+        if max_workers <= 0:
+            raise ValueError("max_workers must be positive")
+        self._max = max_workers
+        self._prefix = thread_name_prefix
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            fut: Future[T] = Future()
+            self._q.put((fut, fn, args, kwargs))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max:
+                t = threading.Thread(
+                    target=self._work, name=f"{self._prefix}_{next(_counter)}", daemon=True
+                )
+                t.start()
+                self._threads.append(t)
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is _STOP:
+                self._q.put(_STOP)  # wake the next worker too
+                return
+            fut, fn, args, kwargs = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as e:
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(result)
+                del fut, fn, args, kwargs, item  # drop references to results while idle
+            self._idle.release()
+
+    def shutdown(
+        self, wait: bool = True, *, cancel_futures: bool = False, timeout: float | None = None
+    ) -> None:
+        """Stop taking work; with ``wait``, wait for the workers at most ``timeout`` seconds.
+
+        ``timeout=None`` means :data:`DEFAULT_CLOSE_TIMEOUT_SECS`: a shutdown never waits forever.
+        """
+        with self._lock:
+            self._shutdown = True
+            threads = list(self._threads)
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not _STOP:
+                    item[0].cancel()
+        self._q.put(_STOP)
+        if wait:
+            join_all(threads, DEFAULT_CLOSE_TIMEOUT_SECS if timeout is None else timeout)
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        with self._lock:
+            return list(self._threads)
+
+
+def join_all(threads: list[threading.Thread], timeout: float) -> bool:
+    """Join ``threads`` within one overall ``timeout``; True when all of them ended."""
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        if t is threading.current_thread():
+            continue
+        t.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in threads if t is not threading.current_thread())
+
+
+__all__ = ["DEFAULT_CLOSE_TIMEOUT_SECS", "DaemonThreadPool", "join_all"]

@@ -1,0 +1,195 @@
+"""Process lifetime: no kvbucket thread keeps a process alive, and ``close()`` waits a bounded time.
+
+Each scenario runs in a subprocess whose store call never returns (a blocking fake, or a real
+S3 client against a loopback server that accepts connections and never answers); the test
+asserts the script's answer and that the process exits within a bound (real: ~1-6 s).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvbucket.backends._putqueue import PutQueue
+from kvbucket.threads import DaemonThreadPool
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+EXIT_BOUND_SECS = 30.0  # generous: the scripts below end in about 1-6 s
+
+_PRELUDE = textwrap.dedent(
+    """
+    import socket, sys, threading, time
+    import numpy as np
+    from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
+    from kvbucket.backends.hybrid import HybridBackend
+    from kvbucket.backends.local_cpu import LocalCPUBackend
+    from kvbucket.chunks import KVLayout
+    from kvbucket.errors import TransientStoreError
+    from kvbucket.stores.memory import MemoryStore
+
+    LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_size=4, dtype="float16", chunk_tokens=4)
+    FULL = LAYOUT.full_chunk_bytes
+
+    class HungStore(MemoryStore):
+        '''Every call blocks forever, like a client stuck on a server that never answers.'''
+        def _hang(self, *a, **k):
+            threading.Event().wait()
+        put_many = get_many = head_many = delete_many = _hang
+
+    def silent_server():
+        '''A loopback server that accepts connections and never answers.'''
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(64)
+        held = []
+        def accept():
+            while True:
+                held.append(srv.accept()[0])
+        threading.Thread(target=accept, daemon=True).start()
+        return srv.getsockname()[1]
+
+    def timed(what, fn):
+        t0 = time.monotonic()
+        try:
+            fn()
+            print(what, "returned", flush=True)
+        except TransientStoreError:
+            print(what, "timed out after %.1f" % (time.monotonic() - t0), flush=True)
+    """
+)
+
+SCENARIOS = {
+    "remote-get": """
+        b = RemoteBackend(HungStore(), LAYOUT, blocking_timeout_secs=1)
+        timed("get", lambda: b.batched_get(["k"]))
+        b.close()
+    """,
+    "remote-contains-no-close": """
+        b = RemoteBackend(HungStore(), LAYOUT, blocking_timeout_secs=1)
+        timed("contains", lambda: b.contains("k"))
+        # no close(): the interpreter must still exit
+    """,
+    "pipelined-get": """
+        b = PipelinedRemoteBackend(HungStore(), LAYOUT, blocking_timeout_secs=1, pipeline_batch=1)
+        timed("get", lambda: b.batched_get(["a", "b", "c"]))
+        b.close()
+    """,
+    "queued-puts-close": """
+        b = RemoteBackend(HungStore(), LAYOUT, blocking_timeout_secs=1, queue_size=4)
+        for i in range(3):
+            b.put(f"k{i}", np.zeros(FULL, np.uint8), blocking=False)
+        t0 = time.monotonic()
+        b._queue.close(drain_timeout_secs=2)  # what close() does, with a short bound
+        b.close()
+        print("closed in %.1f" % (time.monotonic() - t0), flush=True)
+    """,
+    "hybrid-put-close": """
+        cpu = LocalCPUBackend(1 << 20)
+        h = HybridBackend([cpu, RemoteBackend(HungStore(), LAYOUT, blocking_timeout_secs=1)])
+        out = h.batched_put_results([("k", np.zeros(FULL, np.uint8))])
+        print("put", type(out[0]).__name__, flush=True)
+        h.close()
+    """,
+    "s3-silent-server": """
+        from kvbucket.stores.s3 import S3Store
+        from kvbucket.stores.s3_config import S3Config
+        port = silent_server()
+        store = S3Store(S3Config(
+            s3_endpoint="s3://bucket", s3_endpoint_url=f"http://127.0.0.1:{port}", s3_region="us-east-1",
+            aws_access_key_id="AKIAEXAMPLE", aws_secret_access_key="not-a-secret",
+        ))
+        b = RemoteBackend(store, LAYOUT, blocking_timeout_secs=1)
+        timed("get", lambda: b.batched_get(["k"]))
+        timed("contains", lambda: b.batched_contains(["k"]))
+        b.close()
+    """,
+}
+
+EXPECTED = {
+    "remote-get": ["get timed out after 1."],
+    "remote-contains-no-close": ["contains timed out after 1."],
+    "pipelined-get": ["get timed out after 1."],
+    "queued-puts-close": ["closed in "],
+    "hybrid-put-close": ["put TierPutError"],
+    "s3-silent-server": ["get timed out after 1.", "contains timed out after 1."],
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_a_stuck_store_call_never_keeps_the_process_alive(tmp_path: Path, scenario: str) -> None:
+    script = _PRELUDE + textwrap.dedent(SCENARIOS[scenario]) + "\nprint('end of script', flush=True)\n"
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONPATH": SRC},
+            capture_output=True,
+            text=True,
+            timeout=EXIT_BOUND_SECS,
+            cwd=tmp_path,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout
+        pytest.fail(f"the process did not exit within {EXIT_BOUND_SECS}s after its script ended: {out!r}")
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "end of script"
+    assert len(lines) == len(EXPECTED[scenario]) + 1, lines
+    for want, got in zip(EXPECTED[scenario], lines, strict=False):
+        assert got.startswith(want), (want, lines)
+    if scenario == "queued-puts-close":
+        assert float(lines[0].split()[-1]) < 10, "close() waited longer than its drain bound"
+    assert elapsed < EXIT_BOUND_SECS
+
+
+def test_daemon_pool_runs_work_and_bounds_shutdown() -> None:
+    pool = DaemonThreadPool(2, "kvbucket-test")
+    assert [f.result(timeout=5) for f in [pool.submit(pow, 2, i) for i in range(5)]] == [1, 2, 4, 8, 16]
+    assert list(pool.map(str, [1, 2])) == ["1", "2"]
+    assert all(t.daemon and t.name.startswith("kvbucket-test_") for t in pool.threads)
+    assert len(pool.threads) <= 2
+    pool.shutdown()
+    pool = DaemonThreadPool(1, "kvbucket-test")
+    release = threading.Event()
+    stuck = pool.submit(release.wait)
+    while not stuck.running():
+        time.sleep(0.01)
+    queued = [pool.submit(release.wait) for _ in range(3)]
+    t0 = time.monotonic()
+    pool.shutdown(wait=True, cancel_futures=True, timeout=0.5)
+    assert time.monotonic() - t0 < 5, "shutdown waited past its bound"
+    assert all(f.cancelled() for f in queued), "queued work is cancelled"
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(print)
+    release.set()
+    assert stuck.result(timeout=5) is True
+    with pytest.raises(ValueError):
+        DaemonThreadPool(0)
+
+
+def test_put_queue_close_drops_what_cannot_land_in_time() -> None:
+    release = threading.Event()
+    applied: list[str] = []
+
+    def apply(key: str, view: memoryview) -> None:
+        release.wait()
+        applied.append(key)
+
+    q = PutQueue("test", apply, maxsize=2)
+    for k in ("a", "b", "c"):  # "a" is applied (stuck), "b" and "c" fill the queue
+        q.submit(k, memoryview(b"x"))
+    t0 = time.monotonic()
+    q.close(drain_timeout_secs=0.5)
+    assert time.monotonic() - t0 < 5
+    assert q.dropped == 3 and q.pending("b") is None
+    release.set()
+    time.sleep(0.2)
+    assert "b" not in applied and "c" not in applied, "a dropped put must not land after close()"

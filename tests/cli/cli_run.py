@@ -1,0 +1,44 @@
+"""Run the installed ``kvbucket`` console script in a subprocess, as a user would (CLI tests' helpers)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+KVBUCKET = Path(sys.executable).with_name("kvbucket")
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def err_lines(self) -> list[str]:
+        return [ln for ln in self.err.splitlines() if ln.strip()]
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120.0,
+            cwd: str | Path | None = None) -> Run:
+    """``kvbucket ARGS`` in a child process with this environment (plus ``env``)."""
+    full = {**os.environ, "COLUMNS": "100", **(env or {})}
+    p = subprocess.run([str(KVBUCKET), *args], capture_output=True, text=True, env=full, timeout=timeout,
+                       cwd=cwd)
+    return Run(p.returncode, p.stdout, p.stderr)
+
+
+def assert_one_line_error(r: Run, code: int, *needles: str) -> str:
+    """The error contract: exit ``code``, one ``error:`` line on stderr naming the fix, no traceback."""
+    assert r.code == code, (r.code, r.out, r.err)
+    assert "Traceback" not in r.err and "Traceback" not in r.out, r.err
+    assert len(r.err_lines) == 1, r.err
+    line = r.err_lines[0]
+    assert line.startswith("error: "), line
+    for n in needles:
+        assert n.lower() in line.lower(), (n, line)
+    return line
