@@ -40,6 +40,7 @@ from typing import Any
 from kvbucket.errors import (
     AuthError,
     ConfigError,
+    DeadlineExceededError,
     NotFoundError,
     SizeMismatchError,
     StoreError,
@@ -137,6 +138,18 @@ class HFBucketStore(RemoteStore):
                 out.append(on_late(i))
         return out
 
+    def _named(self, results: list[ItemResult], what: str, option: str) -> list[ItemResult]:
+        """Deadline errors from deep in a call say which option sets the budget that ran out."""
+        named: dict[int, StoreError] = {}
+        for k, r in enumerate(results):
+            e = r.error
+            if e is not None and isinstance(e, DeadlineExceededError) and option not in str(e):
+                if id(e) not in named:
+                    base = exceeded(what, self.url, option, getattr(self.config, option))
+                    named[id(e)] = DeadlineExceededError(f"{base} ({e})")
+                results[k] = ItemResult(r.name, error=named[id(e)])
+        return results
+
     def _abandon_pool(self) -> None:
         with self._pool_lock:
             old = self._pool
@@ -192,6 +205,9 @@ class HFBucketStore(RemoteStore):
 
     # ---- the protocol -------------------------------------------------------------------
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        return self._named(self._put_many(items), "a store", "store_timeout_secs")
+
+    def _put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
         self._check_open()
         names = self._names([n for n, _ in items])
         views = [_byte_view(n, d) for n, (_, d) in zip(names, items, strict=True)]
@@ -282,6 +298,9 @@ class HFBucketStore(RemoteStore):
         return out
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self._named(self._head_many(names), "a lookup", "lookup_timeout_secs")
+
+    def _head_many(self, names: Sequence[str]) -> list[ItemResult]:
         self._check_open()
         names = self._names(names)
         paths = [self._path(n) for n in names]
@@ -293,6 +312,9 @@ class HFBucketStore(RemoteStore):
                 for n, p in zip(names, paths, strict=True)]
 
     def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        return self._named(self._get_many(names, out), "a load", "load_timeout_secs")
+
+    def _get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None) -> list[ItemResult]:
         self._check_open()
         names = self._names(names)
         if out is not None and len(out) != len(names):
@@ -386,6 +408,9 @@ class HFBucketStore(RemoteStore):
         return ItemResult(name, error=err)
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self._named(self._delete_many(names), "a delete", "store_timeout_secs")
+
+    def _delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         self._check_open()
         names = self._names(names)
         if not names:
