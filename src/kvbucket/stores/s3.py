@@ -13,9 +13,10 @@ detected once per store by a one-key listing, because S3 answers HEAD on a missi
 the same bodiless 404 as a missing object.
 
 Every verb has a total time budget (``s3_lookup_timeout_secs`` for ``head_many``,
-``s3_load_timeout_secs`` for ``get_many``, ``s3_store_timeout_secs`` for ``put_many``,
-``delete_many`` and each page of ``list``): libcurl batches stop at it, obstore calls (which
-cannot be cancelled) are abandoned on the pool, and their items fail with DeadlineExceededError.
+``s3_load_timeout_secs`` for ``get_many``, ``s3_store_timeout_secs`` for ``put_many`` and
+``delete_many``, ``s3_request_timeout_secs`` for each page of ``list``): libcurl batches stop
+at it, obstore calls (which cannot be cancelled) are abandoned on the pool, and their items fail
+with DeadlineExceededError.
 A circuit breaker (:mod:`kvbucket.stores.breaker`) answers at once while the endpoint is down.
 """
 
@@ -94,7 +95,7 @@ class S3Store(RemoteStore):
             "get": ("a load", "s3_load_timeout_secs", c.s3_load_timeout_secs),
             "put": ("a store", "s3_store_timeout_secs", c.s3_store_timeout_secs),
             "delete": ("a delete", "s3_store_timeout_secs", c.s3_store_timeout_secs),
-            "list": ("a list page", "s3_store_timeout_secs", c.s3_store_timeout_secs),
+            "list": ("a list page", "s3_request_timeout_secs", c.s3_request_timeout_secs),
         }
         self._put_concurrency = max(1, min(8, config.s3_num_io_threads))
         self._direct = _direct_reader(config, self.target, self._store)
@@ -148,7 +149,7 @@ class S3Store(RemoteStore):
             return self._run(self._delete_one, [(n,) for n in names], deadline, "delete")
 
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
-        self._ready(True, deadline_in(self.config.s3_store_timeout_secs))
+        self._ready(True, deadline_in(self.config.s3_request_timeout_secs))
         # obstore's prefixes match whole path segments; ours are plain string prefixes, so list the
         # enclosing "directory" and filter. No early stop on key order: SeaweedFS lists a tree
         # ("a/b" before "a%2Fx"), not in byte order as AWS does.
@@ -156,9 +157,9 @@ class S3Store(RemoteStore):
         try:
             pages = iter(obstore.list(self._store, parent, chunk_size=max(1, min(page_size, 1000))))
             while True:
-                try:  # each page within s3_store_timeout_secs
+                try:  # each page within s3_request_timeout_secs
                     page = self._bounded(lambda: next(pages, None),
-                                         deadline_in(self.config.s3_store_timeout_secs))
+                                         deadline_in(self.config.s3_request_timeout_secs))
                 except FutureTimeout:
                     raise self._late("list") from None
                 if page is None:

@@ -77,7 +77,7 @@ class S3Config(BaseModel):
         5.0, gt=0, le=3600, description="total of get_many (inference path): past it, items fail"
     )
     s3_store_timeout_secs: float = Field(
-        120.0, gt=0, le=86400, description="total of put_many/delete_many (and each list page)"
+        120.0, gt=0, le=86400, description="total of put_many/delete_many: past it, items fail"
     )
     s3_breaker_failures: int = Field(
         5, ge=0, le=1000, description="consecutive failed calls that open the breaker; 0: off"
