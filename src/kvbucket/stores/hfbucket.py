@@ -321,8 +321,8 @@ class HFBucketStore(RemoteStore):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
         paths = [self._path(n) for n in names]
         deadline = deadline_in(self.config.load_timeout_secs)
-        try:
-            meta = self._lookup(paths, deadline)
+        try:  # the metadata is a lookup: a Hub that does not answer it in time is not answering
+            meta = self._lookup(paths, min(deadline, deadline_in(self.config.lookup_timeout_secs)))
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
         results: list[ItemResult | None] = [None] * len(names)
