@@ -170,3 +170,18 @@ def test_put_many_returns_when_the_hub_is_killed_mid_upload_and_stays_down() -> 
         assert time.monotonic() - t0 < 7.0
     finally:
         emu.stop()
+
+
+def test_reading_a_truncated_xorb_fails_within_the_load_deadline(hub_bucket: Any, hub_faults: Any) -> None:
+    store = emulator_store(hub_bucket.hub, hub_bucket.bucket_id, max_retries=1, breaker_failures=0)
+    try:
+        data = bytes(range(256)) * 8192  # 2 MiB
+        assert store.put_many([("obj", data)])[0].ok
+        hub_faults.add("fetch", drop=True)  # every xorb body is cut short
+        store._client.reset_download_group()
+        buf = bytearray(len(data))
+        (r,), took = timed(store.get_many, ["obj"], [buf])
+        assert isinstance(r.error, TransientStoreError) and r.size is None
+        assert took < store.config.load_timeout_secs + 3.0  # was 250 s
+    finally:
+        store.close()
