@@ -116,7 +116,7 @@ def _emit(data: Any, as_json: bool, text: str) -> None:
     if as_json:
         out.print_json(json.dumps(data, default=str))
     else:
-        out.print(text, highlight=False, markup=False)
+        typer.echo(text)
 
 
 def _progress() -> bool:
@@ -146,7 +146,7 @@ def create(
         if t.startswith("hf://buckets/"):
             ns, name = t.removeprefix("hf://buckets/").split("/")[:2]
             where = _create_hub_bucket(f"{ns}/{name}", public, timeout)
-            out.print(where, highlight=False, markup=False)
+            typer.echo(where)
         elif t.startswith("s3://"):
             if public:
                 raise ConfigError("--public is for Hub buckets; kvbucket never makes S3 buckets public")
@@ -159,16 +159,16 @@ def create(
                 store.delete_many([probe_name])
             finally:
                 store.close()
-            out.print(f"{t} is reachable and writable", highlight=False, markup=False)
+            typer.echo(f"{t} is reachable and writable")
         else:
             if public:
                 raise ConfigError("--public is for Hub buckets")
             path = Path(t.removeprefix("file://"))
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
-            out.print(f"directory {path} ready", highlight=False, markup=False)
+            typer.echo(f"directory {path} ready")
         if remember:
             p = save_target(t)
-            out.print(f"default target saved in {p}", highlight=False, markup=False)
+            typer.echo(f"default target saved in {p}")
 
 
 def _create_hub_bucket(bucket_id: str, public: bool, timeout: float) -> str:
@@ -225,7 +225,7 @@ def set_target(target: Annotated[str, typer.Argument(help=_TARGET_HELP)]) -> Non
                 raise ConfigError(f"{path} {what}; create it first (`kvbucket compile-cache create {path}`) "
                                   "or give hf://buckets/<ns>/<bucket> or s3://<bucket>")
         p = save_target(t)
-        out.print(f"compile cache target saved in {p}", highlight=False, markup=False)
+        typer.echo(f"compile cache target saved in {p}")
 
 
 @app.command("fetch")
@@ -306,7 +306,7 @@ def lookup_cmd(
             _emit([r.to_dict() for r in recs], True, "")
             return
         if not recs:
-            out.print(f"no export records for {model_id} match", highlight=False, markup=False)
+            typer.echo(f"no export records for {model_id} match")
             raise typer.Exit(1)
         table = Table("task", "compiler", "config", title=f"{model_id}: {len(recs)} cached export(s)")
         for r in recs:

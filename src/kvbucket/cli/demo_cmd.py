@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
                 keep=keep,
             )
         except DemoError as e:
-            typer.echo(f"kvbucket demo failed: {e}", err=True)
+            typer.echo(f"error: kvbucket demo failed: {e}", err=True)
             raise typer.Exit(2) from None
         raise typer.Exit(code)
 
@@ -122,6 +122,6 @@ def _synthetic(
             target=target, chunks=chunks or 32, model=model or DEFAULT_MODEL, keep=keep, config_path=config
         )
     except (DemoError, KVBucketError) as e:
-        typer.echo(f"kvbucket demo failed: {e}", err=True)
+        typer.echo(f"error: kvbucket demo failed: {e}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(0 if report.ok else 1)

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvbucket.cli.common import fail
+
 DEFAULT_URL = "http://127.0.0.1:9464/metrics"
 
 
@@ -22,11 +24,11 @@ def fetch_metrics(url: str, timeout: float = 10.0) -> str:
             return resp.read().decode("utf-8")
     except urllib.error.HTTPError as e:
         raise typer.BadParameter(f"{url} answered HTTP {e.code}; is it a /metrics endpoint?") from None
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, OSError) as e:  # a runtime failure (exit 1), not a usage error
         reason = getattr(e, "reason", e)
-        raise typer.BadParameter(
+        raise fail(
             f"cannot reach {url} ({reason}); "
-            "start the process with kvbucket.metrics.start_metrics_server(port)"
+            "start the process with kvbucket.metrics.start_metrics_server(port)", 1
         ) from None
 
 

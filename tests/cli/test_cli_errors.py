@@ -1,0 +1,255 @@
+"""Every CLI error a user can reach with a wrong URL, a missing bucket, a wrong token, an
+unreachable endpoint or one that never answers: one ``error:`` line naming the fix, exit 2 (fix
+the input) or 1 (the store failed or could not be reached), no traceback. Each case runs the
+installed console script in a subprocess against real servers (the Hub emulator, SeaweedFS).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_run import assert_one_line_error, run_cli
+
+from kvbucket.testing.s3_server import S3Server, free_port
+
+
+@pytest.fixture
+def hub_env(hub_emulator: Any, cli_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return {**cli_env, "HF_ENDPOINT": hub_emulator.endpoint, "HF_TOKEN": hub_emulator.write_token,
+            "HF_HOME": str(tmp_path / "hf-home"), "HF_XET_CACHE": str(tmp_path / "xet")}
+
+
+@pytest.fixture
+def s3_env(seaweedfs: S3Server, cli_env: dict[str, str]) -> dict[str, str]:
+    return {**cli_env, **seaweedfs.env()}
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers a byte."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join(5)
+    for c in held:
+        c.close()
+    srv.close()
+
+
+def missing_bucket(hub_emulator: Any) -> str:
+    return f"hf://buckets/{hub_emulator.namespace}/nope-{uuid.uuid4().hex[:8]}"
+
+
+# ---- wrong URL: exit 2 ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["ls", "nosuch://x"], "unknown store URL scheme"),
+    (["du", "hf://buckets/only-namespace"], "names no bucket"),
+    (["rm", "ftp://host/x", "a"], "unknown store URL scheme"),
+    (["demo", "--synthetic", "--target", "redis://x", "--chunks", "1"], "not supported"),
+    (["compile-cache", "fetch", "--target", "ftp://example.com/x"], "hf://buckets/<namespace>/<bucket>"),
+    (["compile-cache", "set", "hf://buckets/only-namespace"], "does not name a bucket"),
+    (["stats", "--url", "ftp://x"], "not an http(s) URL"),
+    (["ls"], "missing argument"),
+    (["ls", "/tmp", "--no-such-option"], "no such option"),
+])
+def test_wrong_url_or_usage_is_one_line_exit_2(args: list[str], needle: str, cli_env: dict[str, str]) -> None:
+    r = run_cli(*args, env=cli_env)
+    assert_one_line_error(r, 2, needle)
+
+
+# ---- missing bucket: exit 2, says how to create it ----------------------------------------------
+
+
+@pytest.mark.parametrize("cmd", [
+    ["ls"], ["du"], ["rm", "--prefix", "x/", "--yes"], ["demo", "--synthetic", "--chunks", "2", "--target"],
+    ["compile-cache", "fetch", "--layout", "torch", "--target"],
+])
+def test_missing_hub_bucket(cmd: list[str], hub_emulator: Any, hub_env: dict[str, str]) -> None:
+    url = missing_bucket(hub_emulator)
+    r = run_cli(*cmd, url, env=hub_env)
+    line = assert_one_line_error(r, 2, "does not exist", "create it")
+    assert url.removeprefix("hf://buckets/") in line
+    assert r.out.count("does not exist") == 0  # the demo stops before its first chunk, no table
+
+
+def test_missing_s3_bucket(s3_env: dict[str, str]) -> None:
+    for cmd in (["ls"], ["demo", "--synthetic", "--chunks", "2", "--target"]):
+        r = run_cli(*cmd, "s3://no-such-bucket-cli-16/x", env=s3_env)
+        assert_one_line_error(r, 2, "does not exist")
+
+
+# ---- wrong token: exit 2, names where the token came from, never prints it -------------------------
+
+
+def test_wrong_hub_token(hub_emulator: Any, hub_bucket: Any, hub_env: dict[str, str]) -> None:
+    bad = "hf_wrong_cli_token_0123456789"
+    env = {**hub_env, "HF_TOKEN": bad}
+    url = f"hf://buckets/{hub_bucket.bucket_id}"
+    for cmd in (["ls", url], ["compile-cache", "create", f"{url}-new", "--no-set"]):
+        r = run_cli(*cmd, env=env)
+        line = assert_one_line_error(r, 2, "$HF_TOKEN")
+        assert bad not in r.out + r.err, line
+
+
+def test_no_hub_token_says_there_is_none(hub_emulator: Any, hub_env: dict[str, str]) -> None:
+    env = {**hub_env, "HF_TOKEN": ""}
+    r = run_cli("compile-cache", "create", missing_bucket(hub_emulator), "--no-set", env=env)
+    assert_one_line_error(r, 2, "HF_TOKEN is unset", "hf auth login")
+
+
+def test_wrong_s3_secret(seaweedfs: S3Server, s3_bucket: str, s3_env: dict[str, str]) -> None:
+    env = {**s3_env, "AWS_SECRET_ACCESS_KEY": "wrong-secret-value-16"}
+    r = run_cli("ls", f"s3://{s3_bucket}", env=env)
+    assert_one_line_error(r, 2, "refused")
+    assert "wrong-secret-value-16" not in r.out + r.err
+
+
+# ---- unreachable endpoint (closed port): exit 1, names the endpoint to check ------------------------
+
+
+def test_unreachable_hub(cli_env: dict[str, str], tmp_path: Path) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    env = {**cli_env, "HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_x", "HF_HOME": str(tmp_path / "hf")}
+    r = run_cli("ls", "hf://buckets/a/b", env=env, timeout=180)
+    assert_one_line_error(r, 1, endpoint, "$HF_ENDPOINT", "reachable")
+
+
+def test_unreachable_s3(s3_env: dict[str, str]) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    r = run_cli("du", "s3://bucket/x", env={**s3_env, "AWS_ENDPOINT_URL": endpoint}, timeout=180)
+    assert_one_line_error(r, 1, endpoint, "$AWS_ENDPOINT_URL", "reachable")
+
+
+def test_unreachable_metrics_endpoint(cli_env: dict[str, str]) -> None:
+    r = run_cli("stats", "--url", f"http://127.0.0.1:{free_port()}/metrics", env=cli_env)
+    assert_one_line_error(r, 1, "cannot reach", "start_metrics_server")
+
+
+# ---- an endpoint that accepts and never answers: exit 1 within --timeout ----------------------------
+
+
+@pytest.mark.parametrize("cmd", [
+    ["ls", "hf://buckets/a/b"],
+    ["demo", "--synthetic", "--chunks", "1", "--target", "hf://buckets/a/b"],
+    ["compile-cache", "create", "hf://buckets/a/b", "--no-set"],
+    ["compile-cache", "fetch", "--layout", "torch", "--target", "hf://buckets/a/b"],
+    ["du", "s3://bucket/x"],
+])
+def test_silent_endpoint_fails_within_the_timeout(cmd: list[str], silent_port: int, cli_env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    endpoint = f"http://127.0.0.1:{silent_port}"
+    env = {**cli_env, "HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_x", "HF_HOME": str(tmp_path / "hf"),
+           "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b",
+           "AWS_REGION": "us-east-1"}
+    t0 = time.monotonic()
+    r = run_cli(*cmd, "--timeout", "2", env=env, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert_one_line_error(r, 1, "no answer", endpoint, "within 2 s", "--timeout")
+    assert elapsed < 60  # bounded: 2 s of waiting plus interpreter start-up, far from the 60 s limit
+
+
+def test_timeout_also_comes_from_the_environment(silent_port: int, cli_env: dict[str, str]) -> None:
+    env = {**cli_env, "HF_ENDPOINT": f"http://127.0.0.1:{silent_port}", "HF_TOKEN": "hf_x",
+           "KVBUCKET_TIMEOUT": "1.5"}
+    r = run_cli("ls", "hf://buckets/a/b", env=env, timeout=120)
+    assert_one_line_error(r, 1, "within 1.5 s")
+
+
+# ---- emulator serve: a taken port, a file as --data-dir --------------------------------------------
+
+
+def test_emulator_serve_on_a_taken_port(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = run_cli("emulator", "serve", "--data-dir", str(tmp_path / "hub"), "--port", str(port),
+                    env=cli_env, timeout=60)
+    assert_one_line_error(r, 1, "taken", "--port")
+
+
+def test_emulator_serve_with_a_file_as_data_dir(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    r = run_cli("emulator", "serve", "--data-dir", str(f), env=cli_env, timeout=60)
+    assert_one_line_error(r, 2, "is a file", "--data-dir")
+    r = run_cli("emulator", "serve", "--data-dir", str(f / "sub"), env=cli_env, timeout=60)
+    assert_one_line_error(r, 2, "not a directory", "--data-dir")
+
+
+# ---- compile-cache: set refuses what cannot be a target; create prints a human line -----------------
+
+
+def test_compile_cache_set_refuses_a_missing_directory(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    r = run_cli("compile-cache", "set", str(tmp_path / "nonexistent" / "dir"), env=cli_env)
+    assert_one_line_error(r, 2, "does not exist", "compile-cache create")
+    assert not (tmp_path / "kvbucket-config" / "compile_cache.json").exists()
+
+
+def test_compile_cache_create_prints_a_human_line(hub_emulator: Any, hub_env: dict[str, str]) -> None:
+    url = missing_bucket(hub_emulator)
+    r = run_cli("compile-cache", "create", url, "--no-set", env=hub_env)
+    assert r.code == 0, r.err
+    assert "BucketUrl" not in r.out and "(" in r.out
+    first = r.out.splitlines()[0]
+    bucket_id = url.removeprefix("hf://buckets/")
+    assert first == f"bucket {bucket_id} ready (private) on {hub_emulator.endpoint}: {url}"
+
+
+# ---- tracebacks only on request ---------------------------------------------------------------------
+
+_BUGGY = """
+import sys
+import kvbucket.cli as cli
+app = cli.build_app()
+
+@app.command("boom")
+def boom() -> None:
+    raise RuntimeError("something unexpected")
+
+cli.main(sys.argv[1:])
+"""
+
+
+def test_an_unexpected_error_is_one_line_unless_debug(cli_env: dict[str, str]) -> None:
+    import os
+    import subprocess
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _BUGGY, *args], capture_output=True, text=True,
+                              env={**os.environ, **cli_env, **extra}, timeout=60)
+
+    p = run("boom")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "error: unexpected RuntimeError: something unexpected (a kvbucket bug: rerun with --debug and "
+        "report the traceback)"
+    ]
+    for p in (run("--debug", "boom"), run("boom", KVBUCKET_LOG_LEVEL="DEBUG")):
+        assert p.returncode == 1 and "Traceback" in p.stderr
+        assert "RuntimeError: something unexpected" in p.stderr
