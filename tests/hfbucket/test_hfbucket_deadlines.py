@@ -144,7 +144,7 @@ def test_a_hung_xet_read_is_abandoned_and_never_writes_the_callers_buffer_later(
         store.close()
 
 
-def test_put_many_returns_when_the_hub_is_killed_mid_upload_and_stays_down() -> None:
+def test_put_many_returns_when_the_hub_is_killed_mid_upload_and_stays_down(hub_bucket: Any) -> None:
     token = "hf_w" + uuid.uuid4().hex
     emu = HubEmulator(tokens={"kvtest": (token, "write")}).start()
     bucket = f"kvtest/t-{uuid.uuid4().hex[:12]}"
@@ -168,6 +168,13 @@ def test_put_many_returns_when_the_hub_is_killed_mid_upload_and_stays_down() -> 
         t0 = time.monotonic()
         store.close()
         assert time.monotonic() - t0 < 7.0
+        # The aborted commit freed hf_xet's process-wide upload slots: uploads elsewhere still work.
+        other = emulator_store(hub_bucket.hub, hub_bucket.bucket_id, store_timeout_secs=20.0)
+        try:
+            (r,), took = timed(other.put_many, [("after", b"x" * MiB)])
+            assert r.ok and took < 10.0
+        finally:
+            other.close()
     finally:
         emu.stop()
 

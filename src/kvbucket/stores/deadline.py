@@ -11,6 +11,7 @@ makes sure abandoned work never writes into a caller's buffer afterwards.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 from kvbucket.errors import DeadlineExceededError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def deadline_in(secs: float) -> float:
@@ -51,14 +53,16 @@ class Gate:
 
     The caller calls :meth:`close` when the deadline passes; a write in progress finishes first,
     and every later write raises :class:`Abandoned` instead of touching the buffer (which the
-    caller may already have reused).
+    caller may already have reused). ``on_close``, when set by the work, is called then to stop
+    the transfer itself (e.g. cancel an hf_xet stream).
     """
 
-    __slots__ = ("_lock", "open")
+    __slots__ = ("_lock", "on_close", "open")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.open = True
+        self.on_close: Callable[[], Any] | None = None
 
     def write(self, view: memoryview, start: int, data: Any) -> None:
         with self._lock:
@@ -69,6 +73,12 @@ class Gate:
     def close(self) -> None:
         with self._lock:
             self.open = False
+        stop = self.on_close
+        if stop is not None:
+            try:
+                stop()
+            except Exception:  # best effort: the gate already keeps the buffer safe
+                log.debug("stopping an abandoned transfer failed", exc_info=True)
 
 
 def wait_all(futures: Sequence[Future[Any]], deadline: float) -> bool:

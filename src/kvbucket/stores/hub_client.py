@@ -322,9 +322,11 @@ class HubBucketClient:
     ) -> list[tuple[str, int]]:
         """Upload the bytes of each (path, buffer) to Xet storage; return (xet_hash, size) in order.
 
-        Nothing is visible in the bucket until :meth:`commit_batch` adds the paths. hf_xet cannot
-        cancel an upload commit, so with a ``deadline`` it runs on a daemon thread that is
-        abandoned when the deadline passes (the call then fails; what it uploaded is never added).
+        Nothing is visible in the bucket until :meth:`commit_batch` adds the paths. With a
+        ``deadline`` the commit runs on a daemon thread; when the deadline passes it is aborted
+        (which frees hf_xet's process-wide upload slots: a commit stuck on a dead server would
+        otherwise stall every later upload of the process) and abandoned, and the call fails;
+        what it uploaded is never added.
         """
         from hf_xet import SKIP_SHA256
         from huggingface_hub.utils._xet import get_xet_session, xet_headers_without_auth
@@ -332,12 +334,15 @@ class HubBucketClient:
         token, exp, cas_url = self._xet_write_token(deadline)
         session = get_xet_session()
 
+        started: list[Any] = []
+
         def xet_upload() -> list[tuple[str, int]]:
             with session.new_upload_commit(
                 endpoint=cas_url, token=token, token_expiry_unix_secs=exp,
                 token_refresh_url=f"{self._base}/xet-write-token", token_refresh_headers=self._headers,
                 custom_headers=xet_headers_without_auth(self._headers),
             ) as commit:
+                started.append(commit)
                 handles = [commit.start_upload_bytes(bytes(data), sha256=SKIP_SHA256) for _, data in items]
             out = []
             for h in handles:
@@ -345,10 +350,18 @@ class HubBucketClient:
                 out.append((str(info.hash), int(info.file_size)))
             return out
 
+        def timed_out() -> Exception:
+            for commit in started:
+                try:
+                    commit.abort()
+                except Exception:  # already finished or failed: nothing left to stop
+                    log.debug("aborting an Xet upload commit failed", exc_info=True)
+            return TimeoutError("the Xet upload timed out")
+
         def call(_t: httpx2.Timeout) -> list[tuple[str, int]]:
             if deadline is None:
                 return xet_upload()
-            return run_abandonable(xet_upload, deadline, lambda: TimeoutError("the Xet upload timed out"))
+            return run_abandonable(xet_upload, deadline, timed_out)
 
         return self.retrying(call, "upload objects", deadline)
 
@@ -389,7 +402,10 @@ class HubBucketClient:
 
         info = XetFileInfo(f.xet_hash, f.size)
         got = 0
-        for offset, data in self._group().download_unordered_stream(info):
+        stream = self._group().download_unordered_stream(info)
+        if gate is not None:
+            gate.on_close = stream.cancel  # a caller giving up stops the transfer too
+        for offset, data in stream:
             n = len(data)
             if offset < 0 or offset + n > f.size:
                 raise StoreError(f"the storage returned bytes past the end of {f.path!r} ({f.size} bytes)")
