@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvbucket.encryption import EncryptionConfig, Keyring
 from kvbucket.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -136,7 +137,32 @@ class EngineConfig(BaseModel):
         for k in v:
             if not isinstance(k, str) or not k:
                 raise ValueError(f"keys must be non-empty strings, got {k!r}")
+        enc = v.get("encryption")
+        if enc is not None and not isinstance(enc, bool):
+            if not isinstance(enc, dict):
+                raise ValueError("encryption must be true, false, or {keyring_file: ..., keyring_env: ...}")
+            try:
+                EncryptionConfig.model_validate(enc)
+            except ValidationError as e:
+                fields = ", ".join(".".join(map(str, err["loc"])) for err in e.errors())
+                raise ValueError(
+                    f"encryption takes enabled, keyring_file and keyring_env; check {fields}"
+                ) from None
+        if v.get("unsealed", "miss") not in ("miss", "accept"):
+            raise ValueError("unsealed must be 'miss' or 'accept'")
         return v
+
+    @property
+    def encryption(self) -> Any:
+        """``extra_config.encryption``: AES-256-GCM at rest per tenant (docs/integrity.md).
+
+        Kept in ``extra_config`` because every top-level key is an LMCache key."""
+        return self.extra_config.get("encryption")
+
+    @property
+    def unsealed(self) -> str:
+        """``extra_config.unsealed``: remote objects without a kvbucket envelope, miss or accept."""
+        return str(self.extra_config.get("unsealed", "miss"))
 
     @model_validator(mode="after")
     def _sizes(self) -> EngineConfig:
@@ -321,11 +347,12 @@ def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
             "chunk_size"
         )
     tiers: list[StorageBackend] = []
+    keyring = Keyring.from_setting(config.encryption)  # one keyring (and one error) for every tier
     try:
         if config.local_cpu:
             tiers.append(LocalCPUBackend(config.local_cpu_bytes))
         if config.local_disk is not None:
-            tiers.append(LocalDiskBackend(config.local_disk, config.local_disk_bytes))
+            tiers.append(LocalDiskBackend(config.local_disk, config.local_disk_bytes, encryption=keyring))
         remote_cls = PipelinedRemoteBackend if config.enable_async_loading else RemoteBackend
         for _, store in open_remote_stores(config):
             tiers.append(remote_cls(
@@ -334,6 +361,8 @@ def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
                 serde=config.remote_serde,
                 save_unfull_chunk=config.save_unfull_chunk,
                 blocking_timeout_secs=config.blocking_timeout_secs,
+                unsealed=config.unsealed,
+                encryption=keyring,
             ))
     except BaseException:
         for t in tiers:

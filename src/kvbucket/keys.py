@@ -156,7 +156,13 @@ def encode_key(key: str | CacheEngineKey | ObjectKey) -> str:
     s = key if isinstance(key, str) else key.to_string()
     if not s:
         raise InvalidKeyError("cannot encode an empty key")
-    return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in s.encode("utf-8"))
+    try:
+        raw = s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidKeyError(
+            f"key {s!r} is not valid UTF-8 (it holds a lone surrogate); pass keys as proper text"
+        ) from None
+    return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in raw)
 
 
 def decode_key(segment: str) -> str:

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvbucket.backends.base import Chunk, Key, StorageBackend
 from kvbucket.errors import NoSpaceError
+from kvbucket.stores import sealed as _sealed
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
 
 _LATENCY_BUCKETS = (
@@ -90,6 +91,10 @@ PREFIX_SECONDS = Histogram(
     ["phase"],
     buckets=_LATENCY_BUCKETS,
 )
+# Integrity counters live next to the code that counts them (kvbucket.stores.sealed, which
+# cannot import this module: backends import it); re-exported here with the others.
+INTEGRITY_FAILURES = _sealed.INTEGRITY_FAILURES
+INTEGRITY_VERIFIED = _sealed.INTEGRITY_VERIFIED
 
 
 def _nbytes(chunk: Any) -> int:
@@ -383,6 +388,8 @@ class Summary:
     rows: list[Row]
     prefix_tokens: dict[str, float]
     prefix_chunks: dict[str, float]
+    integrity_verified: dict[str, float] = field(default_factory=dict)  # tier -> objects verified
+    integrity_failures: dict[tuple[str, str], float] = field(default_factory=dict)  # (tier, reason)
     #: store -> breaker state ("closed", "half_open", "open") and objects its open breaker refused
     breakers: dict[str, tuple[str, float]] = field(default_factory=dict)
 
@@ -400,6 +407,8 @@ def summarize(exposition: str) -> Summary:
     rows: dict[tuple[str, str], Row] = {}
     prefix_tokens: dict[str, float] = {}
     prefix_chunks: dict[str, float] = {}
+    verified: dict[str, float] = {}
+    failures: dict[tuple[str, str], float] = {}
     breakers: dict[str, tuple[str, float]] = {}
 
     def row(kind: str, name: str) -> Row:
@@ -439,8 +448,25 @@ def summarize(exposition: str) -> Summary:
             elif s.name == "kvbucket_store_breaker_rejected_total":
                 state, n = breakers.get(lab["store"], ("closed", 0.0))
                 breakers[lab["store"]] = (state, n + v)
+            elif s.name == "kvbucket_integrity_verified_total":
+                verified[lab["tier"]] = verified.get(lab["tier"], 0.0) + v
+            elif s.name == "kvbucket_integrity_failures_total":
+                k = (lab["tier"], lab["reason"])
+                failures[k] = failures.get(k, 0.0) + v
     ordered = sorted(rows.values(), key=lambda r: (r.kind != "tier", r.name))
-    return Summary(ordered, prefix_tokens, prefix_chunks, breakers)
+    return Summary(ordered, prefix_tokens, prefix_chunks, verified, failures, breakers)
+
+
+def integrity_totals(registry: CollectorRegistry = REGISTRY) -> tuple[float, float]:
+    """(objects verified, objects refused) on reads of every tier of this process so far."""
+    verified = failures = 0.0
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name == "kvbucket_integrity_verified_total":
+                verified += s.value
+            elif s.name == "kvbucket_integrity_failures_total":
+                failures += s.value
+    return verified, failures
 
 
 def _fold_op(r: Row, op: str, result: str, v: float, *, read_ops: set[str], write_ops: set[str]) -> None:
@@ -459,6 +485,8 @@ __all__ = [
     "BACKEND_BYTES",
     "BACKEND_LATENCY",
     "BACKEND_OPS",
+    "INTEGRITY_FAILURES",
+    "INTEGRITY_VERIFIED",
     "PREFIX_CHUNKS",
     "PREFIX_SECONDS",
     "PREFIX_TOKENS",
@@ -473,6 +501,7 @@ __all__ = [
     "MetricsServer",
     "Row",
     "Summary",
+    "integrity_totals",
     "start_metrics_server",
     "summarize",
 ]

@@ -17,6 +17,7 @@ import itertools
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
@@ -43,6 +44,8 @@ class DaemonThreadPool(Executor):
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._shutdown = False
+        # A pool dropped without shutdown() (a store never closed) ends its idle workers.
+        weakref.finalize(self, self._q.put, _STOP)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         with self._lock:
@@ -51,29 +54,13 @@ class DaemonThreadPool(Executor):
             fut: Future[T] = Future()
             self._q.put((fut, fn, args, kwargs))
             if not self._idle.acquire(blocking=False) and len(self._threads) < self._max:
-                t = threading.Thread(
-                    target=self._work, name=f"{self._prefix}_{next(_counter)}", daemon=True
+                t = threading.Thread(  # the workers hold the queue, not the pool (see __init__)
+                    target=_work, args=(self._q, self._idle), name=f"{self._prefix}_{next(_counter)}",
+                    daemon=True,
                 )
                 t.start()
                 self._threads.append(t)
         return fut
-
-    def _work(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is _STOP:
-                self._q.put(_STOP)  # wake the next worker too
-                return
-            fut, fn, args, kwargs = item
-            if fut.set_running_or_notify_cancel():
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as e:
-                    fut.set_exception(e)
-                else:
-                    fut.set_result(result)
-                del fut, fn, args, kwargs, item  # drop references to results while idle
-            self._idle.release()
 
     def shutdown(
         self, wait: bool = True, *, cancel_futures: bool = False, timeout: float | None = None
@@ -101,6 +88,24 @@ class DaemonThreadPool(Executor):
     def threads(self) -> list[threading.Thread]:
         with self._lock:
             return list(self._threads)
+
+
+def _work(q: queue.SimpleQueue[Any], idle: threading.Semaphore) -> None:
+    while True:
+        item = q.get()
+        if item is _STOP:
+            q.put(_STOP)  # wake the next worker too
+            return
+        fut, fn, args, kwargs = item
+        if fut.set_running_or_notify_cancel():
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as e:  # handed to the caller through the future
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+        del fut, fn, args, kwargs, item  # drop references to results while idle
+        idle.release()
 
 
 def join_all(threads: list[threading.Thread], timeout: float) -> bool:

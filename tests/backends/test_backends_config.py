@@ -129,7 +129,7 @@ def test_build_full_stack_on_files(tmp_path: Path) -> None:
         assert isinstance(backend, HybridBackend)
         assert [type(t) for t in backend.tiers] == [LocalCPUBackend, LocalDiskBackend, RemoteBackend]
         remote = backend.tiers[2]
-        assert isinstance(remote, RemoteBackend) and isinstance(remote.store, FileStore)
+        assert isinstance(remote, RemoteBackend) and isinstance(remote.store.inner, FileStore)
         assert remote.store.fsync is True
         backend.put(key(1), chunk_bytes(LAYOUT, 1))
         assert as_bytes(backend.get(key(1))) == chunk_bytes(LAYOUT, 1)

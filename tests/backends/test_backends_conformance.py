@@ -45,8 +45,8 @@ class TestLocalDiskBackend(BackendTests):
         return LocalDiskBackend(request.getfixturevalue("tmp_path") / "bounded", capacity_bytes)
 
     def reopen(self, backend: StorageBackend) -> StorageBackend:
-        assert isinstance(backend, LocalDiskBackend) and isinstance(backend.store, FileStore)
-        return LocalDiskBackend(backend.store.root, BIG)
+        assert isinstance(backend, LocalDiskBackend) and isinstance(backend.store.inner, FileStore)
+        return LocalDiskBackend(backend.store.inner.root, BIG)
 
 
 class TestRemoteBackendOverMemoryStore(BackendTests):
@@ -68,8 +68,8 @@ class TestRemoteBackendOverFileStore(BackendTests):
             yield b
 
     def reopen(self, backend: StorageBackend) -> StorageBackend:
-        assert isinstance(backend, RemoteBackend) and isinstance(backend.store, FileStore)
-        return RemoteBackend(FileStore(backend.store.root), self.layout, prefix="kv/llama")
+        assert isinstance(backend, RemoteBackend) and isinstance(backend.store.inner, FileStore)
+        return RemoteBackend(FileStore(backend.store.inner.root), self.layout, prefix="kv/llama")
 
 
 class TestRemoteBackendKeepingUnfullChunks(BackendTests):
@@ -92,8 +92,8 @@ class TestPipelinedRemoteBackend(BackendTests):
             yield b
 
     def reopen(self, backend: StorageBackend) -> StorageBackend:
-        assert isinstance(backend, RemoteBackend) and isinstance(backend.store, FileStore)
-        return PipelinedRemoteBackend(FileStore(backend.store.root), self.layout, pipeline_batch=2)
+        assert isinstance(backend, RemoteBackend) and isinstance(backend.store.inner, FileStore)
+        return PipelinedRemoteBackend(FileStore(backend.store.inner.root), self.layout, pipeline_batch=2)
 
 
 class TestHybridBackend(BackendTests):
@@ -117,7 +117,7 @@ class TestHybridBackend(BackendTests):
     def reopen(self, backend: StorageBackend) -> StorageBackend:
         assert isinstance(backend, HybridBackend)
         disk = backend.tiers[1]
-        assert isinstance(disk, LocalDiskBackend) and isinstance(disk.store, FileStore)
+        assert isinstance(disk, LocalDiskBackend) and isinstance(disk.store.inner, FileStore)
         return self._stack(disk.store.root.parent)
 
 

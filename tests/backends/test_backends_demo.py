@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.cli import build_app
+from kvbucket.envelope import HEADER_SIZE
 
 
 @pytest.fixture
@@ -32,6 +33,9 @@ def test_demo_on_the_embedded_default(isolated_tmp: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "all bytes verified" in result.output
     assert "fresh engine hits per tier (local_cpu, local_disk, remote): [3, 0, 3]" in result.output
+    # disk and remote reads (3 + 3) and the fresh engine's 3 remote hits were verified envelopes
+    row = next(line for line in result.output.splitlines() if "integrity (envelopes)" in line)
+    assert [c.strip() for c in row.strip("│ ").split("│")][1] == "9" and "0 refused" in row
     assert list(isolated_tmp.iterdir()) == []  # the temp stack is gone
 
 
@@ -43,7 +47,7 @@ def test_demo_on_a_target_directory_cleans_up_unless_keep(isolated_tmp: Path, tm
     result = run("--chunks", "2", "--model", "qwen2.5-0.5b", "--target", f"file://{target}", "--keep")
     assert result.exit_code == 0, result.output
     kept = [p for p in target.rglob("*") if p.is_file() and ".kvbucket-tmp" not in p.parts]
-    assert len(kept) == 2 and all(p.stat().st_size == 3 * 1024 * 1024 for p in kept)
+    assert len(kept) == 2 and all(p.stat().st_size == 3 * 1024 * 1024 + HEADER_SIZE for p in kept)
 
 
 def test_demo_exits_1_when_a_byte_differs(isolated_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,10 +52,12 @@ class SmallFS:
         """Take every free byte with a file kvbucket does not own."""
         filler = self.path / f"filler-{uuid.uuid4().hex}"
         if self.mode == "tmpfs":
-            with open(filler, "wb") as f, contextlib.suppress(OSError):
+            # Unbuffered: a partly written block must not be flushed again (and fail) on close,
+            # which happens when the free space is not a multiple of the block (sealed chunk
+            # files are 64 bytes longer than a chunk, so it is not).
+            with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
                 while True:
                     f.write(b"\0" * 65536)
-                    f.flush()
         else:
             with open(filler, "wb") as f:
                 f.truncate(max(0, FS_BYTES - _usage(self.path)))

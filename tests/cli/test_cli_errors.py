@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import socket
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,33 +28,6 @@ def hub_env(hub_emulator: Any, cli_env: dict[str, str], tmp_path: Path) -> dict[
 @pytest.fixture
 def s3_env(seaweedfs: S3Server, cli_env: dict[str, str]) -> dict[str, str]:
     return {**cli_env, **seaweedfs.env()}
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections and never answers a byte."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join(5)
-    for c in held:
-        c.close()
-    srv.close()
 
 
 def missing_bucket(hub_emulator: Any) -> str:

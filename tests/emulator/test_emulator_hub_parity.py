@@ -30,6 +30,65 @@ from kvbucket.testing.hub_fixtures import MEMBER_USER, ORG, OTHER_USER, WRITE_US
 HF_CLI = str(Path(sys.executable).parent / "hf")  # the console script of the unmodified client
 
 
+def _hf_cli_env(endpoint: str, tmp_path: Path) -> dict[str, str]:
+    """The environment of an ``hf`` subprocess on this emulator (no update check: no network)."""
+    return {
+        **os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "home"),
+        "HF_XET_CACHE": str(tmp_path / "xet"), "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_UPDATE_CHECK": "1", "NO_COLOR": "1",
+    }  # fmt: skip
+
+
+_HF_DRIVER = r"""
+import json, sys
+from huggingface_hub.cli.hf import app  # the click app behind the `hf` console script
+for line in sys.stdin:
+    try:
+        app.main(json.loads(line), prog_name="hf", standalone_mode=False, windows_expand_args=False)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except Exception as e:
+        print(f"error: {type(e).__name__}: {e}", flush=True)
+        code = 1
+    print(f"\n@@@ rc={code}", flush=True)
+"""
+
+
+class _HfCli:
+    """Runs many ``hf`` commands in one process (importing the CLI once costs ~1.5 s here)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        pipe = subprocess.PIPE
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _HF_DRIVER],
+            env=env,
+            text=True,
+            stdin=pipe,
+            stdout=pipe,
+            stderr=subprocess.STDOUT,
+        )
+
+    def run(self, *args: str) -> tuple[int, str]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(list(args)) + "\n")
+        self.proc.stdin.flush()
+        lines = []
+        for line in self.proc.stdout:
+            if line.startswith("@@@ rc="):
+                return int(line.strip()[7:]), "".join(lines)
+            lines.append(line)
+        raise AssertionError(f"the hf driver ended during {args}: {''.join(lines)}")
+
+    def __enter__(self) -> _HfCli:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def _status(e: pytest.ExceptionInfo[HfHubHTTPError]) -> int:
     return int(e.value.response.status_code)
 
@@ -270,21 +329,19 @@ def test_hf_cli_whoami_and_buckets_ls_see_users_and_orgs(hub_emulator: RunningHu
     bid = _new_id(ORG)
     hub.api().create_bucket(bid, private=True)
     hub.api().batch_bucket_files(bid, add=[(b"x", "a/b/c.txt")])
-    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "home"),
-           "HF_HUB_DISABLE_TELEMETRY": "1", "NO_COLOR": "1"}  # fmt: skip
+    env = _hf_cli_env(hub.endpoint, tmp_path)
 
-    def hf(token: str, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([HF_CLI, *args], env={**env, "HF_TOKEN": token}, capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
-
-    who = hf(hub.token(MEMBER_USER), "auth", "whoami")
+    who = subprocess.run([HF_CLI, "auth", "whoami"], env={**env, "HF_TOKEN": hub.token(MEMBER_USER)},
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
     assert who.returncode == 0, who.stderr
     assert MEMBER_USER in who.stdout and ORG in who.stdout
-    ls = hf(hub.token(MEMBER_USER, "read"), "buckets", "ls", f"hf://buckets/{bid}", "-R")
-    assert ls.returncode == 0, ls.stderr
-    assert "a/b/c.txt" in ls.stdout
-    denied = hf(hub.token(OTHER_USER), "buckets", "ls", f"hf://buckets/{bid}", "-R")
-    assert denied.returncode != 0 and "a/b/c.txt" not in denied.stdout
+    with _HfCli(env) as cli:
+        rc, out = cli.run(
+            "buckets", "ls", f"hf://buckets/{bid}", "-R", "--token", hub.token(MEMBER_USER, "read")
+        )
+        assert rc == 0 and "a/b/c.txt" in out, out
+        rc, out = cli.run("buckets", "ls", f"hf://buckets/{bid}", "-R", "--token", hub.token(OTHER_USER))
+        assert rc != 0 and "a/b/c.txt" not in out
 
 
 # --- issue 15: the stats and fault routes need the admin key when tokens are configured --------
@@ -323,15 +380,18 @@ def test_hf_buckets_cli_commands_against_the_emulator(hub_emulator: RunningHub, 
     (local / "sub" / "deep").mkdir(parents=True)
     (local / "top.txt").write_text("top")
     (local / "sub" / "deep" / "x.txt").write_text("deep")
-    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "home"),
-           "HF_TOKEN": hub.write_token, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_COLOR": "1",
-           "HF_XET_CACHE": str(tmp_path / "xet")}  # fmt: skip
+    env = {**_hf_cli_env(hub.endpoint, tmp_path), "HF_TOKEN": hub.write_token}
+    with _HfCli(env) as cli:
 
-    def hf(*args: str) -> str:
-        r = subprocess.run([HF_CLI, "buckets", *args], env=env, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, (args, r.stdout, r.stderr)
-        return r.stdout
+        def hf(*args: str) -> str:
+            rc, out = cli.run("buckets", *args)
+            assert rc == 0, (args, out)
+            return out
 
+        _hf_buckets_session(hub, hf, bid, local, tmp_path)
+
+
+def _hf_buckets_session(hub: RunningHub, hf: Any, bid: str, local: Path, tmp_path: Path) -> None:
     hf("create", bid, "--private")
     assert hub.api().bucket_info(bid).private is True
     hf("sync", str(local), f"hf://buckets/{bid}/data")
@@ -391,3 +451,15 @@ def test_cli_serve_with_orgs_applies_them_and_fences_stats(tmp_path: Path) -> No
         _, err = proc.communicate(timeout=30)
     assert "acme: alice" in err
     assert "alice-cli-secret" not in err and "bob-cli-secret" not in err
+
+
+def test_serve_help_says_what_open_mode_allows() -> None:
+    kvbucket = str(Path(sys.executable).parent / "kvbucket")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "COLUMNS": "200"}
+    r = subprocess.run(
+        [kvbucket, "emulator", "serve", "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.replace("│", " ").split()).replace("- ", "-")  # undo wrapping
+    assert "Without any token the server is OPEN" in text and "in any namespace" in text
+    assert "--org" in text and "ORG=USER,USER" in text and "fine-read" in text

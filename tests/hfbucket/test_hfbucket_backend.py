@@ -16,6 +16,7 @@ from kvbucket.backends.hybrid import HybridBackend
 from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import ChunkSizeError, KVLayout
 from kvbucket.config import EngineConfig, build_backend
+from kvbucket.envelope import HEADER_SIZE
 from kvbucket.errors import ConfigError
 from kvbucket.keys import key_to_name
 from kvbucket.stores.hfbucket import HFBucketStore
@@ -48,8 +49,8 @@ class TestRemoteBackendOverHFBucket(BackendTests):
             yield b
 
     def reopen(self, backend: StorageBackend) -> StorageBackend:
-        assert isinstance(backend, RemoteBackend) and isinstance(backend.store, HFBucketStore)
-        return RemoteBackend(HFBucketStore(backend.store.config), self.layout)
+        assert isinstance(backend, RemoteBackend) and isinstance(backend.store.inner, HFBucketStore)
+        return RemoteBackend(HFBucketStore(backend.store.inner.config), self.layout)
 
 
 def write_yaml(tmp_path: Path, text: str) -> EngineConfig:
@@ -68,7 +69,7 @@ def hf_env(hub_emulator: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_seed_001_single_instance(hf_env: Any, hub_bucket: Any, tmp_path: Path) -> None:
     cfg = write_yaml(tmp_path, SEED_001_SINGLE.format(bucket=hub_bucket.bucket_id, tmp=tmp_path / "dl"))
     backend = build_backend(cfg, LAYOUT)
-    assert isinstance(backend, RemoteBackend) and isinstance(backend.store, HFBucketStore)
+    assert isinstance(backend, RemoteBackend) and isinstance(backend.store.inner, HFBucketStore)
     full = LAYOUT.full_chunk_bytes
     with backend:
         chunks = {key(i): chunk_bytes(LAYOUT, i) for i in range(3)}
@@ -106,7 +107,7 @@ def test_seed_001_two_named_instances(hf_env: Any, tmp_path: Path, monkeypatch: 
     for bucket, prefix in ((us, "us/"), (eu, "eu/")):
         files = [f for f in api.list_bucket_tree(bucket, recursive=True) if f.type == "file"]
         assert len(files) == 1 and files[0].path.startswith(prefix)
-        assert files[0].size == LAYOUT.full_chunk_bytes
+        assert files[0].size == LAYOUT.full_chunk_bytes + HEADER_SIZE  # a sealed chunk
 
 
 def test_partial_chunk_config_is_refused(hf_env: Any, hub_bucket: Any, tmp_path: Path) -> None:

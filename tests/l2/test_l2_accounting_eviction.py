@@ -222,7 +222,7 @@ def test_open_fs_adapter_from_json(tmp_path) -> None:
     with open_l2_adapter(spec) as a:
         assert t.store(a, [k(1)], [chunk(1)]).success
         assert a.get_usage().capacity_bytes == 1024**3
-        assert isinstance(a.store, FileStore)
+        assert isinstance(a.store.inner, FileStore)
     assert (tmp_path / "kv").stat().st_mode & 0o777 == 0o700
 
 

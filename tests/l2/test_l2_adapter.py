@@ -196,14 +196,14 @@ def test_usage_rebuilt_after_restart(tmp_path) -> None:
         b.close()
 
 
-def test_lookup_with_layout_size_sets_full_chunk(store) -> None:
+def test_lookup_with_layout_size_counts_other_sizes_as_misses(store) -> None:
     a = ObjectStoreL2Adapter(store, owns_store=False)
     try:
         t.store(a, [k(1), k(2)], [chunk(1, 100), chunk(2, 100)])
         a.submit_lookup_and_lock_task([k(1)], 200)  # layout says a full chunk is 200 bytes
         assert t.lookup(a, [k(1)]) == [False]
-        res = t.store(a, [k(3)], [chunk(3, 100)])
-        assert not res.success
+        res = t.store(a, [k(3)], [chunk(3, 200)])
+        assert res.success and t.lookup(a, [k(3)]) == [True]
     finally:
         a.close()
 
@@ -213,14 +213,16 @@ def test_eviction_config_rejects_ratio_above_watermark() -> None:
         EvictionConfig(eviction_policy="LRU", trigger_watermark=0.5, eviction_ratio=0.6)
 
 
-def test_full_chunk_size_is_relearned_from_the_listing_after_a_restart(tmp_path) -> None:
+def test_mixed_sizes_are_found_again_after_a_restart(tmp_path) -> None:
     a = ObjectStoreL2Adapter(FileStore(tmp_path / "kv"))
-    t.store(a, [k(1)], [chunk(1)])
+    t.store(a, [k(1), k(2)], [chunk(1), chunk(2, CHUNK // 4)])
     a.close()
     b = ObjectStoreL2Adapter(FileStore(tmp_path / "kv"))
     try:
         assert b.wait_until_rebuilt(10)
-        res = t.store(b, [k(2)], [chunk(2, CHUNK // 4)])  # an unfull chunk, refused after a restart too
-        assert not res.success and b.report_status()["refused_unfull"] == 1
+        assert t.lookup(b, [k(1), k(2)]) == [True, True]
+        bufs = [bytearray(CHUNK), bytearray(CHUNK // 4)]
+        assert t.load(b, [k(1), k(2)], bufs) == [True, True]
+        assert bytes(bufs[1]) == chunk(2, CHUNK // 4)
     finally:
         b.close()

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from kvbucket.envelope import HEADER_SIZE, MAGIC
 from kvbucket.keys import ObjectKey, key_to_name
 from kvbucket.l2 import open_l2_adapter
 from kvbucket.stores.hfbucket import HFBucketStore
 from kvbucket.stores.hfbucket_config import HFBucketConfig
+from kvbucket.stores.sealed import seal_store
 from kvbucket.testing import l2 as t
 from kvbucket.testing.hub_fixtures import HubBucket
 
@@ -35,11 +37,15 @@ def spec(b: HubBucket, **extra: object) -> dict:
 
 
 def bucket_files(b: HubBucket) -> dict[str, int]:
-    """What the bucket holds, read through a separate store (not the adapter)."""
+    """Payload bytes per object the bucket holds, read through a separate raw store (not the
+    adapter): each object is a sealed chunk (asserted), its raw size the header plus the payload."""
     cfg = HFBucketConfig(bucket_handle=f"hf://buckets/{b.bucket_id}/kv", token=b.hub.write_token,
                          endpoint=b.hub.endpoint)  # fmt: skip
     with HFBucketStore(cfg) as store:
-        return {i.name: i.size for i in store.list()}
+        sizes = {i.name: i.size for i in store.list()}
+        for r in store.get_many(list(sizes)):
+            assert bytes(memoryview(r.data)[:4]) == MAGIC, r.name
+        return {n: raw - HEADER_SIZE for n, raw in sizes.items()}
 
 
 def test_hfbucket_adapter_round_trip_and_restart(hub_bucket: HubBucket) -> None:
@@ -105,7 +111,7 @@ def test_lmcache_bench_l2_with_kvbucket_plugin_on_the_emulator(hub_bucket: HubBu
     assert len(files) == 8 and set(files.values()) == {32 * 1024}
     cfg = HFBucketConfig(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/kv", token=hub.write_token,
                          endpoint=hub.endpoint)  # fmt: skip
-    with HFBucketStore(cfg) as store:
+    with HFBucketStore(cfg) as raw, seal_store(raw, tier="test") as store:  # payloads, verified
         for name in files:
             data = store.get(name)
             assert data is not None and data == bytes([data[0]]) * len(data)

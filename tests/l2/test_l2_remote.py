@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from kvbucket.envelope import HEADER_SIZE, MAGIC
 from kvbucket.keys import ObjectKey, key_to_name
 from kvbucket.l2 import open_l2_adapter
 from kvbucket.testing import l2 as t
@@ -28,8 +29,14 @@ def s3_spec(server: S3Server, bucket: str, **extra: object) -> dict:
 
 
 def bucket_objects(server: S3Server, bucket: str) -> dict[str, int]:
+    """Payload bytes per object, read with boto3: each object is a sealed chunk, so its raw size
+    is the envelope header plus the payload (asserted here for every object)."""
     page = server.client().list_objects_v2(Bucket=bucket)
-    return {o["Key"]: o["Size"] for o in page.get("Contents", [])}
+    sizes = {o["Key"]: o["Size"] for o in page.get("Contents", [])}
+    for name in sizes:
+        head = server.client().get_object(Bucket=bucket, Key=name, Range=f"bytes=0-{HEADER_SIZE - 1}")
+        assert head["Body"].read()[:4] == MAGIC, name
+    return {n: raw - HEADER_SIZE for n, raw in sizes.items()}
 
 
 def test_s3_adapter_round_trip_delete_and_restart(seaweedfs: S3Server, s3_bucket: str) -> None:

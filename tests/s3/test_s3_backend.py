@@ -34,8 +34,8 @@ class TestRemoteBackendOverS3(BackendTests):
             yield b
 
     def reopen(self, backend: StorageBackend) -> StorageBackend:
-        assert isinstance(backend, RemoteBackend) and isinstance(backend.store, S3Store)
-        return RemoteBackend(S3Store(backend.store.config), self.layout, prefix="kv/llama")
+        assert isinstance(backend, RemoteBackend) and isinstance(backend.store.inner, S3Store)
+        return RemoteBackend(S3Store(backend.store.inner.config), self.layout, prefix="kv/llama")
 
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_size=16, dtype="bfloat16", chunk_tokens=256)
@@ -80,7 +80,7 @@ def test_seed_basic_yaml_builds_a_working_stack(seaweedfs: S3Server, s3_bucket: 
         }
     )
     with build_backend(cfg, LAYOUT) as backend:
-        assert isinstance(backend, RemoteBackend) and isinstance(backend.store, S3Store)
+        assert isinstance(backend, RemoteBackend) and isinstance(backend.store.inner, S3Store)
         assert backend.store.config.s3_retry_timeout_secs == 10
         _round_trip(backend)
     keys = [o["Key"] for o in seaweedfs.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]

@@ -8,6 +8,7 @@ temp directory, the disk tier's lock file.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -103,3 +104,37 @@ def test_disk_tier_never_follows_links_in_its_directory(tmp_path: Path, outside:
     finally:
         disk.close()
     assert _snapshot(outside) == {"x": b"secret"}
+
+
+def test_a_root_removed_and_recreated_behind_the_store_is_followed_by_path(tmp_path: Path) -> None:
+    """The root's fd is kept open between calls; a root replaced since is reopened, never written
+    into the removed directory (where puts would vanish)."""
+    root = tmp_path / "store"
+    store = FileStore(root)
+    store.put("a", b"1")
+    shutil.rmtree(root)
+    root.mkdir()
+    assert store.get("a") is None and store.head("a") is None
+    store.put("nested/b", b"2")
+    assert (root / "nested" / "b").read_bytes() == b"2" and store.get("nested/b") == b"2"
+    assert [i.name for i in store.list()] == ["nested/b"]
+
+
+def test_a_key_that_is_not_valid_utf8_fails_alone_in_a_backend_batch() -> None:
+    """At the chunk level a bad key is that item's error; the others land, nothing half-written."""
+    import numpy as np
+
+    from kvbucket.backends.remote import RemoteBackend
+    from kvbucket.chunks import KVLayout
+    from kvbucket.errors import InvalidKeyError
+    from kvbucket.stores.memory import MemoryStore
+
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_size=4, dtype="float16", chunk_tokens=4)
+    store = MemoryStore()
+    with RemoteBackend(store, layout) as b:
+        full = np.ones(layout.full_chunk_bytes, np.uint8)
+        out = b.batched_put_results([("good", full), ("bad\ud800", full), ("also-good", full)])
+        assert out[0] is None and out[2] is None
+        assert isinstance(out[1], InvalidKeyError) and "UTF-8" in str(out[1])
+        assert sorted(b.list()) == ["also-good", "good"]
+        assert len(list(store.list())) == 2

@@ -29,6 +29,9 @@ def test_demo_on_the_in_process_emulator() -> None:
     assert "512 of 544" in out  # every document chunk hit on machine B; the question is computed
     assert "machine B: remote" in out and "read 256.0 KiB" in out
     assert "outputs identical" in out and "yes" in out.split("outputs identical")[1].split("\n")[0]
+    integrity = out.split("integrity: chunks verified on load")[1].split("\n")[0]
+    verified = int(integrity.strip(" │").split(",")[0])
+    assert verified >= 2 and "0 refused" in integrity  # B loaded 2 remote chunks (256 KiB), none refused
 
 
 def test_demo_on_a_directory_target_cleans_up(tmp_path: Path) -> None:

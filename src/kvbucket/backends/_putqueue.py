@@ -23,7 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvbucket.log_once import RepeatedLog
+
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 
 _STOP = object()
 #: How long ``close()`` waits for queued puts to land before dropping the rest.
@@ -114,7 +117,7 @@ class PutQueue:
                         self._apply(key, entry[1])
                     except Exception as e:
                         self.failed += 1
-                        log.warning("non-blocking put of %s failed: %s", key, e)
+                        _repeated.warning("non-blocking put of %s failed: %s", key, e, item=key)
                     finally:
                         with self._lock:
                             if self._pending.get(key, (None,))[0] is token:

@@ -14,8 +14,10 @@ from typing import Any, TypeAlias
 
 from kvbucket.errors import KVBucketError
 from kvbucket.keys import CacheEngineKey
+from kvbucket.log_once import RepeatedLog
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 
 Chunk: TypeAlias = Any  # a bytes-like buffer; see kvbucket.chunks.as_view
 Key: TypeAlias = CacheEngineKey | str
@@ -54,7 +56,7 @@ class StorageBackend(abc.ABC):
         results = self.batched_put_results(items, blocking=blocking)
         for (key, _), err in zip(items, results, strict=True):
             if err is not None:
-                log.warning("%s: put of %s failed: %s", type(self).__name__, key, err)
+                _repeated.warning("%s: put of %s failed: %s", type(self).__name__, key, err, item=key)
         return sum(1 for r in results if r is None)
 
     def batched_put_results(

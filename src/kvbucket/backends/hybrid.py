@@ -16,6 +16,7 @@ from kvbucket.backends.base import Chunk, Key, StorageBackend, check_buffers, ch
 from kvbucket.chunks import as_view
 from kvbucket.errors import KVBucketError, NoSpaceError
 from kvbucket.keys import as_key_string
+from kvbucket.log_once import flush_all
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ class HybridBackend(StorageBackend):
                 tier.close()
             except Exception as e:
                 errors.append(e)
+        flush_all()  # the counts of repeated failures, before the caller reports
         if errors:
             raise errors[0]
 

@@ -1,9 +1,12 @@
 """LocalDiskBackend: chunks as files in a local directory, bounded by bytes, LRU.
 
 Files are written by :class:`~kvbucket.stores.file.FileStore` (temp file + rename), so a crash
-mid-write never leaves a partial chunk under a key, and the index is rebuilt from the directory
-at start (oldest modification first in the LRU order): a restart loses nothing that was
-acknowledged. Files are 0600 and directories 0700 because KV caches hold users' prompts.
+mid-write never leaves a partial chunk under a key, and sealed (:mod:`kvbucket.stores.sealed`):
+every load is verified before the caller gets it. The index is rebuilt from the directory at
+start (oldest modification first in the LRU order), checking each file's envelope header
+against its size, so a truncated or foreign file is dropped instead of served: a restart loses
+nothing that was acknowledged and serves nothing that was not. Files are 0600 and directories
+0700 because KV caches hold users' prompts.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,10 +28,13 @@ from kvbucket.backends._queued import BoundedLocalTier
 from kvbucket.backends.base import Chunk, Key, check_buffers
 from kvbucket.errors import ConfigError, InvalidKeyError, NoSpaceError
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
-from kvbucket.stores.base import ObjectStore
+from kvbucket.log_once import RepeatedLog
+from kvbucket.stores.base import ObjectInfo, ObjectStore
 from kvbucket.stores.file import FileStore
+from kvbucket.stores.sealed import seal_store
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 _STRIPES = 64
 LOCK_NAME = ".kvbucket-disk.lock"
 
@@ -54,10 +61,14 @@ class LocalDiskBackend(BoundedLocalTier):
         fsync: bool = False,
         queue_size: int = 16,
         on_evict: Callable[[str], None] | None = None,
+        encryption: Any = None,
     ) -> None:
         if not isinstance(max_bytes, int) or max_bytes <= 0:
             raise ValueError(f"LocalDiskBackend needs a positive max_bytes, got {max_bytes!r}")
-        self.store = path if isinstance(path, ObjectStore) else FileStore(path, fsync=fsync)
+        raw = path if isinstance(path, ObjectStore) else FileStore(path, fsync=fsync)
+        # The directory is this tier's alone (a lock file), so objects without an envelope
+        # (written before sealing) are removed, not kept as misses forever.
+        self.store = seal_store(raw, tier="disk", encryption=encryption, delete_unsealed=True)
         self._dir_lock = self._lock_directory()
         self.max_bytes = max_bytes
         self.used_bytes = 0
@@ -117,7 +128,8 @@ class LocalDiskBackend(BoundedLocalTier):
             results = self.store.get_many([key_to_name(ks[i]) for i in todo], [buffers[i] for i in todo])
             for i, r in zip(todo, results, strict=True):
                 if r.error is not None:
-                    log.warning("disk tier read of %s into the caller's buffer failed: %s", ks[i], r.error)
+                    _repeated.warning("disk tier read of %s into the caller's buffer failed: %s", ks[i],
+                                      r.error, item=ks[i])
                 elif r.size is None:
                     self._forget_if_gone(ks[i])
                 out[i] = r.found
@@ -132,7 +144,8 @@ class LocalDiskBackend(BoundedLocalTier):
                     size = self._index.pop(key, None)
                     if size is not None:
                         self.used_bytes -= size
-                        log.warning("disk tier: the file of %s was deleted outside kvbucket; forgotten", key)
+                        log.info("disk tier: the file of %s is gone (removed outside kvbucket, or refused by "
+                                 "the integrity check); forgotten", key)
 
     def contains(self, key: Key) -> bool:
         k = as_key_string(key)
@@ -281,9 +294,9 @@ class LocalDiskBackend(BoundedLocalTier):
         the lock's name is refused, never followed to create or lock a file outside the tier.
         Returns the fd holding the lock (closing it releases the lock).
         """
-        if not isinstance(self.store, FileStore):
+        if not isinstance(self.store.inner, FileStore):
             return None
-        path = os.path.join(self.store.root, LOCK_NAME)
+        path = os.path.join(self.store.inner.root, LOCK_NAME)
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
             fd = os.open(path, flags, 0o600)
@@ -297,19 +310,31 @@ class LocalDiskBackend(BoundedLocalTier):
         except OSError:
             os.close(fd)
             raise ConfigError(
-                f"the disk tier directory {str(self.store.root)!r} is in use by another LocalDiskBackend "
+                f"the disk tier directory {str(self.store.inner.root)!r} is in use by another "
+                "LocalDiskBackend "
                 "(this or another process); give each engine process its own local_disk directory"
             ) from None
         return fd
 
     def _rebuild_index(self) -> None:
         found: list[tuple[float, str, int]] = []
-        for info in self.store.list():
+        infos = []
+        for info in self.store.inner.list():
             try:
-                key = name_to_key(info.name)
+                name_to_key(info.name)
             except InvalidKeyError:
                 continue  # not a chunk file kvbucket wrote
-            found.append((info.mtime or 0.0, key, info.size))
+            infos.append(info)
+        # A file without a whole envelope header, or whose size disagrees with its header (cut
+        # short by a crash or by hand), is removed here rather than indexed and served.
+        over = self.store.overhead
+        listed = [ObjectInfo(i.name, i.size - over, i.mtime) for i in infos if i.size >= over]
+        short = [i.name for i in infos if i.size < over]
+        if short:
+            self.store.refuse_names([(n, "truncated") for n in short])
+        for info, reason in zip(listed, self.store.check_headers(listed), strict=True):
+            if reason is None:
+                found.append((info.mtime or 0.0, name_to_key(info.name), info.size))
         found.sort()
         for _, key, size in found:
             self._index[key] = size

@@ -68,6 +68,10 @@ def _resolve(factory: Factory, what: str) -> Callable[..., ObjectStore]:
     return fn
 
 
+#: extra_config keys that configure kvbucket itself (every tier), not a store: see EngineConfig.
+ENGINE_KEYS = frozenset({"encryption", "unsealed"})
+
+
 def plugin_type(instance: str) -> str:
     return instance.split(".", 1)[0]
 
@@ -84,6 +88,8 @@ def split_extra_config(engine: EngineConfig) -> tuple[dict[str, Any], dict[str, 
     # longest instance name first, so "hfbucket.us.x" goes to "hfbucket.us" when both exist
     by_length = sorted(instances, key=len, reverse=True)
     for key, value in engine.extra_config.items():
+        if key in ENGINE_KEYS:
+            continue  # kvbucket's own engine-wide settings, taken by build_backend
         if not key.startswith(PLUGIN_KEY_PREFIX):
             url_options[key] = value
             continue

@@ -39,11 +39,20 @@ from kvbucket.errors import (
     TransientStoreError,
 )
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
+from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
+from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 T = TypeVar("T")
+
+
+def layout_identity(layout: KVLayout) -> str:
+    """What a chunk's envelope records of the KV layout it was written for."""
+    return (f"kv:{layout.num_layers}x{layout.kv_factor}x{layout.chunk_tokens}x{layout.num_kv_heads}x"
+            f"{layout.head_size}:{layout.dtype}")
 
 
 class RemoteBackend(QueuedBackend):
@@ -69,8 +78,13 @@ class RemoteBackend(QueuedBackend):
         io_threads: int = 4,
         queue_size: int = 64,
         owns_store: bool = True,
+        unsealed: str = "miss",
+        encryption: Any = None,
     ) -> None:
-        self.store = store
+        # Every object is sealed on write and verified on read (kvbucket.stores.sealed); the
+        # envelope names the KV layout, so a chunk written for another layout is a miss.
+        self.store = seal_store(store, tier="remote", identity=layout_identity(layout), unsealed=unsealed,
+                                encryption=encryption)
         self.layout = layout
         self.serde = get_serde(serde)
         self.save_unfull_chunk = save_unfull_chunk
@@ -162,7 +176,10 @@ class RemoteBackend(QueuedBackend):
                     if isinstance(r.error, SizeMismatchError):
                         self._log_bad(ks[i], str(r.error))
                     else:
-                        log.warning("get of %s from %s failed: %s", ks[i], self.store.url, r.error)
+                        _repeated.warning("get of %s from %s failed: %s", ks[i], self.store.url, r.error,
+                                          item=ks[i])
+                if not r.found:  # missing, or refused by the integrity check (and removed)
+                    self._invalidate([r.name])
                 out[i] = r.found
         return out
 
@@ -312,13 +329,19 @@ class RemoteBackend(QueuedBackend):
         return self.store.get_many(names, [np.empty(full, dtype=np.uint8) for _ in names])
 
     def _decode(self, key: str, r: ItemResult) -> Chunk | None:
+        chunk = self._decode_one(key, r)
+        if chunk is None:  # missing, refused (the sealing layer removed it) or wrong: not "known"
+            self._invalidate([r.name])
+        return chunk
+
+    def _decode_one(self, key: str, r: ItemResult) -> Chunk | None:
         if r.error is not None:
             if isinstance(r.error, SizeMismatchError):
                 self._log_bad(key, str(r.error))
             elif isinstance(r.error, CircuitOpenError):  # the breaker logged when it opened
                 log.debug("get of %s skipped: %s", key, r.error)
             else:
-                log.warning("get of %s from %s failed: %s", key, self.store.url, r.error)
+                _repeated.warning("get of %s from %s failed: %s", key, self.store.url, r.error, item=key)
             return None
         if r.size is None or r.data is None:
             return None

@@ -27,8 +27,10 @@ COMMAND_MODULES: list[str] = [
     "kvbucket.cli.stats_cmd",
     "kvbucket.cli.demo_cmd",
     "kvbucket.cli.store_cmd",
+    "kvbucket.cli.verify_cmd",
     "kvbucket.cli.compile_cache_cmd",
     "kvbucket.cli.emulator_cmd",
+    "kvbucket.cli.doctor_cmd",
 ]
 
 LOG_LEVEL_ENV = "KVBUCKET_LOG_LEVEL"

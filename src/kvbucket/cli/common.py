@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -62,16 +63,24 @@ def is_remote(url: str) -> bool:
     return url.startswith(("hf://", "s3://"))
 
 
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def hide_userinfo(text: str) -> str:
+    """``https://user:pass@host`` -> ``https://***@host`` (credentials in URLs are never shown)."""
+    return _USERINFO.sub("***@", text)
+
+
 def endpoint_hint(url: str, store: Any = None) -> str:
     """Which endpoint a URL goes to and where that came from (never a secret)."""
     if url.startswith("hf://"):
         endpoint = getattr(store, "endpoint", None) or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
         source = "$HF_ENDPOINT" if os.environ.get("HF_ENDPOINT") else "the default Hub endpoint"
-        return f"{endpoint} ({source})"
+        return f"{hide_userinfo(endpoint)} ({source})"
     if url.startswith("s3://"):
         for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
             if os.environ.get(var):
-                return f"{os.environ[var]} (${var})"
+                return f"{hide_userinfo(os.environ[var])} (${var})"
         return "AWS S3 (no $AWS_ENDPOINT_URL)"
     return url
 

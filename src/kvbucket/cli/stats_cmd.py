@@ -45,7 +45,7 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
     from kvbucket.metrics import summarize
 
     summary = summarize(exposition)
-    if not summary.rows and not summary.prefix_tokens and not summary.breakers:
+    if not (summary.rows or summary.prefix_tokens or summary.integrity_verified or summary.breakers):
         return False
     table = Table(title=title)
     for col, justify in (
@@ -64,7 +64,10 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
     if summary.rows:
         console.print(table)
     for store, (state, refused) in sorted(summary.breakers.items()):
-        console.print(f"circuit breaker of {store}: {state}; {refused:.0f} objects refused while open")
+        console.print(
+            f"circuit breaker of {store}: {state}; {refused:.0f} objects refused while open",
+            markup=False, highlight=False, soft_wrap=True,
+        )
     if summary.prefix_tokens:
         hit = summary.prefix_tokens.get("hit", 0.0)
         computed = summary.prefix_tokens.get("computed", 0.0)
@@ -73,6 +76,16 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
         chunks = ", ".join(f"{k} {v:.0f}" for k, v in sorted(summary.prefix_chunks.items()))
         console.print(
             f"prefix reuse: {hit:.0f} tokens loaded, {computed:.0f} computed{share}; chunks: {chunks}"
+        )
+    if summary.integrity_verified or summary.integrity_failures:
+        verified = sum(summary.integrity_verified.values())
+        refused = sum(summary.integrity_failures.values())
+        failures = sorted(summary.integrity_failures.items())
+        why = ", ".join(f"{tier} {reason} {n:.0f}" for (tier, reason), n in failures)
+        console.print(
+            f"integrity: {verified:.0f} objects verified on load, {refused:.0f} refused"
+            + (f" ({why})" if why else ""),
+            markup=False, highlight=False, soft_wrap=True,  # one line, however many reasons
         )
     return True
 

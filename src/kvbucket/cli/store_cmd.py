@@ -13,6 +13,7 @@ reached, or some objects of an ``rm`` could not be removed (kvbucket.cli.common)
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import typer
 
@@ -67,15 +68,18 @@ def register(app: typer.Typer) -> None:
         prefix: str = typer.Option("", "--prefix", "-p", help="Only names starting with this string."),
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
-        """Count objects and bytes."""
+        """Count objects and bytes; for a prefix shared by a fleet, also its index and nodes."""
         count = total = 0
         with opened_store(url, timeout) as store:
             for info in store.list(prefix):
                 count += 1
                 total += info.size
+            fleet = _fleet_status(store, prefix)
         where = f"{url} (prefix {prefix!r})" if prefix else url
         objects = "1 object" if count == 1 else f"{count} objects"
         typer.echo(f"{objects}, {total} bytes ({human_size(total)}) in {where}")
+        if fleet is not None:
+            _echo_fleet(fleet)
 
     @app.command("rm")
     def rm(
@@ -118,6 +122,30 @@ def register(app: typer.Typer) -> None:
         typer.echo(", ".join(parts))
         if failed:
             raise typer.Exit(1)
+
+
+def _fleet_status(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
+    """The fleet's index of ``prefix`` (docs/fleet.md), or None when no fleet uses it."""
+    from kvbucket.fleet.sync import inspect_fleet
+    from kvbucket.stores.base import check_prefix
+
+    try:
+        fleet_prefix = check_prefix(prefix)
+    except InvalidKeyError:
+        return None
+    return inspect_fleet(store, fleet_prefix)
+
+
+def _echo_fleet(fleet: dict[str, Any]) -> None:
+    used = int(fleet["bytes_used"])
+    typer.echo(f"fleet index: {fleet['chunks']} chunks, {used} bytes ({human_size(used)}), "
+               f"snapshot generation {fleet['snapshot_generation']}")
+    for salt, size in sorted(fleet["bytes_by_cache_salt"].items()):
+        share = f"{100 * size / used:.1f}%" if used else "-"
+        typer.echo(f"  salt {salt or '(none)'!r}: {size} bytes ({human_size(size)}, {share})")
+    live = set(fleet["live_nodes"])
+    for node, ago in sorted(fleet["nodes"].items(), key=lambda kv: kv[1]):
+        typer.echo(f"  node {node}: last seen {ago:.0f} s ago{'' if node in live else ' (gone)'}")
 
 
 def _batches(names: list[str]) -> Iterator[list[str]]:

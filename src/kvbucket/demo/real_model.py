@@ -216,7 +216,10 @@ def run_machine(role: str, cfg: DemoConfig, workdir: Path) -> dict[str, Any]:
         if backend is not None:
             backend.close()
         shutil.rmtree(local_dir, ignore_errors=True)
-    result["tiers"] = [asdict(r) for r in summarize(generate_latest(REGISTRY).decode()).rows]
+    summary = summarize(generate_latest(REGISTRY).decode())
+    result["tiers"] = [asdict(r) for r in summary.rows]
+    result["integrity_verified"] = sum(summary.integrity_verified.values())
+    result["integrity_failures"] = sum(summary.integrity_failures.values())
     return result
 
 
@@ -405,6 +408,10 @@ def _print_table(console: Any, cfg: DemoConfig, a: dict[str, Any], b: dict[str, 
                 f"machine {role}: {t['name']}",
                 f"read {_fmt_bytes(t['bytes_read'])}, written {_fmt_bytes(t['bytes_written'])}",
             )
+    failures = a.get("integrity_failures", 0) + b.get("integrity_failures", 0)
+    refused = f"{failures:.0f} refused" if not failures else f"[red]{failures:.0f} refused[/red]"
+    table.add_row("integrity: chunks verified on load",
+                  f"{a.get('integrity_verified', 0) + b.get('integrity_verified', 0):.0f}, {refused}")
     table.add_row("first-token logits, max |diff|", f"{b['first_logit_max_diff']:.2e}")
     table.add_row("outputs identical", "[green]yes[/green]" if b["identical"] else "[red]NO[/red]")
     table.add_row("demo wall time", f"{wall:.0f} s")

@@ -35,6 +35,7 @@ from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.config import GB, EngineConfig, build_backend, load_engine_config
 from kvbucket.keys import CacheEngineKey
+from kvbucket.metrics import integrity_totals
 
 #: KV layouts of real models (layers, KV heads, head size; bf16; 256-token chunks).
 MODELS: dict[str, KVLayout] = {
@@ -71,6 +72,8 @@ class DemoReport:
     remote: str
     phases: list[PhaseResult] = field(default_factory=list)
     hits: list[int] = field(default_factory=list)
+    integrity_verified: int = 0  # envelopes verified on the loads of persistent tiers
+    integrity_failures: int = 0  # objects refused (never served)
 
     @property
     def ok(self) -> bool:
@@ -154,6 +157,7 @@ def run_synthetic_demo(
             f"in all)\n  local_cpu -> local_disk ({workdir / 'disk'}) -> remote ({remote_label})"
         )
         report = DemoReport(model, layout, remote_label)
+        checks_before = integrity_totals()
         backend = build_backend(config, layout)
         if not isinstance(backend, HybridBackend):  # pragma: no cover - the config always has 3 tiers
             raise DemoError("the demo needs a local_cpu -> local_disk -> remote stack")
@@ -168,6 +172,9 @@ def run_synthetic_demo(
                             tier.remove(k)
             finally:
                 backend.close()
+        checks = integrity_totals()
+        report.integrity_verified = int(checks[0] - checks_before[0])
+        report.integrity_failures = int(checks[1] - checks_before[1])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     _print_summary(report, console)
@@ -267,6 +274,9 @@ def _print_summary(report: DemoReport, console: Console) -> None:
         verified = f"{p.verified}/{p.chunks}"
         table.add_row(p.name, str(p.chunks), f"{p.bytes / 2**20:.0f}", f"{p.seconds:.3f}",
                       f"{p.gib_per_s:.2f}", verified if p.failed == 0 else f"[red]{verified}[/red]")
+    refused = f"{report.integrity_failures} refused"
+    table.add_row("integrity (envelopes)", str(report.integrity_verified), "", "", "",
+                  refused if report.integrity_failures == 0 else f"[red]{refused}[/red]")
     console.print(table)
     if report.hits:
         console.print(f"fresh engine hits per tier (local_cpu, local_disk, remote): {report.hits}")

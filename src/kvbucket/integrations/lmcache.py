@@ -34,6 +34,7 @@ import asyncio
 import builtins
 import logging
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from types import MappingProxyType
@@ -48,7 +49,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from pydantic import ValidationError
 
 from kvbucket.errors import ConfigError, SizeMismatchError, StoreError
-from kvbucket.keys import ObjectKey, as_key_string, key_to_name, name_to_key
+from kvbucket.keys import ObjectKey, as_key_string
 from kvbucket.l2.adapter import ObjectStoreL2Adapter
 from kvbucket.l2.config import (
     FsL2Config,
@@ -57,9 +58,11 @@ from kvbucket.l2.config import (
     S3L2Config,
     format_validation_error,
 )
-from kvbucket.l2.registry import build_store, open_l2_adapter, parse_l2_config
+from kvbucket.l2.format_store import route_formats
+from kvbucket.l2.registry import build_store, make_work_dir, naming_for, open_l2_adapter, parse_l2_config
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.hfbucket_config import lenient_bool
+from kvbucket.stores.sealed import seal_store
 
 log = logging.getLogger(__name__)
 
@@ -346,14 +349,42 @@ class KVBucketConnector(RemoteConnector):
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
         self._cfg = connector_config_from_extra(extra, plugin_name)
-        self.store = store if store is not None else build_store(self._cfg)
+        self.naming = naming_for(self._cfg, connector=True)
+        # Sealed like every persistent tier: writes go through SealedStore.put_many, loads are
+        # verified before LMCache gets the memory object (kvbucket.stores.sealed); objects under
+        # LMCache's names stay raw, exactly LMCache's bytes (kvbucket.l2.format_store).
+        raw = store if store is not None else build_store(self._cfg)
+        sealed = seal_store(
+            raw, tier="connector", unsealed=self._cfg.unsealed, encryption=self._cfg.encryption
+        )
+        self.store = route_formats(sealed, self.naming)
+        # LMCache's connector makes a download session dir in download_tmp_dir, removed on close.
+        self.work_dir = make_work_dir(self._cfg, f"hfbucket-{plugin_name.replace('.', '-')}-")
         self._ttl = self._cfg.metadata_cache_ttl_secs
         self._sizes: dict[str, tuple[int | None, float]] = {}  # name -> (size, expiry)
         log.info("kvbucket connector %r on %s", plugin_name, self.store.url)
 
     # -- helpers
     def _name(self, key: Any) -> str:
-        return key_to_name(as_key_string(key))
+        return self.naming.write_name(key)
+
+    def _found(self, keys: builtins.list[Any]) -> builtins.list[tuple[str, int | None]]:
+        """Per key, the first of its names holding an object, with its size (or its written
+        name and None): kvbucket's and LMCache's names are both read."""
+        cands = [self.naming.read_names(k) for k in keys]
+        out: builtins.list[tuple[str, int | None]] = [(c[0], None) for c in cands]
+        todo = list(range(len(keys)))
+        r = 0
+        while todo:
+            sizes = self._sizes_of([cands[i][r] for i in todo])
+            nxt = []
+            for i, size in zip(todo, sizes, strict=True):
+                if size is not None:
+                    out[i] = (cands[i][r], size)
+                elif r + 1 < len(cands[i]):
+                    nxt.append(i)
+            todo, r = nxt, r + 1
+        return out
 
     def _sizes_of(self, names: list[str]) -> list[int | None]:
         now = time.monotonic()
@@ -378,14 +409,14 @@ class KVBucketConnector(RemoteConnector):
         return await asyncio.to_thread(self.exists_sync, key)
 
     def exists_sync(self, key: Any) -> bool:
-        return self._sizes_of([self._name(key)])[0] == self.full_chunk_size_bytes
+        return self._found([key])[0][1] == self.full_chunk_size_bytes
 
     def support_batched_contains(self) -> bool:
         return True
 
     def batched_contains(self, keys: builtins.list[Any]) -> int:
         hits = 0
-        for size in self._sizes_of([self._name(k) for k in keys]):
+        for _, size in self._found(keys):
             if size != self.full_chunk_size_bytes:
                 break
             hits += 1
@@ -410,7 +441,7 @@ class KVBucketConnector(RemoteConnector):
         for _ in keys:
             obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt)
             objs.append(obj)
-        names = [self._name(k) for k in keys]
+        names = [name for name, _ in self._found(keys)]
         todo = [i for i, o in enumerate(objs) if o is not None]
         results = self.store.get_many([names[i] for i in todo], [objs[i].byte_array for i in todo])
         out: builtins.list[Any] = [None] * len(keys)
@@ -455,15 +486,17 @@ class KVBucketConnector(RemoteConnector):
         items = []
         for key, obj in zip(keys, memory_objs, strict=True):
             data = obj.byte_array
-            if memoryview(data).nbytes != self.full_chunk_size_bytes:
-                log.warning(
-                    "not storing %s: %d bytes is not a full chunk (%d bytes)",
-                    as_key_string(key),
-                    memoryview(data).nbytes,
-                    self.full_chunk_size_bytes,
+            size = memoryview(data).nbytes  # what is stored (LMCache checks get_physical_size(),
+            # which includes allocator padding and so refuses full chunks smaller than the alignment)
+            if size != self.full_chunk_size_bytes:
+                # LMCache's hfbucket connector raises here, before anything of the batch is sent.
+                raise ValueError(
+                    f"Cannot upload {as_key_string(key)}: chunk size {size} bytes does not match "
+                    f"expected full chunk size {self.full_chunk_size_bytes} bytes. "
+                    "Partial/unfull chunks are not supported by kvbucket's connector "
+                    "(set save_unfull_chunk: false)."
                 )
-                continue
-            items.append((self._name(key), data))
+            items.append(self.naming.write_item(key, data))
         results = self.store.put_many(items)
         now = time.monotonic()
         errors = []
@@ -479,10 +512,11 @@ class KVBucketConnector(RemoteConnector):
             )
 
     def remove_sync(self, key: Any) -> bool:
-        name = self._name(key)
-        (r,) = self.store.delete_many([name])
-        self._sizes.pop(name, None)
-        return r.ok and r.size is not None
+        names = self.naming.read_names(key)
+        results = self.store.delete_many(list(names))
+        for name in names:
+            self._sizes.pop(name, None)
+        return all(r.ok for r in results) and any(r.size is not None for r in results)
 
     async def list(self) -> builtins.list[str]:
         return await asyncio.to_thread(self._list_sync)
@@ -490,14 +524,15 @@ class KVBucketConnector(RemoteConnector):
     def _list_sync(self) -> builtins.list[str]:
         out = []
         for info in self.store.list():
-            try:
-                out.append(name_to_key(info.name))
-            except Exception:
-                continue
+            key = self.naming.parse_key_string(info.name)  # kvbucket's names and LMCache's
+            if key is not None:
+                out.append(key)
         return out
 
     async def close(self) -> None:
         await asyncio.to_thread(self.store.close)
+        if self.work_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self.work_dir, True)
 
     def __repr__(self) -> str:
         return f"<KVBucketConnector {self.plugin_name!r} {self.store.url}>"

@@ -167,6 +167,9 @@ class KVBucketPrefixCache:
         max_pending_chunks: store-queue bound; past it new chunks are dropped (counted), never
             delaying generation.
         fetch_window: chunks asked for in one ``batched_get`` while walking the prefix.
+        tenant: the tenant whose keys seal these chunks when the backend's tiers encrypt (the
+            engine config's ``encryption`` setting, docs/integrity.md). It is written into the
+            object names (``@tenant%<tenant>``), so use a tenant id, not a secret salt.
     """
 
     def __init__(
@@ -180,7 +183,10 @@ class KVBucketPrefixCache:
         store: bool = True,
         max_pending_chunks: int = 4096,
         fetch_window: int = 16,
+        tenant: str | None = None,
     ) -> None:
+        if tenant is not None and (not isinstance(tenant, str) or not tenant or any(c in tenant for c in "@%/")):  # noqa: E501
+            raise ConfigError("tenant must be a non-empty string without '@', '%' or '/'")
         if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
             raise ConfigError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
         if not isinstance(fetch_window, int) or fetch_window < 1:
@@ -192,6 +198,7 @@ class KVBucketPrefixCache:
         self.model = model
         self.backend = backend
         self.salt = salt
+        self.tenant = tenant
         self.chunk_tokens = chunk_tokens
         self.store_enabled = store
         self.fetch_window = fetch_window
@@ -228,7 +235,8 @@ class KVBucketPrefixCache:
         for start in range(0, len(ids) - t + 1, t):
             prev = blake3.blake3(prev + np.asarray(ids[start : start + t], dtype="<i8").tobytes()).digest()
             chunk_hash = int.from_bytes(prev[:16], "big")
-            keys.append(CacheEngineKey(self.model_name, 1, 0, chunk_hash, self.layout.dtype_name))
+            configs = {"tenant": self.tenant} if self.tenant else None
+            keys.append(CacheEngineKey(self.model_name, 1, 0, chunk_hash, self.layout.dtype_name, configs))
         return keys
 
     # ---- lookup / load -----------------------------------------------------------------------

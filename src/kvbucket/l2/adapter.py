@@ -16,11 +16,19 @@ from the store's listing at start (in the background) and kept exact afterwards:
 - a store whose batch partly failed asks the store (``head_many``) which objects landed and
   counts exactly those.
 
-Full-chunk size: stores of buffers smaller than the full chunk are refused. The full size is,
-in order: ``full_chunk_bytes`` given to the adapter, the size of the layout passed with a
-lookup (LMCache's ``MemoryLayoutDesc``; the LMCache shim computes it), else the largest buffer
-stored so far (each per object group). Lookups count an object as a hit only when its size
-is the full size.
+Sizes: a store task takes buffers of any sizes, mixed (as LMCache's adapters do), unless
+``full_chunk_bytes`` is given, which refuses every other size. Lookups count an object as a
+hit when its size is the full size, known from ``full_chunk_bytes`` or from the layout passed
+with a lookup (LMCache's ``MemoryLayoutDesc``; the LMCache shim computes it, per object
+group), or, with neither, when it is not empty. A load fills the caller's buffer only from an
+object of exactly the buffer's size.
+
+Names: :class:`~kvbucket.l2.naming.Naming` gives the name a key is written under and the
+names it is read under (kvbucket's, then LMCache's built-in adapter's for the same store), so
+a bucket LMCache filled is read as is.
+
+Listener events of a task (stored, accessed on a lookup hit, deleted) are delivered before
+the task's completion is signalled, as LMCache's adapters do for stores.
 """
 
 from __future__ import annotations
@@ -29,23 +37,34 @@ import asyncio
 import contextlib
 import logging
 import math
+import shutil
 import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError
-from kvbucket.keys import ObjectKey, key_to_name, name_to_key
+from kvbucket.fleet.layout import is_fleet_name
+from kvbucket.keys import ObjectKey
 from kvbucket.l2.accounting import KeyIndex
 from kvbucket.l2.base import EventNotifier, KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
+from kvbucket.l2.format_store import route_formats
+from kvbucket.l2.naming import Naming
+from kvbucket.log_once import RepeatedLog, flush_all
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore, check_prefix
+from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
+if TYPE_CHECKING:
+    from kvbucket.fleet.config import FleetConfig
+    from kvbucket.fleet.host import FleetLink
+
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 
 _REBUILD_PAGE = 1000
 _NAME_CACHE_MAX = 1 << 20
@@ -83,11 +102,29 @@ class ObjectStoreL2Adapter(L2Adapter):
         delete_timeout_secs: float = 30.0,
         listener: L2Listener | None = None,
         split_batches: bool = True,
+        naming: Naming | None = None,
+        work_dir: Any = None,
+        unsealed: str = "miss",
+        encryption: Any = None,
+        fleet: FleetConfig | None = None,
     ) -> None:
+        """``fleet``: share capacity, eviction and visibility with every other node on this
+        prefix through the store (see :mod:`kvbucket.fleet`); usage is then rebuilt from the
+        fleet's snapshot and journals instead of a listing."""
         if num_workers < 1:
             raise ValueError("num_workers must be at least 1")
-        self._store = store
         self._prefix = check_prefix(prefix)
+        self._naming = naming if naming is not None else Naming(self._prefix)
+        if self._naming.prefix != self._prefix:
+            raise ValueError("naming and adapter prefixes differ")
+        # Every write under kvbucket's names goes through SealedStore.put_many (one function:
+        # SealedStore.seal) and every such load is verified there; refused objects come back as
+        # misses (then forgotten). LMCache's names hold LMCache's raw bytes (kvbucket.l2.format_store).
+        self._store = route_formats(
+            seal_store(store, tier="l2", unsealed=unsealed, encryption=encryption), self._naming
+        )
+        # A per-process working dir (LMCache's download session dir), removed on close.
+        self._work_dir = work_dir
         self._num_workers = num_workers
         self._capacity = int(max_capacity_bytes)
         self._eviction = eviction
@@ -103,10 +140,13 @@ class ObjectStoreL2Adapter(L2Adapter):
         self.listener = listener
 
         self._lock = threading.Lock()
-        self._name_cache: dict[ObjectKey, str] = {}
+        self._name_cache: dict[ObjectKey, tuple[str, ...]] = {}
         self._index = KeyIndex()
         self._locks: dict[str, int] = {}
         self._deleting: set[str] = set()
+        # Names a store task is writing: the startup listing leaves them to the task, which
+        # reports them to the listener as stored.
+        self._storing: dict[str, int] = {}
         self._missing: dict[str, float] = {}  # name -> monotonic expiry of a remembered miss
         self._next_id = 0
         self._store_done: dict[L2TaskId, StoreResult] = {}
@@ -115,7 +155,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._inflight: set[Future[None]] = set()
         self._closed = False
         self._evicting = False
-        self._rebuilt = not rebuild_usage
+        self._rebuilt = not rebuild_usage and fleet is None
         self._deleted_while_rebuilding: set[str] = set()
         self._stats = {
             "stores": 0,
@@ -144,7 +184,14 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvbucket-l2-loop", daemon=True)
         self._thread.start()
-        if rebuild_usage:
+        self._fleet: FleetLink | None = None
+        if fleet is not None:
+            from kvbucket.fleet.host import FleetLink
+
+            if self._eviction is None:  # max_age works without a capacity
+                self._eviction = EvictionConfig(eviction_policy="LRU" if self._capacity > 0 else "noop")
+            self._fleet = FleetLink(self, fleet)
+        elif rebuild_usage:
             self._schedule(self._rebuild())
 
     # ---- small helpers ------------------------------------------------------------------
@@ -152,16 +199,32 @@ class ObjectStoreL2Adapter(L2Adapter):
     def store(self) -> ObjectStore:
         return self._store
 
-    def _name(self, key: ObjectKey) -> str:
+    @property
+    def naming(self) -> Naming:
+        return self._naming
+
+    def _names(self, key: ObjectKey) -> tuple[str, ...]:
+        """The names to read ``key`` under, the written one first (see :mod:`kvbucket.l2.naming`)."""
         # Encoding a name is a Python loop over its bytes; keys repeat (lookup, load, unlock), so
-        # remember the last ~million names.
-        name = self._name_cache.get(key)
-        if name is None:
-            name = key_to_name(key, self._prefix)
+        # remember the last ~million.
+        names = self._name_cache.get(key)
+        if names is None:
+            names = self._naming.read_names(key)
             if len(self._name_cache) >= _NAME_CACHE_MAX:
                 self._name_cache.clear()
-            self._name_cache[key] = name
-        return name
+            self._name_cache[key] = names
+        return names
+
+    def _name(self, key: ObjectKey) -> str:
+        """The name ``key`` is written under."""
+        return self._names(key)[0]
+
+    def _where(self, cands: tuple[str, ...]) -> str | None:
+        """The first candidate name the index holds (call with ``_lock``)."""
+        for c in cands:
+            if c in self._index:
+                return c
+        return None
 
     def _new_id(self) -> L2TaskId:
         tid = self._next_id
@@ -254,24 +317,29 @@ class ObjectStoreL2Adapter(L2Adapter):
         new_keys: list[ObjectKey] = []
         new_sizes: list[int] = []
         try:
-            names = [self._name(k) for k in keys]
             sizes = [_nbytes(b) for b in buffers]
-            with self._lock:
-                if self._full_fixed is None:
-                    for key, size in zip(keys, sizes, strict=True):
-                        group = key.kv_rank >> 32
-                        if size > self._full.get(group, 0):
-                            self._full[group] = size
-                full = [self._full_for(key) for key in keys]
-            take = [i for i in range(n) if sizes[i] > 0 and sizes[i] == full[i]]
+            # Any sizes, mixed in one task, as LMCache's adapters store them; only a configured
+            # full_chunk_bytes refuses other sizes.
+            fixed = self._full_fixed
+            take = [i for i in range(n) if fixed is None or sizes[i] == fixed]
             if len(take) < n:
                 self._stats["refused_unfull"] += n - len(take)
                 log.warning(
-                    "store task %d: refused %d chunk(s) whose size is not the full chunk size",
+                    "store task %d: refused %d chunk(s) whose size is not full_chunk_bytes=%d",
                     tid,
                     n - len(take),
+                    fixed,
                 )
-            results = await self._sliced(self._store.put_many, [(names[i], buffers[i]) for i in take])
+            items = {i: self._naming.write_item(keys[i], buffers[i]) for i in take}
+            names = {i: item[0] for i, item in items.items()}
+            with self._lock:
+                for nm in names.values():
+                    self._storing[nm] = self._storing.get(nm, 0) + 1
+            try:
+                results = await self._sliced(self._store.put_many, [items[i] for i in take])
+            except BaseException:
+                self._unmark_storing(names.values())
+                raise
             landed: dict[int, int] = {}
             failed: list[int] = []
             for i, r in zip(take, results, strict=True):
@@ -281,12 +349,14 @@ class ObjectStoreL2Adapter(L2Adapter):
                     failed.append(i)
             if failed:
                 # Remote batches are not transactional: ask which objects are there now.
-                log.warning(
+                first_error = results[take.index(failed[0])].error
+                _repeated.warning(
                     "store task %d: %d of %d puts failed (%s); checking what landed",
                     tid,
                     len(failed),
                     len(take),
-                    results[take.index(failed[0])].error,
+                    first_error,
+                    same=f"store puts failed: {first_error}",
                 )
                 heads = await self._sliced(self._store.head_many, [names[i] for i in failed])
                 present: dict[int, int] = {}  # there, but not what we wrote (an older object)
@@ -300,6 +370,7 @@ class ObjectStoreL2Adapter(L2Adapter):
                         if names[i] not in self._deleting:
                             self._index.add(names[i], keys[i], size, touch=False)
             with self._lock:
+                self._unmark_storing_locked(names.values())
                 for i, size in landed.items():
                     self._missing.pop(names[i], None)
                     if names[i] in self._deleting:
@@ -309,6 +380,8 @@ class ObjectStoreL2Adapter(L2Adapter):
                     if was_new:
                         new_keys.append(keys[i])
                         new_sizes.append(size)
+                if self._fleet is not None:
+                    self._fleet.stored([names[i] for i in landed], landed.values())
             ok = len(landed) == n
             result = StoreResult(ok, sum(landed.values()), tuple(i in landed for i in range(n)))
         except Exception as e:
@@ -318,20 +391,41 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._stats["stores"] += 1
         if not result.success:
             self._stats["store_failures"] += 1
+        # LMCache's adapters tell the listener BEFORE signalling the completion, so a controller
+        # woken by the signal finds its listener already told.
+        if new_keys and self.listener is not None:
+            self._tell(self.listener.on_keys_stored, new_keys, new_sizes)
         with self._lock:
             self._store_done[tid] = result
         self._store_efd.notify()
-        if new_keys and self.listener is not None:
-            self.listener.on_keys_stored(new_keys, new_sizes)
         self._maybe_evict()
+
+    def _unmark_storing(self, names: Any) -> None:
+        with self._lock:
+            self._unmark_storing_locked(names)
+
+    def _unmark_storing_locked(self, names: Any) -> None:
+        for nm in names:
+            c = self._storing.get(nm, 0)
+            if c <= 1:
+                self._storing.pop(nm, None)
+            else:
+                self._storing[nm] = c - 1
+
+    def _tell(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call a listener; its failure is logged, never lost work or a missing signal."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("L2 listener %s failed", getattr(fn, "__name__", fn))
 
     # ---- lookup and lock ----------------------------------------------------------------------
     def submit_lookup_and_lock_task(self, keys: Sequence[ObjectKey], layout: Any | None = None) -> L2TaskId:
         keys = list(keys)
         try:
-            names: list[str] | None = [self._name(k) for k in keys]
+            cands: list[tuple[str, ...]] | None = [self._names(k) for k in keys]
         except InvalidKeyError:
-            names = None  # the task reports it (as misses) from the loop
+            cands = None  # the task reports it (as misses) from the loop
         accessed: list[ObjectKey] = []
         with self._lock:
             tid = self._new_id()
@@ -341,30 +435,48 @@ class ObjectStoreL2Adapter(L2Adapter):
                 if isinstance(layout, dict):
                     self._full.update({int(g): int(b) for g, b in layout.items() if int(b) > 0})
             if self._closed:
-                self._lookup_done[tid] = [False] * len(keys)
-            elif names is not None and self._all_known(names):
+                done: list[bool] | None = [False] * len(keys)
+            elif cands is not None and self._all_known(cands):
                 # Every key is answered by the index (or a fresh remembered miss): no I/O is
                 # needed, so answer now instead of paying a hop through the loop thread.
-                self._lookup_done[tid] = self._lock_hits(keys, names, accessed)
+                done = self._lock_hits(keys, cands, accessed)
             else:
+                done = None
                 self._schedule(self._run_lookup(tid, keys))
-                return tid
-        self._lookup_efd.notify()
-        self._stats["lookups"] += 1
-        if accessed and self.listener is not None:
-            self.listener.on_keys_accessed(accessed)
+        if done is not None:
+            self._stats["lookups"] += 1
+            self._finish_lookup(tid, done, accessed)
         return tid
 
-    def _all_known(self, names: list[str]) -> bool:
-        """Whether every name is in the index or a remembered miss (call with ``_lock``)."""
+    def _finish_lookup(self, tid: L2TaskId, hits: list[bool], accessed: list[ObjectKey]) -> None:
+        """Tell the listener of the hits, then publish the result and signal (LMCache's order:
+        listener events of a task before its completion signal)."""
+        if accessed and self.listener is not None:
+            self._tell(self.listener.on_keys_accessed, accessed)
+        with self._lock:
+            self._lookup_done[tid] = hits
+        self._lookup_efd.notify()
+
+    def _all_known(self, cands: list[tuple[str, ...]]) -> bool:
+        """Whether every key is in the index or a remembered miss under every name (call with ``_lock``)."""
+        if self._fleet is not None and self._rebuilt:
+            return True  # the fleet's journals tell every store within sync_secs: no HEADs
         now = time.monotonic()
         index, missing = self._index, self._missing
-        return all(n in index or missing.get(n, 0.0) > now for n in names)
+        return all(
+            any(n in index for n in c) or all(missing.get(n, 0.0) > now for n in c) for c in cands
+        )
 
-    def _lock_hits(self, keys: list[ObjectKey], names: list[str], accessed: list[ObjectKey]) -> list[bool]:
+    def _lock_hits(
+        self, keys: list[ObjectKey], cands: list[tuple[str, ...]], accessed: list[ObjectKey]
+    ) -> list[bool]:
         """Hits among indexed names; lock and touch each (call with ``_lock``)."""
         hits = [False] * len(keys)
-        for i, name in enumerate(names):
+        hit_names: list[str] = []
+        for i, c in enumerate(cands):
+            name = self._where(c)
+            if name is None:
+                continue
             entry = self._index.get(name)
             if entry is None or name in self._deleting or not self._usable(keys[i], entry.size):
                 continue
@@ -372,6 +484,9 @@ class ObjectStoreL2Adapter(L2Adapter):
             self._locks[name] = self._locks.get(name, 0) + 1
             self._index.touch(name)
             accessed.append(keys[i])
+            hit_names.append(name)
+        if self._fleet is not None and hit_names:
+            self._fleet.accessed(hit_names)
         return hits
 
     def query_lookup_and_lock_result(self, task_id: L2TaskId) -> list[bool] | None:
@@ -382,10 +497,13 @@ class ObjectStoreL2Adapter(L2Adapter):
         with self._lock:
             for key in keys:
                 try:
-                    name = self._name(key)
+                    cands = self._names(key)
                 except InvalidKeyError:
                     continue
-                count = self._locks.get(name, 0)
+                name = next((n for n in cands if self._locks.get(n)), None)
+                if name is None:
+                    continue
+                count = self._locks[name]
                 if count <= 1:
                     self._locks.pop(name, None)
                 else:
@@ -396,44 +514,44 @@ class ObjectStoreL2Adapter(L2Adapter):
         hits = [False] * n
         accessed: list[ObjectKey] = []
         try:
-            names = [self._name(k) for k in keys]
-            unknown: list[int] = []
-            now = time.monotonic()
-            with self._lock:
-                for i, name in enumerate(names):
-                    entry = self._index.get(name)
-                    if entry is not None:
-                        continue
-                    if self._missing.get(name, 0.0) > now:
-                        continue
-                    unknown.append(i)
-            if unknown:
-                heads = await self._sliced(self._store.head_many, [names[i] for i in unknown])
-                expiry = time.monotonic() + self._neg_ttl
-                found: list[ObjectKey] = []
-                found_sizes: list[int] = []
+            cands = [self._names(k) for k in keys]
+            found: list[ObjectKey] = []
+            found_sizes: list[int] = []
+            # One round per name format: a key not found under its first name is asked under
+            # the next (LMCache's), so a bucket LMCache filled is read without any setting.
+            for r in range(max(len(c) for c in cands) if cands else 0):
+                now = time.monotonic()
+                ask: list[int] = []
                 with self._lock:
-                    for i, h in zip(unknown, heads, strict=True):
+                    for i, c in enumerate(cands):
+                        if r >= len(c) or self._where(c) is not None:
+                            continue
+                        if self._missing.get(c[r], 0.0) > now:
+                            continue
+                        ask.append(i)
+                if not ask:
+                    continue
+                heads = await self._sliced(self._store.head_many, [cands[i][r] for i in ask])
+                expiry = time.monotonic() + self._neg_ttl
+                with self._lock:
+                    for i, h in zip(ask, heads, strict=True):
+                        name = cands[i][r]
                         if h.found and h.size:
-                            if names[i] not in self._index and names[i] not in self._deleting:
-                                self._index.add(names[i], keys[i], h.size)
+                            if name not in self._index and name not in self._deleting:
+                                self._index.add(name, keys[i], h.size)
                                 found.append(keys[i])
                                 found_sizes.append(h.size)
                         elif h.ok and self._neg_ttl > 0:
-                            self._missing[names[i]] = expiry
-                if found and self.listener is not None:
-                    self.listener.on_keys_stored(found, found_sizes)
+                            self._missing[name] = expiry
+            if found and self.listener is not None:
+                self._tell(self.listener.on_keys_stored, found, found_sizes)
             with self._lock:
-                hits = self._lock_hits(keys, names, accessed)
+                hits = self._lock_hits(keys, cands, accessed)
         except Exception as e:
             log.exception("lookup task %d failed", tid)
             self._last_error = f"{type(e).__name__}: {e}"
         self._stats["lookups"] += 1
-        with self._lock:
-            self._lookup_done[tid] = hits
-        self._lookup_efd.notify()
-        if accessed and self.listener is not None:
-            self.listener.on_keys_accessed(accessed)
+        self._finish_lookup(tid, hits, accessed)
 
     # ---- load -------------------------------------------------------------------------------------
     def submit_load_task(
@@ -462,55 +580,94 @@ class ObjectStoreL2Adapter(L2Adapter):
         gone_keys: list[ObjectKey] = []
         gone_sizes: list[int] = []
         try:
-            names = [self._name(k) for k in keys]
-            results = await self._sliced(self._store.get_many, names, buffers)
+            cands = [self._names(k) for k in keys]
             with self._lock:
-                for i, r in enumerate(results):
-                    if r.found:
-                        ok[i] = True
-                        self._index.touch(names[i])
-                    elif isinstance(r.error, SizeMismatchError):
-                        self._stats["size_mismatches"] += 1
-                        log.warning("load task %d: %s; reported as a miss", tid, r.error)
-                    elif r.ok:  # the object is not there (deleted elsewhere): forget it
-                        size = self._index.remove(names[i])
-                        if size:
-                            gone_keys.append(keys[i])
-                            gone_sizes.append(size)
-                    else:
-                        self._last_error = str(r.error)
+                # The name the index knows first, then the others in order.
+                order = [_known_first(c, self._where(c)) for c in cands]
+            todo = list(range(n))
+            r = 0
+            while todo:
+                results = await self._sliced(
+                    self._store.get_many, [order[i][r] for i in todo], [buffers[i] for i in todo]
+                )
+                retry: list[int] = []
+                with self._lock:
+                    for i, res in zip(todo, results, strict=True):
+                        name = order[i][r]
+                        if res.found:
+                            ok[i] = True
+                            self._index.touch(name)
+                        elif isinstance(res.error, SizeMismatchError):
+                            self._stats["size_mismatches"] += 1
+                            _repeated.warning(
+                                "load task %d: %s; reported as a miss", tid, res.error, item=tid
+                            )
+                        elif res.ok:  # not there (deleted elsewhere): forget it, try the next name
+                            size = self._index.remove(name)
+                            if size:
+                                gone_keys.append(keys[i])
+                                gone_sizes.append(size)
+                                if self._fleet is not None:
+                                    self._fleet.deleted([name])
+                            if r + 1 < len(order[i]):
+                                retry.append(i)
+                        else:
+                            self._last_error = str(res.error)
+                todo, r = retry, r + 1
         except Exception as e:
             log.exception("load task %d failed", tid)
             self._last_error = f"{type(e).__name__}: {e}"
         self._stats["loads"] += 1
         self._stats["load_misses"] += ok.count(False)
+        if gone_keys and self.listener is not None:
+            self._tell(self.listener.on_keys_deleted, gone_keys, gone_sizes)
         with self._lock:
             self._load_done[tid] = ok
         self._load_efd.notify()
-        if gone_keys and self.listener is not None:
-            self.listener.on_keys_deleted(gone_keys, gone_sizes)
 
     # ---- delete and eviction -------------------------------------------------------------------------
     def delete(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        """Remove each key under every name it may have. As LMCache's hfbucket and s3 adapters
+        do, every removed key is reported to the listener, a key that was not stored included
+        (with size 0); locked keys are skipped and not reported."""
         keys = list(keys)
-        names = [self._name(k) for k in keys]
+        cands = [self._names(k) for k in keys]
         with self._lock:
             if self._closed:
                 return [False] * len(keys)
-            take = [i for i, nm in enumerate(names) if not self._locks.get(nm) and nm not in self._deleting]
-            self._deleting.update(names[i] for i in take)
+            take = [
+                i
+                for i, c in enumerate(cands)
+                if not any(self._locks.get(nm) or nm in self._deleting for nm in c)
+            ]
+            for i in take:
+                self._deleting.update(cands[i])
         if threading.current_thread() is self._thread:
             raise RuntimeError("delete() must not be called from the adapter's own loop thread")
-        fut = asyncio.run_coroutine_threadsafe(self._delete_names([names[i] for i in take]), self._loop)
-        removed = fut.result(timeout=self._delete_timeout)
+        flat = [nm for i in take for nm in cands[i]]
+        fut = asyncio.run_coroutine_threadsafe(self._delete_names(flat, notify=False), self._loop)
+        gone, sizes = fut.result(timeout=self._delete_timeout)
+        removed = dict(zip(flat, gone, strict=True))
         out = [False] * len(keys)
-        for i, r in zip(take, removed, strict=True):
-            out[i] = r
+        for i in take:
+            out[i] = all(removed[nm] for nm in cands[i])
+        told = [i for i in take if out[i]]
+        if told and self.listener is not None:
+            self._tell(
+                self.listener.on_keys_deleted,
+                [keys[i] for i in told],
+                [sum(sizes.get(nm, 0) for nm in cands[i]) for i in told],
+            )
         self._stats["deleted_keys"] += sum(out)
         return out
 
-    async def _delete_names(self, names: list[str]) -> list[bool]:
-        """Delete from the store, then from the index; names must be in ``_deleting``."""
+    async def _delete_names(
+        self, names: list[str], *, notify: bool = True, evicted: bool = False
+    ) -> tuple[list[bool], dict[str, int]]:
+        """Delete from the store, then from the index; names must be in ``_deleting``.
+
+        Returns which names are gone and the indexed size of each removed indexed name; with
+        ``notify`` the listener is told of the removed indexed keys."""
         try:
             results = await self._sliced(self._store.delete_many, names)
         except Exception as e:
@@ -518,6 +675,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         removed = [r.ok for r in results]
         gone_keys: list[ObjectKey] = []
         gone_sizes: list[int] = []
+        sizes: dict[str, int] = {}
         with self._lock:
             for name, r in zip(names, results, strict=True):
                 self._deleting.discard(name)
@@ -527,14 +685,17 @@ class ObjectStoreL2Adapter(L2Adapter):
                     continue
                 if not self._rebuilt:
                     self._deleted_while_rebuilding.add(name)
+                if self._fleet is not None:
+                    self._fleet.deleted([name], evicted=evicted)
                 entry = self._index.get(name)
                 size = self._index.remove(name)
                 if entry is not None:
+                    sizes[name] = size
                     gone_keys.append(entry.key)
                     gone_sizes.append(size)
-        if gone_keys and self.listener is not None:
-            self.listener.on_keys_deleted(gone_keys, gone_sizes)
-        return removed
+        if notify and gone_keys and self.listener is not None:
+            self._tell(self.listener.on_keys_deleted, gone_keys, gone_sizes)
+        return removed, sizes
 
     def _maybe_evict(self) -> None:
         """Called on the loop thread after a store: start one eviction pass if needed."""
@@ -542,7 +703,8 @@ class ObjectStoreL2Adapter(L2Adapter):
         if cfg is None or self._evicting or self._closed:
             return
         with self._lock:
-            if not cfg.triggered(self._index.bytes_used, self._capacity):
+            expired = self._fleet is not None and self._fleet.has_expired()
+            if not expired and not cfg.triggered(self._index.bytes_used, self._capacity):
                 return
             self._evicting = True
         self._loop.create_task(self._evict())
@@ -553,18 +715,23 @@ class ObjectStoreL2Adapter(L2Adapter):
             while not self._closed:
                 with self._lock:
                     busy = set(self._locks) | self._deleting
-                    victims = choose_victims(self._index, self._capacity, self._eviction, busy)
+                    if self._fleet is not None:
+                        victims = self._fleet.victims(busy)
+                    else:
+                        victims = choose_victims(self._index, self._capacity, self._eviction, busy)
                     sizes = {v: e.size for v in victims if (e := self._index.get(v)) is not None}
                     self._deleting.update(victims)
                 if not victims:
                     return
-                removed = await self._delete_names(victims)
+                removed, _ = await self._delete_names(victims, evicted=True)
                 self._stats["evicted_keys"] += sum(removed)
                 self._stats["evicted_bytes"] += sum(
                     sizes.get(v, 0) for v, r in zip(victims, removed, strict=True) if r
                 )
-                if not any(removed):
-                    return  # the store refuses deletes; try again after the next store
+                if not any(removed) or self._fleet is not None:
+                    # The store refuses deletes (try again after the next store), or a fleet
+                    # node took its share of this round (the next sync round shows the rest).
+                    return
         finally:
             self._evicting = False
 
@@ -609,20 +776,21 @@ class ObjectStoreL2Adapter(L2Adapter):
             page.sort(key=lambda t: t[3], reverse=True)
             with self._lock:
                 for name, key, size, _ in page:
-                    if name not in self._deleted_while_rebuilding and name not in self._deleting:
+                    if (
+                        name not in self._deleted_while_rebuilding
+                        and name not in self._deleting
+                        and name not in self._storing
+                    ):
                         self._index.add(name, key, size, touch=False)
-                        if self._full_fixed is None:  # what was stored before is the full size
-                            group = key.kv_rank >> 32
-                            self._full[group] = max(self._full.get(group, 0), size)
             page.clear()
 
         for info in self._store.list(prefix):
             if self._closed:
                 return
-            try:
-                key = ObjectKey.from_string(name_to_key(info.name, self._prefix))
-            except InvalidKeyError:
-                self._stats["foreign_objects"] += 1
+            key = self._naming.parse(info.name)  # kvbucket's names and LMCache's
+            if key is None:
+                if not is_fleet_name(info.name, self._prefix):
+                    self._stats["foreign_objects"] += 1
                 continue
             page.append((info.name, key, info.size, info.mtime or 0.0))
             if len(page) >= _REBUILD_PAGE:
@@ -636,24 +804,20 @@ class ObjectStoreL2Adapter(L2Adapter):
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
         if cursor is not None and (not isinstance(cursor, str) or not cursor):
             raise ValueError("cursor must be the non-empty string returned as next_cursor")
-        start = (
-            key_to_name(f"{model_name}@", self._prefix)
-            if model_name
-            else (f"{self._prefix}/" if self._prefix else "")
-        )
+        start = f"{self._prefix}/" if self._prefix else ""
         if self._rebuilt:
             with self._lock:
                 names = sorted(
                     (n, e.key, e.size)
                     for n in self._index.names()
-                    if n.startswith(start) and (e := self._index.get(n)) is not None
+                    if (e := self._index.get(n)) is not None
+                    and (not model_name or e.key.model_name == model_name)
                 )
         else:
             names = []
             for info in self._store.list(start):
-                try:
-                    key = ObjectKey.from_string(name_to_key(info.name, self._prefix))
-                except InvalidKeyError:
+                key = self._naming.parse(info.name)
+                if key is None or (model_name and key.model_name != model_name):
                     continue
                 names.append((info.name, key, info.size))
             names.sort()
@@ -682,6 +846,7 @@ class ObjectStoreL2Adapter(L2Adapter):
             "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
             "last_error": self._last_error,
             **self._stats,
+            **({"fleet": self._fleet.status()} if self._fleet is not None else {}),
         }
 
     # ---- close --------------------------------------------------------------------------------------------
@@ -697,15 +862,20 @@ class ObjectStoreL2Adapter(L2Adapter):
         for fut in pending:
             with contextlib.suppress(Exception):
                 fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        if self._fleet is not None:
+            self._fleet.close()  # publishes what it still buffers
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        flush_all()  # the counts of repeated failures
         if not self._thread.is_alive():
             self._loop.close()
         for efd in (self._store_efd, self._lookup_efd, self._load_efd):
             efd.close()
         if self._owns_store:
             self._store.close()
+        if self._work_dir is not None:  # LMCache removes its session dir on close
+            shutil.rmtree(self._work_dir, ignore_errors=True)
 
     @property
     def closed(self) -> bool:
@@ -713,6 +883,12 @@ class ObjectStoreL2Adapter(L2Adapter):
 
     def __repr__(self) -> str:
         return f"ObjectStoreL2Adapter({self._store.url!r}, prefix={self._prefix!r})"
+
+
+def _known_first(cands: tuple[str, ...], known: str | None) -> tuple[str, ...]:
+    if known is None or known == cands[0]:
+        return cands
+    return (known, *(c for c in cands if c != known))
 
 
 def _item_name(x: Any) -> str:

@@ -12,8 +12,20 @@ Fields shared by every type (kvbucket's, on top of each type's own):
   works against; 0 means unbounded (usage fraction -1, no eviction);
 - ``eviction`` (dict, optional): see :class:`kvbucket.l2.eviction.EvictionConfig`;
 - ``metadata_cache_ttl_secs`` (float, default 30): how long a lookup miss is remembered;
-- ``full_chunk_bytes`` (int, optional): the full chunk size; stores of smaller buffers are
-  refused. Unset, it is learned (see :mod:`kvbucket.l2.adapter`).
+- ``full_chunk_bytes`` (int, optional): the full chunk size; stores of other sizes are
+  refused and lookups of other sizes miss. Unset, any size is stored (see :mod:`kvbucket.l2.adapter`);
+- ``object_format`` (``"kvbucket"`` default, or ``"lmcache"``): which names (and bytes) new
+  objects get. Both read LMCache's built-in adapter's objects too; ``"lmcache"`` writes exactly
+  what LMCache 0.5.6's built-in writes, so LMCache nodes read kvbucket's chunks (see
+  :mod:`kvbucket.l2.naming`, docs/l2.md);
+- ``encryption`` (dict, optional): AES-256-GCM at rest per tenant (``cache_salt``),
+  ``{"keyring_file": "/path/keys.json"}`` or ``{"keyring_env": "VAR"}`` (see
+  :mod:`kvbucket.encryption`; docs/integrity.md);
+- ``unsealed`` (``"miss"`` or ``"accept"``, default ``"miss"``): what a load does with an object
+  that has no kvbucket envelope (see :mod:`kvbucket.stores.sealed`);
+- ``fleet`` (dict, optional): share the prefix's capacity with every other node using it
+  (see :class:`kvbucket.fleet.config.FleetConfig` and docs/fleet.md); ``max_capacity_gb``
+  then bounds the whole prefix, not this node's stores.
 """
 
 from __future__ import annotations
@@ -23,7 +35,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
+from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.hfbucket_config import HFBucketConfig
 from kvbucket.stores.s3_config import S3Config
@@ -41,6 +55,10 @@ class L2CommonConfig(BaseModel):
     eviction: EvictionConfig | None = None
     metadata_cache_ttl_secs: float = Field(30.0, ge=0.0)
     full_chunk_bytes: int | None = Field(None, gt=0)
+    object_format: Literal["kvbucket", "lmcache"] = "kvbucket"
+    fleet: FleetConfig | None = None
+    encryption: EncryptionConfig | None = None
+    unsealed: Literal["miss", "accept"] = "miss"
 
     @property
     def max_capacity_bytes(self) -> int:
@@ -113,6 +131,7 @@ def load_spec(spec: str | dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "GIB",
+    "EncryptionConfig",
     "FsL2Config",
     "HFBucketL2Config",
     "L2CommonConfig",

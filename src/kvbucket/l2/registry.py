@@ -7,7 +7,10 @@ only when their type is used, so ``kvbucket.l2`` imports no cloud client by itse
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,6 +25,7 @@ from kvbucket.l2.config import (
     format_validation_error,
     load_spec,
 )
+from kvbucket.l2.naming import Naming
 from kvbucket.stores.base import ObjectStore
 
 StoreBuilder = Callable[[Any], ObjectStore]
@@ -75,8 +79,11 @@ def open_l2_adapter(
 ) -> ObjectStoreL2Adapter:
     """Parse ``spec``, open its store and return a running adapter (close it when done)."""
     config = parse_l2_config(spec)
+    naming = naming_for(config)
     store = build_store(config)
+    work_dir = None
     try:
+        work_dir = make_work_dir(config, "hfbucket-mp-")
         return ObjectStoreL2Adapter(
             store,
             num_workers=config.num_workers,
@@ -85,11 +92,39 @@ def open_l2_adapter(
             metadata_cache_ttl_secs=config.metadata_cache_ttl_secs,
             full_chunk_bytes=config.full_chunk_bytes,
             listener=listener,
+            naming=naming,
+            work_dir=work_dir,
+            fleet=config.fleet,
+            unsealed=config.unsealed,
+            encryption=config.encryption,
             **store_options(config),
         )
     except Exception:
         store.close()
+        if work_dir is not None:
+            shutil.rmtree(work_dir, ignore_errors=True)
         raise
+
+
+def naming_for(config: L2CommonConfig, *, connector: bool = False) -> Naming:
+    """The names an adapter (or the non-MP connector) of this config writes and reads: kvbucket's
+    and those of LMCache's built-in for the same type (names relative to the store's prefix)."""
+    try:
+        style = getattr(config, "type", None)
+        return Naming(style=style, object_format=config.object_format, connector=connector)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def make_work_dir(config: L2CommonConfig, prefix: str) -> Path | None:
+    """LMCache's download session dir: ``download_tmp_dir`` is created (with parents) and a
+    fresh ``<prefix>XXXX`` directory made in it, which the adapter removes on close."""
+    root = getattr(config, "download_tmp_dir", None)
+    if not root:
+        return None
+    base = Path(root).expanduser()
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
 # ---- built-in types --------------------------------------------------------------------------
@@ -118,6 +153,8 @@ register_l2_type("s3", S3L2Config, _s3_store)
 __all__ = [
     "build_store",
     "l2_types",
+    "make_work_dir",
+    "naming_for",
     "open_l2_adapter",
     "parse_l2_config",
     "register_l2_type",

@@ -108,12 +108,73 @@ def check_prefix(prefix: str) -> str:
     return check_name(prefix) if prefix else ""
 
 
-def check_buffer_size(name: str, size: int, buffer: Buffer) -> memoryview:
+class Scatter:
+    """A read destination made of several writable buffers filled in order (a scatter read).
+
+    The sealing layer (:mod:`kvbucket.stores.sealed`) reads an object's envelope header into a
+    small buffer and its payload straight into the caller's buffer with one read: every store
+    accepts a ``Scatter`` wherever ``get_many`` accepts a buffer. Stores write into it exactly as
+    into a flat view (``dst[a:b] = data``; :meth:`views_from` for ``readv``); ``data`` of the
+    result is the ``Scatter`` itself.
+    """
+
+    __slots__ = ("_starts", "nbytes", "parts")
+    readonly = False
+
+    def __init__(self, *parts: Buffer) -> None:
+        views = []
+        for p in parts:
+            v = memoryview(p)
+            if v.readonly:
+                raise InvalidKeyError("a scatter-read part is read-only")
+            if not v.c_contiguous:
+                raise ValueError("a scatter-read part is not a contiguous buffer")
+            views.append(v.cast("B") if v.format != "B" or v.ndim != 1 else v)
+        self.parts: tuple[memoryview, ...] = tuple(views)
+        starts, total = [], 0
+        for v in views:
+            starts.append(total)
+            total += v.nbytes
+        self._starts = tuple(starts)
+        self.nbytes = total
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __setitem__(self, key: slice, data: Buffer) -> None:
+        start, stop, step = key.indices(self.nbytes)
+        src = memoryview(data)
+        src = src.cast("B") if src.format != "B" or src.ndim != 1 else src
+        if step != 1 or stop - start != src.nbytes:
+            raise ValueError("a scatter write needs a contiguous slice of the data's length")
+        for part, pstart in zip(self.parts, self._starts, strict=True):
+            lo, hi = max(start, pstart), min(stop, pstart + part.nbytes)
+            if lo < hi:
+                part[lo - pstart : hi - pstart] = src[lo - start : hi - start]
+
+    def views_from(self, offset: int) -> list[memoryview]:
+        """The writable views covering bytes ``offset..`` (for ``os.readv``)."""
+        out = []
+        for part, pstart in zip(self.parts, self._starts, strict=True):
+            end = pstart + part.nbytes
+            if end > offset and part.nbytes:
+                out.append(part[max(0, offset - pstart) :])
+        return out
+
+
+def check_buffer_size(name: str, size: int, buffer: Buffer) -> Any:
     """Return a writable byte view of ``buffer`` when it holds exactly ``size`` bytes.
 
     Reads into caller buffers must never write past (or short of) the buffer, so a size
-    difference is an error for that item, and the buffer is left untouched.
+    difference is an error for that item, and the buffer is left untouched. A :class:`Scatter`
+    is returned as is (it is already a flat, writable destination).
     """
+    if isinstance(buffer, Scatter):
+        if buffer.nbytes != size:
+            raise SizeMismatchError(
+                f"object {name!r} has {size} bytes but the buffer given for it has {buffer.nbytes}"
+            )
+        return buffer
     view = memoryview(buffer)
     if view.readonly:
         raise InvalidKeyError(f"the buffer given for {name!r} is read-only")
@@ -229,6 +290,7 @@ __all__ = [
     "ItemResult",
     "ObjectInfo",
     "ObjectStore",
+    "Scatter",
     "StoreError",
     "check_buffer_size",
     "check_name",

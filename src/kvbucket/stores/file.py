@@ -26,6 +26,7 @@ import contextlib
 import errno
 import os
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -33,7 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from kvbucket.errors import ConfigError, InvalidKeyError, NoSpaceError, NotFoundError, StoreError
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size, check_name
+from kvbucket.stores.base import (
+    Buffer,
+    ItemResult,
+    ObjectInfo,
+    ObjectStore,
+    Scatter,
+    check_buffer_size,
+    check_name,
+)
 
 TMP_DIR_NAME = ".kvbucket-tmp"
 DEFAULT_STALE_TMP_SECS = 15 * 60
@@ -47,6 +56,7 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _DIR_FLAGS = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | _O_BINARY | _O_NOFOLLOW | _O_CLOEXEC
 _RENAME_ATTEMPTS = 16
 _NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
@@ -97,6 +107,9 @@ class FileStore(ObjectStore):
         self.fsync = bool(fsync)
         self.url = "file://" + root_path.as_posix()
         self._root_str = os.fspath(root_path)
+        self._root_fd = -1
+        self._old_root_fds: list[int] = []
+        self._root_lock = threading.Lock()
         try:
             self._name_max = os.pathconf(self._root_str, "PC_NAME_MAX")
         except (OSError, ValueError, AttributeError):
@@ -130,8 +143,28 @@ class FileStore(ObjectStore):
     # opened just before it, with O_NOFOLLOW: a symlink (or a directory swapped for one mid-call)
     # anywhere inside the store is never followed, so no verb can reach outside the root. The
     # root itself is the configured path and may be reached through symlinks.
-    def _open_root(self) -> int:
-        return os.open(self._root_str, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    def _root(self) -> int:
+        """The root directory's fd: opened once, reopened when the directory was removed (and
+        maybe recreated) behind the store's back. Callers never close it: ``*at`` calls relative
+        to one fd are thread-safe; a ``scandir`` needs its own fd (they would share an offset)."""
+        fd = self._root_fd
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                if os.fstat(fd).st_nlink > 0:
+                    return fd
+        with self._root_lock:
+            if self._root_fd == fd:  # not reopened by another thread meanwhile
+                new = os.open(self._root_str, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+                if fd >= 0:
+                    self._old_root_fds.append(fd)  # another thread may still use it: closed at exit
+                self._root_fd = new
+            return self._root_fd
+
+    def __del__(self) -> None:
+        for fd in [getattr(self, "_root_fd", -1), *getattr(self, "_old_root_fds", ())]:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     @contextlib.contextmanager
     def _parents(self, root_fd: int, name: str, created: list[str] | None = None) -> Iterator[list[int]]:
@@ -183,17 +216,14 @@ class FileStore(ObjectStore):
         if not names:
             return []
         try:
-            root_fd = self._open_root()
+            root_fd = self._root()
         except OSError as e:
             raise StoreError(f"cannot open store directory {self._root_str!r}: {e.strerror}") from None
+        tmp_fd = self._open_tmp(root_fd)
         try:
-            tmp_fd = self._open_tmp(root_fd)
-            try:
-                return self._put_all(root_fd, tmp_fd, names, views)
-            finally:
-                os.close(tmp_fd)
+            return self._put_all(root_fd, tmp_fd, names, views)
         finally:
-            os.close(root_fd)
+            os.close(tmp_fd)
 
     def _put_all(
         self, root_fd: int, tmp_fd: int, names: list[str], views: list[memoryview]
@@ -238,8 +268,11 @@ class FileStore(ObjectStore):
             created: list[str] = []
             for attempt in range(_RENAME_ATTEMPTS):
                 try:
-                    with self._parents(root_fd, name, created) as fds:
-                        os.replace(tmp, leaf, src_dir_fd=tmp_fd, dst_dir_fd=fds[-1])
+                    if "/" not in name:  # the common case (chunk names): no directory to walk
+                        os.replace(tmp, leaf, src_dir_fd=tmp_fd, dst_dir_fd=root_fd)
+                    else:
+                        with self._parents(root_fd, name, created) as fds:
+                            os.replace(tmp, leaf, src_dir_fd=tmp_fd, dst_dir_fd=fds[-1])
                     break
                 except FileNotFoundError:
                     # A directory on the way was removed by a concurrent delete that emptied it
@@ -290,41 +323,37 @@ class FileStore(ObjectStore):
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
         results = []
-        with self._root_for("read", names) as root_fd:
-            for i, n in enumerate(names):
-                buf = out[i] if out is not None else None
-                try:
-                    results.append(self._get_one(root_fd, n, buf))
-                except StoreError as e:
-                    results.append(ItemResult(n, error=e))
-                except OSError as e:
-                    results.append(ItemResult(n, error=_store_error("read", n, e)))
+        root_fd = self._root_for("read", names)
+        for i, n in enumerate(names):
+            buf = out[i] if out is not None else None
+            try:
+                results.append(self._get_one(root_fd, n, buf))
+            except StoreError as e:
+                results.append(ItemResult(n, error=e))
+            except OSError as e:
+                results.append(ItemResult(n, error=_store_error("read", n, e)))
         return results
 
-    @contextlib.contextmanager
-    def _root_for(self, action: str, names: Sequence[str]) -> Iterator[int]:
+    def _root_for(self, action: str, names: Sequence[str]) -> int:
         """The root's fd for one batch (-1 when the root is gone: every name is then missing)."""
         try:
-            fd = self._open_root() if names else -1
+            return self._root() if names else -1
         except OSError as e:
             if e.errno not in _MISSING_ERRNOS:
                 raise StoreError(
                     f"could not {action} in store directory {self._root_str!r}: {e.strerror}"
                 ) from None
-            fd = -1
-        try:
-            yield fd
-        finally:
-            if fd >= 0:
-                os.close(fd)
+            return -1
 
     def _get_one(self, root_fd: int, name: str, buf: Buffer | None) -> ItemResult:
         try:
             if root_fd < 0:
                 raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
-            with self._parents(root_fd, name) as fds:
-                fd = os.open(name.rsplit("/", 1)[-1], os.O_RDONLY | _O_BINARY | _O_NOFOLLOW | _O_CLOEXEC,
-                             dir_fd=fds[-1])
+            if "/" not in name:  # the common case (chunk names): no directory to walk
+                fd = os.open(name, _READ_FLAGS, dir_fd=root_fd)
+            else:
+                with self._parents(root_fd, name) as fds:
+                    fd = os.open(name.rsplit("/", 1)[-1], _READ_FLAGS, dir_fd=fds[-1])
         except OSError as e:
             if e.errno in _MISSING_ERRNOS:
                 return ItemResult(name)
@@ -344,7 +373,7 @@ class FileStore(ObjectStore):
                 view = check_buffer_size(name, size, buf)  # before any byte is written
             got = 0
             while got < size:
-                k = os.readv(fd, [view[got:]])
+                k = os.readv(fd, view.views_from(got) if isinstance(view, Scatter) else [view[got:]])
                 if k == 0:
                     raise StoreError(
                         f"object {name!r} shrank while being read ({got} of {size} bytes); it was changed "
@@ -355,38 +384,65 @@ class FileStore(ObjectStore):
         finally:
             os.close(fd)
 
+    def read_prefixes(self, names: Sequence[str], n: int) -> list[bytes | None]:
+        """The first ``n`` bytes of each object (fewer when it is shorter), None when unreadable.
+
+        Cheap on a directory, so the sealing layer checks envelope headers at index rebuild.
+        Opened like ``get_many`` (relative to the root, never following a symlink)."""
+        names = self._check(names)
+        out: list[bytes | None] = []
+        root_fd = self._root_for("read", names)
+        for name in names:
+            try:
+                if root_fd < 0:
+                    raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
+                with self._parents(root_fd, name) as fds:
+                    fd = os.open(name.rsplit("/", 1)[-1], _READ_FLAGS, dir_fd=fds[-1])
+            except OSError:
+                out.append(None)
+                continue
+            try:
+                out.append(os.pread(fd, n, 0))
+            except OSError:
+                out.append(None)
+            finally:
+                os.close(fd)
+        return out
+
     def _lstat(self, root_fd: int, name: str) -> os.stat_result:
         if root_fd < 0:
             raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
+        if "/" not in name:
+            return os.stat(name, dir_fd=root_fd, follow_symlinks=False)
         with self._parents(root_fd, name) as fds:
             return os.stat(name.rsplit("/", 1)[-1], dir_fd=fds[-1], follow_symlinks=False)
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._check(names)
         results = []
-        with self._root_for("stat", names) as root_fd:
-            for n in names:
-                try:
-                    st = self._lstat(root_fd, n)
-                except OSError as e:
-                    results.append(_os_error_result("stat", n, e))
-                    continue
-                results.append(ItemResult(n, size=st.st_size if stat.S_ISREG(st.st_mode) else None))
+        root_fd = self._root_for("stat", names)
+        for n in names:
+            try:
+                st = self._lstat(root_fd, n)
+            except OSError as e:
+                results.append(_os_error_result("stat", n, e))
+                continue
+            results.append(ItemResult(n, size=st.st_size if stat.S_ISREG(st.st_mode) else None))
         return results
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._check(names)
         results = []
-        with self._root_for("delete", names) as root_fd:
-            for n in names:
-                try:
-                    if root_fd < 0:
-                        raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
-                    size = self._delete_one(root_fd, n)
-                except OSError as e:
-                    results.append(_os_error_result("delete", n, e))
-                    continue
-                results.append(ItemResult(n, size=size))
+        root_fd = self._root_for("delete", names)
+        for n in names:
+            try:
+                if root_fd < 0:
+                    raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
+                size = self._delete_one(root_fd, n)
+            except OSError as e:
+                results.append(_os_error_result("delete", n, e))
+                continue
+            results.append(ItemResult(n, size=size))
         return results
 
     def _delete_one(self, root_fd: int, name: str) -> int | None:
@@ -417,8 +473,8 @@ class FileStore(ObjectStore):
         return self._list(prefix)
 
     def _list(self, prefix: str) -> Iterator[ObjectInfo]:
-        try:
-            root_fd = self._open_root()
+        try:  # a listing's own fd of the root: its scandir must not share an offset
+            root_fd = os.open(".", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC, dir_fd=self._root())
         except OSError as e:
             if e.errno in _MISSING_ERRNOS:
                 return
@@ -462,7 +518,9 @@ class FileStore(ObjectStore):
             yield ObjectInfo(name, st.st_size, st.st_mtime)
 
     def close(self) -> None:
-        """Nothing to release: every call opens and closes its own files. Idempotent."""
+        """Nothing to release. Every call opens and closes its own files; the root directory's
+        fd is closed when the store is garbage-collected (closing it here could let a call still
+        running in another thread act on whatever file reuses the fd number). Idempotent."""
 
     # ---- maintenance --------------------------------------------------------------------
     def sweep_stale_temp_files(self, older_than_secs: float = DEFAULT_STALE_TMP_SECS) -> int:
@@ -474,13 +532,8 @@ class FileStore(ObjectStore):
         cutoff = time.time() - older_than_secs
         removed = 0
         try:
-            root_fd = self._open_root()
+            tmp_fd = os.open(TMP_DIR_NAME, _DIR_FLAGS, dir_fd=self._root())  # a symlink is not followed
         except OSError:
-            return 0
-        try:
-            tmp_fd = os.open(TMP_DIR_NAME, _DIR_FLAGS, dir_fd=root_fd)  # a symlink here is not followed
-        except OSError:
-            os.close(root_fd)
             return 0  # no temp dir yet (or not one we made)
         try:
             with os.scandir(tmp_fd) as it:
@@ -495,7 +548,6 @@ class FileStore(ObjectStore):
                         continue  # not ours to remove (a directory, read-only mount): opening must not fail
         finally:
             os.close(tmp_fd)
-            os.close(root_fd)
         return removed
 
 

@@ -33,6 +33,7 @@ import obstore
 import pycurl
 
 from kvbucket.chunks import as_view
+from kvbucket.stores.base import Scatter
 
 # A batch is signed right before its requests go out; the URLs only need to outlive the batch.
 URL_LIFETIME = timedelta(minutes=15)
@@ -325,6 +326,8 @@ def _writable_view(buf: Any | None) -> memoryview | bool | None:
     """A writable flat byte view of ``buf``; None for no buffer; False if it can't be written."""
     if buf is None:
         return None
+    if isinstance(buf, Scatter):
+        return buf  # type: ignore[return-value]  # written like a flat view (dst[a:b] = data)
     try:
         view = as_view(buf)  # numpy, torch and any C-contiguous buffer, without copying
     except (TypeError, ValueError):

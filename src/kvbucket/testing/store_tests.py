@@ -43,7 +43,7 @@ import numpy as np
 import pytest
 
 from kvbucket.errors import InvalidKeyError, SizeMismatchError
-from kvbucket.stores.base import ObjectInfo, ObjectStore
+from kvbucket.stores.base import ObjectInfo, ObjectStore, Scatter
 from kvbucket.testing.capabilities import requires
 
 ROUND_TRIP_SIZES = (0, 1, 65_535, 65_537, 2 * 1024 * 1024)
@@ -127,6 +127,20 @@ class StoreTests:
         (r,) = store.get_many(["into"], [buf])
         assert r.ok and r.size == size and r.data is buf
         assert bytes(buf) == data
+
+    @pytest.mark.parametrize("size", [90, 300_000])
+    def test_scatter_read_fills_parts_in_order(self, store: ObjectStore, size: int) -> None:
+        """A Scatter (header buffer + caller buffer + tail) is filled like one flat buffer; a
+        wrong total size is a SizeMismatchError and no part is written."""
+        data = payload(size, seed=11)
+        store.put("scatter", data)
+        head, body, tail = bytearray(64), np.empty(size - 80, dtype=np.uint8), bytearray(16)
+        (r,) = store.get_many(["scatter"], [Scatter(head, body, tail)])
+        assert r.ok and r.size == size
+        assert bytes(head) + body.tobytes() + bytes(tail) == data
+        short = bytearray(b"\xee" * 64)
+        (bad,) = store.get_many(["scatter"], [Scatter(short, bytearray(size - 65))])
+        assert isinstance(bad.error, SizeMismatchError) and bytes(short) == b"\xee" * 64
 
     def test_buffer_protocol_objects(self, store: ObjectStore) -> None:
         """numpy arrays (any dtype) and memoryviews go in and come out as raw bytes."""

@@ -205,7 +205,8 @@ class ControlRoutes:
 
     def _admin(self, request: web.Request, what: str) -> None:
         sent = request.headers.get("X-Emulator-Admin", "")
-        if self.emu.admin_key and not hmac.compare_digest(sent.encode(), self.emu.admin_key.encode()):
+        key = self.emu.admin_key  # no key configured: nobody may (never "everybody may")
+        if not key or not hmac.compare_digest(sent.encode(), key.encode()):
             raise HubError(403, f"{what} needs the emulator's admin key (X-Emulator-Admin)")
 
     async def stats(self, request: web.Request) -> web.StreamResponse:

@@ -1,0 +1,205 @@
+"""N nodes (spawned processes) on one prefix: capacity held, hit rate, coordination cost, warm start.
+
+    PYTHONPATH=src python benchmarks/bench_fleet.py                      # S3 and the emulator, N = 1 2 4 8
+    PYTHONPATH=src python benchmarks/bench_fleet.py --stores s3 --nodes 1,4 --startup-chunks 100000
+
+For each store and N: a fresh prefix with a 1 MiB capacity (32 KiB chunks, fleet sync every
+0.5 s, grace 1 s); N processes write 3x the capacity together, each reading a shared 4-chunk
+hot set after every batch of 4 stores, then linger 6 s. The parent lists the prefix every 0.5 s
+(peak) and once at the end (settled). Reported: settled and peak usage / capacity, hot-set hit
+rate, and per node per minute the fleet's coordination requests vs its data requests (one
+request per chunk stored or loaded; lookups are answered from the index).
+
+Warm start: K chunks (tiny objects) in a prefix that a fleet node has compacted; then one new
+adapter starts with the fleet (snapshot + journals) and one without (a full listing): store
+requests and seconds until usage is complete, the ratio being the figure of merit (goal: >= 10x
+fewer requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import queue
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvbucket.fleet.config import FleetConfig
+from kvbucket.keys import key_to_name
+from kvbucket.l2 import ObjectStoreL2Adapter
+from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.sealed import seal_store
+from kvbucket.testing.counting_store import CountingStore
+from kvbucket.testing.fleet_node import key, run_node
+
+CHUNK = 32 * 1024
+CAPACITY = 1024 * 1024
+FLEET = {"sync_secs": 0.5, "heartbeat_secs": 1.0, "node_timeout_secs": 6.0, "compact_secs": 2.0,
+         "reconcile_secs": 10.0, "grace_secs": 1.0}
+HOT = list(range(1_000_000, 1_000_004))
+
+
+def chunk_bytes(store: ObjectStore, prefix: str) -> int:
+    return sum(i.size for i in seal_store(store, tier="l2").list(prefix + "/") if "/_fleet/" not in i.name)
+
+
+def fleet_run(spec: dict[str, Any], store: ObjectStore, prefix: str, n: int) -> dict[str, float]:
+    spec = {**spec, "max_capacity_gb": CAPACITY / 1024**3, "full_chunk_bytes": CHUNK}
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    per_node = 3 * CAPACITY // CHUNK // n
+    plans = [{"name": f"n{i}", "start": i * 100_000, "count": per_node, "chunk": CHUNK, "batch": 4,
+              "hot": HOT, "pause": 0.05, "linger": 6.0} for i in range(n)]
+    # A first node stores the hot set, then the N nodes start.
+    seed = {"name": "seed", "start": HOT[0], "count": len(HOT), "chunk": CHUNK, "batch": 4}
+    p = ctx.Process(target=run_node, args=({**spec, "fleet": {**FLEET, "node_id": "seed"}}, seed, out))
+    p.start()
+    out.get(timeout=120)
+    p.join()
+    peak = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.wait(0.5):
+            peak = max(peak, chunk_bytes(store, prefix))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    procs = [ctx.Process(target=run_node, args=({**spec, "fleet": {**FLEET, "node_id": pl["name"]}}, pl, out))
+             for pl in plans]
+    for pr in procs:
+        pr.start()
+    reports = []
+    while len(reports) < n:
+        try:
+            reports.append(out.get(timeout=300))
+        except queue.Empty:
+            break
+    for pr in procs:
+        pr.join(60)
+    stop.set()
+    sampler.join()
+    errors = [r["error"] for r in reports if "error" in r]
+    if errors or len(reports) < n:
+        raise RuntimeError(f"nodes failed: {errors or 'timeout'}")
+    settled = chunk_bytes(store, prefix)
+    coord = [r["status"]["fleet"]["coordination_requests"] / (r["run_secs"] / 60) for r in reports]
+    data = [r["data_requests"] / (r["run_secs"] / 60) for r in reports]
+    return {
+        "settled": settled / CAPACITY,
+        "peak": max(peak, settled) / CAPACITY,
+        "hit_rate": sum(r["hot_hits"] for r in reports) / max(1, sum(r["hot_reads"] for r in reports)),
+        "coord_per_min": statistics.mean(coord),
+        "data_per_min": statistics.mean(data),
+        "cross_node_evictions": sum(r["status"]["fleet"]["evicted_cross_node"] for r in reports),
+    }
+
+
+def warm_start(store: ObjectStore, prefix: str, k: int) -> dict[str, float]:
+    names = [key_to_name(key(i), prefix) for i in range(k)]
+    for i in range(0, k, 2000):
+        store.put_many([(nm, b"x" * 16) for nm in names[i : i + 2000]])
+    fast = {**FLEET, "sync_secs": 0.5, "compact_secs": 0.5}
+    a = ObjectStoreL2Adapter(store, prefix=prefix, owns_store=False, full_chunk_bytes=16,
+                             fleet=FleetConfig(node_id="a", **fast))
+    end = time.monotonic() + 600
+    while a.report_status()["fleet"]["snapshots_written"] < 1 and time.monotonic() < end:
+        time.sleep(0.2)
+    a.close()
+    out: dict[str, float] = {}
+    for mode in ("listing", "fleet"):
+        counted = CountingStore(store)
+        t0 = time.perf_counter()
+        b = ObjectStoreL2Adapter(counted, prefix=prefix, owns_store=False, full_chunk_bytes=16,
+                                 fleet=FleetConfig(node_id="b", **{**FLEET, "sync_secs": 600.0})
+                                 if mode == "fleet" else None)
+        assert b.wait_until_rebuilt(600)
+        out[f"{mode}_secs"] = time.perf_counter() - t0
+        out[f"{mode}_bytes"] = b.get_usage().bytes_used
+        out[f"{mode}_requests"] = sum(counted.calls.values())
+        b.close()
+    if out["listing_bytes"] != out["fleet_bytes"]:
+        raise RuntimeError(f"the fleet's usage differs from the listing's: {out}")
+    return out
+
+
+def s3_target(work: Path) -> tuple[Callable[[str], tuple[dict[str, Any], ObjectStore]], Any]:
+    from kvbucket.stores.s3 import S3Store
+    from kvbucket.stores.s3_config import S3Config
+    from kvbucket.testing.s3_server import SeaweedFS
+
+    weed = SeaweedFS()
+    server = weed.start()
+    bucket = server.create_bucket()
+
+    def make(prefix: str) -> tuple[dict[str, Any], ObjectStore]:
+        cfg = server.config(bucket, prefix)
+        return {"type": "s3", **cfg}, S3Store.from_config(S3Config(**server.config(bucket)))
+
+    return make, weed.stop
+
+
+def hub_target(work: Path) -> tuple[Callable[[str], tuple[dict[str, Any], ObjectStore]], Any]:
+    from huggingface_hub import HfApi
+
+    from kvbucket.stores.hfbucket import HFBucketStore
+    from kvbucket.stores.hfbucket_config import HFBucketConfig
+    from kvbucket.testing.hub_emulator import HubEmulator
+
+    emu = HubEmulator(work / "data", {"bench": ("bench-token", "write")}, subprocess=True)
+    emu.__enter__()
+    HfApi(endpoint=emu.endpoint, token="bench-token").create_bucket("bench/fleet", private=True)
+
+    def make(prefix: str) -> tuple[dict[str, Any], ObjectStore]:
+        base = {"bucket_handle": "hf://buckets/bench/fleet", "token": "bench-token", "endpoint": emu.endpoint}
+        spec = {"type": "hfbucket", **base, "bucket_handle": f"hf://buckets/bench/fleet/{prefix}"}
+        return spec, HFBucketStore(HFBucketConfig(**base))
+
+    return make, lambda: emu.__exit__(None, None, None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stores", default="s3,hub")
+    ap.add_argument("--nodes", default="1,2,4,8")
+    ap.add_argument("--startup-chunks", type=int, default=100_000)
+    ap.add_argument("--hub-startup-chunks", type=int, default=10_000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.stores.split(","):
+            make, close = (s3_target if name == "s3" else hub_target)(Path(tmp) / name)
+            try:
+                print(f"\n== {name}: capacity {CAPACITY // 1024} KiB, {CHUNK // 1024} KiB chunks, 3x written")
+                print(f"{'N':>3} {'settled':>8} {'peak':>6} {'hot hits':>9} {'coord/node/min':>15} "
+                      f"{'data/node/min':>14} {'coord/data':>10} {'x-node evictions':>17}")
+                for n in [int(x) for x in args.nodes.split(",")]:
+                    prefix = f"fleet-{n}-{uuid.uuid4().hex[:6]}"
+                    spec, store = make(prefix)
+                    r = fleet_run(spec, store, prefix, n)
+                    print(f"{n:>3} {r['settled']:>7.2f}x {r['peak']:>5.2f}x {r['hit_rate']:>8.0%} "
+                          f"{r['coord_per_min']:>15.0f} {r['data_per_min']:>14.0f} "
+                          f"{r['coord_per_min'] / r['data_per_min']:>9.1%} {r['cross_node_evictions']:>17}",
+                          flush=True)
+                    store.close()
+                k = args.startup_chunks if name == "s3" else args.hub_startup_chunks
+                if k:
+                    _, store = make("unused")
+                    w = warm_start(store, f"warm-{uuid.uuid4().hex[:6]}", k)
+                    print(f"warm start with {k} chunks: full listing {w['listing_requests']:.0f} requests "
+                          f"{w['listing_secs']:.1f} s; fleet {w['fleet_requests']:.0f} requests "
+                          f"{w['fleet_secs']:.1f} s; "
+                          f"{w['listing_requests'] / w['fleet_requests']:.0f}x fewer requests", flush=True)
+                    store.close()
+            finally:
+                close()
+
+
+if __name__ == "__main__":
+    main()

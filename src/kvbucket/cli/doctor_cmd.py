@@ -1,0 +1,201 @@
+"""``kvbucket doctor``: what a bug report needs, with every secret redacted.
+
+Versions of kvbucket and the clients it runs on, the environment that points them somewhere
+(tokens and keys shown only as "set"), and whether each configured endpoint and store answers
+within a short timeout. Plain lines, to paste into an issue as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvbucket.cli.common import (
+    NoAnswerError,
+    bounded,
+    endpoint_hint,
+    exit_code_for,
+    hide_userinfo,
+    is_remote,
+    probe,
+)
+
+DOCTOR_TIMEOUT_S = 5.0
+PACKAGES = ("kvbucket", "huggingface_hub", "hf_xet", "obstore", "lmcache", "torch", "transformers", "typer",
+            "pydantic")
+#: environment variables shown (by prefix or name); values of secret-looking names never are
+ENV_PREFIXES = ("KVBUCKET_", "HF_", "HUGGING_FACE_", "AWS_", "LMCACHE_")
+ENV_NAMES = ("NEURON_COMPILE_CACHE_URL", "NEURON_CC_FLAGS", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY",
+             "https_proxy", "http_proxy", "no_proxy")
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|_KEY$|_KEY_|ACCESS_KEY|EXTRA_CONFIG|AUTH",
+                          re.IGNORECASE)
+
+
+@dataclass
+class Check:
+    what: str
+    ok: bool
+    detail: str
+    stuck: bool = False  # a client thread is still blocked on a silent endpoint
+
+
+def package_versions() -> list[tuple[str, str]]:
+    out = [("python", f"{platform.python_version()} ({sys.platform} {platform.machine()})")]
+    for name in PACKAGES:
+        try:
+            out.append((name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            out.append((name, "not installed"))
+    return out
+
+
+def environment(env: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """The variables that steer kvbucket and its clients; secrets as "set (redacted)"."""
+    env = dict(os.environ if env is None else env)
+    secrets = [v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 4]
+    rows = []
+    for name in sorted(env):
+        if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
+            continue
+        value = env[name]
+        if not value:
+            shown = "(empty)"
+        elif _SECRET_NAME.search(name):
+            shown = "set (redacted)"
+        else:
+            shown = hide_userinfo(value)
+            for s in secrets:
+                shown = shown.replace(s, "***")
+        rows.append((name, shown))
+    return rows
+
+
+def saved_hf_login() -> str:
+    from huggingface_hub import constants
+
+    path = Path(str(constants.HF_TOKEN_PATH))
+    return f"present at {path} (not shown)" if path.is_file() else f"none ({path} does not exist)"
+
+
+def configured_stores(extra: list[str]) -> list[tuple[str, str]]:
+    """(url, where it is configured) for each store kvbucket would use here."""
+    found: list[tuple[str, str]] = [(u, "command line") for u in extra]
+    if url := os.environ.get("KVBUCKET_REMOTE_URL"):
+        found.append((url, "$KVBUCKET_REMOTE_URL"))
+    try:
+        from kvbucket.compile_cache.settings import ENV_TARGET, config_path, resolve_target
+
+        target = resolve_target()
+        if target:
+            source = (f"${ENV_TARGET}" if os.environ.get(ENV_TARGET)
+                      else f"compile-cache target in {config_path()}")
+            found.append((target, source))
+    except Exception as e:  # a broken saved target is itself worth reporting
+        found.append(("(compile-cache target)", f"unreadable: {e}"))
+    seen: set[str] = set()
+    return [(u, w) for u, w in found if not (u in seen or seen.add(u))]  # type: ignore[func-returns-value]
+
+
+def check_endpoint(name: str, url: str, timeout: float) -> Check:
+    """Any HTTP answer from the endpoint counts as reachable (it may well refuse an anonymous GET)."""
+    shown = hide_userinfo(url)
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            status = resp.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return Check(f"{name} {shown}", False, f"unreachable ({reason})")
+    return Check(f"{name} {shown}", True, f"answered HTTP {status} in {time.monotonic() - t0:.2f} s")
+
+
+def check_store(url: str, source: str, timeout: float) -> Check:
+    from kvbucket.stores import open_store
+
+    what = f"{url} ({source})"
+    t0 = time.monotonic()
+    try:
+        try:
+            store = bounded(lambda: open_store(url, create=False), timeout, url)
+        except TypeError as e:
+            if "create" not in str(e):
+                raise
+            store = bounded(lambda: open_store(url), timeout, url)
+    except NoAnswerError as e:
+        return Check(what, False, _line(e), stuck=True)
+    except Exception as e:
+        return Check(what, False, f"cannot open: {_line(e)}")
+    try:
+        probe(store, url, timeout) if is_remote(url) else bounded(lambda: next(iter(store.list("")), None),
+                                                                    timeout, url)
+    except NoAnswerError as e:
+        return Check(what, False, _line(e), stuck=True)  # the stuck call is left behind, not closed
+    except Exception as e:
+        store.close()
+        hint = "" if exit_code_for(e) == 2 else f" (endpoint {endpoint_hint(url, store)})"
+        return Check(what, False, f"{_line(e)}{hint}")
+    store.close()
+    return Check(what, True, f"answered a listing in {time.monotonic() - t0:.2f} s")
+
+
+def _line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("doctor")
+    def doctor(
+        urls: Annotated[list[str] | None, typer.Argument(
+            help="More store URLs to check (hf://buckets/ns/name, s3://bucket/prefix, a directory).",
+            show_default=False)] = None,
+        timeout: Annotated[float, typer.Option(
+            "--timeout", min=0.1, help="Seconds each endpoint and store has to answer.")] = DOCTOR_TIMEOUT_S,
+    ) -> None:
+        """Print what a bug report needs: versions, endpoints (secrets redacted), reachability.
+
+        Checks $HF_ENDPOINT and $AWS_ENDPOINT_URL when set, the compile-cache target, and
+        $KVBUCKET_REMOTE_URL and URLS when given. Exits 1 when any of them does not answer.
+        """
+        typer.echo("kvbucket doctor (paste this into a bug report: tokens and keys are never shown)")
+        typer.echo("\nversions:")
+        for name, version in package_versions():
+            typer.echo(f"  {name:<18}{version}")
+        typer.echo("\nenvironment:")
+        rows = environment()
+        for name, value in rows:
+            typer.echo(f"  {name:<28}{value}")
+        if not rows:
+            typer.echo("  (no HF_*, AWS_* or KVBUCKET_* variables set)")
+        typer.echo(f"  {'saved Hugging Face login':<28}{saved_hf_login()}")
+        checks: list[Check] = []
+        for var in ("HF_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            if url := os.environ.get(var, "").strip():
+                checks.append(check_endpoint(f"${var}", url, timeout))
+        for url, source in configured_stores(list(urls or [])):
+            checks.append(check_store(url, source, timeout))
+        typer.echo("\nreachability:")
+        for c in checks:
+            typer.echo(f"  {'ok  ' if c.ok else 'FAIL'}  {c.what}: {c.detail}")
+        if not checks:
+            typer.echo("  nothing configured: no $HF_ENDPOINT, $AWS_ENDPOINT_URL, compile-cache target or "
+                       "URL arguments")
+        if any(c.stuck for c in checks):
+            # a store call stuck on a silent endpoint still holds a client thread: leave now
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        if any(not c.ok for c in checks):
+            raise typer.Exit(1)

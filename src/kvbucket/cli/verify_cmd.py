@@ -1,0 +1,124 @@
+"""``kvbucket verify URL``: check every object's envelope in a store, optionally remove bad ones.
+
+Each object is read whole and classified (:func:`kvbucket.stores.sealed.inspect_object`):
+
+- ``good``: a kvbucket envelope whose header, length and checksum verify;
+- ``corrupt``: damaged (checksum, truncated, wrong length, damaged header, unknown version);
+- ``foreign``: intact but not this object's (written under another name; with a keyring, sealed
+  under a key the ring does not hold or that fails to authenticate);
+- ``legacy``: no envelope (written before sealing, or by another program such as LMCache).
+
+Exit status 1 when anything is corrupt or foreign, 2 for unusable input, 0 otherwise. Legacy
+objects are reported, never deleted (they may belong to another program).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store
+from kvbucket.cli.store_cmd import human_size
+from kvbucket.encryption import Keyring
+from kvbucket.errors import KVBucketError
+from kvbucket.stores.base import ObjectInfo, ObjectStore
+from kvbucket.stores.sealed import inspect_object
+
+STATUSES = ("good", "corrupt", "foreign", "legacy")
+BATCH_BYTES = 64 << 20
+BATCH_ITEMS = 64
+SHOWN_BAD = 20
+
+
+def _batches(infos: Sequence[ObjectInfo]) -> Iterator[list[ObjectInfo]]:
+    batch: list[ObjectInfo] = []
+    size = 0
+    for info in infos:
+        if batch and (len(batch) >= BATCH_ITEMS or size + info.size > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(info)
+        size += info.size
+    if batch:
+        yield batch
+
+
+def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | None, progress: Progress | None
+         ) -> tuple[dict[str, list[int]], list[tuple[str, str, str]]]:
+    """Counts and bytes per status, and (name, status, reason) of every object not good."""
+    totals = {s: [0, 0] for s in STATUSES}
+    bad: list[tuple[str, str, str]] = []
+    task = progress.add_task("verifying", total=sum(i.size for i in infos)) if progress else None
+    for batch in _batches(infos):
+        for info, r in zip(batch, store.get_many([i.name for i in batch]), strict=True):
+            if r.error is not None:
+                raise r.error
+            if r.data is None:  # removed since the listing
+                continue
+            status, reason = inspect_object(info.name, r.data, keyring)
+            totals[status][0] += 1
+            totals[status][1] += int(r.size or 0)
+            if status != "good":
+                bad.append((info.name, status, reason or ""))
+        if progress is not None and task is not None:
+            progress.advance(task, sum(i.size for i in batch))
+    return totals, bad
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("verify")
+    def verify(
+        url: str = typer.Argument(
+            ...,
+            help="Store URL (file:///dir, a path, hf://buckets/NS/NAME/PREFIX, s3://BUCKET/PREFIX): the same "
+            "URL the tier writes to, since envelopes bind object names relative to it.",
+        ),
+        delete_bad: bool = typer.Option(
+            False, "--delete-bad", help="Remove corrupt and foreign objects (legacy objects are kept)."
+        ),
+        prefix: str = typer.Option("", "--prefix", help="Only objects whose name starts with this."),
+        keyring_file: Path = typer.Option(
+            None, "--keyring-file",
+            help="Keyring JSON to authenticate encrypted chunks too (default: none; their checksums "
+            "are verified either way).",
+        ),
+        timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """Check every object's kvbucket envelope; exit status 1 when any is corrupt or foreign."""
+        console = Console()
+        try:
+            keyring = Keyring.from_file(keyring_file) if keyring_file is not None else None
+        except KVBucketError as e:
+            raise fail(str(e)) from None
+        with opened_store(url, timeout) as store:
+            infos = list(store.list(prefix))
+            with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                          TimeRemainingColumn(), console=console, transient=True) as progress:
+                totals, bad = scan(store, infos, keyring, progress)
+            removed = 0
+            to_remove = [name for name, status, _ in bad if status in ("corrupt", "foreign")]
+            if delete_bad and to_remove:
+                for i in range(0, len(to_remove), 1000):
+                    results = store.delete_many(to_remove[i : i + 1000])
+                    removed += sum(1 for r in results if r.error is None)
+        console.print(f"verified {len(infos)} objects in {store.url}", markup=False, highlight=False)
+        table = Table()
+        for col, justify in (("status", "left"), ("objects", "right"), ("bytes", "right")):
+            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for status in STATUSES:
+            n, size = totals[status]
+            table.add_row(status, str(n), human_size(size))
+        console.print(table)
+        for name, status, reason in bad[:SHOWN_BAD]:
+            console.print(f"{status} ({reason}): {name}", markup=False, highlight=False)
+        if len(bad) > SHOWN_BAD:
+            console.print(f"... and {len(bad) - SHOWN_BAD} more", markup=False)
+        if delete_bad:
+            console.print(f"removed {removed} of {len(to_remove)} corrupt or foreign objects", markup=False)
+        if to_remove:
+            raise typer.Exit(1)

@@ -1,0 +1,229 @@
+"""Encryption at rest, opt-in: AES-256-GCM per tenant (``cache_salt``), keys from a keyring.
+
+A keyring maps a tenant to its keys by id. New writes use the tenant's highest key id; reads
+find the key by the id in the envelope, so chunks sealed under an older key stay readable while
+that key is in the ring (rotation = add a key with a higher id; retire = remove the old one).
+The tenant ``*`` is the fallback for tenants without keys of their own.
+
+Keyring sources, in the ``encryption`` setting (engine config, L2 adapter JSON, transformers):
+
+- ``{"keyring_file": "/path/keys.json"}``: a JSON file ``{"tenants": {"team-a": {"1": "<base64
+  of 32 bytes>", "2": "..."}, "*": {"1": "..."}}}``;
+- ``{"keyring_env": "KVBUCKET_KEYRING"}`` (the default source): the same JSON in an
+  environment variable;
+- ``KVBUCKET_ENCRYPTION_KEY`` (base64 of 32 bytes): shorthand for tenant ``*``, key id 1.
+
+Key material never appears in reprs, logs, errors or metrics: only tenants and key ids do.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from kvbucket.errors import ConfigError
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+DEFAULT_TENANT = "*"
+DEFAULT_KEYRING_ENV = "KVBUCKET_KEYRING"
+SINGLE_KEY_ENV = "KVBUCKET_ENCRYPTION_KEY"
+_STEP = 1 << 20  # bytes per update_into call: bounded scratch, no payload-sized temporaries
+_scratch = threading.local()
+
+
+class EncryptionConfig(BaseModel):
+    """The ``encryption`` setting: ``{"keyring_file": "..."}`` or ``{"keyring_env": "VAR"}``.
+
+    Both unset means ``$KVBUCKET_KEYRING`` (or ``$KVBUCKET_ENCRYPTION_KEY``). Holds no key
+    material itself, only where to find it.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    enabled: bool = True
+    keyring_file: str | None = None
+    keyring_env: str | None = None
+
+
+def _decode_key(tenant: str, key_id: str, value: Any) -> bytes:
+    try:
+        raw = base64.b64decode(str(value), validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"key {key_id} of tenant {tenant!r} is not valid base64") from None
+    if len(raw) != KEY_BYTES:
+        raise ConfigError(
+            f"key {key_id} of tenant {tenant!r} is {len(raw)} bytes; AES-256 keys are {KEY_BYTES} bytes "
+            "(generate one with: python -c "
+            "\"import os,base64; print(base64.b64encode(os.urandom(32)).decode())\")"
+        )
+    return raw
+
+
+class Keyring:
+    """Tenant -> {key id -> AES-256 key}. Holds secrets: its repr shows only tenants and ids."""
+
+    def __init__(self, tenants: Mapping[str, Mapping[int, bytes]]) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: F401 - fail early
+
+        self._keys: dict[str, dict[int, bytes]] = {}
+        for tenant, keys in tenants.items():
+            ring = {}
+            for kid, key in keys.items():
+                if not isinstance(kid, int) or not 0 < kid < 2**32:
+                    raise ConfigError(f"key ids are integers 1..4294967295; tenant {tenant!r} has {kid!r}")
+                if len(key) != KEY_BYTES:
+                    raise ConfigError(f"key {kid} of tenant {tenant!r} is not {KEY_BYTES} bytes")
+                ring[kid] = bytes(key)
+            if ring:
+                self._keys[str(tenant)] = ring
+        if not self._keys:
+            raise ConfigError("the encryption keyring holds no keys")
+
+    # ---- sources ------------------------------------------------------------------------
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Keyring:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"the keyring in {where} is not valid JSON (line {e.lineno})") from None
+        tenants = doc.get("tenants") if isinstance(doc, dict) else None
+        if not isinstance(tenants, dict):
+            raise ConfigError(
+                f'the keyring in {where} needs a "tenants" object: tenant -> key id -> base64 key'
+            )
+        parsed: dict[str, dict[int, bytes]] = {}
+        for tenant, keys in tenants.items():
+            if not isinstance(keys, dict):
+                raise ConfigError(f"tenant {tenant!r} in {where} must map key ids to base64 keys")
+            ring = {}
+            for kid, value in keys.items():
+                try:
+                    ring[int(kid)] = _decode_key(tenant, str(kid), value)
+                except ValueError as e:
+                    if isinstance(e, ConfigError):
+                        raise
+                    raise ConfigError(
+                        f"key id {kid!r} of tenant {tenant!r} in {where} is not an integer"
+                    ) from None
+            parsed[tenant] = ring
+        return cls(parsed)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise ConfigError(f"cannot read the keyring file {os.fspath(path)!r}: {e.strerror}") from None
+        return cls.from_json(text, f"file {os.fspath(path)!r}")
+
+    @classmethod
+    def from_env(cls, var: str = DEFAULT_KEYRING_ENV) -> Keyring:
+        text = os.environ.get(var)
+        if text:
+            return cls.from_json(text, f"${var}")
+        single = os.environ.get(SINGLE_KEY_ENV)
+        if single:
+            return cls({DEFAULT_TENANT: {1: _decode_key(DEFAULT_TENANT, "1", single.strip())}})
+        raise ConfigError(
+            f"encryption is on but no keyring was found: set ${var} (JSON keyring), ${SINGLE_KEY_ENV} "
+            "(base64 of 32 bytes), or keyring_file in the encryption setting"
+        )
+
+    @classmethod
+    def from_setting(cls, setting: Any) -> Keyring | None:
+        """The keyring an ``encryption`` setting names (None/False: encryption off)."""
+        if setting is None or setting is False:
+            return None
+        if isinstance(setting, Keyring):
+            return setting
+        if setting is True:
+            return cls.from_env()
+        if hasattr(setting, "model_dump"):
+            setting = setting.model_dump()
+        if not isinstance(setting, Mapping):
+            raise ConfigError("encryption must be true, false, or {keyring_file: ..., keyring_env: ...}")
+        if not setting.get("enabled", True):
+            return None
+        if setting.get("keyring_file"):
+            return cls.from_file(setting["keyring_file"])
+        return cls.from_env(setting.get("keyring_env") or DEFAULT_KEYRING_ENV)
+
+    # ---- use ----------------------------------------------------------------------------
+    def _ring(self, tenant: str) -> dict[int, bytes] | None:
+        return self._keys.get(tenant) or self._keys.get(DEFAULT_TENANT)
+
+    def write_key_id(self, tenant: str) -> int | None:
+        ring = self._ring(tenant)
+        return max(ring) if ring else None
+
+    def has_key(self, tenant: str, key_id: int) -> bool:
+        ring = self._ring(tenant)
+        return ring is not None and key_id in ring
+
+    def encryptor(self, tenant: str, key_id: int, nonce: bytes, aad: bytes) -> Any:
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+        ring = self._ring(tenant)
+        assert ring is not None
+        enc = Cipher(algorithms.AES(ring[key_id]), modes.GCM(nonce)).encryptor()
+        enc.authenticate_additional_data(aad)
+        return enc
+
+    def decryptor(self, tenant: str, key_id: int, nonce: bytes, tag: bytes, aad: bytes) -> Any:
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+        ring = self._ring(tenant)
+        assert ring is not None
+        dec = Cipher(algorithms.AES(ring[key_id]), modes.GCM(nonce, tag)).decryptor()
+        dec.authenticate_additional_data(aad)
+        return dec
+
+    def __repr__(self) -> str:
+        ids = {t: sorted(r) for t, r in self._keys.items()}
+        return f"Keyring(key ids per tenant: {ids})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:  # never pickled into a child's argv or a log by accident
+        raise TypeError("a Keyring cannot be pickled; build it from its source in each process")
+
+
+def encrypt_into(enc: Any, src: memoryview, dst: memoryview) -> bytes:
+    """Encrypt ``src`` into ``dst`` (``len(src) + 16`` bytes: ciphertext then tag); returns the tag."""
+    n = src.nbytes
+    pos = 0
+    for off in range(0, n, _STEP):
+        # update_into needs len(data) + 15 bytes of room: dst always has the 16-byte tag after.
+        pos += enc.update_into(src[off : off + _STEP], dst[pos:])
+    pos += len(enc.finalize())
+    tag = enc.tag
+    dst[pos : pos + len(tag)] = tag
+    return bytes(tag)
+
+
+def decrypt_in_place(dec: Any, view: memoryview) -> None:
+    """Decrypt ``view`` in place through a bounded scratch buffer; raises InvalidTag on failure."""
+    scratch = getattr(_scratch, "buf", None)
+    if scratch is None:
+        scratch = _scratch.buf = bytearray(_STEP + 32)
+    sv = memoryview(scratch)
+    n = view.nbytes
+    wpos = 0
+    for off in range(0, n, _STEP):
+        k = dec.update_into(view[off : off + _STEP], sv)
+        view[wpos : wpos + k] = sv[:k]
+        wpos += k
+    tail = dec.finalize()
+    view[wpos : wpos + len(tail)] = tail
+
+
+__all__ = ["DEFAULT_TENANT", "KEY_BYTES", "EncryptionConfig", "Keyring", "decrypt_in_place", "encrypt_into"]

@@ -1,0 +1,56 @@
+"""``"fleet": {...}`` in an L2 adapter spec: share one prefix's capacity between many nodes.
+
+Parsed strictly like the rest of the spec (see :mod:`kvbucket.l2.config`). Times are seconds.
+The protocol these settings tune is described in docs/fleet.md.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_NODE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class FleetConfig(BaseModel):
+    """How often a node publishes and reads the fleet's shared state, and what eviction spares."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    #: Every ``sync_secs`` a node writes its journal (if it has news) and reads the others';
+    #: a chunk stored on one node is a hit on every other within about ``2 * sync_secs``.
+    sync_secs: float = Field(5.0, gt=0.0, le=3600.0)
+    #: A node rewrites its heartbeat object this often; a node unseen for ``node_timeout_secs``
+    #: is dead (its share of eviction goes to the living).
+    heartbeat_secs: float = Field(30.0, gt=0.0)
+    node_timeout_secs: float = Field(90.0, gt=0.0)
+    #: The compactor (the live node with the smallest id) folds journals into a snapshot this often.
+    compact_secs: float = Field(60.0, gt=0.0)
+    #: ... and compares the index with a full listing this often (repairs what dead nodes left).
+    reconcile_secs: float = Field(600.0, gt=0.0)
+    #: Chunks stored or accessed (anywhere in the fleet, as far as known) this recently are
+    #: never evicted: another node may be loading them.
+    grace_secs: float = Field(10.0, ge=0.0)
+    #: Chunks stored longer ago than this are evicted by any node (None: no age limit).
+    max_age_secs: float | None = Field(None, gt=0.0)
+    #: ``cache_salt`` values eviction never touches (their bytes still count).
+    pinned_salts: tuple[str, ...] = ()
+    #: This node's id in the fleet (default: random). Letters, digits, ``_`` and ``-``.
+    node_id: str | None = None
+
+    @field_validator("node_id")
+    @classmethod
+    def _node(cls, v: str | None) -> str | None:
+        if v is not None and not _NODE_RE.match(v):
+            raise ValueError("node_id must be 1-64 letters, digits, '_' or '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> FleetConfig:
+        if self.node_timeout_secs <= self.heartbeat_secs:
+            raise ValueError("node_timeout_secs must exceed heartbeat_secs (a live node would look dead)")
+        return self
+
+
+__all__ = ["FleetConfig"]

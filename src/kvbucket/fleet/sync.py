@@ -1,0 +1,490 @@
+"""One node's side of the fleet protocol: publish what it did, fold in what the others did.
+
+A :class:`Fleet` runs one daemon thread. Every ``sync_secs`` it
+
+1. writes the node's buffered records (stores, deletes, accesses) as ONE journal object;
+2. lists ``_fleet/`` once (journals, snapshots and heartbeats are all small and few);
+3. loads a newer snapshot if one appeared, and reads the other nodes' new journals (one
+   batched GET);
+4. rewrites its heartbeat every ``heartbeat_secs``;
+5. on the compactor (the live node with the smallest id): folds everything into a new
+   snapshot every ``compact_secs``, deletes journals the previous snapshot already holds, and
+   every ``reconcile_secs`` compares the view with a full listing of the prefix (objects a
+   dead node wrote but never journaled are adopted; entries whose object is gone are dropped);
+6. hands the changes to its host (the L2 adapter) and lets it run an eviction pass.
+
+Nothing here is on the inference path: lookups, loads and stores only append to a buffer.
+See docs/fleet.md for the protocol, its costs and its failure cases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Counter
+
+from kvbucket.fleet.config import FleetConfig
+from kvbucket.fleet.layout import (
+    Journal,
+    Record,
+    decode,
+    encode,
+    fleet_root,
+    heartbeat_name,
+    is_fleet_name,
+    journal_name,
+    parse_name,
+    snapshot_name,
+)
+from kvbucket.fleet.view import Change, FleetView
+from kvbucket.keys import ObjectKey
+from kvbucket.l2.eviction import EvictionConfig
+from kvbucket.stores.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+FLEET_EVICTIONS = Counter(
+    "kvbucket_fleet_evictions",
+    "Chunks this node evicted from a shared prefix, by who wrote them (self/other node).",
+    ["writer"],
+)
+FLEET_REQUESTS = Counter(
+    "kvbucket_fleet_requests", "Store requests spent on fleet coordination, by verb.", ["verb"]
+)
+
+KEEP_SNAPSHOTS = 2
+
+
+@dataclass(slots=True)
+class _Listing:
+    journals: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # node -> [(seq, name)]
+    snapshots: list[tuple[int, str, str]] = field(default_factory=list)  # (gen, node, name)
+    seen: dict[str, float] = field(default_factory=dict)  # node -> newest mtime
+
+
+class Fleet:
+    """See the module docstring. ``on_changes`` is called from the fleet thread."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        config: FleetConfig,
+        *,
+        prefix: str = "",
+        capacity: int = 0,
+        eviction: EvictionConfig | None = None,
+        on_changes: Callable[[list[Change]], None] = lambda changes: None,
+        on_tick: Callable[[], None] = lambda: None,
+        on_ready: Callable[[], None] = lambda: None,
+        chunk_store: ObjectStore | None = None,
+        parse: Callable[[str], ObjectKey | None] | None = None,
+    ) -> None:
+        """``store`` holds the fleet's own objects (written as they are, so ``kvbucket du`` reads
+        them with any store); ``chunk_store`` is the view of the chunks whose listing reports
+        their payload sizes (the adapter's sealed store), default ``store``."""
+        self.config = config
+        self.node = config.node_id or secrets.token_hex(6)
+        self._store = store
+        self._chunks = chunk_store or store
+        self._prefix = prefix
+        self._capacity = capacity
+        self._eviction = eviction or EvictionConfig(eviction_policy="noop")
+        self._pinned = frozenset(config.pinned_salts)
+        self._on_changes = on_changes
+        self._on_tick = on_tick
+        self._on_ready = on_ready
+        self._lock = threading.Lock()
+        self._parse = parse
+        self._view = FleetView(prefix, parse)
+        self._buf: list[Record] = []
+        self._accessed: dict[str, float] = {}  # deduplicated access hints since the last journal
+        self._seq = 0
+        self._applied: dict[str, int] = {}
+        self._pending: dict[str, dict[int, list[Record]]] = {}  # journals newer than the snapshot
+        self._snap: tuple[int, str] = (-1, "")
+        self._snap_marks: dict[str, int] = {}
+        self._prev_marks: dict[str, int] = {}
+        self._snap_time = 0.0
+        self._reconciled = 0.0
+        self._seen: dict[str, float] = {}
+        self._last_heartbeat = 0.0
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stats: dict[str, int] = {
+            "journals_written": 0,
+            "journals_read": 0,
+            "snapshots_written": 0,
+            "snapshots_read": 0,
+            "reconciles": 0,
+            "coordination_requests": 0,
+            "remote_stores_seen": 0,
+            "remote_deletes_seen": 0,
+            "evicted_own": 0,
+            "evicted_cross_node": 0,
+            "journal_gaps": 0,
+            "sync_errors": 0,
+        }
+        self.last_error: str | None = None
+
+    # ---- what the host tells us (cheap, any thread) -------------------------------------------
+    def note_stored(self, names: Iterable[str], sizes: Iterable[int]) -> None:
+        now = time.time()
+        with self._lock:
+            for name, size in zip(names, sizes, strict=True):
+                rec = ("s", self._view.seg(name), int(size), now)
+                if self._view.apply(self.node, rec) is not None or name in self._view.entries:
+                    self._buf.append(rec)
+
+    def note_accessed(self, names: Iterable[str]) -> None:
+        now = time.time()
+        with self._lock:
+            for name in names:
+                entry = self._view.entries.get(name)
+                if entry is not None:
+                    entry.accessed = now
+                    self._accessed[name] = now
+
+    def note_deleted(self, names: Iterable[str], *, evicted: bool = False) -> None:
+        now = time.time()
+        with self._lock:
+            for name in names:
+                entry = self._view.entries.get(name)
+                if evicted and entry is not None:
+                    kind = "self" if entry.writer == self.node else "other"
+                    self.stats["evicted_own" if kind == "self" else "evicted_cross_node"] += 1
+                    FLEET_EVICTIONS.labels(kind).inc()
+                rec = ("d", self._view.seg(name), 0, now)
+                self._view.apply(self.node, rec)
+                self._accessed.pop(name, None)
+                self._buf.append(rec)
+
+    # ---- what the host asks ----------------------------------------------------------------------
+    def victims(self, busy: Container[str]) -> list[str]:
+        with self._lock:
+            return self._view.victims(
+                capacity=self._capacity,
+                eviction=self._eviction,
+                now=time.time(),
+                grace=self.config.grace_secs,
+                max_age=self.config.max_age_secs,
+                pinned=self._pinned,
+                busy=busy,
+                me=self.node,
+                live=self.live_nodes(),
+            )
+
+    def has_expired(self) -> bool:
+        with self._lock:
+            return self._view.expired(time.time(), self.config.max_age_secs, self._pinned) > 0
+
+    def live_nodes(self) -> list[str]:
+        cutoff = time.time() - self.config.node_timeout_secs
+        return sorted({n for n, t in self._seen.items() if t >= cutoff} | {self.node})
+
+    def status(self) -> dict[str, Any]:
+        now = time.time()
+        with self._lock:
+            return {
+                "node": self.node,
+                "bytes_used": self._view.bytes_used,
+                "chunks": len(self._view),
+                "bytes_by_cache_salt": self._view.bytes_by_salt(),
+                "nodes": {n: round(now - t, 1) for n, t in sorted(self._seen.items())},
+                "live_nodes": self.live_nodes(),
+                "snapshot_generation": self._snap[0],
+                "ready": self._ready.is_set(),
+                "last_error": self.last_error,
+                **self.stats,
+            }
+
+    # ---- thread ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"kvbucket-fleet-{self.node}", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread and publish what is still buffered (one last journal)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with contextlib.suppress(Exception):
+            self._flush()
+
+    def _run(self) -> None:
+        try:
+            self._warm_start()
+        except Exception as e:
+            self._error("warm start", e)
+        finally:
+            self._ready.set()
+            self._on_ready()
+        while not self._stop.wait(self.config.sync_secs):
+            try:
+                self.sync_once()
+            except Exception as e:
+                self._error("sync", e)
+
+    def _error(self, what: str, e: BaseException) -> None:
+        self.stats["sync_errors"] += 1
+        self.last_error = f"{what}: {type(e).__name__}: {e}"
+        log.warning("fleet %s failed on node %s: %s", what, self.node, self.last_error)
+
+    def _count(self, verb: str, n: int = 1) -> None:
+        self.stats["coordination_requests"] += n
+        FLEET_REQUESTS.labels(verb).inc(n)
+
+    # ---- one round ------------------------------------------------------------------------------------
+    def _warm_start(self) -> None:
+        """Snapshot + journals (a few requests); a full listing only when no snapshot exists yet."""
+        listing = self._list()
+        mine = [seq for seq, _ in listing.journals.get(self.node, [])]
+        changes = self._fold(listing)
+        with self._lock:
+            self._seq = max([self._seq, self._snap_marks.get(self.node, 0), *mine])
+        if self._snap[0] < 0:
+            changes += self._reconcile()
+        self._heartbeat(force=True)
+        self._deliver(changes)
+
+    def sync_once(self) -> None:
+        """One round (the thread calls it every ``sync_secs``; tests may call it directly)."""
+        self._flush()
+        listing = self._list()
+        changes = self._fold(listing)
+        self._heartbeat()
+        if self._is_compactor():
+            now = time.time()
+            if now - self._reconciled >= self.config.reconcile_secs:
+                changes += self._reconcile()
+                self._flush()
+            if now - self._snap_time >= self.config.compact_secs:
+                self._compact(listing)
+        self._deliver(changes)
+
+    def _deliver(self, changes: list[Change]) -> None:
+        if changes:
+            self._on_changes(changes)
+        self._on_tick()
+
+    def _flush(self) -> None:
+        with self._lock:
+            now = time.time()
+            recs = self._buf + [("a", self._view.seg(n), 0, t) for n, t in self._accessed.items()]
+            if not recs:
+                return
+            self._buf, self._accessed = [], {}
+            seq = self._seq + 1
+        journal = Journal(self.node, seq, recs)
+        try:
+            self._count("put")
+            self._store.put(journal_name(self._prefix, self.node, seq), journal.to_bytes())
+        except Exception:
+            with self._lock:  # keep them for the next round; nothing is lost
+                self._buf = [r for r in recs if r[0] != "a"] + self._buf
+            raise
+        with self._lock:
+            self._seq = seq
+            self._applied[self.node] = seq
+            self._pending.setdefault(self.node, {})[seq] = recs
+            self._seen[self.node] = now
+        self.stats["journals_written"] += 1
+
+    def _list(self) -> _Listing:
+        out = _Listing()
+        now = time.time()
+        pages = 0
+        for i, info in enumerate(self._store.list(fleet_root(self._prefix) + "/")):
+            if i % 1000 == 0:
+                pages += 1
+            p = parse_name(info.name, self._prefix)
+            if p is None:
+                continue
+            seen = info.mtime if info.mtime is not None else now
+            if p.kind in ("j", "n"):
+                out.seen[p.node] = max(out.seen.get(p.node, 0.0), seen)
+            if p.kind == "j":
+                out.journals.setdefault(p.node, []).append((p.seq, info.name))
+            elif p.kind == "s":
+                out.snapshots.append((p.seq, p.node, info.name))
+        self._count("list", max(1, pages))
+        with self._lock:
+            for node, t in out.seen.items():
+                self._seen[node] = max(self._seen.get(node, 0.0), t)
+        return out
+
+    def _fold(self, listing: _Listing) -> list[Change]:
+        changes: list[Change] = []
+        if listing.snapshots:
+            gen, node, name = max(listing.snapshots)
+            if (gen, node) > self._snap:
+                changes += self._load_snapshot(gen, node, name)
+        todo: list[tuple[str, int, str]] = []
+        with self._lock:
+            for node, js in listing.journals.items():
+                if node == self.node:
+                    continue
+                done = self._applied.get(node, 0)
+                todo += [(node, seq, name) for seq, name in sorted(js) if seq > done]
+        if not todo:
+            return changes
+        self._count("get", len(todo))
+        results = self._store.get_many([name for _, _, name in todo])
+        with self._lock:
+            for (node, seq, _), r in zip(todo, results, strict=True):
+                if r.data is None:
+                    if r.error is None:
+                        continue  # compacted away since the listing: the next snapshot has it
+                    raise r.error
+                try:
+                    journal = Journal.from_bytes(bytes(r.data))
+                except (ValueError, TypeError, KeyError) as e:
+                    self.stats["sync_errors"] += 1
+                    self.last_error = f"unreadable journal {node}/{seq}: {e}"
+                    continue
+                if seq > self._applied.get(node, 0) + 1:
+                    self.stats["journal_gaps"] += 1
+                self._applied[node] = max(self._applied.get(node, 0), seq)
+                self._pending.setdefault(node, {})[seq] = journal.records
+                for ch in self._view.apply_all(node, journal.records):
+                    changes.append(ch)
+                    self.stats["remote_stores_seen" if ch[1] is not None else "remote_deletes_seen"] += 1
+                self.stats["journals_read"] += 1
+        return changes
+
+    def _load_snapshot(self, gen: int, node: str, name: str) -> list[Change]:
+        self._count("get")
+        data = self._store.get(name)
+        if data is None:
+            return []  # replaced since the listing; the next round sees the newer one
+        body = decode("snapshot", data)
+        view = FleetView.from_body(body, self._prefix, self._parse)
+        marks = {str(k): int(v) for k, v in body.get("marks", {}).items()}
+        with self._lock:
+            for n, js in self._pending.items():
+                for seq in sorted(js):
+                    if seq > marks.get(n, 0):
+                        view.apply_all(n, js[seq])
+                    else:
+                        del js[seq]
+            for rec in self._buf:
+                view.apply(self.node, rec)
+            for n, t in self._accessed.items():
+                if n in view.entries:
+                    view.entries[n].accessed = max(view.entries[n].accessed, t)
+            changes = view.diff(self._view)
+            self._view = view
+            for n, seq in marks.items():
+                self._applied[n] = max(self._applied.get(n, 0), seq)
+            self._prev_marks, self._snap_marks = self._snap_marks, marks
+            self._snap = (gen, node)
+            self._snap_time = float(body.get("t", 0.0))
+            self._reconciled = max(self._reconciled, float(body.get("reconciled", 0.0)))
+        self.stats["snapshots_read"] += 1
+        return changes
+
+    def _is_compactor(self) -> bool:
+        return self.live_nodes()[0] == self.node
+
+    def _compact(self, listing: _Listing) -> None:
+        self._flush()
+        now = time.time()
+        with self._lock:
+            self._view.prune_tombs(now)
+            gen = max(self._snap[0], max((g for g, _, _ in listing.snapshots), default=-1)) + 1
+            marks = dict(self._applied)
+            body = {"gen": gen, "node": self.node, "t": now, "marks": marks, "reconciled": self._reconciled,
+                    **self._view.to_body()}
+            prev = dict(self._snap_marks)
+        self._count("put")
+        self._store.put(snapshot_name(self._prefix, gen, self.node), encode("snapshot", body))
+        self.stats["snapshots_written"] += 1
+        with self._lock:
+            for n, js in self._pending.items():
+                for seq in [s for s in js if s <= marks.get(n, 0)]:
+                    del js[seq]
+            self._prev_marks, self._snap_marks = prev, marks
+            self._snap, self._snap_time = (gen, self.node), now
+        # Journals are deleted one generation late: a node that has not loaded the new snapshot
+        # yet still finds everything through the previous one.
+        old = [name for n, js in listing.journals.items() for seq, name in js if seq <= prev.get(n, 0)]
+        snaps = sorted(listing.snapshots, reverse=True)[KEEP_SNAPSHOTS - 1 :]
+        old += [name for _, _, name in snaps]
+        if old:
+            self._count("delete", len(old))
+            self._store.delete_many(old)
+
+    def _reconcile(self) -> list[Change]:
+        """Compare the view with a full listing of the prefix; publish the differences."""
+        start = time.time()
+        listed: dict[str, tuple[int, float]] = {}
+        pages = 0
+        where = f"{self._prefix}/" if self._prefix else ""
+        for i, info in enumerate(self._chunks.list(where)):
+            if i % 1000 == 0:
+                pages += 1
+            if is_fleet_name(info.name, self._prefix) or self._view.salt(info.name) is None:
+                continue
+            listed[info.name] = (info.size, info.mtime if info.mtime is not None else start)
+        self._count("list", max(1, pages))
+        changes: list[Change] = []
+        settled = start - max(self.config.grace_secs, 2 * self.config.sync_secs)
+        with self._lock:
+            for name, (size, mtime) in listed.items():
+                if name not in self._view.entries:
+                    rec = ("s", self._view.seg(name), size, min(mtime, start))
+                    ch = self._view.apply(self.node, rec)
+                    if ch is not None:
+                        changes.append(ch)
+                        self._buf.append(rec)
+            for name, e in list(self._view.entries.items()):
+                if name not in listed and e.stored < settled:
+                    rec = ("d", self._view.seg(name), 0, start)
+                    ch = self._view.apply(self.node, rec)
+                    if ch is not None:
+                        changes.append(ch)
+                        self._buf.append(rec)
+            self._reconciled = start
+        self.stats["reconciles"] += 1
+        return changes
+
+    def _heartbeat(self, force: bool = False) -> None:
+        now = time.time()
+        if not force and now - self._last_heartbeat < self.config.heartbeat_secs:
+            return
+        body = json.dumps({"node": self.node, "t": now}).encode()
+        self._count("put")
+        self._store.put(heartbeat_name(self._prefix, self.node), body)
+        self._last_heartbeat = now
+        with self._lock:
+            self._seen[self.node] = now
+
+
+__all__ = ["FLEET_EVICTIONS", "Fleet", "inspect_fleet"]
+
+
+def inspect_fleet(store: ObjectStore, prefix: str = "") -> dict[str, Any] | None:
+    """The fleet's picture of a prefix, read-only (for ``kvbucket du``): None when no fleet
+    ever wrote there. Costs one listing of ``_fleet/`` plus the snapshot and journal GETs."""
+    reader = Fleet(store, FleetConfig(node_id="kvbucket-inspect"), prefix=prefix)
+    listing = reader._list()
+    if not listing.snapshots and not listing.journals:
+        return None
+    reader._fold(listing)
+    status = reader.status()
+    status["nodes"].pop(reader.node, None)
+    status["live_nodes"] = [n for n in status["live_nodes"] if n != reader.node]
+    for field_name in ("node", "ready", "evicted_own", "evicted_cross_node"):
+        status.pop(field_name, None)
+    return status

@@ -1,0 +1,92 @@
+"""One store, two object formats: kvbucket's sealed chunks and LMCache's raw ones.
+
+Objects under kvbucket's names go through the :class:`~kvbucket.stores.sealed.SealedStore`
+(envelope on write, verification on read). Objects under LMCache's names (see
+:mod:`kvbucket.l2.naming`) go to the raw store underneath: LMCache 0.5.6 writes raw chunk bytes
+and reads them back raw, so a bucket shared with LMCache nodes keeps exactly LMCache's bytes
+there, and a load of such an object is served only when its size is exactly the caller's
+buffer (the raw store's size check). The sealed store's ``unsealed`` policy therefore applies
+to kvbucket's names only: an unsealed object under a kvbucket name is still a miss by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from kvbucket.l2.naming import Naming
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
+from kvbucket.stores.sealed import SealedStore
+
+
+class FormatStore(ObjectStore):
+    """Routes each name to the sealed store or, for LMCache's names, to the raw store."""
+
+    def __init__(self, sealed: SealedStore, is_raw: Callable[[str], bool]) -> None:
+        self.sealed = sealed
+        self.raw = sealed.inner
+        self.url = sealed.url
+        self._is_raw = is_raw
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("sealed", "raw"):
+            raise AttributeError(name)
+        return getattr(self.sealed, name)
+
+    def __repr__(self) -> str:
+        return f"FormatStore({self.sealed!r})"
+
+    def _split(self, names: Sequence[str]) -> tuple[list[int], list[int]]:
+        raw, sealed = [], []
+        for i, n in enumerate(names):
+            (raw if self._is_raw(n) else sealed).append(i)
+        return raw, sealed
+
+    def _route(
+        self, names: Sequence[str], call: Callable[[ObjectStore, list[int]], list[ItemResult]]
+    ) -> list[ItemResult]:
+        raw, sealed = self._split(names)
+        if not raw:
+            return call(self.sealed, sealed)
+        if not sealed:
+            return call(self.raw, raw)
+        out: list[ItemResult | None] = [None] * len(names)
+        for store, idx in ((self.raw, raw), (self.sealed, sealed)):
+            for i, r in zip(idx, call(store, idx), strict=True):
+                out[i] = r
+        return [r for r in out if r is not None]
+
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        return self._route([n for n, _ in items], lambda s, idx: s.put_many([items[i] for i in idx]))
+
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        if out is None:
+            return self._route(names, lambda s, idx: s.get_many([names[i] for i in idx]))
+        return self._route(names, lambda s, idx: s.get_many([names[i] for i in idx], [out[i] for i in idx]))
+
+    def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self._route(names, lambda s, idx: s.head_many([names[i] for i in idx]))
+
+    def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self._route(names, lambda s, idx: s.delete_many([names[i] for i in idx]))
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
+        """One listing of the raw store; sizes are payload sizes in both formats."""
+        for info in self.raw.list(prefix, page_size=page_size):
+            if self._is_raw(info.name):
+                yield info
+            else:
+                yield ObjectInfo(info.name, self.sealed.payload_size(info.size) or 0, info.mtime)
+
+    def close(self) -> None:
+        self.sealed.close()
+
+
+def route_formats(sealed: SealedStore, naming: Naming) -> ObjectStore:
+    """``sealed`` itself when ``naming`` knows no LMCache format, else a :class:`FormatStore`."""
+    if naming.style is None:
+        return sealed
+    return FormatStore(sealed, naming.is_lmcache_name)
+
+
+__all__ = ["FormatStore", "route_formats"]

@@ -1,0 +1,457 @@
+"""SealedStore: the one place where persistent tiers seal what they write and verify what they read.
+
+Wrapping any :class:`ObjectStore` (``seal_store(store, tier=...)``), it stores every object in
+the chunk envelope (:mod:`kvbucket.envelope`) and checks every object read before the caller
+gets a byte of it: a failed check is a *miss*, the object is removed from that store (so it is
+recomputed and rewritten), counted in ``kvbucket_integrity_failures_total{tier,reason}`` and
+logged once per object at WARNING with its name (never its bytes).
+
+Loads into caller buffers stay copy-free: the header goes to a 64-byte buffer and the payload
+straight into the caller's buffer in one scatter read (:class:`Scatter`); the checksum then runs
+over the caller's buffer. Sizes reported by ``head_many``/``list``/``delete_many`` are payload
+sizes, so a lookup that compares sizes refuses truncated objects without reading them.
+
+Objects without an envelope (written before sealing, or by another program) follow ``unsealed``:
+``"miss"`` (the default: never served; removed only when ``delete_unsealed``, i.e. in a tier's
+private directory) or ``"accept"`` (served as they are, size-checked only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import xxhash
+from prometheus_client import Counter
+
+from kvbucket import envelope as env
+from kvbucket.chunks import as_view
+from kvbucket.encryption import Keyring, decrypt_in_place, encrypt_into
+from kvbucket.errors import ConfigError, SizeMismatchError, StoreError
+from kvbucket.keys import decode_key
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, Scatter
+
+log = logging.getLogger(__name__)
+
+UNSEALED_POLICIES = ("miss", "accept")
+
+INTEGRITY_FAILURES = Counter(
+    "kvbucket_integrity_failures",
+    "Stored objects refused on read (served as a miss, removed from the tier), by tier and reason "
+    "(checksum, truncated, length, header, version, name, identity, key, decrypt, unsealed).",
+    ["tier", "reason"],
+)
+INTEGRITY_VERIFIED = Counter(
+    "kvbucket_integrity_verified",
+    "Stored objects whose envelope verified on read before the caller got them, by tier.",
+    ["tier"],
+)
+_LOGGED_MAX = 10000
+
+
+def tenant_of_name(name: str) -> str:
+    """The tenant (``cache_salt``) of a chunk's object name; ``""`` when it has none.
+
+    MP-mode keys (``model@rank@hash@salt``) carry the salt as their fourth field; non-MP keys
+    may carry a ``tenant%<id>`` (the transformers integration) or ``...cache_salt%<salt>``
+    request config.
+    """
+    seg = name.rsplit("/", 1)[-1]
+    try:
+        key = decode_key(seg)
+    except ValueError:
+        return ""
+    parts = key.split("@")
+    if len(parts) == 4:
+        return parts[3]
+    for extra in parts[5:]:
+        k, _, v = extra.partition("%")
+        if k == "tenant" or k.endswith("cache_salt"):
+            return v
+    return ""
+
+
+class SealedStore(ObjectStore):
+    """Envelope on write, verification on read, over any store (see the module docstring)."""
+
+    sealed = True
+
+    def __init__(
+        self,
+        inner: ObjectStore,
+        *,
+        tier: str,
+        identity: str | bytes | None = None,
+        unsealed: str = "miss",
+        keyring: Keyring | None = None,
+        tenant_of: Callable[[str], str] = tenant_of_name,
+        delete_unsealed: bool = False,
+    ) -> None:
+        if unsealed not in UNSEALED_POLICIES:
+            raise ConfigError(f"unsealed must be one of {', '.join(UNSEALED_POLICIES)}, got {unsealed!r}")
+        self.inner = inner
+        self.url = inner.url
+        self.tier = tier
+        self.identity = env.identity_digest(identity)
+        self.unsealed = unsealed
+        self.keyring = keyring
+        self.tenant_of = tenant_of
+        self.delete_unsealed = delete_unsealed
+        self.overhead = env.HEADER_SIZE + (env.TAG_SIZE if keyring is not None else 0)
+        self._logged: set[str] = set()
+        self._logged_lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (during __init__ or unpickling)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        crypt = ", encrypted" if self.keyring is not None else ""
+        return f"SealedStore({self.inner!r}, tier={self.tier!r}{crypt})"
+
+    # ---- write --------------------------------------------------------------------------
+    def seal(self, name: str, data: Buffer) -> np.ndarray:
+        """The envelope bytes of ``data`` stored under ``name`` (one copy of the payload)."""
+        view = as_view(data)
+        n = view.nbytes
+        if self.keyring is None:
+            blob = np.empty(env.HEADER_SIZE + n, dtype=np.uint8)
+            bv = memoryview(blob)
+            bv[env.HEADER_SIZE :] = view
+            bv[: env.HEADER_SIZE] = env.pack_header(n, env.checksum(view), name, self.identity)
+            return blob
+        tenant = self.tenant_of(name)
+        kid = self.keyring.write_key_id(tenant)
+        if kid is None:
+            raise StoreError(
+                f"encryption is on but the keyring has no key for tenant {tenant!r} (nor a '*' key); "
+                "add one to the keyring"
+            )
+        blob = np.empty(env.HEADER_SIZE + n + env.TAG_SIZE, dtype=np.uint8)
+        bv = memoryview(blob)
+        nonce = os.urandom(12)
+        enc = self.keyring.encryptor(tenant, kid, nonce, env.aad(name, self.identity))
+        encrypt_into(enc, view, bv[env.HEADER_SIZE :])
+        payload = bv[env.HEADER_SIZE :]
+        bv[: env.HEADER_SIZE] = env.pack_header(payload.nbytes, env.checksum(payload), name, self.identity,
+                                                key_id=kid, nonce=nonce)
+        return blob
+
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        names = self._names([n for n, _ in items])
+        results: list[ItemResult | None] = [None] * len(names)
+        todo: list[int] = []
+        blobs: list[tuple[str, Buffer]] = []
+        sizes: list[int] = []
+        for i, (name, (_, data)) in enumerate(zip(names, items, strict=True)):
+            try:
+                blob = self.seal(name, data)
+            except StoreError as e:
+                results[i] = ItemResult(name, error=e)
+                continue
+            todo.append(i)
+            blobs.append((name, blob))
+            sizes.append(blob.nbytes - self.overhead)
+        for i, size, r in zip(todo, sizes, self.inner.put_many(blobs) if blobs else [], strict=True):
+            results[i] = r if r.error is not None else ItemResult(r.name, size=size)
+        return [r for r in results if r is not None]
+
+    # ---- read ---------------------------------------------------------------------------
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        names = self._names(names)
+        if out is not None and len(out) != len(names):
+            raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
+        heads: list[bytearray | None] = [None] * len(names)
+        tags: list[bytearray | None] = [None] * len(names)
+        inner_out: list[Buffer | None] | None = None
+        if out is not None and any(b is not None for b in out):
+            inner_out = []
+            for i, b in enumerate(out):
+                if b is None:
+                    inner_out.append(None)
+                    continue
+                heads[i] = bytearray(env.HEADER_SIZE)
+                parts: list[Buffer] = [heads[i], b]
+                if self.keyring is not None:
+                    tags[i] = bytearray(env.TAG_SIZE)
+                    parts.append(tags[i])
+                try:
+                    inner_out.append(Scatter(*parts))
+                except (ValueError, TypeError) as e:
+                    raise StoreError(f"the buffer given for {names[i]!r} cannot be read into: {e}") from None
+        results = self.inner.get_many(names, inner_out)
+        final: list[ItemResult] = []
+        bad: list[tuple[str, env.EnvelopeError]] = []
+        sized: list[int] = []
+        for i, (name, r) in enumerate(zip(names, results, strict=True)):
+            buf = out[i] if out is not None else None
+            if r.error is not None:
+                if buf is not None and isinstance(r.error, SizeMismatchError):
+                    sized.append(i)
+                final.append(r)
+                continue
+            if r.size is None:
+                final.append(r)
+                continue
+            try:
+                if buf is None:
+                    final.append(self._open_whole(name, r.data))
+                else:
+                    final.append(self._open_scattered(name, heads[i], buf, tags[i]))
+            except env.EnvelopeError as e:
+                if e.reason == "unsealed" and self.unsealed == "accept" and buf is None:
+                    final.append(r)
+                    continue
+                bad.append((name, e))
+                final.append(ItemResult(name))
+        if sized:
+            self._classify_sizes(names, out, sized, final, bad)  # type: ignore[arg-type]
+        if bad:
+            self._refuse(bad)
+        ok = sum(1 for r in final if r.found)
+        if ok:
+            INTEGRITY_VERIFIED.labels(self.tier).inc(ok)
+        return final
+
+    def _open_whole(self, name: str, data: Buffer) -> ItemResult:
+        view = memoryview(data)
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        if view.nbytes < env.HEADER_SIZE:
+            env.parse_header(view, name)  # raises: unsealed, or truncated when it starts sealed
+        header = self._check_header(view[: env.HEADER_SIZE], name)
+        payload = view[env.HEADER_SIZE :]
+        env.check_payload(header, payload, name)
+        if not header.encrypted:
+            return ItemResult(name, size=payload.nbytes, data=payload.toreadonly())
+        plain = bytearray(payload[: -env.TAG_SIZE])
+        self._decrypt(name, header, memoryview(plain), bytes(payload[-env.TAG_SIZE :]))
+        return ItemResult(name, size=len(plain), data=plain)
+
+    def _open_scattered(self, name: str, head: Any, buf: Buffer, tag: bytearray | None) -> ItemResult:
+        header = self._check_header(memoryview(head), name)
+        view = as_view(buf)
+        stored = view.nbytes + (0 if tag is None else env.TAG_SIZE)
+        if header.payload_len != stored:
+            raise env.EnvelopeError(
+                "length", f"{name}: the header says {header.payload_len} payload bytes, {stored} were read"
+            )
+        h = xxhash.xxh3_64(view)
+        if tag is not None:
+            h.update(tag)
+        if h.intdigest() != header.checksum:
+            raise env.EnvelopeError("checksum", f"{name}: the payload's checksum does not match")
+        if header.encrypted:
+            assert tag is not None
+            self._decrypt(name, header, view, bytes(tag))
+        return ItemResult(name, size=view.nbytes, data=buf)
+
+    def _check_header(self, head: memoryview, name: str) -> env.Header:
+        header = env.parse_header(head, name)
+        env.check_identity(header, self.identity, name)
+        if header.encrypted != (self.keyring is not None):
+            why = "is encrypted but no keyring is configured" if header.encrypted else (
+                "is not encrypted but encryption is on")
+            raise env.EnvelopeError("key", f"{name}: the object {why}")
+        if header.encrypted:
+            assert self.keyring is not None
+            if not self.keyring.has_key(self.tenant_of(name), header.key_id):
+                raise env.EnvelopeError("key", f"{name}: key id {header.key_id} is not in the keyring")
+        return header
+
+    def _decrypt(self, name: str, header: env.Header, view: memoryview, tag: bytes) -> None:
+        from cryptography.exceptions import InvalidTag
+
+        assert self.keyring is not None
+        dec = self.keyring.decryptor(self.tenant_of(name), header.key_id, header.nonce, tag,
+                                     env.aad(name, header.identity))
+        try:
+            decrypt_in_place(dec, view)
+        except InvalidTag:
+            raise env.EnvelopeError("decrypt", f"{name}: decryption failed (wrong key or tampered)") from None
+
+    def _classify_sizes(
+        self, names: list[str], out: Sequence[Buffer | None], idxs: list[int], final: list[ItemResult],
+        bad: list[tuple[str, env.EnvelopeError]],
+    ) -> None:
+        """Scatter reads refused for their size (rare): read those objects whole to say why
+        (unsealed, truncated, another length, another key mode), or accept unsealed ones."""
+        got = self.inner.get_many([names[i] for i in idxs])
+        accept: list[int] = []
+        for i, r in zip(idxs, got, strict=True):
+            name = names[i]
+            if r.error is not None or r.size is None:
+                final[i] = r
+                continue
+            n = as_view(out[i]).nbytes
+            view = memoryview(r.data)
+            view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+            try:
+                if not env.is_sealed(view):
+                    raise env.EnvelopeError("unsealed", f"{name}: no kvbucket envelope")
+                header = self._check_header(view[: env.HEADER_SIZE], name)
+                env.check_payload(header, view[env.HEADER_SIZE :], name)
+            except env.EnvelopeError as e:
+                if e.reason == "unsealed" and self.unsealed == "accept" and r.size == n:
+                    accept.append(i)
+                    continue
+                bad.append((name, e))
+                final[i] = ItemResult(name)
+                continue
+            # A good chunk, only of another size than the caller's buffer: not damage, so it is
+            # kept, and reported as the stores report sizes (the buffer was not written).
+            stored = header.payload_len - (env.TAG_SIZE if header.encrypted else 0)
+            final[i] = ItemResult(name, error=SizeMismatchError(
+                f"object {name!r} has {stored} bytes but the buffer given for it has {n}"))
+        if accept:
+            for i, r in zip(accept, self.inner.get_many([names[i] for i in accept], [out[i] for i in accept]),
+                            strict=True):
+                final[i] = r
+
+    def _refuse(self, bad: list[tuple[str, env.EnvelopeError]]) -> None:
+        drop = []
+        for name, e in bad:
+            INTEGRITY_FAILURES.labels(self.tier, e.reason).inc()
+            with self._logged_lock:
+                first = name not in self._logged
+                if first:
+                    if len(self._logged) >= _LOGGED_MAX:
+                        self._logged.clear()
+                    self._logged.add(name)
+            deleting = e.reason != "unsealed" or self.delete_unsealed
+            if first:
+                log.warning("integrity: %s refused on tier %s (%s, %s): %s; treated as a miss%s", name,
+                            self.tier, self.url, e.reason, e, ", removed" if deleting else "")
+            if deleting:
+                drop.append(name)
+        if drop:
+            try:
+                for r in self.inner.delete_many(drop):
+                    if r.error is not None:
+                        log.warning("integrity: could not remove refused %s from %s: %s", r.name, self.url,
+                                    r.error)
+            except StoreError as e:
+                log.warning("integrity: could not remove %d refused objects from %s: %s", len(drop),
+                            self.url, e)
+
+    def refuse_names(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Count, log and remove objects found bad without a load (e.g. at an index rebuild)."""
+        self._refuse([(n, env.EnvelopeError(reason, f"{n}: refused ({reason})")) for n, reason in pairs])
+
+    # ---- the rest of the protocol -------------------------------------------------------
+    def payload_size(self, size: int | None) -> int | None:
+        """The payload size of a stored object of ``size`` bytes."""
+        if size is None:
+            return None
+        # Too small to hold an envelope: reported as it is (never the size of a full chunk, so
+        # size-checking lookups refuse it; listings still show it, e.g. as a foreign object).
+        return size - self.overhead if size >= self.overhead else size
+
+    def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return [r if r.error is not None else ItemResult(r.name, size=self.payload_size(r.size))
+                for r in self.inner.head_many(names)]
+
+    def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return [r if r.error is not None else ItemResult(r.name, size=self.payload_size(r.size))
+                for r in self.inner.delete_many(names)]
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
+        for info in self.inner.list(prefix, page_size=page_size):
+            size = info.size - self.overhead if info.size >= self.overhead else info.size
+            yield ObjectInfo(info.name, size, info.mtime)
+
+    def check_headers(self, infos: Sequence[ObjectInfo]) -> list[str | None]:
+        """For listed objects (payload sizes), the failure reason of each one's header, None if good.
+
+        Reads only the 64-byte headers, and only when the inner store can read a prefix cheaply
+        (a directory); elsewhere every answer is None (unknown until a load). Bad objects are
+        counted and removed like a failed load.
+        """
+        reader = getattr(self.inner, "read_prefixes", None)
+        if reader is None:
+            return [None] * len(infos)
+        heads = reader([i.name for i in infos], env.HEADER_SIZE)
+        out: list[str | None] = []
+        bad: list[tuple[str, env.EnvelopeError]] = []
+        for info, head in zip(infos, heads, strict=True):
+            try:
+                if head is None:
+                    raise env.EnvelopeError("truncated", f"{info.name}: unreadable header")
+                header = self._check_header(memoryview(head), info.name)
+                stored = info.size + self.overhead - env.HEADER_SIZE
+                if header.payload_len != stored:
+                    reason = "truncated" if stored < header.payload_len else "length"
+                    raise env.EnvelopeError(reason, f"{info.name}: {stored} payload bytes stored, "
+                                                    f"the header says {header.payload_len}")
+            except env.EnvelopeError as e:
+                if e.reason == "unsealed" and self.unsealed == "accept":
+                    out.append(None)
+                    continue
+                bad.append((info.name, e))
+                out.append(e.reason)
+                continue
+            out.append(None)
+        if bad:
+            self._refuse(bad)
+        return out
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def seal_store(
+    store: ObjectStore,
+    *,
+    tier: str,
+    identity: str | bytes | None = None,
+    unsealed: str = "miss",
+    encryption: Any = None,
+    delete_unsealed: bool = False,
+) -> SealedStore:
+    """Wrap ``store`` in a :class:`SealedStore` unless it already is one (then it is returned as is).
+
+    ``encryption`` is an ``encryption`` setting (None/False, True, a mapping with
+    ``keyring_file``/``keyring_env``) or a :class:`Keyring`.
+    """
+    if isinstance(store, SealedStore):
+        return store
+    return SealedStore(store, tier=tier, identity=identity, unsealed=unsealed,
+                       keyring=Keyring.from_setting(encryption), delete_unsealed=delete_unsealed)
+
+
+def inspect_object(name: str, data: Buffer, keyring: Keyring | None = None,
+                   tenant_of: Callable[[str], str] = tenant_of_name) -> tuple[str, str | None]:
+    """Classify one stored object for ``kvbucket verify``: (good|corrupt|foreign|legacy, reason).
+
+    Without a keyring, encrypted objects are checked up to their checksum (which covers the
+    ciphertext), not authenticated.
+    """
+    view = memoryview(data)
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    try:
+        if view.nbytes < env.HEADER_SIZE:
+            env.parse_header(view, name)
+        header = env.parse_header(view[: env.HEADER_SIZE], name)
+        payload = view[env.HEADER_SIZE :]
+        env.check_payload(header, payload, name)
+        if header.encrypted and keyring is not None:
+            probe = SealedStore.__new__(SealedStore)
+            probe.keyring, probe.tenant_of = keyring, tenant_of
+            if not keyring.has_key(tenant_of(name), header.key_id):
+                raise env.EnvelopeError("key", f"{name}: key id {header.key_id} is not in the keyring")
+            plain = bytearray(payload[: -env.TAG_SIZE])
+            SealedStore._decrypt(probe, name, header, memoryview(plain), bytes(payload[-env.TAG_SIZE :]))
+    except env.EnvelopeError as e:
+        if e.reason == "unsealed":
+            return "legacy", e.reason
+        if e.reason in ("name", "identity", "key", "decrypt"):
+            return "foreign", e.reason
+        return "corrupt", e.reason
+    return "good", None
+
+
+__all__ = ["UNSEALED_POLICIES", "SealedStore", "inspect_object", "seal_store", "tenant_of_name"]

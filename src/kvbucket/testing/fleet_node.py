@@ -1,0 +1,120 @@
+"""One fleet node in its own process, for the multi-process fleet tests and bench_fleet.py.
+
+Run with ``multiprocessing.get_context("spawn")`` (obstore is not fork-safe): each process
+opens its own L2 adapter on the shared prefix, writes its own chunks, keeps reading a hot set
+every node shares, and reports what it saw. Plans are plain dicts so they pickle.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from kvbucket.keys import ObjectKey
+
+MODEL = "org/fleet-model"
+
+
+def key(i: int, salt: str = "") -> ObjectKey:
+    return ObjectKey(MODEL, 0x01000100, i.to_bytes(8, "big"), salt)
+
+
+def chunk(i: int, size: int) -> bytes:
+    return (i.to_bytes(8, "big") * (size // 8 + 1))[:size]
+
+
+def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
+    """``plan``: ``start``/``count`` (this node's chunk numbers), ``salt``, ``chunk`` (bytes),
+    ``batch``, ``hot`` (chunk numbers every node reads, salt ``hot_salt``), ``pause`` (seconds
+    between batches), ``linger`` (seconds to keep reading the hot set after writing),
+    ``die_in_delete`` (SIGKILL itself halfway through its first eviction delete)."""
+    from kvbucket.l2 import open_l2_adapter
+    from kvbucket.testing import l2 as t
+
+    adapter = open_l2_adapter(spec)
+    size = plan["chunk"]
+    hot = [key(i, plan.get("hot_salt", "")) for i in plan.get("hot", [])]
+    hot_hits = hot_reads = 0
+    if plan.get("die_in_delete"):
+        store = adapter.store
+        inner = store.delete_many
+
+        def dying_delete(names: Any) -> Any:
+            names = list(names)
+            inner(names[: max(1, len(names) // 2)])
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        store.delete_many = dying_delete  # type: ignore[method-assign]
+    try:
+        adapter.wait_until_rebuilt(60)
+        start, count, batch = plan["start"], plan["count"], plan.get("batch", 8)
+        t0 = time.monotonic()
+
+        def read_hot() -> None:
+            nonlocal hot_hits, hot_reads
+            if not hot:
+                return
+            hits = t.lookup(adapter, hot)
+            hot_reads += len(hot)
+            locked = [k for k, h in zip(hot, hits, strict=True) if h]
+            if locked:
+                bufs = [bytearray(size) for _ in locked]
+                ok = t.load(adapter, locked, bufs)
+                hot_hits += sum(ok)
+                adapter.submit_unlock(locked)
+
+        for i in range(start, start + count, batch):
+            ids = list(range(i, min(i + batch, start + count)))
+            t.store(adapter, [key(j, plan.get("salt", "")) for j in ids], [chunk(j, size) for j in ids])
+            read_hot()
+            time.sleep(plan.get("pause", 0.0))
+        written = time.monotonic() - t0
+        end = time.monotonic() + plan.get("linger", 0.0)
+        while time.monotonic() < end:
+            read_hot()
+            time.sleep(0.2)
+        status = adapter.report_status()
+        out.put({"node": plan.get("name"), "status": status, "hot_hits": hot_hits, "hot_reads": hot_reads,
+                 "write_secs": written, "run_secs": time.monotonic() - t0,
+                 "data_requests": count + hot_hits})
+    except BaseException as e:  # report, never hang the parent
+        out.put({"node": plan.get("name"), "error": f"{type(e).__name__}: {e}"})
+        raise
+    finally:
+        adapter.close()
+
+
+__all__ = ["chunk", "key", "run_fleet", "run_node"]
+
+
+def run_fleet(
+    specs: list[dict[str, Any]], plans: list[dict[str, Any]], timeout: float = 120.0
+) -> list[dict[str, Any]]:
+    """Run one spawned process per (spec, plan) and return the reports of those that were not
+    told to die; raises AssertionError naming what went wrong."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=run_node, args=(s, p, out)) for s, p in zip(specs, plans, strict=True)]
+    for p in procs:
+        p.start()
+    reports: list[dict[str, Any]] = []
+    expected = sum(1 for p in plans if not p.get("die_in_delete"))
+    end = time.monotonic() + timeout
+    while len(reports) < expected and time.monotonic() < end:
+        try:
+            reports.append(out.get(timeout=1.0))
+        except queue.Empty:
+            continue
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    assert len(reports) == expected, reports
+    errors = [r for r in reports if "error" in r]
+    assert not errors, errors
+    return reports

@@ -1,0 +1,68 @@
+"""The 3x-capacity fleet test on S3 (SeaweedFS) and on the Hub emulator: spawned processes,
+one prefix, settle under 1.1x capacity, hot set kept, nodes evicting each other's chunks.
+
+Smaller than the fs run (32 KiB chunks, a 1 MiB capacity, 2 MiB hot set excluded) so the
+remote rounds stay within a few seconds each; timings as in test_fleet_processes.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvbucket.keys import key_to_name
+from kvbucket.l2 import open_l2_adapter
+from kvbucket.stores.hfbucket import HFBucketStore
+from kvbucket.stores.hfbucket_config import HFBucketConfig
+from kvbucket.stores.s3 import S3Store
+from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.sealed import seal_store
+from kvbucket.testing import l2 as t
+from kvbucket.testing.fleet_node import chunk, key, run_fleet
+from kvbucket.testing.hub_fixtures import HubBucket
+from kvbucket.testing.s3_server import S3Server
+
+CHUNK = 32 * 1024
+CAPACITY = 1024 * 1024
+FLEET = {"sync_secs": 0.3, "heartbeat_secs": 0.5, "node_timeout_secs": 5.0, "compact_secs": 1.0,
+         "reconcile_secs": 3.0, "grace_secs": 1.0}
+SETTLE = 5.0
+HOT = list(range(1_000_000, 1_000_004))
+
+
+def fleet_round(base: dict[str, Any], held: Any) -> None:
+    spec = {**base, "max_capacity_gb": CAPACITY / 1024**3, "full_chunk_bytes": CHUNK}
+    seed = open_l2_adapter({**spec, "fleet": {**FLEET, "node_id": "seed"}})
+    try:
+        assert seed.wait_until_rebuilt(60)
+        assert t.store(seed, [key(i) for i in HOT], [chunk(i, CHUNK) for i in HOT]).success
+    finally:
+        seed.close()
+    per_node = CAPACITY // CHUNK
+    plans = [{"name": f"n{i}", "start": i * 10_000, "count": per_node, "chunk": CHUNK, "batch": 4,
+              "hot": HOT, "pause": 0.05, "linger": SETTLE} for i in range(3)]
+    specs = [{**spec, "fleet": {**FLEET, "node_id": p["name"]}} for p in plans]
+    reports = run_fleet(specs, plans, timeout=180)
+    sizes = held()
+    total = sum(sizes.values())
+    assert total <= 1.1 * CAPACITY, f"{total / CAPACITY:.2f}x capacity after settling"
+    assert all(key_to_name(key(i)) in sizes for i in HOT), "the hot set was evicted"
+    assert all(r["hot_hits"] == r["hot_reads"] > 0 for r in reports)
+    assert sum(r["status"]["fleet"]["evicted_cross_node"] for r in reports) > 0
+
+
+def chunks_of(store: Any) -> dict[str, int]:
+    with seal_store(store, tier="l2") as s:
+        return {i.name: i.size for i in s.list("") if not i.name.startswith("_fleet/")}
+
+
+def test_fleet_on_s3(seaweedfs: S3Server, s3_bucket: str) -> None:
+    cfg = seaweedfs.config(s3_bucket, "kv")
+    fleet_round({"type": "s3", **cfg}, lambda: chunks_of(S3Store.from_config(S3Config(**cfg))))
+
+
+def test_fleet_on_the_hub_emulator(hub_bucket: HubBucket) -> None:
+    handle = f"hf://buckets/{hub_bucket.bucket_id}/kv"
+    base = {"type": "hfbucket", "bucket_handle": handle, "token": hub_bucket.hub.write_token,
+            "endpoint": hub_bucket.hub.endpoint}
+    cfg = HFBucketConfig(bucket_handle=handle, token=base["token"], endpoint=base["endpoint"])
+    fleet_round(base, lambda: chunks_of(HFBucketStore(cfg)))

@@ -1,0 +1,112 @@
+"""The fleet's folded view and eviction choice, as pure logic (no store, no threads)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbucket.errors import ConfigError
+from kvbucket.fleet.config import FleetConfig
+from kvbucket.fleet.layout import Journal, is_fleet_name, journal_name, parse_name, snapshot_name
+from kvbucket.fleet.view import FleetView, owner
+from kvbucket.keys import key_to_name, name_to_key
+from kvbucket.l2 import EvictionConfig, parse_l2_config
+from kvbucket.testing.fleet_node import key
+
+P = "pre"
+
+
+def seg(i: int, salt: str = "") -> str:
+    return key_to_name(key(i, salt))
+
+
+def test_last_writer_wins_whatever_the_arrival_order() -> None:
+    a, b = FleetView(P), FleetView(P)
+    recs = [("s", seg(1), 100, 10.0), ("d", seg(1), 0, 11.0), ("s", seg(1), 100, 9.0), ("s", seg(2), 50, 5.0)]
+    a.apply_all("n1", recs)
+    b.apply_all("n1", list(reversed(recs)))
+    assert set(a.entries) == set(b.entries) == {f"{P}/{seg(2)}"}
+    assert a.bytes_used == b.bytes_used == 50
+    # A store newer than the delete brings the chunk back; applying it twice changes nothing.
+    for _ in range(2):
+        a.apply("n2", ("s", seg(1), 100, 12.0))
+    assert a.bytes_used == 150 and a.entries[f"{P}/{seg(1)}"].writer == "n2"
+
+
+def test_snapshot_round_trip_keeps_entries_tombstones_and_salts() -> None:
+    v = FleetView(P)
+    v.apply_all("n1", [("s", seg(1, "t1"), 10, 1.0), ("s", seg(2, "t2"), 20, 2.0), ("d", seg(3), 0, 3.0)])
+    w = FleetView.from_body(v.to_body(), P)
+    assert w.bytes_by_salt() == {"t1": 10, "t2": 20}
+    assert w.tombs == v.tombs and not w.diff(v) and not v.diff(w)
+
+
+def test_foreign_and_fleet_names_are_not_chunks() -> None:
+    v = FleetView(P)
+    assert v.apply("n", ("s", "not-a-key", 10, 1.0)) is None
+    assert v.apply("n", ("s", "_fleet/j/n/1", 10, 1.0)) is None
+    assert len(v) == 0
+    name = journal_name(P, "n1", 7)
+    assert is_fleet_name(name, P) and parse_name(name, P).seq == 7
+    assert parse_name(snapshot_name(P, 3, "n2"), P).node == "n2"
+    with pytest.raises(Exception):  # noqa: B017 - nested names are never keys
+        name_to_key(name, P)
+
+
+def test_journal_bytes_round_trip_and_refuse_other_objects() -> None:
+    j = Journal("n1", 4, [("s", seg(1), 10, 1.5)])
+    assert Journal.from_bytes(j.to_bytes()) == j
+    with pytest.raises(ValueError):
+        Journal.from_bytes(b"hello")
+
+
+def _victims(v: FleetView, me: str, live: list[str], **kw: object) -> list[str]:
+    args: dict = dict(capacity=1000, eviction=EvictionConfig(), now=100.0, grace=5.0, max_age=None,
+                      pinned=(), busy=(), me=me, live=live)
+    args.update(kw)
+    return v.victims(**args)
+
+
+def test_nodes_split_the_victims_without_overlap_and_cover_the_need() -> None:
+    v = FleetView(P)
+    v.apply_all("w", [("s", seg(i), 10, float(i)) for i in range(90)])  # 900 of 1000 >= 80%
+    live = ["a", "b", "c"]
+    parts = [_victims(v, n, live) for n in live]
+    union = [x for p in parts for x in p]
+    assert len(union) == len(set(union))
+    assert sum(v.entries[x].size for x in union) >= 900 - 600  # down to the 60% target
+    # Least recently used first: every victim is older than every survivor.
+    newest_victim = max(v.entries[x].last_used for x in union)
+    assert all(e.last_used >= newest_victim for n, e in v.entries.items() if n not in union)
+    assert all(owner(x, live) == n for n, p in zip(live, parts, strict=True) for x in p)
+
+
+def test_grace_pins_busy_and_max_age() -> None:
+    v = FleetView(P)
+    v.apply_all("w", [("s", seg(i), 10, 10.0) for i in range(50)])
+    v.apply_all("w", [("s", seg(100 + i, "pin"), 10, 10.0) for i in range(50)])
+    v.apply("w", ("s", seg(200), 10, 99.0))  # within grace
+    busy = {f"{P}/{seg(0)}"}
+    got = _victims(v, "a", ["a"], pinned={"pin"}, busy=busy)
+    assert got and all(v.entries[x].salt != "pin" for x in got)
+    assert f"{P}/{seg(0)}" not in got and f"{P}/{seg(200)}" not in got
+    # Under capacity nothing goes, unless it is older than max_age.
+    small = FleetView(P)
+    small.apply_all("w", [("s", seg(1), 10, 10.0), ("s", seg(2), 10, 90.0), ("s", seg(3, "pin"), 10, 1.0)])
+    assert _victims(small, "a", ["a"]) == []
+    assert _victims(small, "a", ["a"], max_age=50.0, pinned={"pin"}) == [f"{P}/{seg(1)}"]
+
+
+def test_fair_shares_take_from_the_salt_over_its_share() -> None:
+    v = FleetView(P)
+    v.apply_all("w", [("s", seg(i, "big"), 10, float(i)) for i in range(80)])
+    v.apply_all("w", [("s", seg(i, "small"), 10, 0.0) for i in range(10)])  # older, but under share
+    got = _victims(v, "a", ["a"])
+    assert got and all(v.entries[x].salt == "big" for x in got)
+
+
+def test_fleet_spec_is_strict() -> None:
+    cfg = parse_l2_config({"type": "fs", "base_path": "/tmp/x", "fleet": {"sync_secs": 1.0}})
+    assert cfg.fleet == FleetConfig(sync_secs=1.0)
+    for bad in ({"sync_sec": 1.0}, {"node_id": "a/b"}, {"heartbeat_secs": 10.0, "node_timeout_secs": 5.0}):
+        with pytest.raises(ConfigError, match="fleet"):
+            parse_l2_config({"type": "fs", "base_path": "/tmp/x", "fleet": bad})

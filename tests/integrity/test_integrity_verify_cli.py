@@ -1,0 +1,96 @@
+"""``kvbucket verify URL [--delete-bad]`` through the installed console script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kvbucket.backends.remote import RemoteBackend
+from kvbucket.chunks import KVLayout
+from kvbucket.envelope import HEADER_SIZE
+from kvbucket.keys import CacheEngineKey, key_to_name
+from kvbucket.stores.file import FileStore
+from kvbucket.testing.backend_tests import chunk_bytes
+
+LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_size=64, dtype="bfloat16", chunk_tokens=8)
+SCRIPT = str(Path(sys.executable).with_name("kvbucket"))
+
+
+def kvbucket(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run([SCRIPT, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def key(i: int) -> CacheEngineKey:
+    return CacheEngineKey("org/model", 1, 0, i, "bfloat16")
+
+
+def test_verify_reports_and_deletes_bad_objects(tmp_path: Path) -> None:
+    with RemoteBackend(FileStore(tmp_path), LAYOUT) as b:
+        b.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in range(5)])
+    raw = FileStore(tmp_path)
+    damaged = bytearray(raw.get(key_to_name(key(1))) or b"")
+    damaged[HEADER_SIZE + 7] ^= 1
+    raw.put(key_to_name(key(1)), damaged)  # corrupt
+    raw.put(key_to_name(key(2)), raw.get(key_to_name(key(3))) or b"")  # foreign: another name's chunk
+    raw.put("legacy-object", b"raw bytes written before sealing")  # legacy
+    full = LAYOUT.full_chunk_bytes + HEADER_SIZE
+
+    proc = kvbucket("verify", str(tmp_path))
+    assert proc.returncode == 1, proc.stderr
+    cells = [[c.strip() for c in line.strip().strip("│").split("│")] for line in proc.stdout.splitlines()
+             if line.startswith("│")]
+    rows = {c[0]: c[1] for c in cells}
+    assert rows == {"good": "3", "corrupt": "1", "foreign": "1", "legacy": "1"}, proc.stdout
+    assert f"corrupt (checksum): {key_to_name(key(1))}" in proc.stdout
+    assert f"foreign (name): {key_to_name(key(2))}" in proc.stdout
+    assert raw.head(key_to_name(key(1))) == full  # nothing removed without --delete-bad
+
+    proc = kvbucket("verify", f"file://{tmp_path}", "--delete-bad")
+    assert proc.returncode == 1 and "removed 2 of 2 corrupt or foreign objects" in proc.stdout
+    assert raw.head(key_to_name(key(1))) is None and raw.head(key_to_name(key(2))) is None
+    assert raw.exists("legacy-object")  # legacy objects are reported, never removed
+
+    proc = kvbucket("verify", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with RemoteBackend(FileStore(tmp_path), LAYOUT) as b:
+        assert sorted(b.list()) == sorted(key(i).to_string() for i in (0, 3, 4))
+
+
+def test_verify_bad_input_is_exit_2(tmp_path: Path) -> None:
+    proc = kvbucket("verify", str(tmp_path / "missing"))
+    assert proc.returncode == 2 and "error:" in proc.stderr
+    proc = kvbucket("verify", str(tmp_path), "--keyring-file", str(tmp_path / "nokeys.json"))
+    assert proc.returncode == 2 and "keyring" in proc.stderr
+
+
+def test_verify_help_renders() -> None:
+    proc = kvbucket("verify", "--help")
+    assert proc.returncode == 0 and "--delete-bad" in proc.stdout
+
+
+def test_kvbucket_stats_shows_integrity_counts(tmp_path: Path) -> None:
+    """A refused chunk is counted per tier and reason, and ``kvbucket stats`` prints it."""
+    from prometheus_client import REGISTRY
+
+    from kvbucket.metrics import start_metrics_server, summarize
+
+    with RemoteBackend(FileStore(tmp_path), LAYOUT) as b:
+        b.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in range(2)])
+        raw = FileStore(tmp_path)
+        data = bytearray(raw.get(key_to_name(key(1))) or b"")
+        data[-1] ^= 0xFF
+        raw.put(key_to_name(key(1)), data)
+        assert b.get(key(0)) is not None and b.get(key(1)) is None
+    from prometheus_client import generate_latest
+
+    summary = summarize(generate_latest(REGISTRY).decode())
+    assert summary.integrity_failures[("remote", "checksum")] >= 1
+    assert summary.integrity_verified["remote"] >= 1
+    with start_metrics_server(0) as server:
+        proc = kvbucket("stats", "--url", server.url)  # another process: reads this one's endpoint
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("integrity:"))
+    assert "objects verified on load" in line and "remote checksum" in line
