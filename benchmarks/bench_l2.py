@@ -23,6 +23,7 @@ Prints ops/s per operation and the ratio kvbucket / LMCache. Goal: >= 1.5x on lo
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -37,6 +38,8 @@ from typing import Any
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PLUGIN = {"type": "plugin", "module_path": "kvbucket.integrations.lmcache", "class_name": "KVBucketL2Adapter"}
 OPS = ("Store", "Lookup", "Load")
+BENCH_KEYRING_ENV = "KVBUCKET_BENCH_KEYRING"
+INTEGRITY_RUNS: list[dict] = []  # per backend, with --integrity: every adapter's ops/s
 GOALS = {"Store": 1.0, "Lookup": 1.5, "Load": 1.5}
 
 
@@ -75,7 +78,15 @@ def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argp
     driven by LMCache's own bench runners one round at a time, alternating which goes first.
     Load drift on a shared machine then hits both sides alike. Ops/s from the median round."""
     job = workdir / f"job-{os.urandom(4).hex()}.json"
-    job.write_text(json.dumps({"specs": {"lmcache": builtin, "kvbucket": plugin}, "num_keys": args.num_keys,
+    specs = {"lmcache": builtin, "kvbucket": plugin}
+    if args.integrity:  # the same adapter without the envelope, and with AES-256-GCM on
+        specs["kvbucket-unsealed"] = _fresh_location(plugin, 90)
+        aes = _fresh_location(plugin, 91)
+        aes["adapter_params"]["encryption"] = {"keyring_env": BENCH_KEYRING_ENV}
+        specs["kvbucket-aes"] = aes
+        env = {**env, BENCH_KEYRING_ENV: json.dumps(
+            {"tenants": {"*": {"1": base64.b64encode(os.urandom(32)).decode()}}})}
+    job.write_text(json.dumps({"specs": specs, "num_keys": args.num_keys,
                                "data_size": args.data_size_kb * 1024, "rounds": args.rounds}))
     full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **_omp(args), **env}
     proc = subprocess.run([sys.executable, __file__, "--worker", str(job)], capture_output=True, text=True,
@@ -84,6 +95,8 @@ def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argp
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"interleaved run failed: {(proc.stdout + proc.stderr)[-2500:]}")
     out = json.loads(lines[-1][len("RESULT "):])
+    if args.integrity:
+        INTEGRITY_RUNS.append(out)
     return out["lmcache"], out["kvbucket"]
 
 
@@ -101,6 +114,8 @@ def _worker(job_path: str) -> None:
     from lmcache.v1.distributed.l2_adapters import create_l2_adapter
     from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
 
+    from unsealed import unsealed_l2_adapters  # benchmarks/unsealed.py (this script's directory)
+
     job = json.loads(Path(job_path).read_text())
     n, size, rounds = job["num_keys"], job["data_size"], job["rounds"] + 1  # + 1 warmup
     names = list(job["specs"])
@@ -108,7 +123,9 @@ def _worker(job_path: str) -> None:
     for who in names:
         cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(job["specs"][who])]))
         buf = make_aligned_tensor(2 * n * size)
-        adapters[who] = create_l2_adapter(cfg.adapters[0], l1_memory_desc=create_l1_memory_desc(buf))
+        raw = unsealed_l2_adapters() if who.endswith("-unsealed") else contextlib.nullcontext()
+        with raw:
+            adapters[who] = create_l2_adapter(cfg.adapters[0], l1_memory_desc=create_l1_memory_desc(buf))
         store_objs[who] = make_memory_objects(buf, n, size, 0)
         load_objs[who] = make_memory_objects(buf, n, size, n * size, fill_offset=1)
     durations: dict[str, dict[str, list[float]]] = {w: {op: [] for op in OPS} for w in names}
@@ -231,6 +248,9 @@ def main() -> int:
                         "cli: the lmcache bench l2 command per adapter, ABBA order, averaged")
     p.add_argument("--omp-threads", type=int, default=1,
                    help="OMP_NUM_THREADS for the bench process (0: torch's default; see _omp)")
+    p.add_argument("--integrity", action="store_true",
+                   help="also run kvbucket's adapter without the envelope and with AES-256-GCM "
+                        "(interleaved mode), and print the ratios")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -278,6 +298,17 @@ def main() -> int:
         goal = GOALS[op]
         mark = "ok" if ratio >= goal else "MISSED"
         print(f"{backend:<9} {op:<7} {base_ops:>14.1f} {my_ops:>15.1f} {ratio:>6.2f}x  >={goal}x {mark}")
+    if INTEGRITY_RUNS:
+        names = [b.strip() for b in args.backends.split(",") if b.strip()]
+        print("\nkvbucket: sealed (verified) vs unsealed, and AES-256-GCM vs sealed (ops/s and ratios)")
+        print(f"{'backend':<9} {'op':<7} {'unsealed':>10} {'sealed':>10} {'aes':>10} {'sealed/unsealed':>16} "
+              f"{'aes/sealed':>11}")
+        for backend, out in zip(names, INTEGRITY_RUNS, strict=False):
+            for op in OPS:
+                raw, sealed, aes = (out[w][op]["ops_per_sec_avg"] for w in
+                                    ("kvbucket-unsealed", "kvbucket", "kvbucket-aes"))
+                print(f"{backend:<9} {op:<7} {raw:>10.1f} {sealed:>10.1f} {aes:>10.1f} "
+                      f"{sealed / raw if raw else 0:>16.3f} {aes / sealed if sealed else 0:>11.3f}")
     return 1 if failures else 0
 
 

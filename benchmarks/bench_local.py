@@ -43,7 +43,11 @@ from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.stores.file import FileStore
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from unsealed import Unsealed
+
 MIB = 1024 * 1024
+UNSEALED_DISK = "LocalDiskBackend (unsealed)"
 GIB = 1024 * MIB
 MEMCPY, PLAIN_FILE = "memcpy", "plain file"
 
@@ -177,6 +181,10 @@ def build_cases(workdir: Path, n: int, size: int, fsync: bool) -> list[Case]:
         backend_case("LocalCPUBackend (cold)", lambda: LocalCPUBackend(room), MEMCPY, batch=32),
         backend_case("LocalDiskBackend", LocalDiskBackend(workdir / "disk", room, fsync=fsync), PLAIN_FILE,
                      batch=32),
+        # Verification off: the same tier over a store without the envelope (benchmarks/unsealed.py).
+        backend_case(UNSEALED_DISK,
+                     LocalDiskBackend(Unsealed(FileStore(workdir / "disk-raw", fsync=fsync)), room),
+                     PLAIN_FILE, batch=32),
         backend_case("RemoteBackend (FileStore)",
                      RemoteBackend(FileStore(workdir / "remote", fsync=fsync), _layout(size)), PLAIN_FILE,
                      batch=32),
@@ -231,6 +239,12 @@ def report(cases: list[Case], total_bytes: int) -> str:
         b = by_name[c.baseline]
         pr, gr = put / rate(b.put_secs), get / rate(b.get_secs)
         lines.append(f"{c.name:<28} {put:>10.2f} {get:>10.2f} {pr:>10.2f} {gr:>10.2f}  {c.baseline}")
+    if "LocalDiskBackend" in by_name and UNSEALED_DISK in by_name:
+        on, off = by_name["LocalDiskBackend"], by_name[UNSEALED_DISK]
+        lines.append(
+            f"disk tier, verification on / off: get {rate(on.get_secs) / rate(off.get_secs):.3f}, "
+            f"put {rate(on.put_secs) / rate(off.put_secs):.3f} (envelope + xxh3-64 checksum)"
+        )
     return "\n".join(lines)
 
 

@@ -139,3 +139,65 @@ def test_transformers_prefix_cache_generates_the_no_cache_tokens(tmp_path: Path,
             assert cache.last_stats.hit_tokens == t  # chunk 0 loaded; the prefix stops at the bad one
         assert failures("disk", REASON[kind]) == before + len(bad)  # one batched walk reads both
         assert all(not raw.exists(n) for n in bad)
+
+
+# ---- the non-MP connector, loaded by LMCache's remote_storage_plugins --------------------------------
+@pytest.mark.lmcache
+def test_non_mp_connector_refuses_a_damaged_chunk(tmp_path: Path) -> None:
+    pytest.importorskip("lmcache")
+    import asyncio
+    import threading
+    import time
+
+    import torch
+    from lmcache.utils import CacheEngineKey as LMKey
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.memory_management import MemoryFormat
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+    from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
+    loop = asyncio.new_event_loop()
+    th = threading.Thread(target=loop.run_forever, daemon=True)
+    th.start()
+    base = tmp_path / "remote"
+    cfg = LMCacheEngineConfig.from_defaults(
+        chunk_size=16, local_cpu=False, max_local_cpu_size=0.05, save_unfull_chunk=False,
+        remote_serde="naive", remote_storage_plugins=["kvbucket"],
+        extra_config={
+            "remote_storage_plugin.kvbucket.module_path": "kvbucket.integrations.lmcache",
+            "remote_storage_plugin.kvbucket.class_name": "KVBucketConnector",
+            "remote_storage_plugin.kvbucket.bucket_handle": f"file://{base}",
+            "remote_storage_plugin.kvbucket.metadata_cache_ttl_secs": 0,
+        },
+    )
+    md = LMCacheMetadata(model_name="org/llama", world_size=1, local_world_size=1, worker_id=0,
+                         local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=(2, 2, 16, 2, 8), chunk_size=16)
+    cpu = LocalCPUBackend(cfg, md, dst_device="cpu")
+    backend = RemoteBackend(cfg, md, loop, cpu, "cpu", plugin_name="kvbucket")
+    try:
+        keys = [LMKey("org/llama", 1, 0, h, torch.bfloat16) for h in (0x11, 0x22)]
+        objs = []
+        for i, _ in enumerate(keys):
+            obj = cpu.allocate(md.get_shapes(), md.get_dtypes(), MemoryFormat.KV_2LTD)
+            obj.raw_data.view(torch.uint8).fill_(i + 1)
+            objs.append(obj)
+        backend.batched_submit_put_task(keys, objs)
+        names = [key_to_name(k.to_string()) for k in keys]
+        raw = FileStore(base)
+        deadline = time.monotonic() + 20
+        while not all(raw.exists(n) for n in names) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for obj in objs:
+            obj.ref_count_down()
+        damage(raw, "flip-payload", names[0], names[1], "")
+        before = failures("connector", "checksum")
+        assert backend.get_blocking(keys[0]) is None
+        assert failures("connector", "checksum") == before + 1 and not raw.exists(names[0])
+        got = backend.get_blocking(keys[1])
+        assert got is not None and bytes(got.byte_array) == bytes([2]) * got.get_size()
+        got.ref_count_down()
+    finally:
+        backend.close()
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(5)

@@ -116,3 +116,18 @@ def test_inspect_and_tenants() -> None:
     assert tenant_of_name("kv/m%2Fx@0@01@team-a") == "team-a"
     assert tenant_of_name("m@1@0@ff@bfloat16@tenant%25t1") == "t1"
     assert tenant_of_name("m@1@0@ff@bfloat16") == ""
+
+
+def test_scatter_hash_follows_in_order_writes_and_voids_on_a_rewrite() -> None:
+    import xxhash
+
+    data = bytes(range(256)) * 40
+    sc = Scatter(bytearray(64), bytearray(len(data) - 64), hasher=xxhash.xxh3_64(), hash_from=64)
+    sc[0:1000] = data[:1000]
+    sc[3000:len(data)] = data[3000:]  # out of order: not hashed yet
+    sc[1000:3000] = data[1000:3000]
+    assert sc.hashed == 3000 and not sc.rewritten
+    sc.landed(sc.hashed, sc.nbytes)
+    assert sc.hasher.intdigest() == xxhash.xxh3_64_intdigest(data[64:])
+    sc[0:500] = data[:500]  # a retried transfer starts over: the running hash is void
+    assert sc.rewritten

@@ -118,10 +118,10 @@ class Scatter:
     result is the ``Scatter`` itself.
     """
 
-    __slots__ = ("_starts", "nbytes", "parts")
+    __slots__ = ("_starts", "hash_from", "hashed", "hasher", "nbytes", "parts", "rewritten")
     readonly = False
 
-    def __init__(self, *parts: Buffer) -> None:
+    def __init__(self, *parts: Buffer, hasher: Any = None, hash_from: int = 0) -> None:
         views = []
         for p in parts:
             v = memoryview(p)
@@ -137,9 +137,37 @@ class Scatter:
             total += v.nbytes
         self._starts = tuple(starts)
         self.nbytes = total
+        # Optional streaming hash (``update(view)``) of bytes ``hash_from..``, fed as bytes land
+        # in order; ``hashed`` is how far it got (out-of-order writes are hashed by the caller).
+        self.hasher = hasher
+        self.hash_from = hash_from
+        self.hashed = hash_from
+        self.rewritten = False  # bytes already hashed were written again (a retried transfer)
 
     def __len__(self) -> int:
         return self.nbytes
+
+    def landed(self, start: int, stop: int) -> None:
+        """Bytes ``start..stop`` were written: feed the hash when they continue it."""
+        if self.hasher is None or self.rewritten:
+            return
+        if start < self.hashed and self.hashed > self.hash_from and stop > self.hash_from:
+            self.rewritten = True  # the hash holds bytes of an earlier attempt: it is void
+            return
+        if start > self.hashed or stop <= self.hashed:
+            return
+        for view in self.views_range(self.hashed, stop):
+            self.hasher.update(view)
+        self.hashed = stop
+
+    def views_range(self, start: int, stop: int) -> list[memoryview]:
+        """The views covering bytes ``start..stop``."""
+        out = []
+        for part, pstart in zip(self.parts, self._starts, strict=True):
+            lo, hi = max(start, pstart), min(stop, pstart + part.nbytes)
+            if lo < hi:
+                out.append(part[lo - pstart : hi - pstart])
+        return out
 
     def __setitem__(self, key: slice, data: Buffer) -> None:
         start, stop, step = key.indices(self.nbytes)
@@ -151,6 +179,7 @@ class Scatter:
             lo, hi = max(start, pstart), min(stop, pstart + part.nbytes)
             if lo < hi:
                 part[lo - pstart : hi - pstart] = src[lo - start : hi - start]
+        self.landed(start, stop)
 
     def views_from(self, offset: int) -> list[memoryview]:
         """The writable views covering bytes ``offset..`` (for ``os.readv``)."""

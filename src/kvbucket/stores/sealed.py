@@ -102,6 +102,7 @@ class SealedStore(ObjectStore):
         self.tenant_of = tenant_of
         self.delete_unsealed = delete_unsealed
         self.overhead = env.HEADER_SIZE + (env.TAG_SIZE if keyring is not None else 0)
+        self._verified = INTEGRITY_VERIFIED.labels(tier)  # labels() is slow: once per store, not per load
         self._logged: set[str] = set()
         self._logged_lock = threading.Lock()
 
@@ -181,7 +182,7 @@ class SealedStore(ObjectStore):
                     tags[i] = bytearray(env.TAG_SIZE)
                     parts.append(tags[i])
                 try:
-                    inner_out.append(Scatter(*parts))
+                    inner_out.append(Scatter(*parts, hasher=xxhash.xxh3_64(), hash_from=env.HEADER_SIZE))
                 except (ValueError, TypeError) as e:
                     raise StoreError(f"the buffer given for {names[i]!r} cannot be read into: {e}") from None
         results = self.inner.get_many(names, inner_out)
@@ -202,7 +203,8 @@ class SealedStore(ObjectStore):
                 if buf is None:
                     final.append(self._open_whole(name, r.data))
                 else:
-                    final.append(self._open_scattered(name, heads[i], buf, tags[i]))
+                    assert inner_out is not None
+                    final.append(self._open_scattered(name, heads[i], buf, tags[i], inner_out[i]))
             except env.EnvelopeError as e:
                 if e.reason == "unsealed" and self.unsealed == "accept" and buf is None:
                     final.append(r)
@@ -215,7 +217,7 @@ class SealedStore(ObjectStore):
             self._refuse(bad)
         ok = sum(1 for r in final if r.found)
         if ok:
-            INTEGRITY_VERIFIED.labels(self.tier).inc(ok)
+            self._verified.inc(ok)
         return final
 
     def _open_whole(self, name: str, data: Buffer) -> ItemResult:
@@ -232,7 +234,8 @@ class SealedStore(ObjectStore):
         self._decrypt(name, header, memoryview(plain), bytes(payload[-env.TAG_SIZE :]))
         return ItemResult(name, size=len(plain), data=plain)
 
-    def _open_scattered(self, name: str, head: Any, buf: Buffer, tag: bytearray | None) -> ItemResult:
+    def _open_scattered(self, name: str, head: Any, buf: Buffer, tag: bytearray | None, dst: Scatter
+                        ) -> ItemResult:
         header = self._check_header(memoryview(head), name)
         view = as_view(buf)
         stored = view.nbytes + (0 if tag is None else env.TAG_SIZE)
@@ -240,9 +243,16 @@ class SealedStore(ObjectStore):
             raise env.EnvelopeError(
                 "length", f"{name}: the header says {header.payload_len} payload bytes, {stored} were read"
             )
-        h = xxhash.xxh3_64(view)
-        if tag is not None:
-            h.update(tag)
+        # The store fed the hash as bytes landed in order (while they were in cache); what did
+        # not land in order (unordered downloads) is hashed now.
+        if not dst.rewritten and dst.hashed < dst.nbytes:
+            dst.landed(dst.hashed, dst.nbytes)
+        if dst.hasher is None or dst.rewritten or dst.hashed != dst.nbytes:
+            h = xxhash.xxh3_64(view)
+            if tag is not None:
+                h.update(tag)
+        else:
+            h = dst.hasher
         if h.intdigest() != header.checksum:
             raise env.EnvelopeError("checksum", f"{name}: the payload's checksum does not match")
         if header.encrypted:

@@ -1,0 +1,381 @@
+"""kvbucket as SGLang's HiCache L3 storage: one bucket (or S3 prefix, or directory) shared by workers.
+
+SGLang (0.5.23) loads it with its own ``StorageBackendFactory`` and the ``dynamic`` backend::
+
+    --hicache-storage-backend dynamic --hicache-storage-backend-extra-config '{
+        "backend_name": "kvbucket", "module_path": "kvbucket.integrations.sglang",
+        "class_name": "KVBucketHiCacheStorage", "interface_v1": 1,
+        "store_url": "hf://buckets/my-org/kv-cache"}'
+
+Pages are stored as sealed objects (:mod:`kvbucket.stores.sealed`: a failed check is a miss) named
+
+    ``<prefix>/<model>/<salt>/<shard>/<layout>/<page hash>``
+
+- ``model``: SGLang's ``model_name`` (``/`` -> ``--``).
+- ``salt``: ``cache_salt`` of the extra config (a deployment-wide namespace, hashed: never stored
+  in clear). Per-request ``cache_salt``/``extra_key`` need nothing here: SGLang seeds the page
+  hash chain with them (``storage_namespace_seed``), so their pages already have other hashes.
+- ``shard``: who wrote the bytes. MLA KV is the same on every TP rank, so all ranks share one
+  shard (written by SGLang's storage writer rank only, ``is_storage_writer``); other models get
+  one shard per TP rank (``tp<rank>of<size>``). Pipeline, attention-CP and DCP ranks are added as
+  in SGLang's file backend.
+- ``layout``: the host pool's layout, dtype, page size and bytes per page, so a page written by a
+  pool with another byte order is never read into this one.
+
+This module imports without SGLang (kvbucket does not depend on it); creating the backend needs
+it. Read from ``storage_config.extra_config``: ``store_url`` (required), ``store_options``
+(keyword options of :func:`kvbucket.stores.open_store`), ``cache_salt``, ``prefix``
+(default ``sglang``), ``unsealed``, ``encryption`` (as for the other tiers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvbucket.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+try:  # SGLang is optional: the class below subclasses its interface when it is installed.
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, HiCacheStorageExtraInfo
+
+    HAVE_SGLANG = True
+except ImportError:  # pragma: no cover - depends on the venv
+    HAVE_SGLANG = False
+    HiCacheStorageConfig = Any  # type: ignore[misc,assignment]
+    HiCacheStorageExtraInfo = Any  # type: ignore[misc,assignment]
+
+    class _Base:  # type: ignore[no-redef]
+        """Stands in for ``HiCacheStorage`` when SGLang is not installed (creating one says so)."""
+
+
+# Keys SGLang itself reads from the same extra config (not ours, accepted and ignored).
+_SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
+
+
+class SGLangStorageSettings(BaseModel):
+    """kvbucket's part of ``--hicache-storage-backend-extra-config``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    store_url: str = Field(description="store URL: hf://buckets/ORG/NAME[/p], s3://BUCKET[/p], a path")
+    store_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of open_store")
+    cache_salt: str = Field("", description="deployment-wide namespace: other salts never see these pages")
+    prefix: str = Field("sglang", description="first path segment of every page object")
+    unsealed: str = Field("miss", description="objects without kvbucket's envelope: miss (default) or accept")
+    encryption: Any = Field(None, description="encryption setting, as for kvbucket's other tiers")
+    known_pages: int = Field(65536, ge=0, description="page names remembered as stored (skips rewrites)")
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> SGLangStorageSettings:
+        extra = dict(extra or {})
+        ours = {k: v for k, v in extra.items() if k not in _SGLANG_KEYS and k not in _SGLANG_PASSTHROUGH}
+        if "store_url" not in ours:
+            raise ConfigError(
+                "the kvbucket HiCache backend needs \"store_url\" in --hicache-storage-backend-extra-config, "
+                "e.g. {\"store_url\": \"hf://buckets/my-org/kv-cache\"}"
+            )
+        try:
+            return cls.model_validate(ours)
+        except ValidationError as e:
+            raise ConfigError(f"invalid kvbucket HiCache settings: {e}") from None
+
+
+# SGLang's own tuning keys of the extra config that other backends read (not ours either).
+_SGLANG_PASSTHROUGH = {"prefetch_threshold", "enable_metadata_cache", "metadata_ttl", "tp_lcm_size"}
+
+
+def _segment(text: str) -> str:
+    """One safe path segment from free text (model names hold ``/`` and other characters)."""
+    out = "".join(c if c.isalnum() or c in "-_.+=" else "-" for c in text.replace("/", "--"))
+    return out.strip(".") or "_"
+
+
+def salt_segment(cache_salt: str) -> str:
+    """The salt part of a page name: a digest, so a secret salt never appears in the bucket."""
+    if not cache_salt:
+        return "nosalt"
+    return "salt-" + hashlib.sha256(b"kvbucket-sglang-salt\0" + cache_salt.encode()).hexdigest()[:24]
+
+
+def shard_segment(cfg: Any) -> str:
+    """Who owns the bytes of a page, following SGLang's file backend (see the module docstring)."""
+    shard = "mla" if cfg.is_mla_model else f"tp{cfg.tp_rank}of{cfg.tp_size}"
+    if cfg.pp_size > 1:
+        shard += f"-pp{cfg.pp_rank}of{cfg.pp_size}"
+    if getattr(cfg, "attn_cp_size", 1) > 1:
+        shard += f"-cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}"
+    if getattr(cfg, "dcp_size", 1) > 1:
+        shard += f"-tp{cfg.tp_size}-dcp{cfg.dcp_rank}of{cfg.dcp_size}-lp{cfg.logical_page_size}"
+    return shard
+
+
+def layout_segment(pool: Any) -> str:
+    """The host pool's page byte format: layout, dtype, tokens and bytes per page."""
+    page = pool.get_dummy_flat_data_page()
+    nbytes = page.numel() * page.element_size()
+    dtype = str(pool.dtype).removeprefix("torch.")
+    tag = getattr(pool, "storage_format_tag", None)
+    seg = f"{pool.layout}-{dtype}-p{pool.page_size}-b{nbytes}"
+    return _segment(f"{seg}-{tag}" if tag else seg)
+
+
+class KVBucketHiCacheStorage(_Base):
+    """SGLang ``HiCacheStorage`` over any kvbucket store (see the module docstring)."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None,
+                 *, store: Any = None) -> None:
+        if not HAVE_SGLANG:
+            raise ConfigError("kvbucket.integrations.sglang needs SGLang: pip install sglang")
+        from kvbucket.metrics import InstrumentedStore
+        from kvbucket.stores import open_store
+        from kvbucket.stores.sealed import seal_store
+
+        self.settings = SGLangStorageSettings.from_extra_config(storage_config.extra_config)
+        self.storage_config = storage_config
+        self.is_writer = bool(storage_config.is_storage_writer)
+        opts = self.settings.store_options
+        raw = store if store is not None else open_store(self.settings.store_url, **opts)
+        self._raw = raw
+        self.store = seal_store(InstrumentedStore(raw, name="sglang"), tier="sglang",
+                                unsealed=self.settings.unsealed, encryption=self.settings.encryption)
+        model = _segment(storage_config.model_name or "model")
+        self._base = "/".join((_segment(self.settings.prefix), model, salt_segment(self.settings.cache_salt),
+                               shard_segment(storage_config)))
+        self.prefix = f"{self._base}/unregistered"
+        self.mem_pool_host: Any = None
+        self.page_size = 1
+        self._known: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._stats = {"get_pages": [], "set_pages": [], "get_bw": [], "set_bw": []}
+        log.info("kvbucket HiCache storage on %s (%s)", self.store.url, self._base)
+
+    # -- naming
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Bind the host KV pool (v1 transfers read/write its pages); its format joins the names."""
+        self.mem_pool_host = mem_pool_host
+        self.page_size = int(getattr(mem_pool_host, "page_size", 1) or 1)
+        self.prefix = f"{self._base}/{layout_segment(mem_pool_host)}"
+
+    def _name(self, key: str) -> str:
+        return f"{self.prefix}/{key}"
+
+    def _remember(self, names: Sequence[str]) -> None:
+        if not self.settings.known_pages:
+            return
+        with self._lock:
+            for n in names:
+                self._known[n] = None
+                self._known.move_to_end(n)
+            while len(self._known) > self.settings.known_pages:
+                self._known.popitem(last=False)
+
+    def _forget(self, names: Sequence[str]) -> None:
+        with self._lock:
+            for n in names:
+                self._known.pop(n, None)
+
+    # -- tensors <-> bytes
+    @staticmethod
+    def _bytes_of(tensor: Any) -> memoryview:
+        import torch
+
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+    def _page_tensor(self, index: int) -> Any:
+        return self.mem_pool_host.get_data_page(index, flat=False)
+
+    # -- existence
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        """Longest prefix of ``keys`` stored: one batched lookup (HEADs) for the names not known."""
+        names = [self._name(k) for k in keys]
+        with self._lock:
+            unknown = [i for i, n in enumerate(names) if n not in self._known]
+        found = [True] * len(names)
+        if unknown:
+            results = self.store.head_many([names[i] for i in unknown])
+            for i, r in zip(unknown, results, strict=True):
+                found[i] = r.error is None and r.size is not None
+            self._remember([names[i] for i, r in zip(unknown, results, strict=True) if found[i]])
+        return found.index(False) if False in found else len(found)
+
+    # -- zero-copy v1 (SGLang calls these with "interface_v1": 1)
+    def batch_set_v1(self, keys: list[str], host_indices: Any,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        """Store the pages at ``host_indices`` (``page_size`` token slots per key) under ``keys``."""
+        if not self._check_indices("batch_set_v1", keys, host_indices):
+            return [False] * len(keys)
+        if not self.is_writer:
+            log.debug("rank is not SGLang's storage writer for this shard: %d pages not written", len(keys))
+            return [False] * len(keys)
+        idx = host_indices.tolist()
+        pages = [(self._name(k), self._page_tensor(int(idx[i * self.page_size]))) for i, k in enumerate(keys)]
+        return self._put(pages)
+
+    def batch_get_v1(self, keys: list[str], host_indices: Any,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        """Load ``keys`` into the host pool at ``host_indices``; a page that fails is a miss (False).
+
+        A page that is one contiguous region of the pool (e.g. MLA ``page_first_direct``) is read
+        straight into it; others are read into one staging buffer and copied with SGLang's own
+        ``set_from_flat_data_page``.
+        """
+        if not self._check_indices("batch_get_v1", keys, host_indices):
+            return [False] * len(keys)
+        import numpy as np
+        import torch
+
+        pool = self.mem_pool_host
+        idx = host_indices.tolist()
+        starts = [int(idx[i * self.page_size]) for i in range(len(keys))]
+        views = [self._page_tensor(s) for s in starts]
+        direct = [v.is_contiguous() and v.device.type == "cpu" for v in views]
+        page_bytes = views[0].numel() * views[0].element_size() if views else 0
+        n_staged = len(keys) - sum(direct)
+        staging = np.empty((n_staged, page_bytes), dtype=np.uint8) if n_staged else None
+        out: list[Any] = []
+        slots: list[int | None] = []
+        j = 0
+        for v, d in zip(views, direct, strict=True):
+            if d:
+                out.append(memoryview(v.reshape(-1).view(torch.uint8).numpy()))
+                slots.append(None)
+            else:
+                out.append(memoryview(staging[j]))
+                slots.append(j)
+                j += 1
+        names = [self._name(k) for k in keys]
+        t0 = time.perf_counter()
+        results = self.store.get_many(names, out)
+        ok = [r.error is None and r.size == page_bytes for r in results]
+        for i, r in enumerate(results):
+            if r.error is not None:
+                log.warning("kvbucket HiCache: page %s not loaded: %s", keys[i], r.error)
+        for i, slot in enumerate(slots):
+            if ok[i] and slot is not None:
+                pool.set_from_flat_data_page(starts[i], torch.from_numpy(staging[slot]).view(pool.dtype))
+        self._remember([n for n, good in zip(names, ok, strict=True) if good])
+        self._forget([n for n, r in zip(names, results, strict=True) if r.error is None and r.size is None])
+        self._record("get", sum(ok), sum(ok) * page_bytes, time.perf_counter() - t0)
+        return ok
+
+    def _check_indices(self, op: str, keys: list[str], host_indices: Any) -> bool:
+        if self.mem_pool_host is None:
+            raise ConfigError(f"{op} before register_mem_pool_host: SGLang registers its host pool first")
+        if host_indices is None or host_indices.numel() != len(keys) * self.page_size:
+            log.error("%s: %d keys need %d host indices, got %s", op, len(keys), len(keys) * self.page_size,
+                      None if host_indices is None else host_indices.numel())
+            return False
+        return True
+
+    # -- tensor API (SGLang's generic, copying path)
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        got = self.batch_get([key], [target_location] if target_location is not None else None)
+        return got[0]
+
+    def batch_get(self, keys: list[str], target_locations: Any = None, target_sizes: Any = None) -> list[Any]:
+        """Read pages into ``target_locations`` (flat tensors; default: the host pool's dummy page)."""
+        import torch
+
+        if target_locations is None:
+            if self.mem_pool_host is None:
+                raise ConfigError("batch_get without target tensors needs the host pool registered first")
+            target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
+        targets = [t if t.is_contiguous() else t.contiguous() for t in target_locations]
+        out = [memoryview(t.reshape(-1).view(torch.uint8).numpy()) for t in targets]
+        names = [self._name(k) for k in keys]
+        t0 = time.perf_counter()
+        results = self.store.get_many(names, out)
+        answer: list[Any] = []
+        for t, orig, r, buf in zip(targets, target_locations, results, out, strict=True):
+            good = r.error is None and r.size == buf.nbytes
+            if good and t is not orig:
+                orig.copy_(t)
+            answer.append(orig if good else None)
+        n = sum(a is not None for a in answer)
+        self._remember([nm for nm, a in zip(names, answer, strict=True) if a is not None])
+        self._record("get", n, sum(b.nbytes for b, a in zip(out, answer, strict=True) if a is not None),
+                     time.perf_counter() - t0)
+        return answer
+
+    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        if values is None or len(values) != len(keys):
+            raise ValueError("batch_set needs one tensor per key")
+        if not self.is_writer:
+            return False
+        return all(self._put([(self._name(k), v) for k, v in zip(keys, values, strict=True)]))
+
+    def _put(self, pages: list[tuple[str, Any]]) -> list[bool]:
+        with self._lock:
+            todo = [i for i, (n, _) in enumerate(pages) if n not in self._known]
+        ok = [True] * len(pages)
+        if not todo:
+            return ok
+        items = [(pages[i][0], self._bytes_of(pages[i][1])) for i in todo]
+        t0 = time.perf_counter()
+        results = self.store.put_many(items)
+        for i, r in zip(todo, results, strict=True):
+            ok[i] = r.error is None
+            if r.error is not None:
+                log.warning("kvbucket HiCache: page %s not stored: %s", pages[i][0], r.error)
+        stored = [items[k] for k, r in enumerate(results) if r.error is None]
+        self._remember([n for n, _ in stored])
+        self._record("set", len(stored), sum(b.nbytes for _, b in stored), time.perf_counter() - t0)
+        return ok
+
+    # -- housekeeping
+    def clear(self) -> bool:
+        """Delete this shard's pages (all layouts) from the store."""
+        names = [info.name for info in self.store.list(self._base + "/")]
+        for i in range(0, len(names), 1000):
+            self.store.delete_many(names[i : i + 1000])
+        with self._lock:
+            self._known.clear()
+        return True
+
+    def close(self) -> None:
+        self.store.close()
+
+    def _record(self, op: str, pages: int, nbytes: int, seconds: float) -> None:
+        if not pages:
+            return
+        with self._lock:
+            self._stats[f"{op}_pages"].append(pages)
+            self._stats[f"{op}_bw"].append(nbytes / 1e9 / max(seconds, 1e-9))
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` since the last call (pages and GB/s per batch).
+
+        kvbucket's own Prometheus metrics (``kvbucket_store_*{store="sglang"}``,
+        ``kvbucket_integrity_*{tier="sglang"}``) are in the default registry that SGLang's
+        ``/metrics`` endpoint serves.
+        """
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        with self._lock:
+            s, self._stats = self._stats, {"get_pages": [], "set_pages": [], "get_bw": [], "set_bw": []}
+        return StorageMetrics(prefetch_pgs=s["get_pages"], backup_pgs=s["set_pages"],
+                              prefetch_bandwidth=s["get_bw"], backup_bandwidth=s["set_bw"])
+
+
+__all__ = ["HAVE_SGLANG", "KVBucketHiCacheStorage", "SGLangStorageSettings", "layout_segment",
+           "salt_segment", "shard_segment"]

@@ -1,0 +1,266 @@
+"""Checks run INSIDE the SGLang venv (engines/venv.sh sglang) by tests/engines/test_sglang.py.
+
+Everything SGLang here is SGLang's own released code: ``StorageBackendFactory`` with the
+``dynamic`` backend, ``HiCacheStorageConfig``, a device ``MHATokenToKVPool`` and its
+``MHATokenToKVPoolHost`` on the CPU, and SGLang's page hashes (``get_storage_hash_str``).
+The stores to run on come from $KVB_SGLANG_TARGETS (JSON ``{name: {"url", "options"}}``), set by
+the outer test, which owns the servers (Hub emulator, SeaweedFS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from array import array
+from typing import Any
+
+import pytest
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.storage import StorageBackendFactory
+from sglang.srt.mem_cache.utils import get_storage_hash_str
+from sglang.srt.observability.metrics_collector import StorageMetrics
+
+from kvbucket.integrations.sglang import KVBucketHiCacheStorage
+
+TARGETS: dict[str, dict[str, Any]] = json.loads(os.environ.get("KVB_SGLANG_TARGETS", "{}"))
+PAGE = 16
+LAYERS, HEADS, DIM = 3, 2, 8
+N_PAGES = 6
+
+
+@pytest.fixture(params=sorted(TARGETS))
+def target(request: pytest.FixtureRequest) -> dict[str, Any]:
+    t = dict(TARGETS[request.param])
+    t["name"] = request.param
+    # Each test gets its own namespace in the shared bucket/directory.
+    t["prefix"] = f"sglang-{uuid.uuid4().hex[:12]}"
+    return t
+
+
+def device_pool() -> MHATokenToKVPool:
+    return MHATokenToKVPool(size=512, page_size=PAGE, dtype=torch.bfloat16, head_num=HEADS, head_dim=DIM,
+                            layer_num=LAYERS, device="cpu", enable_memory_saver=False,
+                            enable_alt_stream=False)
+
+
+_DEVICE = None
+
+
+def host_pool(layout: str = "layer_first") -> MHATokenToKVPoolHost:
+    global _DEVICE
+    if _DEVICE is None:
+        _DEVICE = device_pool()
+    return MHATokenToKVPoolHost(_DEVICE._mha_buffer_info(), host_to_device_ratio=2.0, host_size=0,
+                                page_size=PAGE, layout=layout, pin_memory=False, device="cpu",
+                                device_capacity_tokens=512, start_layer=0, end_layer=LAYERS)
+
+
+def config(target: dict[str, Any], *, tp_rank: int = 0, tp_size: int = 1, mla: bool = False,
+           salt: str = "", model: str = "org/Model-7B") -> HiCacheStorageConfig:
+    extra = {
+        "backend_name": "kvbucket", "module_path": "kvbucket.integrations.sglang",
+        "class_name": "KVBucketHiCacheStorage", "interface_v1": 1,
+        "store_url": target["url"], "store_options": target.get("options", {}),
+        "prefix": target["prefix"],
+    }
+    if salt:
+        extra["cache_salt"] = salt
+    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                                attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=True,
+                                is_page_first_layout=False, model_name=model, extra_config=extra)
+
+
+def backend(target: dict[str, Any], pool: MHATokenToKVPoolHost, **kw: Any) -> KVBucketHiCacheStorage:
+    """Created exactly as SGLang's cache controller does: factory, then register_mem_pool_host."""
+    b = StorageBackendFactory.create_backend("dynamic", config(target, **kw), pool)
+    assert isinstance(b, KVBucketHiCacheStorage)
+    b.register_mem_pool_host(pool)
+    return b
+
+
+def fill(pool: MHATokenToKVPoolHost, n_pages: int, seed: int) -> torch.Tensor:
+    """Allocate pages in the host pool and write random KV into them; returns the token indices."""
+    idx = pool.alloc(n_pages * PAGE)
+    g = torch.Generator().manual_seed(seed)
+    for p in range(n_pages):
+        page = torch.randn(pool.get_dummy_flat_data_page().numel(), generator=g).to(pool.dtype)
+        pool.set_from_flat_data_page(int(idx[p * PAGE]), page)
+    return idx
+
+
+def page_bytes(pool: MHATokenToKVPoolHost, idx: torch.Tensor, n_pages: int) -> list[bytes]:
+    return [pool.get_data_page(int(idx[p * PAGE]), flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+            for p in range(n_pages)]
+
+
+def page_keys(seed: int, n_pages: int = N_PAGES, salt: str | None = None) -> list[str]:
+    """SGLang's own page hashes of a token sequence (its per-request salt seeds the chain)."""
+    tokens = array("q", [(seed * 7919 + i) % 32000 for i in range(n_pages * PAGE)])
+    keys = get_storage_hash_str(RadixKey(tokens, cache_salt=salt), None, page_size=PAGE)
+    assert len(keys) == n_pages
+    return keys
+
+
+def test_store_then_load_into_another_host_pool(target: dict[str, Any]) -> None:
+    src = host_pool()
+    idx = fill(src, N_PAGES, seed=1)
+    keys = page_keys(1)
+    b = backend(target, src)
+    assert b.batch_exists(keys) == 0
+    assert b.batch_set_v1(keys, idx) == [True] * N_PAGES
+
+    dst = host_pool()
+    dst.alloc(5 * PAGE)  # other slots than the source used
+    idx2 = dst.alloc(N_PAGES * PAGE)
+    assert not torch.equal(idx, idx2)
+    r = backend(target, dst)
+    assert r.batch_get_v1(keys, idx2) == [True] * N_PAGES
+    assert page_bytes(dst, idx2, N_PAGES) == page_bytes(src, idx, N_PAGES)
+    stats = r.get_stats()
+    assert isinstance(stats, StorageMetrics) and sum(stats.prefetch_pgs) == N_PAGES
+    assert sum(b.get_stats().backup_pgs) == N_PAGES
+
+
+def test_batch_exists_is_the_longest_stored_prefix(target: dict[str, Any]) -> None:
+    pool = host_pool()
+    idx = fill(pool, N_PAGES, seed=2)
+    keys = page_keys(2)
+    b = backend(target, pool)
+    # Store pages 0, 1, 2 and 4: page 3 is a hole.
+    stored = [0, 1, 2, 4]
+    sel = torch.cat([idx[p * PAGE : (p + 1) * PAGE] for p in stored])
+    assert b.batch_set_v1([keys[p] for p in stored], sel) == [True] * 4
+    fresh = backend(target, host_pool())  # nothing remembered: every answer comes from the store
+    assert fresh.batch_exists(keys) == 3
+    assert fresh.batch_exists(keys[:3]) == 3
+    assert fresh.batch_exists(keys[4:5] + keys[:2]) == 3
+    assert fresh.batch_exists(keys[3:]) == 0
+    assert fresh.exists(keys[4]) and not fresh.exists(keys[3])
+    # A read past the hole loads the prefix and misses the rest.
+    dst = host_pool()
+    idx2 = dst.alloc(N_PAGES * PAGE)
+    assert fresh.batch_get_v1(keys, idx2) == [True, True, True, False, True, False]
+
+
+def test_survives_a_restart_on_the_same_store(target: dict[str, Any]) -> None:
+    src = host_pool()
+    idx = fill(src, N_PAGES, seed=3)
+    keys = page_keys(3)
+    first = backend(target, src)
+    assert all(first.batch_set_v1(keys, idx))
+    first.close()
+    del first
+    dst = host_pool()
+    idx2 = dst.alloc(N_PAGES * PAGE)
+    again = backend(target, dst)
+    assert again.batch_exists(keys) == N_PAGES
+    assert all(again.batch_get_v1(keys, idx2))
+    assert page_bytes(dst, idx2, N_PAGES) == page_bytes(src, idx, N_PAGES)
+
+
+def test_salts_are_isolated(target: dict[str, Any]) -> None:
+    pool = host_pool()
+    idx = fill(pool, N_PAGES, seed=4)
+    keys = page_keys(4)
+    a = backend(target, pool, salt="tenant-a")
+    assert all(a.batch_set_v1(keys, idx))
+    assert backend(target, host_pool(), salt="tenant-a").batch_exists(keys) == N_PAGES
+    assert backend(target, host_pool(), salt="tenant-b").batch_exists(keys) == 0
+    assert backend(target, host_pool()).batch_exists(keys) == 0
+    # SGLang's per-request cache_salt seeds its page hashes: another salt, other keys, no hit.
+    salted = page_keys(4, salt="request-salt")
+    assert set(salted).isdisjoint(keys)
+    assert backend(target, host_pool(), salt="tenant-a").batch_exists(salted) == 0
+    # The salt itself never appears in the store's names.
+    names = [o.name for o in a.store.list(target["prefix"] + "/")]
+    assert names and not any("tenant-a" in n for n in names)
+
+
+def test_tp_ranks_are_isolated_and_mla_shares_one_writer(target: dict[str, Any]) -> None:
+    pool = host_pool()
+    idx = fill(pool, N_PAGES, seed=5)
+    keys = page_keys(5)
+    tp0 = backend(target, pool, tp_rank=0, tp_size=2)
+    assert all(tp0.batch_set_v1(keys, idx))
+    assert backend(target, host_pool(), tp_rank=1, tp_size=2).batch_exists(keys) == 0
+    assert backend(target, host_pool(), tp_rank=0, tp_size=4).batch_exists(keys) == 0
+    assert backend(target, host_pool(), tp_rank=0, tp_size=2).batch_exists(keys) == N_PAGES
+    # MLA: KV is the same on every TP rank; SGLang's writer (rank 0) writes, every rank reads.
+    mla_keys = page_keys(6)
+    dst = host_pool()
+    reader = backend(target, dst, tp_rank=1, tp_size=2, mla=True)
+    assert not reader.storage_config.is_storage_writer
+    assert reader.batch_set_v1(mla_keys, idx) == [False] * N_PAGES  # nothing written, nothing claimed
+    assert reader.batch_exists(mla_keys) == 0
+    writer = backend(target, pool, tp_rank=0, tp_size=2, mla=True)
+    assert all(writer.batch_set_v1(mla_keys, idx))
+    # A fresh reader: the Hub store caches lookups (metadata_cache_ttl_secs, 30 s by default),
+    # so the reader that just missed may keep missing that long (a miss, never a wrong page).
+    reader = backend(target, dst, tp_rank=1, tp_size=2, mla=True)
+    assert reader.batch_exists(mla_keys) == N_PAGES
+    idx2 = dst.alloc(N_PAGES * PAGE)
+    assert all(reader.batch_get_v1(mla_keys, idx2))
+    assert page_bytes(dst, idx2, N_PAGES) == page_bytes(pool, idx, N_PAGES)
+
+
+def test_layouts_never_mix(target: dict[str, Any]) -> None:
+    """layer_first and page_first pages hold the same KV in another byte order: other names."""
+    lf = host_pool("layer_first")
+    idx = fill(lf, N_PAGES, seed=7)
+    keys = page_keys(7)
+    assert all(backend(target, lf).batch_set_v1(keys, idx))
+    pf = host_pool("page_first")
+    b = backend(target, pf)
+    assert b.batch_exists(keys) == 0
+    idx2 = fill(pf, N_PAGES, seed=7)  # same values, page_first order
+    assert all(b.batch_set_v1(keys, idx2))
+    dst = host_pool("page_first")
+    idx3 = dst.alloc(N_PAGES * PAGE)
+    assert all(backend(target, dst).batch_get_v1(keys, idx3))
+    assert page_bytes(dst, idx3, N_PAGES) == page_bytes(pf, idx2, N_PAGES)
+
+
+def test_tensor_interface(target: dict[str, Any]) -> None:
+    """SGLang's generic (copying) path: get/set/batch_get/batch_set/exists with flat page tensors."""
+    pool = host_pool()
+    idx = fill(pool, 3, seed=8)
+    keys = page_keys(8, n_pages=3)
+    b = backend(target, pool)
+    pages = [pool.get_data_page(int(idx[p * PAGE]), flat=True) for p in range(3)]
+    assert b.batch_set(keys[:2], pages[:2]) is True
+    assert b.set(keys[2], pages[2]) is True
+    assert b.exists(keys[2])
+    r = backend(target, host_pool())
+    got = r.batch_get(keys, [pool.get_dummy_flat_data_page() for _ in keys])
+    assert all(torch.equal(g.view(torch.uint8), p.view(torch.uint8)) for g, p in zip(got, pages, strict=True))
+    one = r.get(keys[1], pool.get_dummy_flat_data_page())
+    assert torch.equal(one.view(torch.uint8), pages[1].view(torch.uint8))
+    assert r.get(page_keys(9, n_pages=1)[0], pool.get_dummy_flat_data_page()) is None
+    assert r.clear() is True
+    assert backend(target, host_pool()).batch_exists(keys) == 0
+
+
+def test_a_damaged_page_is_a_miss(target: dict[str, Any]) -> None:
+    """A page whose bytes changed in the store is never loaded (kvbucket's sealed objects)."""
+    pool = host_pool()
+    idx = fill(pool, 2, seed=10)
+    keys = page_keys(10, n_pages=2)
+    b = backend(target, pool)
+    assert all(b.batch_set_v1(keys, idx))
+    name = b._name(keys[1])
+    raw = b._raw.get(name)
+    bad = bytearray(raw)
+    bad[len(bad) // 2] ^= 0xFF
+    b._raw.put(name, bytes(bad))
+    dst = host_pool()
+    idx2 = dst.alloc(2 * PAGE)
+    before = page_bytes(dst, idx2, 2)
+    r = backend(target, dst)
+    assert r.batch_get_v1(keys, idx2) == [True, False]
+    assert page_bytes(dst, idx2, 2)[0] == page_bytes(pool, idx, 2)[0]
+    assert page_bytes(dst, idx2, 2)[1] == before[1]  # never written with what failed the check
