@@ -309,6 +309,14 @@ def _check_pytest(argv: list[str], where: str) -> None:
             assert (ROOT / path).exists(), f"{where}: no test path {path}"
 
 
+def _check_engine_venv(argv: list[str], where: str) -> None:
+    """``engines/venv.sh ENGINE``: the script and the engine's pins exist (tests/engines builds it)."""
+    assert (ROOT / argv[0]).is_file(), f"{where}: no script {argv[0]}"
+    engine = argv[1]
+    for pins in (ROOT / f"constraints-{engine}.txt", ROOT / "engines" / f"{engine}-requirements.txt"):
+        assert pins.is_file(), f"{where}: engine {engine!r} has no {pins.name}"
+
+
 def _check_make(argv: list[str], where: str) -> None:
     makefile = (ROOT / "Makefile").read_text()
     for target in argv[1:]:
@@ -379,4 +387,5 @@ CHECKS = {
     "make": _check_make,
     "pip": _check_pip,
     "lmcache": _check_lmcache,
+    "venv.sh": _check_engine_venv,
 }

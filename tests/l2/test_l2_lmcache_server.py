@@ -1,0 +1,142 @@
+"""The real ``lmcache server`` (MP mode, CPU, small L1) with kvbucket's plugin on hfbucket and s3.
+
+One server process holds two plugin adapters: ``hfbucket`` on the Hub emulator and ``s3`` on
+SeaweedFS, on free ports (``--port`` for requests, ``--http-port`` for the HTTP API, which
+otherwise is fixed at 8080). Chunks put in the buckets beforehand are found by the adapters'
+startup listings, listed and deleted through LMCache's own HTTP API (which calls the plugin's
+``list_l2_keys`` and ``delete``), and found again after the server restarts on the same buckets.
+
+Not covered here (docs/l2.md says why): storing and retrieving chunks through LMCache's MP
+client, which needs an engine worker registering its KV caches with the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lmcache", reason="the lmcache extra is not installed (pip install kvbucket[lmcache])")
+
+import httpx
+
+from kvbucket.keys import ObjectKey
+from kvbucket.l2 import open_l2_adapter
+from kvbucket.testing.hub_fixtures import HubBucket
+from kvbucket.testing.l2 import store
+from kvbucket.testing.s3_server import S3Server, free_port
+
+pytestmark = pytest.mark.lmcache
+
+N = 4
+CHUNK = 8192
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+PLUGIN = {"type": "plugin", "module_path": "kvbucket.integrations.lmcache", "class_name": "KVBucketL2Adapter"}
+
+
+def hf_params(b: HubBucket) -> dict[str, Any]:
+    return {"type": "hfbucket", "bucket_handle": f"hf://buckets/{b.bucket_id}/kv", "token": b.hub.write_token,
+            "endpoint": b.hub.endpoint}  # fmt: skip
+
+
+def s3_params(s: S3Server, bucket: str) -> dict[str, Any]:
+    return {"type": "s3", **s.config(bucket, "kv")}
+
+
+def keys(model: str) -> list[ObjectKey]:
+    return [ObjectKey(model, 0, i.to_bytes(16, "big")) for i in range(N)]
+
+
+class Server:
+    """``lmcache server`` in a subprocess of its own session (killed with its group)."""
+
+    def __init__(self, adapters: list[dict[str, Any]], log: Path) -> None:
+        self.http = free_port()
+        args = [sys.executable, "-m", "lmcache.cli.main", "server", "--host", "127.0.0.1",
+                "--port", str(free_port()), "--http-host", "127.0.0.1", "--http-port", str(self.http),
+                "--l1-size-gb", "0.05", "--eviction-policy", "LRU", "--chunk-size", "16"]  # fmt: skip
+        for params in adapters:
+            args += ["--l2-adapter", json.dumps({**PLUGIN, "adapter_params": params})]
+        env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.log = log
+        self.proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)  # fmt: skip
+        self.url = f"http://127.0.0.1:{self.http}"
+
+    def wait_ready(self, timeout: float = 150) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"lmcache server exited: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/healthcheck", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"lmcache server not ready: {self.log.read_text()[-3000:]}")
+
+    def adapters(self, complete: bool = True, timeout: float = 60) -> list[dict[str, Any]]:
+        """The L2 adapters' report_status() as the server shows them (after the startup listings)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = httpx.get(self.url + "/status", timeout=10).json()["storage_manager"]["l2_adapters"]
+            if not complete or all(a.get("usage_complete") for a in found) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[list[Server]]:
+    started: list[Server] = []
+    yield started
+    for s in started:
+        s.stop()
+
+
+def test_lmcache_server_runs_the_plugin_on_hfbucket_and_s3(
+    hub_bucket: HubBucket, seaweedfs: S3Server, s3_bucket: str, tmp_path: Path, servers: list[Server]
+) -> None:
+    specs = [hf_params(hub_bucket), s3_params(seaweedfs, s3_bucket)]
+    for spec, model in zip(specs, ("org/hf-model", "org/s3-model"), strict=True):
+        with open_l2_adapter(spec) as a:
+            assert store(a, keys(model), [bytes([i + 1]) * CHUNK for i in range(N)]).success
+
+    srv = Server(specs, tmp_path / "server.log")
+    servers.append(srv)
+    srv.wait_ready()
+    status = srv.adapters()
+    assert [a["store"].split(":")[0] for a in status] == ["hf", "s3"]
+    assert [(a["keys"], a["bytes_used"], a["is_healthy"]) for a in status] == [(N, N * CHUNK, True)] * 2
+    # LMCache's HTTP API lists and deletes through the plugin (the primary adapter: hfbucket)
+    listed = httpx.get(srv.url + "/cache/objects", params={"tier": "l2"}, timeout=30).json()
+    assert len(listed["entries"]) == N and {e["size_bytes"] for e in listed["entries"]} == {CHUNK}
+    victim = listed["entries"][0]["key"]
+    r = httpx.request("DELETE", srv.url + "/cache/objects", json={"keys": [victim], "tier": "l2"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert srv.adapters()[0]["keys"] == N - 1
+
+    srv.stop()  # restart on the same buckets: the plugin finds what is there
+    srv = Server(specs, tmp_path / "server2.log")
+    servers.append(srv)
+    srv.wait_ready()
+    assert [a["keys"] for a in srv.adapters()] == [N - 1, N]
+    listed = httpx.get(srv.url + "/cache/objects", params={"tier": "l2"}, timeout=30).json()
+    assert victim not in [e["key"] for e in listed["entries"]] and len(listed["entries"]) == N - 1
