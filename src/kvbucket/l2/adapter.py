@@ -520,13 +520,16 @@ class ObjectStoreL2Adapter(L2Adapter):
             found: list[ObjectKey] = []
             found_sizes: list[int] = []
             # One round per name format: a key not found under its first name is asked under
-            # the next (LMCache's), so a bucket LMCache filled is read without any setting.
+            # the next (LMCache's), so a bucket LMCache filled is read without any setting. A key
+            # whose lookup failed (a hung or failing store: its deadline is spent) is a miss and
+            # is not asked again, so a lookup costs at most one store deadline.
+            failed: set[int] = set()
             for r in range(max(len(c) for c in cands) if cands else 0):
                 now = time.monotonic()
                 ask: list[int] = []
                 with self._lock:
                     for i, c in enumerate(cands):
-                        if r >= len(c) or self._where(c) is not None:
+                        if r >= len(c) or i in failed or self._where(c) is not None:
                             continue
                         if self._missing.get(c[r], 0.0) > now:
                             continue
@@ -538,7 +541,9 @@ class ObjectStoreL2Adapter(L2Adapter):
                 with self._lock:
                     for i, h in zip(ask, heads, strict=True):
                         name = cands[i][r]
-                        if h.found and h.size:
+                        if not h.ok:
+                            failed.add(i)
+                        elif h.found and h.size:
                             if name not in self._index and name not in self._deleting:
                                 self._index.add(name, keys[i], h.size)
                                 found.append(keys[i])
