@@ -519,31 +519,22 @@ class ObjectStoreL2Adapter(L2Adapter):
             cands = [self._names(k) for k in keys]
             found: list[ObjectKey] = []
             found_sizes: list[int] = []
-            # One round per name format: a key not found under its first name is asked under
-            # the next (LMCache's), so a bucket LMCache filled is read without any setting. A key
-            # whose lookup failed (a hung or failing store: its deadline is spent) is a miss and
-            # is not asked again, so a lookup costs at most one store deadline.
-            failed: set[int] = set()
-            for r in range(max(len(c) for c in cands) if cands else 0):
-                now = time.monotonic()
-                ask: list[int] = []
-                with self._lock:
-                    for i, c in enumerate(cands):
-                        if r >= len(c) or i in failed or self._where(c) is not None:
-                            continue
-                        if self._missing.get(c[r], 0.0) > now:
-                            continue
-                        ask.append(i)
-                if not ask:
-                    continue
-                heads = await self._sliced(self._store.head_many, [cands[i][r] for i in ask])
+            # Every name format in one round (one head_many): a key not found under kvbucket's
+            # name is found under LMCache's, so a bucket LMCache filled is read without any
+            # setting, at the latency of one round.
+            now = time.monotonic()
+            ask: list[tuple[int, str]] = []
+            with self._lock:
+                for i, c in enumerate(cands):
+                    if self._where(c) is not None:
+                        continue
+                    ask.extend((i, nm) for nm in c if self._missing.get(nm, 0.0) <= now)
+            if ask:
+                heads = await self._sliced(self._store.head_many, [nm for _, nm in ask])
                 expiry = time.monotonic() + self._neg_ttl
                 with self._lock:
-                    for i, h in zip(ask, heads, strict=True):
-                        name = cands[i][r]
-                        if not h.ok:
-                            failed.add(i)
-                        elif h.found and h.size:
+                    for (i, name), h in zip(ask, heads, strict=True):
+                        if h.found and h.size:
                             if name not in self._index and name not in self._deleting:
                                 self._index.add(name, keys[i], h.size)
                                 found.append(keys[i])
