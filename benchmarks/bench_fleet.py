@@ -179,7 +179,7 @@ def main() -> None:
                 print(f"\n== {name}: capacity {CAPACITY // 1024} KiB, {CHUNK // 1024} KiB chunks, 3x written")
                 print(f"{'N':>3} {'settled':>8} {'peak':>6} {'hot hits':>9} {'coord/node/min':>15} "
                       f"{'data/node/min':>14} {'coord/data':>10} {'x-node evictions':>17}")
-                for n in [int(x) for x in args.nodes.split(",")]:
+                for n in [int(x) for x in args.nodes.split(",") if x]:
                     prefix = f"fleet-{n}-{uuid.uuid4().hex[:6]}"
                     spec, store = make(prefix)
                     r = fleet_run(spec, store, prefix, n)

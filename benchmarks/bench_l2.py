@@ -251,6 +251,8 @@ def main() -> int:
     p.add_argument("--integrity", action="store_true",
                    help="also run kvbucket's adapter without the envelope and with AES-256-GCM "
                         "(interleaved mode), and print the ratios")
+    p.add_argument("--object-format", choices=["kvbucket", "lmcache"], default="kvbucket",
+                   help="kvbucket's object_format: lmcache writes LMCache's names and raw bytes")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -266,6 +268,8 @@ def main() -> int:
                 with SERVERS[backend](tmp) as (builtin, ours, env):
                     if args.num_workers:
                         ours["num_workers"] = args.num_workers
+                    if args.object_format != "kvbucket":
+                        ours["object_format"] = args.object_format
                     plugin = {**PLUGIN, "adapter_params": ours}
                     if args.mode == "interleaved":
                         base, mine = run_interleaved(builtin, plugin, env, args, tmp)
@@ -291,6 +295,7 @@ def main() -> int:
 
     how = "rounds interleaved in one process" if args.mode == "interleaved" else "lmcache bench l2, ABBA"
     print(f"\n{how}: {args.num_keys} keys x {args.data_size_kb} KiB per submit, "
+          f"kvbucket object_format={args.object_format}, "
           f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)")
     print(f"{'backend':<9} {'op':<7} {'lmcache ops/s':>14} {'kvbucket ops/s':>15} {'ratio':>7}  goal")
     for backend, op, base_ops, my_ops in rows:

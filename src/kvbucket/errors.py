@@ -46,3 +46,11 @@ class NoSpaceError(StoreError):
 
 class SizeMismatchError(StoreError):
     """A stored object's size is not what the caller expected (e.g. not a full chunk)."""
+
+
+class DeadlineExceededError(TransientStoreError):
+    """A store call ran out of its time budget; it is reported failed (work may be abandoned)."""
+
+
+class CircuitOpenError(TransientStoreError):
+    """The store's circuit breaker is open after repeated failures; the call was not attempted."""

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvbucket.backends.base import Chunk, Key, StorageBackend
@@ -61,6 +61,19 @@ STORE_LATENCY = Histogram(
     "Latency of one object-store batch call.",
     ["store", "op"],
     buckets=_LATENCY_BUCKETS,
+)
+STORE_BREAKER_STATE = Gauge(
+    "kvbucket_store_breaker_state",
+    "Circuit breaker of a remote store: 0 closed (calls go through), 1 half-open (probing), 2 open.",
+    ["store"],
+)
+STORE_BREAKER_OPENS = Counter(
+    "kvbucket_store_breaker_opens", "Times a remote store's circuit breaker opened.", ["store"]
+)
+STORE_BREAKER_REJECTED = Counter(
+    "kvbucket_store_breaker_rejected",
+    "Objects of calls answered at once by an open circuit breaker (lookups missed, stores dropped).",
+    ["store", "op"],
 )
 PREFIX_TOKENS = Counter(
     "kvbucket_prefix_tokens",
@@ -377,8 +390,11 @@ class Summary:
     prefix_chunks: dict[str, float]
     integrity_verified: dict[str, float] = field(default_factory=dict)  # tier -> objects verified
     integrity_failures: dict[tuple[str, str], float] = field(default_factory=dict)  # (tier, reason)
+    #: store -> breaker state ("closed", "half_open", "open") and objects its open breaker refused
+    breakers: dict[str, tuple[str, float]] = field(default_factory=dict)
 
 
+_BREAKER_NAMES = {0: "closed", 1: "half_open", 2: "open"}
 _READ_OPS = {"get", "batched_get"}
 
 
@@ -393,6 +409,7 @@ def summarize(exposition: str) -> Summary:
     prefix_chunks: dict[str, float] = {}
     verified: dict[str, float] = {}
     failures: dict[tuple[str, str], float] = {}
+    breakers: dict[str, tuple[str, float]] = {}
 
     def row(kind: str, name: str) -> Row:
         return rows.setdefault((kind, name), Row(kind, name))
@@ -425,13 +442,19 @@ def summarize(exposition: str) -> Summary:
                 prefix_tokens[lab["result"]] = prefix_tokens.get(lab["result"], 0.0) + v
             elif s.name == "kvbucket_prefix_chunks_total":
                 prefix_chunks[lab["result"]] = prefix_chunks.get(lab["result"], 0.0) + v
+            elif s.name == "kvbucket_store_breaker_state":
+                state = _BREAKER_NAMES.get(int(v), "unknown")
+                breakers[lab["store"]] = (state, breakers.get(lab["store"], ("", 0.0))[1])
+            elif s.name == "kvbucket_store_breaker_rejected_total":
+                state, n = breakers.get(lab["store"], ("closed", 0.0))
+                breakers[lab["store"]] = (state, n + v)
             elif s.name == "kvbucket_integrity_verified_total":
                 verified[lab["tier"]] = verified.get(lab["tier"], 0.0) + v
             elif s.name == "kvbucket_integrity_failures_total":
                 k = (lab["tier"], lab["reason"])
                 failures[k] = failures.get(k, 0.0) + v
     ordered = sorted(rows.values(), key=lambda r: (r.kind != "tier", r.name))
-    return Summary(ordered, prefix_tokens, prefix_chunks, verified, failures)
+    return Summary(ordered, prefix_tokens, prefix_chunks, verified, failures, breakers)
 
 
 def integrity_totals(registry: CollectorRegistry = REGISTRY) -> tuple[float, float]:
@@ -467,6 +490,9 @@ __all__ = [
     "PREFIX_CHUNKS",
     "PREFIX_SECONDS",
     "PREFIX_TOKENS",
+    "STORE_BREAKER_OPENS",
+    "STORE_BREAKER_REJECTED",
+    "STORE_BREAKER_STATE",
     "STORE_BYTES",
     "STORE_LATENCY",
     "STORE_OBJECTS",

@@ -41,14 +41,14 @@ class FakeHub(HubBucketClient):
         if not self.exists:
             raise NotFoundError("bucket 'o/b' does not exist; set create_bucket_if_missing: true")
 
-    def create_private(self) -> None:
+    def create_private(self, deadline: float | None = None) -> None:
         self._count("create")
         self.exists = True
 
-    def bucket_info(self) -> dict[str, Any]:
+    def bucket_info(self, deadline: float | None = None) -> dict[str, Any]:
         return {"private": True}
 
-    def paths_info(self, paths: Sequence[str]) -> dict[str, RemoteFile]:
+    def paths_info(self, paths: Sequence[str], deadline: float | None = None) -> dict[str, RemoteFile]:
         assert len(paths) <= 1000
         self._count("paths_info")
         self._need_bucket()
@@ -56,7 +56,8 @@ class FakeHub(HubBucketClient):
             raise TransientStoreError("paths-info down")
         return {p: self.files[p] for p in paths if p in self.files}
 
-    def upload(self, items: Sequence[tuple[str, Any]]) -> list[tuple[str, int]]:
+    def upload(self, items: Sequence[tuple[str, Any]], deadline: float | None = None
+               ) -> list[tuple[str, int]]:
         self._count("upload")
         out = []
         for _, data in items:
@@ -66,7 +67,7 @@ class FakeHub(HubBucketClient):
             out.append((h, len(b)))
         return out
 
-    def commit_batch(self, ops: Sequence[dict[str, Any]]) -> dict[str, str]:
+    def commit_batch(self, ops: Sequence[dict[str, Any]], deadline: float | None = None) -> dict[str, str]:
         assert len(ops) <= 1000
         self._count("batch")
         self._need_bucket()
@@ -84,7 +85,7 @@ class FakeHub(HubBucketClient):
             raise TransientStoreError("connection dropped after the batch was applied")
         return failed
 
-    def download_into(self, f: RemoteFile, view: memoryview) -> None:
+    def download_into(self, f: RemoteFile, view: memoryview, gate: Any = None) -> None:
         self._count("download")
         if f.xet_hash not in self.blobs:
             raise StoreError("unknown xet hash")

@@ -244,3 +244,18 @@ def test_unsealed_objects_follow_the_policy(tmp_path: Path) -> None:
     with RemoteBackend(FileStore(tmp_path), LAYOUT, unsealed="accept") as lenient:
         buf = np.zeros(FULL, dtype=np.uint8)
         assert lenient.get_into(key(1), buf) is True and buf.tobytes() == chunk_bytes(LAYOUT, 1)
+
+
+def test_a_flipped_byte_inside_an_emulator_xorb_is_a_miss(remote_hf: Tier, hub_bucket) -> None:
+    """The issue's case: a byte flipped in the Hub's stored xorb came back as a good chunk."""
+    k = key(7)
+    remote_hf.backend.put(k, chunk_bytes(LAYOUT, 7))
+    xorbs = sorted((hub_bucket.hub.data_dir / "xorbs").rglob("*"), key=lambda p: p.stat().st_mtime)
+    xorb = [p for p in xorbs if p.is_file()][-1]  # the xorb just uploaded
+    data = bytearray(xorb.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the chunk's (incompressible, stored as is) bytes
+    xorb.write_bytes(data)
+    before = failures("remote", "checksum")
+    assert remote_hf.backend.get(k) is None
+    assert failures("remote", "checksum") == before + 1
+    assert remote_hf.raw.head(remote_hf.name(k)) is None

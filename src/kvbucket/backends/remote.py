@@ -31,7 +31,13 @@ from kvbucket.backends._putqueue import PutQueue
 from kvbucket.backends._queued import QueuedBackend
 from kvbucket.backends.base import Chunk, Key, check_buffers, check_open, put_as_batch
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
-from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError, TransientStoreError
+from kvbucket.errors import (
+    CircuitOpenError,
+    InvalidKeyError,
+    SizeMismatchError,
+    StoreError,
+    TransientStoreError,
+)
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
@@ -332,6 +338,8 @@ class RemoteBackend(QueuedBackend):
         if r.error is not None:
             if isinstance(r.error, SizeMismatchError):
                 self._log_bad(key, str(r.error))
+            elif isinstance(r.error, CircuitOpenError):  # the breaker logged when it opened
+                log.debug("get of %s skipped: %s", key, r.error)
             else:
                 _repeated.warning("get of %s from %s failed: %s", key, self.store.url, r.error, item=key)
             return None

@@ -45,7 +45,7 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
     from kvbucket.metrics import summarize
 
     summary = summarize(exposition)
-    if not summary.rows and not summary.prefix_tokens and not summary.integrity_verified:
+    if not (summary.rows or summary.prefix_tokens or summary.integrity_verified or summary.breakers):
         return False
     table = Table(title=title)
     for col, justify in (
@@ -61,7 +61,13 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
             r.kind, r.name, f"{r.hits:.0f}", f"{r.misses:.0f}", ratio, f"{r.writes:.0f}", f"{r.errors:.0f}",
             _fmt_bytes(r.bytes_read), _fmt_bytes(r.bytes_written), latency,
         )
-    console.print(table)
+    if summary.rows:
+        console.print(table)
+    for store, (state, refused) in sorted(summary.breakers.items()):
+        console.print(
+            f"circuit breaker of {store}: {state}; {refused:.0f} objects refused while open",
+            markup=False, highlight=False, soft_wrap=True,
+        )
     if summary.prefix_tokens:
         hit = summary.prefix_tokens.get("hit", 0.0)
         computed = summary.prefix_tokens.get("computed", 0.0)

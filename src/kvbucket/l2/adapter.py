@@ -27,8 +27,9 @@ Names: :class:`~kvbucket.l2.naming.Naming` gives the name a key is written under
 names it is read under (kvbucket's, then LMCache's built-in adapter's for the same store), so
 a bucket LMCache filled is read as is.
 
-Listener events of a task (stored, accessed on a lookup hit, deleted) are delivered before
-the task's completion is signalled, as LMCache's adapters do for stores.
+Listener events: stored and deleted keys are told before the task's completion is signalled
+(as LMCache's adapters do for stores); accessed keys (a lookup hit) right after the lookup's
+signal, as LMCache's hfbucket and s3 adapters do.
 """
 
 from __future__ import annotations
@@ -449,13 +450,14 @@ class ObjectStoreL2Adapter(L2Adapter):
         return tid
 
     def _finish_lookup(self, tid: L2TaskId, hits: list[bool], accessed: list[ObjectKey]) -> None:
-        """Tell the listener of the hits, then publish the result and signal (LMCache's order:
-        listener events of a task before its completion signal)."""
-        if accessed and self.listener is not None:
-            self._tell(self.listener.on_keys_accessed, accessed)
+        """Publish the result and signal, then tell the listener of the hits: LMCache's hfbucket
+        and s3 adapters call ``_notify_keys_accessed`` right after the lookup signal, which keeps
+        LMCache's listeners and event bus off the lookup's latency."""
         with self._lock:
             self._lookup_done[tid] = hits
         self._lookup_efd.notify()
+        if accessed and self.listener is not None:
+            self._tell(self.listener.on_keys_accessed, accessed)
 
     def _all_known(self, cands: list[tuple[str, ...]]) -> bool:
         """Whether every key is in the index or a remembered miss under every name (call with ``_lock``)."""
@@ -518,13 +520,16 @@ class ObjectStoreL2Adapter(L2Adapter):
             found: list[ObjectKey] = []
             found_sizes: list[int] = []
             # One round per name format: a key not found under its first name is asked under
-            # the next (LMCache's), so a bucket LMCache filled is read without any setting.
+            # the next (LMCache's), so a bucket LMCache filled is read without any setting. A key
+            # whose lookup failed (a hung or failing store: its deadline is spent) is a miss and
+            # is not asked again, so a lookup costs at most one store deadline.
+            failed: set[int] = set()
             for r in range(max(len(c) for c in cands) if cands else 0):
                 now = time.monotonic()
                 ask: list[int] = []
                 with self._lock:
                     for i, c in enumerate(cands):
-                        if r >= len(c) or self._where(c) is not None:
+                        if r >= len(c) or i in failed or self._where(c) is not None:
                             continue
                         if self._missing.get(c[r], 0.0) > now:
                             continue
@@ -536,7 +541,9 @@ class ObjectStoreL2Adapter(L2Adapter):
                 with self._lock:
                     for i, h in zip(ask, heads, strict=True):
                         name = cands[i][r]
-                        if h.found and h.size:
+                        if not h.ok:
+                            failed.add(i)
+                        elif h.found and h.size:
                             if name not in self._index and name not in self._deleting:
                                 self._index.add(name, keys[i], h.size)
                                 found.append(keys[i])

@@ -17,6 +17,12 @@ How each verb maps onto the Hub (at most 1,000 paths or operations a request, th
 - ``delete_many``: paths-info (exact sizes), one ``deleteFile`` batch, reconciliation as above.
 - ``list``: the Hub's recursive tree listing, lazily, page by page.
 
+Every verb has a total time budget (``lookup_timeout_secs`` for ``head_many``,
+``load_timeout_secs`` for ``get_many``, ``store_timeout_secs`` for ``put_many``/``delete_many``;
+each request is also bounded by ``connect_timeout_secs``/``request_timeout_secs``). Work hf_xet
+cannot cancel is abandoned at the deadline and its items fail with DeadlineExceededError; a
+circuit breaker (:mod:`kvbucket.stores.breaker`) answers at once while the Hub is down.
+
 Remote failures are per-item results (:class:`~kvbucket.stores.base.ItemResult` errors:
 NotFoundError for a missing bucket, AuthError for a refused token, TransientStoreError after
 the retries); only bad arguments or a closed store raise.
@@ -28,18 +34,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from kvbucket.errors import (
     AuthError,
     ConfigError,
+    DeadlineExceededError,
     NotFoundError,
     SizeMismatchError,
     StoreError,
     TransientStoreError,
 )
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size, check_name
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, check_buffer_size, check_name
+from kvbucket.stores.breaker import CircuitBreaker, RemoteStore
+from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.hfbucket_config import (
     HFBucketConfig,
     build_config,
@@ -53,7 +62,7 @@ from kvbucket.threads import DaemonThreadPool
 log = logging.getLogger(__name__)
 
 
-class HFBucketStore(ObjectStore):
+class HFBucketStore(RemoteStore):
     """An :class:`ObjectStore` on a Hugging Face bucket. Thread-safe; sync (call from threads)."""
 
     def __init__(self, config: HFBucketConfig, *, client: HubBucketClient | None = None) -> None:
@@ -67,11 +76,16 @@ class HFBucketStore(ObjectStore):
         self._client = client or HubBucketClient(
             endpoint=config.resolved_endpoint(), bucket_id=self.bucket_id, token=config.resolved_token(),
             token_source=config.token_source(), max_retries=config.max_retries,
-            retry_backoff_secs=config.retry_backoff_secs,
+            retry_backoff_secs=config.retry_backoff_secs, connect_timeout_secs=config.connect_timeout_secs,
+            request_timeout_secs=config.request_timeout_secs,
         )
         self.endpoint = self._client.endpoint
         self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)
         self._pool = DaemonThreadPool(config.num_workers, "kvbucket-hfbucket")  # never blocks exit
+        self._pool_lock = threading.Lock()
+        self.breaker = CircuitBreaker(
+            self.url, failures=config.breaker_failures, cooldown_secs=config.breaker_cooldown_secs
+        )
         self._create_lock = threading.Lock()
         self._bucket_ready = False
         self._closed = False
@@ -92,34 +106,77 @@ class HFBucketStore(ObjectStore):
         if self._closed:
             raise StoreError(f"{self!r} is closed")
 
-    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Future[Any]]:
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any], inline: bool = True) -> list[Future[Any]]:
         """Run ``fn`` over ``items`` on the worker pool (leaf tasks only: no nested submits)."""
-        if len(items) == 1:
+        if len(items) == 1 and inline:
             f: Future[Any] = Future()
             try:
                 f.set_result(fn(items[0]))
             except BaseException as e:  # delivered through the future
                 f.set_exception(e)
             return [f]
-        return [self._pool.submit(fn, it) for it in items]
+        pool = self._pool
+        return [pool.submit(fn, it) for it in items]
 
-    def _ensure_bucket(self) -> None:
+    def _gather(self, futures: list[Future[Any]], deadline: float, on_late: Callable[[int], Any]
+                ) -> list[Any]:
+        """Results of ``futures`` in order; a future not done at ``deadline`` gives ``on_late(i)``.
+
+        Workers still busy then are stuck in calls hf_xet cannot cancel: the pool is replaced so
+        that later calls do not queue behind them (their daemon threads end with the call).
+        """
+        if not wait_all(futures, deadline + 0.05):
+            self._abandon_pool()
+        out = []
+        for i, fut in enumerate(futures):
+            if not fut.done():
+                out.append(on_late(i))
+                continue
+            try:
+                out.append(fut.result())
+            except CancelledError:
+                out.append(on_late(i))
+        return out
+
+    def _named(self, results: list[ItemResult], what: str, option: str) -> list[ItemResult]:
+        """Deadline errors from deep in a call say which option sets the budget that ran out."""
+        named: dict[int, StoreError] = {}
+        for k, r in enumerate(results):
+            e = r.error
+            if e is not None and isinstance(e, DeadlineExceededError) and option not in str(e):
+                if id(e) not in named:
+                    base = exceeded(what, self.url, option, getattr(self.config, option))
+                    named[id(e)] = DeadlineExceededError(f"{base} ({e})")
+                results[k] = ItemResult(r.name, error=named[id(e)])
+        return results
+
+    def _abandon_pool(self) -> None:
+        with self._pool_lock:
+            old = self._pool
+            if self._closed:
+                return
+            self._pool = DaemonThreadPool(self.config.num_workers, "kvbucket-hfbucket")
+        old.shutdown(wait=False, cancel_futures=True)
+        log.warning("calls to %s passed their deadline and were abandoned", self.url)
+
+    def _ensure_bucket(self, deadline: float | None = None) -> None:
         """Create the bucket (private) once, on the first store, when the config asks for it."""
         if self._bucket_ready or not self.config.create_bucket_if_missing:
             return
         with self._create_lock:
             if self._bucket_ready:
                 return
-            self._client.create_private()
+            self._client.create_private(deadline)
             try:
-                if not self._client.bucket_info().get("private", True):
+                if not self._client.bucket_info(deadline).get("private", True):
                     log.warning("bucket %s already existed and is PUBLIC; KV caches hold users' prompts",
                                 self.bucket_id)
             except StoreError:
                 log.debug("could not read the info of bucket %s", self.bucket_id, exc_info=True)
             self._bucket_ready = True
 
-    def _lookup(self, paths: Sequence[str], *, use_cache: bool = True) -> dict[str, RemoteFile | None]:
+    def _lookup(self, paths: Sequence[str], deadline: float, *, use_cache: bool = True
+                ) -> dict[str, RemoteFile | None]:
         """Exact metadata of each path (None = missing): fresh cache entries, then paths-info.
 
         A missing bucket reads as "everything missing" when the store may create it; otherwise
@@ -130,9 +187,14 @@ class HFBucketStore(ObjectStore):
         if unknown:
             chunks = [unknown[i : i + HUB_BATCH_LIMIT] for i in range(0, len(unknown), HUB_BATCH_LIMIT)]
             found: dict[str, RemoteFile] = {}
+
+            def late(i: int) -> dict[str, RemoteFile]:
+                raise exceeded("a lookup", self.url, "lookup_timeout_secs", self.config.lookup_timeout_secs)
+
             try:
-                for fut in self._map(self._client.paths_info, chunks):
-                    found.update(fut.result())
+                futures = self._map(lambda c: self._client.paths_info(c, deadline), chunks)
+                for part in self._gather(futures, deadline, late):
+                    found.update(part)
             except NotFoundError:
                 if not self.config.create_bucket_if_missing or self._bucket_ready:
                     raise
@@ -143,6 +205,9 @@ class HFBucketStore(ObjectStore):
 
     # ---- the protocol -------------------------------------------------------------------
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        return self._named(self._put_many(items), "a store", "store_timeout_secs")
+
+    def _put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
         self._check_open()
         names = self._names([n for n, _ in items])
         views = [_byte_view(n, d) for n, (_, d) in zip(names, items, strict=True)]
@@ -152,17 +217,23 @@ class HFBucketStore(ObjectStore):
         # The last write of a name in one call wins (as with sequential puts); upload it once.
         last = {n: i for i, n in enumerate(names)}
         order = sorted(last.values())
+        deadline = deadline_in(self.config.store_timeout_secs)
         try:
-            self._ensure_bucket()
+            self._ensure_bucket(deadline)
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
         batches = [order[i : i + HUB_BATCH_LIMIT] for i in range(0, len(order), HUB_BATCH_LIMIT)]
 
         def run(batch: list[int]) -> dict[int, ItemResult]:
-            return self._put_batch([(i, names[i], views[i]) for i in batch])
+            return self._put_batch([(i, names[i], views[i]) for i in batch], deadline)
 
-        for fut in self._map(run, batches):
-            for i, r in fut.result().items():
+        def late(b: int) -> dict[int, ItemResult]:
+            self._cache.invalidate([self._path(names[i]) for i in batches[b]])
+            err = exceeded("a store", self.url, "store_timeout_secs", self.config.store_timeout_secs)
+            return {i: ItemResult(names[i], error=err) for i in batches[b]}
+
+        for part in self._gather(self._map(run, batches), deadline, late):
+            for i, r in part.items():
                 results[i] = r
         for i, n in enumerate(names):
             if results[i] is None:  # an earlier duplicate: it was written, then overwritten
@@ -170,10 +241,12 @@ class HFBucketStore(ObjectStore):
                 results[i] = ItemResult(n, size=views[i].nbytes) if winner and winner.ok else winner
         return [r for r in results if r is not None]
 
-    def _put_batch(self, batch: list[tuple[int, str, memoryview]]) -> dict[int, ItemResult]:
+    def _put_batch(self, batch: list[tuple[int, str, memoryview]], deadline: float) -> dict[int, ItemResult]:
         paths = [self._path(n) for _, n, _ in batch]
         try:
-            uploaded = self._client.upload([(p, v) for p, (_, _, v) in zip(paths, batch, strict=True)])
+            uploaded = self._client.upload(
+                [(p, v) for p, (_, _, v) in zip(paths, batch, strict=True)], deadline
+            )
         except StoreError as e:  # nothing was added to the bucket: every item failed
             return {i: ItemResult(n, error=e) for i, n, _ in batch}
         mtime = int(time.time() * 1000)
@@ -182,7 +255,7 @@ class HFBucketStore(ObjectStore):
         failure: StoreError | None = None
         failed: dict[str, str] = {}
         try:
-            failed = self._client.commit_batch(ops)
+            failed = self._client.commit_batch(ops, deadline)
         except TransientStoreError as e:  # the outcome is unknown: the batch may have been applied
             failure = e
         except StoreError as e:  # refused as a whole (missing bucket, auth, bad request): nothing applied
@@ -192,16 +265,21 @@ class HFBucketStore(ObjectStore):
                 (p, RemoteFile(p, size, h)) for p, (h, size) in zip(paths, uploaded, strict=True)
             )
             return {i: ItemResult(n, size=size) for (i, n, _), (_, size) in zip(batch, uploaded, strict=True)}
-        return self._reconcile_put(batch, paths, uploaded, failed, failure)
+        return self._reconcile_put(batch, paths, uploaded, failed, failure, deadline)
 
     def _reconcile_put(
         self, batch: list[tuple[int, str, memoryview]], paths: list[str], uploaded: list[tuple[str, int]],
-        failed: dict[str, str], failure: StoreError | None,
+        failed: dict[str, str], failure: StoreError | None, deadline: float,
     ) -> dict[int, ItemResult]:
-        """After a failed or partial batch, count exactly the paths that hold our new content."""
+        """After a failed or partial batch, count exactly the paths that hold our new content.
+
+        The check gets at least ``lookup_timeout_secs`` even when the batch used up the budget.
+        """
         self._cache.invalidate(paths)
         try:
-            now = self._client.paths_info(paths)
+            now = self._client.paths_info(
+                paths, max(deadline, deadline_in(self.config.lookup_timeout_secs))
+            )
         except StoreError as e:
             why = failure or StoreError(f"{len(failed)} of {len(paths)} writes failed")
             err = StoreError(f"{why}; and whether the others landed could not be checked: {e}")
@@ -220,24 +298,31 @@ class HFBucketStore(ObjectStore):
         return out
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self._named(self._head_many(names), "a lookup", "lookup_timeout_secs")
+
+    def _head_many(self, names: Sequence[str]) -> list[ItemResult]:
         self._check_open()
         names = self._names(names)
         paths = [self._path(n) for n in names]
         try:
-            meta = self._lookup(paths)
+            meta = self._lookup(paths, deadline_in(self.config.lookup_timeout_secs))
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
         return [ItemResult(n, size=None if meta[p] is None else meta[p].size)  # type: ignore[union-attr]
                 for n, p in zip(names, paths, strict=True)]
 
     def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        return self._named(self._get_many(names, out), "a load", "load_timeout_secs")
+
+    def _get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None) -> list[ItemResult]:
         self._check_open()
         names = self._names(names)
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
         paths = [self._path(n) for n in names]
-        try:
-            meta = self._lookup(paths)
+        deadline = deadline_in(self.config.load_timeout_secs)
+        try:  # the metadata is a lookup: a Hub that does not answer it in time is not answering
+            meta = self._lookup(paths, min(deadline, deadline_in(self.config.lookup_timeout_secs)))
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
         results: list[ItemResult | None] = [None] * len(names)
@@ -260,16 +345,29 @@ class HFBucketStore(ObjectStore):
                 target = buf
             jobs.append((i, f, view, target))
 
-        def fetch(job: tuple[int, RemoteFile, memoryview, Buffer]) -> ItemResult:
-            i, f, view, target = job
-            return self._download(names[i], f, view, target, out is not None and out[i] is not None)
+        if not jobs:
+            return [r for r in results if r is not None]
+        gates = [Gate() for _ in jobs]
 
-        for job, fut in zip(jobs, self._map(fetch, jobs), strict=True):
-            results[job[0]] = fut.result()
+        def fetch(k: int) -> ItemResult:
+            i, f, view, target = jobs[k]
+            return self._download(names[i], f, view, target, out is not None and out[i] is not None,
+                                  gates[k], deadline)
+
+        def late(k: int) -> ItemResult:
+            gates[k].close()  # the abandoned read can no longer write into the caller's buffer
+            self._cache.invalidate([jobs[k][1].path])
+            return ItemResult(names[jobs[k][0]], error=exceeded(
+                "a load", self.url, "load_timeout_secs", self.config.load_timeout_secs))
+
+        # Always on the pool (hf_xet reads cannot be cancelled): the caller waits until the deadline.
+        fetched = self._gather(self._map(fetch, range(len(jobs)), inline=False), deadline, late)
+        for job, r in zip(jobs, fetched, strict=True):
+            results[job[0]] = r
         return [r for r in results if r is not None]
 
-    def _download(self, name: str, f: RemoteFile, view: memoryview, target: Buffer, caller_buffer: bool
-                  ) -> ItemResult:
+    def _download(self, name: str, f: RemoteFile, view: memoryview, target: Buffer, caller_buffer: bool,
+                  gate: Gate, deadline: float) -> ItemResult:
         """Stream one object into ``view``; on failure, back off, re-read its metadata, try again.
 
         A cached hash can be stale (overwritten elsewhere), and a just-committed object can be
@@ -279,17 +377,21 @@ class HFBucketStore(ObjectStore):
         delay = self.config.retry_backoff_secs
         for attempt in range(self.config.max_retries + 1):
             try:
-                self._client.download_into(f, view)
+                self._client.download_into(f, view, gate)
                 return ItemResult(name, size=f.size, data=target)
+            except Abandoned:
+                return ItemResult(name, error=exceeded(
+                    "a load", self.url, "load_timeout_secs", self.config.load_timeout_secs))
             except Exception as e:  # becomes this item's error, unless a retry succeeds
                 err = self._client.error(e, f"download {f.path!r}")
-            if attempt == self.config.max_retries or isinstance(err, AuthError):
+            wait = min(delay, 8.0)
+            if attempt == self.config.max_retries or isinstance(err, AuthError) or wait >= left(deadline):
                 break
-            time.sleep(min(delay, 8.0))
+            time.sleep(wait)
             delay *= 2
             self._client.reset_download_group()  # a new group also gets a fresh read token
             try:
-                fresh = self._client.paths_info([f.path]).get(f.path)
+                fresh = self._client.paths_info([f.path], deadline).get(f.path)
             except StoreError as e:
                 return ItemResult(name, error=e)
             self._cache.set_many([(f.path, fresh)])
@@ -306,13 +408,17 @@ class HFBucketStore(ObjectStore):
         return ItemResult(name, error=err)
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self._named(self._delete_many(names), "a delete", "store_timeout_secs")
+
+    def _delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         self._check_open()
         names = self._names(names)
         if not names:
             return []
         paths = [self._path(n) for n in names]
+        deadline = deadline_in(self.config.store_timeout_secs)
         try:
-            before = self._lookup(paths, use_cache=False)
+            before = self._lookup(paths, deadline, use_cache=False)
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
         present = list(dict.fromkeys(p for p in paths if before[p] is not None))
@@ -320,10 +426,15 @@ class HFBucketStore(ObjectStore):
         chunks = [present[i : i + HUB_BATCH_LIMIT] for i in range(0, len(present), HUB_BATCH_LIMIT)]
 
         def run(chunk: list[str]) -> dict[str, StoreError]:
-            return self._delete_batch(chunk)
+            return self._delete_batch(chunk, deadline)
 
-        for fut in self._map(run, chunks):
-            failed.update(fut.result())
+        def late(c: int) -> dict[str, StoreError]:
+            self._cache.invalidate(chunks[c])
+            err = exceeded("a delete", self.url, "store_timeout_secs", self.config.store_timeout_secs)
+            return dict.fromkeys(chunks[c], err)
+
+        for part in self._gather(self._map(run, chunks), deadline, late):
+            failed.update(part)
         self._cache.set_many((p, None) for p in present if p not in failed)
         out = []
         for n, p in zip(names, paths, strict=True):
@@ -334,11 +445,11 @@ class HFBucketStore(ObjectStore):
                 out.append(ItemResult(n, size=None if f is None else f.size))
         return out
 
-    def _delete_batch(self, chunk: list[str]) -> dict[str, StoreError]:
+    def _delete_batch(self, chunk: list[str], deadline: float) -> dict[str, StoreError]:
         err: StoreError | None = None
         failed: dict[str, str] = {}
         try:
-            failed = self._client.commit_batch([{"type": "deleteFile", "path": p} for p in chunk])
+            failed = self._client.commit_batch([{"type": "deleteFile", "path": p} for p in chunk], deadline)
         except TransientStoreError as e:
             err = e
         except StoreError as e:
@@ -347,7 +458,9 @@ class HFBucketStore(ObjectStore):
             return {}
         self._cache.invalidate(chunk)
         try:
-            still = self._client.paths_info(chunk)
+            still = self._client.paths_info(
+                chunk, max(deadline, deadline_in(self.config.lookup_timeout_secs))
+            )
         except StoreError as e:
             return {p: StoreError(f"{err or 'delete failed'}; could not check what was removed: {e}")
                     for p in chunk}

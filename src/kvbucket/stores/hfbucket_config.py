@@ -113,6 +113,27 @@ class HFBucketConfig(BaseModel):
     retry_backoff_secs: float = Field(
         0.5, ge=0, le=60, description="first retry wait; doubles, capped at 8 s"
     )
+    # Deadlines (docs/reliability.md): every verb has a total budget, retries included. Lookups
+    # and loads are on the inference path (a miss is cheaper than a stall); stores run behind it.
+    connect_timeout_secs: float = Field(2.0, gt=0, le=600, description="TCP+TLS connect of one request")
+    request_timeout_secs: float = Field(
+        30.0, gt=0, le=3600, description="one HTTP request without a byte (and each list page)"
+    )
+    lookup_timeout_secs: float = Field(
+        1.0, gt=0, le=3600, description="total of head_many (inference path): past it, items fail"
+    )
+    load_timeout_secs: float = Field(
+        5.0, gt=0, le=3600, description="total of get_many (inference path): past it, items fail"
+    )
+    store_timeout_secs: float = Field(
+        120.0, gt=0, le=86400, description="total of put_many/delete_many: past it, items fail"
+    )
+    breaker_failures: int = Field(
+        5, ge=0, le=1000, strict=True, description="consecutive failed calls that open the breaker; 0: off"
+    )
+    breaker_cooldown_secs: float = Field(
+        10.0, ge=0, le=3600, description="open breaker: seconds before one call probes the store"
+    )
 
     @field_validator("bucket_handle")
     @classmethod
@@ -135,7 +156,11 @@ class HFBucketConfig(BaseModel):
             raise ValueError(f"endpoint must be an http(s) URL such as https://huggingface.co, got {v!r}")
         return v.rstrip("/")
 
-    @field_validator("metadata_cache_ttl_secs", "retry_backoff_secs", mode="before")
+    @field_validator(
+        "metadata_cache_ttl_secs", "retry_backoff_secs", "connect_timeout_secs", "request_timeout_secs",
+        "lookup_timeout_secs", "load_timeout_secs", "store_timeout_secs", "breaker_cooldown_secs",
+        mode="before",
+    )
     @classmethod
     def _number_not_bool(cls, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, int | float):
@@ -224,7 +249,9 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _LENIENT_BOOLS = ("create_bucket_if_missing",)
 _LENIENT_NUMBERS = {"metadata_cache_ttl_secs": float, "retry_backoff_secs": float, "num_workers": int,
-                    "max_retries": int}
+                    "max_retries": int, "connect_timeout_secs": float, "request_timeout_secs": float,
+                    "lookup_timeout_secs": float, "load_timeout_secs": float, "store_timeout_secs": float,
+                    "breaker_failures": int, "breaker_cooldown_secs": float}
 
 
 def lenient_bool(key: str, value: Any) -> bool:

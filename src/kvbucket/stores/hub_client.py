@@ -30,8 +30,9 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import BucketNotFoundError, HfHubHTTPError
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 
-from kvbucket.errors import AuthError, NotFoundError, StoreError, TransientStoreError
+from kvbucket.errors import AuthError, DeadlineExceededError, NotFoundError, StoreError, TransientStoreError
 from kvbucket.secrets import redact
+from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,6 @@ HUB_BATCH_LIMIT = 1000
 _RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 _RETRY_EXCEPTIONS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
 _MAX_WAIT = 8.0
-_TIMEOUT = 60.0
 _TOKEN_SAFETY_SECS = 60
 
 T = TypeVar("T")
@@ -90,6 +90,8 @@ class HubBucketClient:
         token_source: str,
         max_retries: int = 5,
         retry_backoff_secs: float = 0.5,
+        connect_timeout_secs: float = 2.0,
+        request_timeout_secs: float = 30.0,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.bucket_id = bucket_id
@@ -97,6 +99,8 @@ class HubBucketClient:
         self._token_source = token_source  # words naming where the token came from, never the value
         self.max_retries = max_retries
         self.retry_backoff_secs = retry_backoff_secs
+        self.connect_timeout_secs = connect_timeout_secs
+        self.request_timeout_secs = request_timeout_secs
         from kvbucket import __version__
 
         # token=None lets huggingface_hub fall back to $HF_TOKEN / the saved login, as it does.
@@ -150,20 +154,35 @@ class HubBucketClient:
             )
         return StoreError(f"failed to {what} on bucket {self.bucket_id!r}: {type(exc).__name__}: {detail}")
 
-    def _request(self, method: str, url: str, **kwargs: Any) -> httpx2.Response:
+    def _request(self, method: str, url: str, timeout: httpx2.Timeout, **kwargs: Any) -> httpx2.Response:
         # One attempt here: :meth:`retrying` owns the retry policy (one budget, Retry-After honoured).
         return http_backoff(
             method, url, headers=kwargs.pop("headers", self._headers), max_retries=0,
-            retry_on_exceptions=(), retry_on_status_codes=(),
-            timeout=kwargs.pop("timeout", _TIMEOUT), **kwargs,
+            retry_on_exceptions=(), retry_on_status_codes=(), timeout=timeout, **kwargs,
         )
 
-    def retrying(self, fn: Callable[[], T], what: str) -> T:
-        """Run ``fn`` with exponential backoff on transient failures; raise a kvbucket error."""
+    def _timeout(self, deadline: float | None) -> httpx2.Timeout:
+        """One request's timeouts: the configured ones, cut to what is left of the call's budget."""
+        request, connect = self.request_timeout_secs, self.connect_timeout_secs
+        if deadline is not None:
+            rest = max(0.001, left(deadline))
+            request, connect = min(request, rest), min(connect, rest)
+        return httpx2.Timeout(request, connect=connect)
+
+    def retrying(self, fn: Callable[[httpx2.Timeout], T], what: str, deadline: float | None = None) -> T:
+        """Run ``fn(timeout)`` with exponential backoff on transient failures; raise a kvbucket error.
+
+        With a ``deadline`` (a monotonic instant) every attempt's timeouts are cut to the time
+        left and no retry starts (or sleeps) past it: the call fails with
+        :class:`DeadlineExceededError` instead.
+        """
         delay = self.retry_backoff_secs
+        err: StoreError | None = None
         for attempt in range(self.max_retries + 1):
+            if deadline is not None and left(deadline) <= 0:
+                break
             try:
-                return fn()
+                return fn(self._timeout(deadline))
             except Exception as e:  # classified below
                 err = self.error(e, what)
                 if not isinstance(err, TransientStoreError) or attempt == self.max_retries:
@@ -172,24 +191,29 @@ class HubBucketClient:
                 retry_after = getattr(getattr(e, "response", None), "headers", {}).get("Retry-After", "")
                 if isinstance(retry_after, str) and retry_after.strip().isdigit():
                     wait = min(float(retry_after), _MAX_WAIT)
+                if deadline is not None and wait >= left(deadline):
+                    break
                 log.debug("retrying %s on bucket %s in %.2fs after: %s", what, self.bucket_id, wait, err)
                 time.sleep(wait)
                 delay *= 2
-        raise AssertionError("unreachable")
+        raise DeadlineExceededError(
+            f"the Hub did not answer in time for bucket {self.bucket_id!r} while trying to {what}"
+            + (f" (last error: {err})" if err is not None else "")
+        )
 
     # ---- bucket --------------------------------------------------------------------------
-    def bucket_info(self) -> dict[str, Any]:
-        def call() -> dict[str, Any]:
-            r = self._request("GET", self._base)
+    def bucket_info(self, deadline: float | None = None) -> dict[str, Any]:
+        def call(t: httpx2.Timeout) -> dict[str, Any]:
+            r = self._request("GET", self._base, t)
             hf_raise_for_status(r)
             return dict(r.json())
 
-        return self.retrying(call, "read the bucket's info")
+        return self.retrying(call, "read the bucket's info", deadline)
 
-    def create_private(self) -> None:
+    def create_private(self, deadline: float | None = None) -> None:
         """Create the bucket as private; an existing bucket is left as it is (409 is success)."""
 
-        def call() -> None:
+        def create() -> None:
             try:
                 self._api.create_bucket(self.bucket_id, private=True, exist_ok=True)
             except HfHubHTTPError as e:
@@ -197,10 +221,14 @@ class HubBucketClient:
                     return
                 raise
 
-        self.retrying(call, "create the bucket")
+        def call(t: httpx2.Timeout) -> None:  # HfApi takes no timeout: abandoned at the deadline
+            run_abandonable(create, deadline_in(t.read or self.request_timeout_secs),
+                            lambda: TimeoutError("creating the bucket timed out"))
+
+        self.retrying(call, "create the bucket", deadline)
 
     # ---- metadata ------------------------------------------------------------------------
-    def paths_info(self, paths: Sequence[str]) -> dict[str, RemoteFile]:
+    def paths_info(self, paths: Sequence[str], deadline: float | None = None) -> dict[str, RemoteFile]:
         """Exact size and hash of each existing path (absent = missing); one request per 1,000.
 
         The JSON is read directly (no datetime parsing): this is the hot path of lookups.
@@ -209,31 +237,35 @@ class HubBucketClient:
         for i in range(0, len(paths), HUB_BATCH_LIMIT):
             chunk = list(paths[i : i + HUB_BATCH_LIMIT])
 
-            def call(chunk: list[str] = chunk) -> list[dict[str, Any]]:
-                r = self._request("POST", f"{self._base}/paths-info", json={"paths": chunk})
+            def call(t: httpx2.Timeout, chunk: list[str] = chunk) -> list[dict[str, Any]]:
+                r = self._request("POST", f"{self._base}/paths-info", t, json={"paths": chunk})
                 hf_raise_for_status(r)
                 return list(r.json())
 
-            for entry in self.retrying(call, "look up objects in the bucket"):
+            for entry in self.retrying(call, "look up objects in the bucket", deadline):
                 f = _remote_file(entry)
                 if f is not None:
                     out[f.path] = f
         return out
 
     def list_tree(self, directory: str) -> Iterator[RemoteFile]:
-        """Every file under ``directory`` (recursive, paginated by the Hub, fetched lazily)."""
+        """Every file under ``directory`` (recursive, paginated by the Hub, fetched lazily).
+
+        Each page, retries included, is bounded by ``request_timeout_secs``.
+        """
         url: str | None = f"{self._base}/tree" + (f"/{quote(directory, safe='')}" if directory else "")
         params: dict[str, Any] | None = {"recursive": "true"}
         while url is not None:
 
-            def call(url: str = url, params: dict[str, Any] | None = params) -> httpx2.Response:
-                r = self._request("GET", url, params=params)
+            def call(t: httpx2.Timeout, url: str = url, params: dict[str, Any] | None = params
+                     ) -> httpx2.Response:
+                r = self._request("GET", url, t, params=params)
                 if r.status_code == 404 and r.headers.get("X-Error-Code") == "EntryNotFound":
                     return r
                 hf_raise_for_status(r)
                 return r
 
-            r = self.retrying(call, "list the bucket")
+            r = self.retrying(call, "list the bucket", deadline_in(self.request_timeout_secs))
             if r.status_code == 404:
                 return
             for entry in r.json():
@@ -244,7 +276,7 @@ class HubBucketClient:
             params = None
 
     # ---- writes --------------------------------------------------------------------------
-    def commit_batch(self, ops: Sequence[dict[str, Any]]) -> dict[str, str]:
+    def commit_batch(self, ops: Sequence[dict[str, Any]], deadline: float | None = None) -> dict[str, str]:
         """POST one NDJSON batch (<= 1,000 operations); return ``{path: error}`` of failed ones.
 
         Retried on 429/5xx/timeouts: addFile with a given hash and deleteFile are idempotent.
@@ -253,8 +285,8 @@ class HubBucketClient:
             raise ValueError(f"a batch holds at most {HUB_BATCH_LIMIT} operations, got {len(ops)}")
         body = b"".join(json.dumps(op).encode() + b"\n" for op in ops)
 
-        def call() -> dict[str, str]:
-            r = self._request("POST", f"{self._base}/batch", content=body,
+        def call(t: httpx2.Timeout) -> dict[str, str]:
+            r = self._request("POST", f"{self._base}/batch", t, content=body,
                               headers={"Content-Type": "application/x-ndjson", **self._headers})
             if r.status_code in (200, 422):
                 try:
@@ -266,42 +298,51 @@ class HubBucketClient:
             hf_raise_for_status(r)
             return {}
 
-        return self.retrying(call, "commit a batch of writes")
+        return self.retrying(call, "commit a batch of writes", deadline)
 
-    def _xet_write_token(self) -> tuple[str, int, str]:
+    def _xet_write_token(self, deadline: float | None = None) -> tuple[str, int, str]:
         with self._xet_lock:
             tok = self._write_token
             if tok is not None and tok[1] > time.time() + _TOKEN_SAFETY_SECS:
                 return tok
 
-        def call() -> tuple[str, int, str]:
-            r = self._request("GET", f"{self._base}/xet-write-token")
+        def call(t: httpx2.Timeout) -> tuple[str, int, str]:
+            r = self._request("GET", f"{self._base}/xet-write-token", t)
             hf_raise_for_status(r)
             d = r.json()
             return str(d["accessToken"]), int(d["exp"]), str(d["casUrl"])
 
-        tok = self.retrying(call, "get a write token for the bucket's storage")
+        tok = self.retrying(call, "get a write token for the bucket's storage", deadline)
         with self._xet_lock:
             self._write_token = tok
         return tok
 
-    def upload(self, items: Sequence[tuple[str, Any]]) -> list[tuple[str, int]]:
+    def upload(
+        self, items: Sequence[tuple[str, Any]], deadline: float | None = None
+    ) -> list[tuple[str, int]]:
         """Upload the bytes of each (path, buffer) to Xet storage; return (xet_hash, size) in order.
 
-        Nothing is visible in the bucket until :meth:`commit_batch` adds the paths.
+        Nothing is visible in the bucket until :meth:`commit_batch` adds the paths. With a
+        ``deadline`` the commit runs on a daemon thread; when the deadline passes it is aborted
+        (which frees hf_xet's process-wide upload slots: a commit stuck on a dead server would
+        otherwise stall every later upload of the process) and abandoned, and the call fails;
+        what it uploaded is never added.
         """
         from hf_xet import SKIP_SHA256
         from huggingface_hub.utils._xet import get_xet_session, xet_headers_without_auth
 
-        token, exp, cas_url = self._xet_write_token()
+        token, exp, cas_url = self._xet_write_token(deadline)
         session = get_xet_session()
 
-        def call() -> list[tuple[str, int]]:
+        started: list[Any] = []
+
+        def xet_upload() -> list[tuple[str, int]]:
             with session.new_upload_commit(
                 endpoint=cas_url, token=token, token_expiry_unix_secs=exp,
                 token_refresh_url=f"{self._base}/xet-write-token", token_refresh_headers=self._headers,
                 custom_headers=xet_headers_without_auth(self._headers),
             ) as commit:
+                started.append(commit)
                 handles = [commit.start_upload_bytes(bytes(data), sha256=SKIP_SHA256) for _, data in items]
             out = []
             for h in handles:
@@ -309,7 +350,20 @@ class HubBucketClient:
                 out.append((str(info.hash), int(info.file_size)))
             return out
 
-        return self.retrying(call, "upload objects")
+        def timed_out() -> Exception:
+            for commit in started:
+                try:
+                    commit.abort()
+                except Exception:  # already finished or failed: nothing left to stop
+                    log.debug("aborting an Xet upload commit failed", exc_info=True)
+            return TimeoutError("the Xet upload timed out")
+
+        def call(_t: httpx2.Timeout) -> list[tuple[str, int]]:
+            if deadline is None:
+                return xet_upload()
+            return run_abandonable(xet_upload, deadline, timed_out)
+
+        return self.retrying(call, "upload objects", deadline)
 
     # ---- reads ---------------------------------------------------------------------------
     def _group(self) -> Any:
@@ -318,7 +372,7 @@ class HubBucketClient:
                 return self._download_group
         from huggingface_hub.utils._xet import get_xet_session, xet_headers_without_auth
 
-        def call() -> Any:
+        def call(_t: httpx2.Timeout) -> Any:
             return get_xet_session().new_download_stream_group(
                 token_refresh_url=f"{self._base}/xet-read-token", token_refresh_headers=self._headers,
                 custom_headers=xet_headers_without_auth(self._headers),
@@ -334,8 +388,12 @@ class HubBucketClient:
         with self._xet_lock:
             self._download_group = None
 
-    def download_into(self, f: RemoteFile, view: memoryview) -> None:
-        """Stream the object's bytes straight into ``view`` (exactly ``f.size`` bytes long)."""
+    def download_into(self, f: RemoteFile, view: memoryview, gate: Gate | None = None) -> None:
+        """Stream the object's bytes straight into ``view`` (exactly ``f.size`` bytes long).
+
+        With a ``gate``, every write goes through it, so a caller that stopped waiting (its
+        deadline passed) never has its buffer written afterwards.
+        """
         if view.nbytes != f.size:
             raise ValueError(f"buffer of {view.nbytes} bytes for an object of {f.size}")
         if f.size == 0:
@@ -344,11 +402,17 @@ class HubBucketClient:
 
         info = XetFileInfo(f.xet_hash, f.size)
         got = 0
-        for offset, data in self._group().download_unordered_stream(info):
+        stream = self._group().download_unordered_stream(info)
+        if gate is not None:
+            gate.on_close = stream.cancel  # a caller giving up stops the transfer too
+        for offset, data in stream:
             n = len(data)
             if offset < 0 or offset + n > f.size:
                 raise StoreError(f"the storage returned bytes past the end of {f.path!r} ({f.size} bytes)")
-            view[offset : offset + n] = data
+            if gate is None:
+                view[offset : offset + n] = data
+            else:
+                gate.write(view, offset, data)
             got += n
         if got != f.size:
             raise StoreError(f"the storage returned {got} of the {f.size} bytes of {f.path!r}")

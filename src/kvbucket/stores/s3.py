@@ -11,6 +11,13 @@ the caller's buffers (:mod:`kvbucket.stores.s3_direct`), at half the client CPU 
 Batches run their items concurrently on the pool and answer per item. A missing bucket is
 detected once per store by a one-key listing, because S3 answers HEAD on a missing bucket with
 the same bodiless 404 as a missing object.
+
+Every verb has a total time budget (``s3_lookup_timeout_secs`` for ``head_many``,
+``s3_load_timeout_secs`` for ``get_many``, ``s3_store_timeout_secs`` for ``put_many`` and
+``delete_many``, ``s3_request_timeout_secs`` for each page of ``list``): libcurl batches stop
+at it, obstore calls (which cannot be cancelled) are abandoned on the pool, and their items fail
+with DeadlineExceededError.
+A circuit breaker (:mod:`kvbucket.stores.breaker`) answers at once while the endpoint is down.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -37,9 +46,11 @@ from kvbucket.errors import (
     TransientStoreError,
 )
 from kvbucket.secrets import redact, reveal
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, check_buffer_size
+from kvbucket.stores.breaker import CircuitBreaker, RemoteStore
+from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.s3_config import S3Config, S3Target, resolve_target
-from kvbucket.stores.s3_direct import MISSING, Body, DirectReader, Outcome, WrongSize
+from kvbucket.stores.s3_direct import EXPIRED, MISSING, Body, DirectReader, Outcome, WrongSize
 from kvbucket.threads import DaemonThreadPool
 
 _XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
@@ -57,7 +68,7 @@ _TRANSIENT_CODES = {
 _THROTTLE_STATUS = {429}
 
 
-class S3Store(ObjectStore):
+class S3Store(RemoteStore):
     """Objects under ``s3://bucket/prefix``. Thread-safe; batch items run concurrently."""
 
     def __init__(self, config: S3Config) -> None:
@@ -69,9 +80,23 @@ class S3Store(ObjectStore):
         self._secrets = (config.aws_access_key_id, config.aws_secret_access_key, config.aws_session_token)
         self._store = _build_client(config, self.target)
         self._pool = DaemonThreadPool(config.s3_num_io_threads, "kvbucket-s3")  # never blocks exit
+        self._pool_lock = threading.Lock()
         self._closed = False
         self._bucket_checked = False
         self._bucket_lock = threading.Lock()
+        self._bucket_probe: Future[None] | None = None
+        self.breaker = CircuitBreaker(
+            self.url, failures=config.s3_breaker_failures, cooldown_secs=config.s3_breaker_cooldown_secs
+        )
+        # (verb, option, seconds) of each budget, for error messages.
+        c = config
+        self._budgets = {
+            "head": ("a lookup", "s3_lookup_timeout_secs", c.s3_lookup_timeout_secs),
+            "get": ("a load", "s3_load_timeout_secs", c.s3_load_timeout_secs),
+            "put": ("a store", "s3_store_timeout_secs", c.s3_store_timeout_secs),
+            "delete": ("a delete", "s3_store_timeout_secs", c.s3_store_timeout_secs),
+            "list": ("a list page", "s3_request_timeout_secs", c.s3_request_timeout_secs),
+        }
         self._put_concurrency = max(1, min(8, config.s3_num_io_threads))
         self._direct = _direct_reader(config, self.target, self._store)
 
@@ -83,52 +108,69 @@ class S3Store(ObjectStore):
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
         names = self._names([n for n, _ in items])
         views = [as_view(d) for _, d in items]
-        self._ready(bool(names))
-        return self._run(self._put_one, list(zip(names, views, strict=True)))
+        deadline = deadline_in(self.config.s3_store_timeout_secs)
+        self._ready(bool(names), deadline)
+        return self._run(self._put_one, list(zip(names, views, strict=True)), deadline, "put")
 
     def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
         names = self._names(names)
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
-        self._ready(bool(names))
+        deadline = deadline_in(self.config.s3_load_timeout_secs)
+        self._ready(bool(names), deadline)
         bufs: Sequence[Buffer | None] = out if out is not None else [None] * len(names)
         args = list(zip(names, bufs, strict=True))
         if self._direct is None or not names or (urls := self._direct.sign(names)) is None:
-            return self._run(self._get_one, args)
-        return self._settle(args, self._direct.fetch(urls, bufs), self._get_one)
+            return self._run(self._get_one, args, deadline, "get")
+        return self._settle(args, self._direct.fetch(urls, bufs, deadline), self._get_one, deadline, "get")
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
-        self._ready(bool(names))
+        deadline = deadline_in(self.config.s3_lookup_timeout_secs)
+        self._ready(bool(names), deadline)
         args = [(n,) for n in names]
         if self._direct is None or not names or (urls := self._direct.sign(names, "HEAD")) is None:
-            return self._run(self._head_one, args)
-        return self._settle(args, self._direct.head(urls), self._head_one)
+            return self._run(self._head_one, args, deadline, "head")
+        return self._settle(args, self._direct.head(urls, deadline), self._head_one, deadline, "head")
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
-        self._ready(bool(names))
+        deadline = deadline_in(self.config.s3_store_timeout_secs)
+        self._ready(bool(names), deadline)
         if not names:
             return []
         try:  # one DeleteObjects request per 1,000 keys
-            obstore.delete(self._store, names)
+            self._bounded(lambda: obstore.delete(self._store, names), deadline)
             return [ItemResult(n) for n in names]
+        except FutureTimeout:
+            err = self._late("delete")
+            return [ItemResult(n, error=err) for n in names]
         except Exception:  # retry one request per key to learn which ones failed
-            return self._run(self._delete_one, [(n,) for n in names])
+            return self._run(self._delete_one, [(n,) for n in names], deadline, "delete")
 
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
-        self._ready()
+        self._ready(True, deadline_in(self.config.s3_request_timeout_secs))
         # obstore's prefixes match whole path segments; ours are plain string prefixes, so list the
         # enclosing "directory" and filter. No early stop on key order: SeaweedFS lists a tree
         # ("a/b" before "a%2Fx"), not in byte order as AWS does.
         parent = prefix.rsplit("/", 1)[0] if "/" in prefix else None
         try:
-            for page in obstore.list(self._store, parent, chunk_size=max(1, min(page_size, 1000))):
+            pages = iter(obstore.list(self._store, parent, chunk_size=max(1, min(page_size, 1000))))
+            while True:
+                try:  # each page within s3_request_timeout_secs
+                    page = self._bounded(lambda: next(pages, None),
+                                         deadline_in(self.config.s3_request_timeout_secs))
+                except FutureTimeout:
+                    raise self._late("list") from None
+                if page is None:
+                    break
                 for meta in page:
                     name = str(meta["path"])
                     if name.startswith(prefix):
                         mtime = meta.get("last_modified")
                         yield ObjectInfo(name, int(meta["size"]), mtime.timestamp() if mtime else None)
+        except StoreError:
+            raise
         except Exception as e:
             raise self._error(e, "list", prefix or "/") from None
 
@@ -156,7 +198,7 @@ class S3Store(ObjectStore):
             return ItemResult(name, error=self._error(e, "put", name))
         return ItemResult(name, size=size)
 
-    def _get_one(self, name: str, buf: Buffer | None) -> ItemResult:
+    def _get_one(self, name: str, buf: Buffer | None, gate: Gate | None = None) -> ItemResult:
         try:
             result = obstore.get(self._store, name)
         except Exception as e:
@@ -182,8 +224,13 @@ class S3Store(ObjectStore):
                 n = len(frame)
                 if got + n > size:
                     return ItemResult(name, error=self._short(name, size, got + n))
-                view[got : got + n] = frame
+                if gate is None:
+                    view[got : got + n] = frame
+                else:  # the caller may stop waiting: then this read must not touch its buffer
+                    gate.write(view, got, frame)
                 got += n
+        except Abandoned:
+            return ItemResult(name, error=self._late("get"))
         except Exception as e:
             return ItemResult(name, error=self._error(e, "get", name))
         if got != size:
@@ -210,27 +257,80 @@ class S3Store(ObjectStore):
         return ItemResult(name)
 
     # ---- machinery ----------------------------------------------------------------------
-    def _run(self, fn: Callable[..., ItemResult], args: list[tuple[Any, ...]]) -> list[ItemResult]:
-        if len(args) <= 1:
-            return [fn(*a) for a in args]
-        futures = [self._pool.submit(fn, *a) for a in args]
-        return [f.result() for f in futures]
+    def _late(self, op: str) -> StoreError:
+        what, option, secs = self._budgets[op]
+        return exceeded(what, self.url, option, secs)
+
+    def _bounded(self, fn: Callable[[], Any], deadline: float) -> Any:
+        """``fn()`` on the pool; FutureTimeout when it has not finished by ``deadline`` (abandoned)."""
+        fut = self._pool.submit(fn)
+        try:
+            return fut.result(timeout=left(deadline))
+        except FutureTimeout:
+            self._abandon_pool()
+            raise
+
+    def _run(
+        self, fn: Callable[..., ItemResult], args: list[tuple[Any, ...]], deadline: float, op: str
+    ) -> list[ItemResult]:
+        """``fn(*a)`` for each item on the pool (obstore calls cannot be cancelled); items not done
+        by ``deadline`` fail at once, and reads still running can no longer touch their buffers."""
+        if not args:
+            return []
+        if left(deadline) <= 0:
+            err = self._late(op)
+            return [ItemResult(a[0], error=err) for a in args]
+        reads = op == "get"
+        gates = [Gate() for _ in args] if reads else []
+        pool = self._pool
+        futures = [pool.submit(fn, *a, *gates[i : i + 1]) for i, a in enumerate(args)]
+        if not wait_all(futures, deadline):
+            self._abandon_pool()
+        out = []
+        for i, (a, f) in enumerate(zip(args, futures, strict=True)):
+            if f.done() and not f.cancelled():
+                out.append(f.result())
+                continue
+            if reads:
+                gates[i].close()
+            f.cancel()
+            out.append(ItemResult(a[0], error=self._late(op)))
+        return out
+
+    def _abandon_pool(self) -> None:
+        """Workers stuck past a deadline stay with the old pool; later calls get fresh workers."""
+        with self._pool_lock:
+            if self._closed:
+                return
+            old = self._pool
+            self._pool = DaemonThreadPool(self.config.s3_num_io_threads, "kvbucket-s3")
+        old.shutdown(wait=False, cancel_futures=True)
 
     def _settle(
-        self, args: list[tuple[Any, ...]], outcomes: Sequence[Outcome], fallback: Callable[..., ItemResult]
+        self, args: list[tuple[Any, ...]], outcomes: Sequence[Outcome], fallback: Callable[..., ItemResult],
+        deadline: float, op: str,
     ) -> list[ItemResult]:
         """One result per item: the direct outcome where it settles the item, else ``fallback``
         (obstore's call for one item, with its retries and error messages) on the pool."""
         results = [
             _settled(a[0], a[1] if len(a) > 1 else None, got) for a, got in zip(args, outcomes, strict=True)
         ]
-        again = [i for i, r in enumerate(results) if r is None]
-        for i, r in zip(again, self._run(fallback, [args[i] for i in again]), strict=True):
+        again = []
+        for i, got in enumerate(outcomes):
+            if got == EXPIRED:
+                results[i] = ItemResult(args[i][0], error=self._late(op))
+            elif results[i] is None:
+                again.append(i)
+        for i, r in zip(again, self._run(fallback, [args[i] for i in again], deadline, op), strict=True):
             results[i] = r
         return cast(list[ItemResult], results)
 
-    def _ready(self, probe: bool = True) -> None:
-        """Refuse work on a closed store; once per store, make sure the bucket exists."""
+    def _ready(self, probe: bool = True, deadline: float | None = None) -> None:
+        """Refuse work on a closed store; once per store, make sure the bucket exists.
+
+        The probe runs on the pool; a caller waits for it at most until its own deadline (a
+        probe still running then leaves the real requests to answer, or to time out).
+        """
         if self._closed:
             raise StoreError(f"{self.url} is closed")
         _claim_runtime()
@@ -239,14 +339,25 @@ class S3Store(ObjectStore):
         with self._bucket_lock:
             if self._bucket_checked:
                 return
-            try:
-                next(iter(obstore.list(self._store, None, chunk_size=1)), None)
-            except Exception as e:
-                err = self._error(e, "list", "/")
-                if isinstance(err, NotFoundError):
-                    raise err from None
-                # Anything else (e.g. no s3:ListBucket permission) is left to the real requests.
-            self._bucket_checked = True
+            if self._bucket_probe is None:
+                self._bucket_probe = self._pool.submit(self._probe_bucket)
+            fut = self._bucket_probe
+        try:
+            fut.result(timeout=None if deadline is None else left(deadline))
+        except (FutureTimeout, CancelledError):
+            return
+
+    def _probe_bucket(self) -> None:
+        try:
+            next(iter(obstore.list(self._store, None, chunk_size=1)), None)
+        except Exception as e:
+            err = self._error(e, "list", "/")
+            if isinstance(err, NotFoundError):
+                with self._bucket_lock:
+                    self._bucket_probe = None  # ask again next time
+                raise err from None
+            # Anything else (e.g. no s3:ListBucket permission) is left to the real requests.
+        self._bucket_checked = True
 
     def _missing_or_error(self, e: BaseException, op: str, name: str) -> ItemResult:
         if isinstance(e, FileNotFoundError | obe.NotFoundError) and "NoSuchBucket" not in str(e):

@@ -67,7 +67,24 @@ class S3Config(BaseModel):
     s3_max_retries: int = Field(5, ge=0, le=50, description="retries of throttled/5xx/timed-out requests")
     s3_retry_timeout_secs: float = Field(30.0, gt=0, description="stop retrying a request after this long")
     s3_request_timeout_secs: float = Field(60.0, gt=0, description="one HTTP request, connect to last byte")
-    s3_connect_timeout_secs: float = Field(5.0, gt=0)
+    s3_connect_timeout_secs: float = Field(5.0, gt=0, description="TCP+TLS connect of one request")
+    # Deadlines (docs/reliability.md): every verb has a total budget, retries included. Lookups
+    # and loads are on the inference path (a miss is cheaper than a stall); stores run behind it.
+    s3_lookup_timeout_secs: float = Field(
+        1.0, gt=0, le=3600, description="total of head_many (inference path): past it, items fail"
+    )
+    s3_load_timeout_secs: float = Field(
+        5.0, gt=0, le=3600, description="total of get_many (inference path): past it, items fail"
+    )
+    s3_store_timeout_secs: float = Field(
+        120.0, gt=0, le=86400, description="total of put_many/delete_many: past it, items fail"
+    )
+    s3_breaker_failures: int = Field(
+        5, ge=0, le=1000, description="consecutive failed calls that open the breaker; 0: off"
+    )
+    s3_breaker_cooldown_secs: float = Field(
+        10.0, ge=0, le=3600, description="open breaker: seconds before one call probes the store"
+    )
     s3_direct_reads: bool = Field(
         True,
         description="GETs presigned by obstore and run by libcurl (pycurl), bodies written straight "

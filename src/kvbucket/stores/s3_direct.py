@@ -13,13 +13,17 @@ locally, one call per batch.
 Only the happy path lives here: status 200 with a ``Content-Length``. A GET's 404 whose body
 says ``NoSuchKey``, or any HEAD's 404, is a miss (one request). Anything else (an error status, a
 body cut short, a timeout, TLS trouble) comes back as :data:`RETRY` and ``S3Store`` repeats that
-item through obstore, which owns retries, backoff and error messages. Presigned URLs carry the access key id
+item through obstore, which owns retries, backoff and error messages. A batch given a deadline
+stops there: transfers still running are dropped (libcurl writes only inside ``perform``, in the
+calling thread, so a dropped transfer never writes into its buffer again) and answer
+:data:`EXPIRED`. Presigned URLs carry the access key id
 and a signature (never the secret) and are never logged or put in errors.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -35,6 +39,7 @@ from kvbucket.stores.base import Scatter
 URL_LIFETIME = timedelta(minutes=15)
 MISSING = "missing"  # 404 NoSuchKey: the object is not there
 RETRY = "retry"  # let obstore do this one
+EXPIRED = "expired"  # the batch's deadline passed before this item finished
 _ERROR_BODY_MAX = 64 * 1024
 _RECV_BUFFER = 512 * 1024  # libcurl's receive buffer: a 2 MiB body arrives in a few writes
 
@@ -195,25 +200,29 @@ class DirectReader:
         except Exception:  # e.g. a credential provider failing: obstore's own path reports it
             return None
 
-    def fetch(self, urls: Sequence[str], buffers: Sequence[Any | None]) -> list[Outcome]:
+    def fetch(
+        self, urls: Sequence[str], buffers: Sequence[Any | None], deadline: float | None = None
+    ) -> list[Outcome]:
         """GET every URL, up to ``max_parallel`` at once; one outcome per URL, in order.
 
         ``buffers[i]`` is the caller's buffer for item ``i`` (any writable contiguous buffer) or
         None. A buffer that cannot be written (read-only, not contiguous) gets :data:`RETRY` so
         ``S3Store``'s own checks word the error.
         """
-        return self._batch(urls, buffers, head=False)
+        return self._batch(urls, buffers, False, deadline)
 
-    def head(self, urls: Sequence[str]) -> list[Outcome]:
+    def head(self, urls: Sequence[str], deadline: float | None = None) -> list[Outcome]:
         """HEAD every URL: :class:`Body` (size, no data), :data:`MISSING` on 404, else :data:`RETRY`."""
-        return self._batch(urls, [None] * len(urls), head=True)
+        return self._batch(urls, [None] * len(urls), True, deadline)
 
-    def _batch(self, urls: Sequence[str], buffers: Sequence[Any | None], head: bool) -> list[Outcome]:
+    def _batch(
+        self, urls: Sequence[str], buffers: Sequence[Any | None], head: bool, deadline: float | None
+    ) -> list[Outcome]:
         if self._closed:
             return [RETRY] * len(urls)
         session = self._borrow()
         try:
-            return self._run(session, urls, buffers, head)
+            return self._run(session, urls, buffers, head, deadline)
         finally:
             self._give_back(session)
 
@@ -226,7 +235,8 @@ class DirectReader:
 
     # ---- machinery ------------------------------------------------------------------------
     def _run(
-        self, session: _Session, urls: Sequence[str], buffers: Sequence[Any | None], head: bool
+        self, session: _Session, urls: Sequence[str], buffers: Sequence[Any | None], head: bool,
+        deadline: float | None,
     ) -> list[Outcome]:
         out: list[Outcome] = [RETRY] * len(urls)
         transfers: dict[int, tuple[int, _Transfer, pycurl.Curl]] = {}
@@ -242,6 +252,13 @@ class DirectReader:
                     continue  # RETRY: S3Store's checks report it
                 t = _Transfer(urls[i], view if view is not None else None, head)
                 c = session.easy(head)
+                # libcurl's own bounds, cut to what is left of the batch's deadline.
+                total, connect = self._setup[pycurl.TIMEOUT_MS], self._setup[pycurl.CONNECTTIMEOUT_MS]
+                if deadline is not None:
+                    rest = max(1, int(1000 * (deadline - time.monotonic())))
+                    total, connect = min(total, rest), min(connect, rest)
+                c.setopt(pycurl.TIMEOUT_MS, total)
+                c.setopt(pycurl.CONNECTTIMEOUT_MS, connect)
                 c.setopt(pycurl.URL, t.url)
                 c.setopt(pycurl.HEADERFUNCTION, t.header)
                 c.setopt(pycurl.WRITEFUNCTION, t.write)
@@ -271,15 +288,20 @@ class DirectReader:
                         finish(c, False)
                     if not queued:
                         break
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
                 start_next()
                 if transfers:
-                    multi.select(0.5)
+                    multi.select(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
         finally:
-            for i, _t, c in list(transfers.values()):  # only after an exception: abandon cleanly
+            # After an exception or at the deadline: drop what is still running (never reused).
+            for i, _t, c in list(transfers.values()):
                 multi.remove_handle(c)
                 c.close()
                 out[i] = RETRY
             transfers.clear()
+        if deadline is not None:
+            out = [EXPIRED if o == RETRY and time.monotonic() >= deadline else o for o in out]
         return out
 
     def _borrow(self) -> _Session:

@@ -1,0 +1,177 @@
+"""A circuit breaker per remote store, applied once to every remote store's batch verbs.
+
+When a store is hung or gone, every call costs its deadline. After ``failures`` consecutive
+failed calls the breaker *opens*: calls answer at once, each item failing with
+:class:`~kvbucket.errors.CircuitOpenError` (a lookup is then a miss for every caller, a store is
+dropped and counted), without touching the network. After ``cooldown_secs`` it *half-opens*:
+one call goes through as a probe; success closes the breaker, failure opens it for another
+cooldown. (LMCache's breaker never closes again; this one does.)
+
+A *failed call* is one that raised or had an item fail with a
+:class:`~kvbucket.errors.TransientStoreError` (timeouts, deadlines, 5xx, refused
+connections). Answers from a healthy server (missing objects, refused credentials, size
+mismatches) are not failures. ``failures=0`` disables the breaker.
+
+:class:`RemoteStore` is the one place this is applied: subclasses (``HFBucketStore``,
+``S3Store``) get their ``put_many``/``get_many``/``head_many``/``delete_many`` wrapped. With the
+breaker closed the wrapper costs an attribute test and a scan of the results for errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvbucket.errors import CircuitOpenError, TransientStoreError
+from kvbucket.stores.base import ItemResult, ObjectStore
+
+log = logging.getLogger(__name__)
+
+CLOSED = "closed"
+HALF_OPEN = "half_open"
+OPEN = "open"
+#: The value of the ``kvbucket_store_breaker_state`` gauge for each state.
+STATE_VALUES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}
+
+_VERBS = ("put_many", "get_many", "head_many", "delete_many")
+_OPS = {"put_many": "put", "get_many": "get", "head_many": "head", "delete_many": "delete"}
+
+
+class CircuitBreaker:
+    """Closed -> open after ``failures`` consecutive failed calls -> half-open after ``cooldown_secs``."""
+
+    def __init__(self, store: str, *, failures: int = 5, cooldown_secs: float = 10.0) -> None:
+        if failures < 0 or cooldown_secs < 0:
+            raise ValueError("breaker failures and cooldown_secs must not be negative")
+        self.store = store  # a label safe to print (a store URL without credentials)
+        self.failures = failures
+        self.cooldown_secs = cooldown_secs
+        self.state = CLOSED
+        self._consecutive = 0
+        self._opened_at = 0.0
+        self._probing = False
+        self._lock = threading.Lock()
+        self._publish()
+
+    def __repr__(self) -> str:
+        return f"CircuitBreaker({self.store!r}, state={self.state}, failures={self.failures})"
+
+    def allow(self) -> bool:
+        """May a call go to the store now? (In half-open state: one probe at a time.)"""
+        if self.state is CLOSED:
+            return True
+        with self._lock:
+            if self.state is OPEN and time.monotonic() - self._opened_at >= self.cooldown_secs:
+                self._set(HALF_OPEN)
+            if self.state is HALF_OPEN and not self._probing:
+                self._probing = True
+                return True
+            return self.state is CLOSED
+
+    def record(self, failed: bool) -> None:
+        """Count one finished call."""
+        if not failed:
+            if self._consecutive == 0 and self.state is CLOSED:
+                return  # the hot path: nothing to change
+            with self._lock:
+                self._consecutive = 0
+                self._probing = False
+                if self.state is not CLOSED:
+                    log.warning("store %s answers again: circuit breaker closed", self.store)
+                    self._set(CLOSED)
+            return
+        if not self.failures:
+            return
+        with self._lock:
+            self._consecutive += 1
+            self._probing = False
+            if self.state is HALF_OPEN or (self.state is CLOSED and self._consecutive >= self.failures):
+                if self.state is CLOSED:
+                    log.warning(
+                        "store %s failed %d calls in a row: circuit breaker open; its lookups miss and "
+                        "its stores are dropped for %gs, then one call probes it",
+                        self.store, self._consecutive, self.cooldown_secs,
+                    )
+                self._opened_at = time.monotonic()
+                self._set(OPEN)
+
+    def _set(self, state: str) -> None:
+        self.state = state
+        if state is OPEN:
+            from kvbucket.metrics import STORE_BREAKER_OPENS
+
+            STORE_BREAKER_OPENS.labels(self.store).inc()
+        self._publish()
+
+    def _publish(self) -> None:
+        from kvbucket.metrics import STORE_BREAKER_STATE
+
+        STORE_BREAKER_STATE.labels(self.store).set(STATE_VALUES[self.state])
+
+    def rejected(self, op: str, names: Sequence[str]) -> list[ItemResult]:
+        """The answer of a call the open breaker refused: every item fails at once, counted."""
+        from kvbucket.metrics import STORE_BREAKER_REJECTED
+
+        STORE_BREAKER_REJECTED.labels(self.store, op).inc(len(names))
+        err = CircuitOpenError(
+            f"{self.store} failed {self.failures} calls in a row and is skipped (circuit breaker open; "
+            f"it is probed again {self.cooldown_secs:g}s after opening): {op} not attempted"
+        )
+        return [ItemResult(n, error=err) for n in names]
+
+
+def call_failed(results: Sequence[ItemResult]) -> bool:
+    """Did any item fail the way a sick store fails (timeout, deadline, 5xx, no connection)?"""
+    for r in results:
+        e = r.error
+        if e is not None and isinstance(e, TransientStoreError) and not isinstance(e, CircuitOpenError):
+            return True
+    return False
+
+
+def _guard(verb: str, fn: Callable[..., list[ItemResult]]) -> Callable[..., list[ItemResult]]:
+    op = _OPS[verb]
+
+    @functools.wraps(fn)
+    def guarded(self: RemoteStore, *args: Any, **kwargs: Any) -> list[ItemResult]:
+        breaker = self.breaker
+        if breaker.state is not CLOSED and not breaker.allow():
+            raw = args[0] if args else kwargs.get("items", kwargs.get("names", ()))
+            names = self._names([n for n, _ in raw] if verb == "put_many" else raw)
+            return breaker.rejected(op, names)
+        try:
+            results = fn(self, *args, **kwargs)
+        except TransientStoreError:
+            breaker.record(True)
+            raise
+        except BaseException:
+            breaker.record(False)  # bad arguments, a missing bucket: not the store's health
+            raise
+        breaker.record(call_failed(results))
+        return results
+
+    guarded.__kvbucket_guarded__ = True  # type: ignore[attr-defined]
+    return guarded
+
+
+class RemoteStore(ObjectStore):
+    """An :class:`ObjectStore` over the network: its batch verbs pass through ``self.breaker``.
+
+    Subclasses set ``self.breaker`` in ``__init__`` (see :func:`breaker_for`).
+    """
+
+    breaker: CircuitBreaker
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for verb in _VERBS:
+            fn = cls.__dict__.get(verb)
+            if fn is not None and not getattr(fn, "__kvbucket_guarded__", False):
+                setattr(cls, verb, _guard(verb, fn))
+
+
+__all__ = ["CLOSED", "HALF_OPEN", "OPEN", "STATE_VALUES", "CircuitBreaker", "RemoteStore", "call_failed"]

@@ -1,0 +1,115 @@
+"""Time budgets for remote store calls: a deadline per call, work past it abandoned safely.
+
+A KV cache sits on the inference path, so every verb of a remote store has a total budget
+(``lookup_timeout_secs``, ``load_timeout_secs``, ``store_timeout_secs`` and their ``s3_``
+twins). Deadlines are absolute :func:`time.monotonic` instants passed down explicitly (no
+thread-locals on the hot path). What a client library cannot cancel (an hf_xet upload commit,
+a stream read, an obstore request) runs on a daemon thread and is *abandoned* at the deadline:
+the caller gets :class:`DeadlineExceededError` for those items at once, and a :class:`Gate`
+makes sure abandoned work never writes into a caller's buffer afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
+from typing import Any, TypeVar
+
+from kvbucket.errors import DeadlineExceededError
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def deadline_in(secs: float) -> float:
+    """The monotonic instant ``secs`` from now."""
+    return time.monotonic() + secs
+
+
+def left(deadline: float) -> float:
+    """Seconds left before ``deadline`` (never negative)."""
+    return max(0.0, deadline - time.monotonic())
+
+
+def exceeded(what: str, where: str, option: str, secs: float) -> DeadlineExceededError:
+    """The error of an item whose call ran out of time; it names the option that sets the budget."""
+    return DeadlineExceededError(
+        f"{what} on {where} did not finish within {option}={secs:g}s; reported failed (nothing of it "
+        f"is counted). Check that the store is reachable, or raise {option}"
+    )
+
+
+class Abandoned(Exception):
+    """Raised inside abandoned work when it tries to write into a caller's buffer."""
+
+
+class Gate:
+    """Lets work write into a caller's buffer only until the caller gives up on it.
+
+    The caller calls :meth:`close` when the deadline passes; a write in progress finishes first,
+    and every later write raises :class:`Abandoned` instead of touching the buffer (which the
+    caller may already have reused). ``on_close``, when set by the work, is called then to stop
+    the transfer itself (e.g. cancel an hf_xet stream).
+    """
+
+    __slots__ = ("_lock", "on_close", "open")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.open = True
+        self.on_close: Callable[[], Any] | None = None
+
+    def write(self, view: memoryview, start: int, data: Any) -> None:
+        with self._lock:
+            if not self.open:
+                raise Abandoned("the caller stopped waiting for this read")
+            view[start : start + len(data)] = data
+
+    def close(self) -> None:
+        with self._lock:
+            self.open = False
+        stop = self.on_close
+        if stop is not None:
+            try:
+                stop()
+            except Exception:  # best effort: the gate already keeps the buffer safe
+                log.debug("stopping an abandoned transfer failed", exc_info=True)
+
+
+def wait_all(futures: Sequence[Future[Any]], deadline: float) -> bool:
+    """Wait for ``futures`` until ``deadline``; True when all of them are done."""
+    if not futures:
+        return True
+    _, pending = wait_futures(futures, timeout=left(deadline))
+    return not pending
+
+
+def run_abandonable(fn: Callable[[], T], deadline: float, on_timeout: Callable[[], Exception]) -> T:
+    """Run ``fn`` on a daemon thread and return its result, or raise ``on_timeout()`` at ``deadline``.
+
+    For calls a client library cannot cancel: past the deadline the thread is left to finish on
+    its own (or to die with the process; it never keeps the process alive).
+    """
+    fut: Future[T] = Future()
+
+    def target() -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # delivered through the future
+            fut.set_exception(e)
+
+    threading.Thread(target=target, name="kvbucket-abandonable", daemon=True).start()
+    try:
+        return fut.result(timeout=left(deadline))
+    except FutureTimeout:
+        raise on_timeout() from None
+
+
+__all__ = ["Abandoned", "Gate", "deadline_in", "exceeded", "left", "run_abandonable", "wait_all"]

@@ -1,0 +1,100 @@
+"""RemoteBackend and HybridBackend over a remote store that never answers (HF bucket, S3): each
+call ends at the store's deadline (not at the backend's 10 s blocking timeout, and not minutes
+later), reads are misses, stores fail without failing the tiers that took them, and with the
+store's breaker open every call answers at once (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from kvbucket.backends import HybridBackend, LocalCPUBackend, RemoteBackend
+from kvbucket.backends.hybrid import TierPutError
+from kvbucket.chunks import KVLayout
+from kvbucket.errors import DeadlineExceededError
+from kvbucket.stores import ObjectStore
+from kvbucket.stores.breaker import OPEN
+from kvbucket.stores.hfbucket import HFBucketStore
+from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.s3 import S3Store
+from kvbucket.stores.s3_config import S3Config
+from kvbucket.testing.silent_server import SilentServer
+
+LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_size=8, dtype="float16", chunk_tokens=16)
+FULL = LAYOUT.full_chunk_bytes
+
+
+def hung_store(kind: str, url: str, **extra: object) -> ObjectStore:
+    if kind == "hf":
+        return HFBucketStore(build_config(bucket_handle="hf://buckets/o/b", token="hf_x", token_env="",
+                                          endpoint=url, **extra))
+    return S3Store(S3Config.parse({
+        "s3_endpoint": "s3://bucket", "s3_endpoint_url": url, "s3_region": "us-east-1",
+        "aws_access_key_id": "AKIDEXAMPLE", "aws_secret_access_key": "not-a-secret",
+        **{f"s3_{k}": v for k, v in extra.items()},
+    }))
+
+
+@pytest.fixture
+def server() -> Iterator[SilentServer]:
+    with SilentServer() as s:
+        yield s
+
+
+def elapsed(t0: float) -> float:
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("kind", ["hf", "s3"])
+def test_remote_backend_lookups_and_reads_end_at_the_store_deadline(kind: str, server: SilentServer) -> None:
+    store = hung_store(kind, server.url)  # default deadlines
+    b = RemoteBackend(store, LAYOUT)  # default blocking_timeout_secs=10
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceededError):
+            b.batched_contains(["k1", "k2"])
+        assert elapsed(t0) < 2.0  # lookup_timeout_secs=1 (was 10 s here, 60-376 s in the store)
+        t0 = time.monotonic()
+        assert b.batched_get(["k1"]) == [None]
+        assert elapsed(t0) < 8.0  # HF: the metadata lookup (1 s); S3: load_timeout_secs=5
+    finally:
+        b.close()
+        store.close()
+
+
+@pytest.mark.parametrize("kind", ["hf", "s3"])
+def test_hybrid_backend_keeps_serving_from_its_fast_tier(kind: str, server: SilentServer) -> None:
+    store = hung_store(kind, server.url, store_timeout_secs=1.5, breaker_failures=3,
+                       breaker_cooldown_secs=600)
+    cpu = LocalCPUBackend(1 << 22)
+    h = HybridBackend([cpu, RemoteBackend(store, LAYOUT)])
+    try:
+        chunk = np.arange(FULL, dtype=np.uint8)
+        t0 = time.monotonic()
+        (err,) = h.batched_put_results([("k", chunk)])
+        assert isinstance(err, TierPutError) and elapsed(t0) < 4.0  # the remote tier's store deadline
+        assert cpu.contains("k")
+        t0 = time.monotonic()
+        got = h.batched_get(["k", "other"])
+        assert bytes(got[0]) == chunk.tobytes() and got[1] is None
+        assert elapsed(t0) < 8.0
+        for _ in range(3):
+            h.batched_get(["missing"])
+        assert store.breaker.state is OPEN
+        times = []
+        for i in range(100):
+            t0 = time.perf_counter()
+            assert h.batched_get([f"m{i}"]) == [None]
+            times.append(time.perf_counter() - t0)
+        assert statistics.median(times) < 0.01  # a thread hop in RemoteBackend, no network
+        t0 = time.monotonic()
+        (err,) = h.batched_put_results([("k2", chunk)])
+        assert isinstance(err, TierPutError) and "circuit breaker open" in str(err)  # dropped, counted
+        assert elapsed(t0) < 0.5 and cpu.contains("k2")
+    finally:
+        h.close()
+        store.close()
