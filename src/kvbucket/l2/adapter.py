@@ -27,8 +27,9 @@ Names: :class:`~kvbucket.l2.naming.Naming` gives the name a key is written under
 names it is read under (kvbucket's, then LMCache's built-in adapter's for the same store), so
 a bucket LMCache filled is read as is.
 
-Listener events of a task (stored, accessed on a lookup hit, deleted) are delivered before
-the task's completion is signalled, as LMCache's adapters do for stores.
+Listener events: stored and deleted keys are told before the task's completion is signalled
+(as LMCache's adapters do for stores); accessed keys (a lookup hit) right after the lookup's
+signal, as LMCache's hfbucket and s3 adapters do.
 """
 
 from __future__ import annotations
@@ -449,13 +450,14 @@ class ObjectStoreL2Adapter(L2Adapter):
         return tid
 
     def _finish_lookup(self, tid: L2TaskId, hits: list[bool], accessed: list[ObjectKey]) -> None:
-        """Tell the listener of the hits, then publish the result and signal (LMCache's order:
-        listener events of a task before its completion signal)."""
-        if accessed and self.listener is not None:
-            self._tell(self.listener.on_keys_accessed, accessed)
+        """Publish the result and signal, then tell the listener of the hits: LMCache's hfbucket
+        and s3 adapters call ``_notify_keys_accessed`` right after the lookup signal, which keeps
+        LMCache's listeners and event bus off the lookup's latency."""
         with self._lock:
             self._lookup_done[tid] = hits
         self._lookup_efd.notify()
+        if accessed and self.listener is not None:
+            self._tell(self.listener.on_keys_accessed, accessed)
 
     def _all_known(self, cands: list[tuple[str, ...]]) -> bool:
         """Whether every key is in the index or a remembered miss under every name (call with ``_lock``)."""
