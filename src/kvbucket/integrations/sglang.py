@@ -156,6 +156,9 @@ class KVBucketHiCacheStorage(_Base):
         self.page_size = 1
         self._known: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
+        self._stage_lock = threading.Lock()
+        self._staging: Any = None
+        self._get_staging: Any = None
         self._stats = {"get_pages": [], "set_pages": [], "get_bw": [], "set_bw": []}
         log.info("kvbucket HiCache storage on %s (%s)", self.store.url, self._base)
 
@@ -185,14 +188,25 @@ class KVBucketHiCacheStorage(_Base):
                 self._known.pop(n, None)
 
     # -- tensors <-> bytes
-    @staticmethod
-    def _bytes_of(tensor: Any) -> memoryview:
+    def _stage(self, pages: list[tuple[str, Any]]) -> list[tuple[str, memoryview]]:
+        """Pack the pages' bytes into the reused staging buffer (a page of a layer-first pool is
+        many strided regions; copying them into warm memory is what writes cost most)."""
         import torch
 
-        t = tensor.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+        sizes = [t.numel() * t.element_size() for _, t in pages]
+        total = sum(sizes)
+        if self._staging is None or self._staging.numel() < total:
+            self._staging = torch.empty(total, dtype=torch.uint8)
+        out, off = [], 0
+        for (name, t), size in zip(pages, sizes, strict=True):
+            region = self._staging[off : off + size]
+            src = t.detach()
+            if src.device.type != "cpu":
+                src = src.cpu()
+            region.view(src.dtype).view(src.shape).copy_(src)
+            out.append((name, memoryview(region.numpy())))
+            off += size
+        return out
 
     def _page_tensor(self, index: int) -> Any:
         return self.mem_pool_host.get_data_page(index, flat=False)
@@ -247,7 +261,11 @@ class KVBucketHiCacheStorage(_Base):
         direct = [v.is_contiguous() and v.device.type == "cpu" for v in views]
         page_bytes = views[0].numel() * views[0].element_size() if views else 0
         n_staged = len(keys) - sum(direct)
-        staging = np.empty((n_staged, page_bytes), dtype=np.uint8) if n_staged else None
+        with self._lock:  # reuse warm memory between calls (each get gets its own while in use)
+            buf, self._get_staging = self._get_staging, None
+        if n_staged and (buf is None or buf.size < n_staged * page_bytes):
+            buf = np.empty(n_staged * page_bytes, dtype=np.uint8)
+        staging = buf[: n_staged * page_bytes].reshape(n_staged, page_bytes) if n_staged else None
         out: list[Any] = []
         slots: list[int | None] = []
         j = 0
@@ -269,6 +287,9 @@ class KVBucketHiCacheStorage(_Base):
         for i, slot in enumerate(slots):
             if ok[i] and slot is not None:
                 pool.set_from_flat_data_page(starts[i], torch.from_numpy(staging[slot]).view(pool.dtype))
+        if buf is not None:
+            with self._lock:
+                self._get_staging = buf
         self._remember([n for n, good in zip(names, ok, strict=True) if good])
         self._forget([n for n, r in zip(names, results, strict=True) if r.error is None and r.size is None])
         self._record("get", sum(ok), sum(ok) * page_bytes, time.perf_counter() - t0)
@@ -330,9 +351,10 @@ class KVBucketHiCacheStorage(_Base):
         ok = [True] * len(pages)
         if not todo:
             return ok
-        items = [(pages[i][0], self._bytes_of(pages[i][1])) for i in todo]
         t0 = time.perf_counter()
-        results = self.store.put_many(items)
+        with self._stage_lock:  # one reused staging buffer: no fresh allocation per page
+            items = self._stage([(pages[i][0], pages[i][1]) for i in todo])
+            results = self.store.put_many(items)
         for i, r in zip(todo, results, strict=True):
             ok[i] = r.error is None
             if r.error is not None:

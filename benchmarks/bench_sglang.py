@@ -1,0 +1,146 @@
+"""kvbucket's SGLang HiCache backend vs SGLang's built-in ``file`` backend, on the same disk.
+
+Both backends are created by SGLang's own ``StorageBackendFactory`` and move pages of a real
+``MHATokenToKVPoolHost`` exactly as SGLang's cache controller does: the ``file`` backend through
+the generic path (``batch_set`` of ``get_data_page`` tensors; ``batch_get`` into dummy pages, then
+``set_from_flat_data_page``), kvbucket through the zero-copy v1 path (``batch_set_v1`` /
+``batch_get_v1`` over host indices, ``"interface_v1": 1``). Batches of 128 pages
+(SGLang's ``STORAGE_BATCH_SIZE``). Prints pages/s and the ratio kvbucket / file (goal >= 1.0x).
+
+Runs inside the SGLang venv (``engines/venv.sh sglang``); started with another Python it builds
+or reuses that venv and re-runs itself there:
+
+    python benchmarks/bench_sglang.py --pages 256 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def in_sglang_venv() -> bool:
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pages", type=int, default=256, help="pages per round")
+    ap.add_argument("--page-size", type=int, default=32, help="tokens per page")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where both backends write (default: a temp dir)")
+    args = ap.parse_args()
+    if not in_sglang_venv():
+        venv = subprocess.run(["bash", str(ROOT / "engines" / "venv.sh"), "sglang"], check=True,
+                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        sys.exit(subprocess.call([f"{venv}/bin/python", *sys.argv], env=env))
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    import logging
+
+    import torch
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+    from sglang.srt.mem_cache.storage import StorageBackendFactory
+
+    logging.disable(logging.WARNING)
+    ps, n = args.page_size, args.pages
+    tokens = n * ps
+    dev = MHATokenToKVPool(size=tokens, page_size=ps, dtype=torch.bfloat16, head_num=args.heads,
+                           head_dim=args.head_dim, layer_num=args.layers, device="cpu",
+                           enable_memory_saver=False, enable_alt_stream=False)
+
+    def host() -> MHATokenToKVPoolHost:
+        return MHATokenToKVPoolHost(dev._mha_buffer_info(), host_to_device_ratio=1.1, host_size=0,
+                                    page_size=ps, layout="layer_first", pin_memory=False, device="cpu",
+                                    device_capacity_tokens=tokens, start_layer=0, end_layer=args.layers)
+
+    src, dst = host(), host()
+    src_idx, dst_idx = src.alloc(tokens), dst.alloc(tokens)
+    src.kv_buffer.copy_(torch.randn(src.kv_buffer.shape).to(torch.bfloat16))
+    page_mb = src.get_data_page(0).numel() * 2 / 2**20
+    base = Path(args.dir or tempfile.mkdtemp(prefix="bench-sglang-"))
+
+    def config(extra: dict) -> HiCacheStorageConfig:
+        return HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                                    attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+                                    is_page_first_layout=False, model_name="bench/model", extra_config=extra)
+
+    B = 128
+
+    def file_round(r: int) -> tuple[float, float]:
+        d = base / f"file-{r}"
+        b = StorageBackendFactory.create_backend("file", config({"file_storage_path": str(d)}), src)
+        keys = [f"r{r}-p{i}" for i in range(n)]
+        t0 = time.perf_counter()
+        for i in range(0, n, B):
+            data = [src.get_data_page(int(src_idx[j * ps])) for j in range(i, min(n, i + B))]
+            assert b.batch_set(keys[i : i + B], data)
+        t1 = time.perf_counter()
+        for i in range(0, n, B):
+            ks = keys[i : i + B]
+            got = b.batch_get(ks, [dst.get_dummy_flat_data_page() for _ in ks])
+            for j, page in enumerate(got):
+                assert page is not None
+                dst.set_from_flat_data_page(int(dst_idx[(i + j) * ps]), page)
+        t2 = time.perf_counter()
+        return n / (t1 - t0), n / (t2 - t1)
+
+    def kvb_round(r: int) -> tuple[float, float]:
+        d = base / f"kvb-{r}"
+        extra = {"backend_name": "kvbucket", "module_path": "kvbucket.integrations.sglang",
+                 "class_name": "KVBucketHiCacheStorage", "interface_v1": 1, "store_url": str(d)}
+        w = StorageBackendFactory.create_backend("dynamic", config(extra), src)
+        w.register_mem_pool_host(src)
+        rd = StorageBackendFactory.create_backend("dynamic", config(extra), dst)
+        rd.register_mem_pool_host(dst)
+        keys = [f"r{r}-p{i}" for i in range(n)]
+        t0 = time.perf_counter()
+        for i in range(0, n, B):
+            assert all(w.batch_set_v1(keys[i : i + B], src_idx[i * ps : (i + B) * ps]))
+        t1 = time.perf_counter()
+        for i in range(0, n, B):
+            assert all(rd.batch_get_v1(keys[i : i + B], dst_idx[i * ps : (i + B) * ps]))
+        t2 = time.perf_counter()
+        return n / (t1 - t0), n / (t2 - t1)
+
+    res: dict[str, list[tuple[float, float]]] = {"file": [], "kvbucket": []}
+    for r in range(args.rounds):  # alternate, so both see the same machine load
+        res["file"].append(file_round(r))
+        res["kvbucket"].append(kvb_round(r))
+        for i in range(n):
+            a = src.get_data_page(int(src_idx[i * ps])).view(torch.uint8)
+            b = dst.get_data_page(int(dst_idx[i * ps])).view(torch.uint8)
+            assert torch.equal(a, b), "a page read back differs"
+        dst.kv_buffer.zero_()
+    print(f"{n} pages of {page_mb:.2f} MiB ({args.layers} layers, {args.heads} heads x {args.head_dim}, "
+          f"{ps} tokens, bf16), batches of {B}, {args.rounds} rounds, dir {base}")
+    med = {k: (statistics.median(s for s, _ in v), statistics.median(g for _, g in v))
+           for k, v in res.items()}
+    for k, (s, g) in med.items():
+        print(f"  {k:9s} set {s:8.1f} pages/s   get {g:8.1f} pages/s")
+    print(f"  ratio kvbucket/file: set {med['kvbucket'][0] / med['file'][0]:.2f}x  "
+          f"get {med['kvbucket'][1] / med['file'][1]:.2f}x  (goal >= 1.0x)")
+
+
+if __name__ == "__main__":
+    main()
