@@ -130,6 +130,10 @@ def test_unreachable_metrics_endpoint(cli_env: dict[str, str]) -> None:
     ["compile-cache", "create", "hf://buckets/a/b", "--no-set"],
     ["compile-cache", "fetch", "--layout", "torch", "--target", "hf://buckets/a/b"],
     ["du", "s3://bucket/x"],
+    ["rm", "hf://buckets/a/b", "x"],
+    ["compile-cache", "sync", "--layout", "torch", "--target", "hf://buckets/a/b"],
+    ["compile-cache", "lookup", "org/model", "--layout", "torch", "--target", "s3://bucket/x"],
+    ["verify", "hf://buckets/a/b"],
 ])
 def test_silent_endpoint_fails_within_the_timeout(cmd: list[str], silent_port: int, cli_env: dict[str, str],
                                                   tmp_path: Path) -> None:
