@@ -157,6 +157,10 @@ def test_put_many_returns_when_the_hub_is_killed_mid_upload_and_stays_down(hub_b
             max_retries=2, store_timeout_secs=4.0, breaker_failures=0,
         ))
         items = [(f"o{i}", (i.to_bytes(4, "little") * (MiB // 4))) for i in range(200)]
+        # The commit steps hang until the kill, so the server surely dies mid-upload (on a quiet
+        # machine the whole upload could otherwise be committed within the 0.5 s before it).
+        emu.faults.add("shard_upload", latency_s=5.0)
+        emu.faults.add("batch", latency_s=5.0)
         killer = threading.Timer(0.5, emu.stop)
         killer.start()
         results, took = timed(store.put_many, items)
