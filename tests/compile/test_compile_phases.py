@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvbucket.compile_cache import NeuronLayout, compile_cache, fetch, lookup, sync
-from kvbucket.compile_cache.sync import ModelScope
+from kvbucket.compile_cache.transfer import ModelScope
 from kvbucket.errors import TransientStoreError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore
 from kvbucket.testing.counting_store import CountingStore

@@ -14,7 +14,8 @@ from kvbucket.compile_cache import DirectoryLayout, EntryState, compile_cache, f
 from kvbucket.compile_cache.lookup import config_id, normalize_config, parse_filter_args
 from kvbucket.compile_cache.neuron_env import resolve_neuron_cache
 from kvbucket.compile_cache.settings import resolve_target, save_target
-from kvbucket.compile_cache.sync import LOCK_NAME, SyncBusyError
+from kvbucket.compile_cache.sync import SyncBusyError
+from kvbucket.compile_cache.transfer import LOCK_NAME
 from kvbucket.errors import ConfigError
 from kvbucket.stores.memory import MemoryStore
 from kvbucket.testing.counting_store import CountingStore
