@@ -31,6 +31,14 @@ from kvbucket.compile_cache.packs import (
     parse_index,
     verify,
 )
+from kvbucket.compile_cache.sums import (
+    Sums,
+    SumsError,
+    listing_mismatch,
+    parse_sums,
+    sha256_of,
+    sums_name,
+)
 from kvbucket.compile_cache.transfer import (
     BATCH_BYTES,
     BATCH_FILES,
@@ -47,6 +55,10 @@ from kvbucket.compile_cache.transfer import (
 )
 from kvbucket.errors import InvalidKeyError
 from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.sealed import INTEGRITY_FAILURES, INTEGRITY_VERIFIED
+
+#: The ``tier`` label of this module's integrity metrics.
+TIER = "compile_cache"
 
 
 def fetch(store: ObjectStore, layout: CacheLayout, root: Path, *, groups: Sequence[str] | None = None,
@@ -239,6 +251,7 @@ class _Staging:
         self.tmp = self.final.parent / f"{TMP_PREFIX}{self.final.name}-{secrets.token_hex(4)}"
         self.remaining = nfiles
         self.error: str | None = None
+        self.corrupt: list[str] = []  # files that failed their checksum
         self._dirs: set[Path] = set()
 
     def path_of(self, name: str) -> Path:
@@ -261,16 +274,23 @@ class _Staging:
 def _download(store: ObjectStore, layout: CacheLayout, root: Path, todo: list[str],
               files: list[tuple[str, str, int]], report: TransferReport, progress: bool, batch_files: int,
               batch_bytes: int) -> None:
+    records = _read_records(store, layout, todo, files, report, batch_files) if todo else {}
+    todo = [e for e in todo if e not in report.failed]
+    files = [f for f in files if f[0] not in report.failed]
     counts = Counter(e for e, _, _ in files)
     staging = {e: _Staging(root, e, counts[e]) for e in todo}
     bar = progress_bar(progress, sum(s for _, _, s in files), "fetch")
     try:
         for batch in batches(files, lambda x: x[2], batch_files, batch_bytes):
-            _get_batch(store, batch, staging, report, bar)
+            _get_batch(store, batch, staging, records, report, bar)
             for e in {e for e, _, _ in batch}:
                 st = staging[e]
                 if st.remaining == 0 and st.error is None:
                     _install(layout, root, st, report)
+                    if e in records:
+                        INTEGRITY_VERIFIED.labels(TIER).inc(len(records[e]))
+                    else:
+                        report.unverified.append(e)
     except BaseException:
         for st in staging.values():
             st.discard()
@@ -281,13 +301,76 @@ def _download(store: ObjectStore, layout: CacheLayout, root: Path, todo: list[st
         if st.error is not None:
             st.discard()
             report.failed[st.entry] = st.error
+            if st.corrupt:
+                _drop_corrupt(store, layout, st)
+
+
+def _read_records(store: ObjectStore, layout: CacheLayout, todo: list[str], files: list[tuple[str, str, int]],
+                  report: TransferReport, batch_files: int) -> dict[str, Sums]:
+    """The checksum records of the entries to download, read in batched gets.
+
+    An entry whose record cannot be read, is malformed, or disagrees with the listing is failed
+    here, before a byte of it is downloaded (a miss is the safe answer: it is compiled locally).
+    An entry without a record is fetched by size only and reported as unverified.
+    """
+    listed: dict[str, dict[str, int]] = {}
+    for e, name, size in files:
+        listed.setdefault(e, {})[name] = size
+    owner = {sums_name(layout, e): e for e in todo}
+    records: dict[str, Sums] = {}
+    for batch in batches(list(owner), lambda _: 1, batch_files, 1 << 62):
+        for r in store.get_many(batch):
+            e = owner[r.name]
+            if not r.ok:
+                report.failed[e] = f"cannot read its checksum record {r.name}: {r.error}"
+                continue
+            if r.size is None:
+                continue  # no record: written before records existed, or by another tool
+            try:
+                sums = parse_sums(layout, e, bytes(r.data or b""))
+            except SumsError as exc:
+                _refuse(report, e, str(exc), "record")
+                continue
+            why = listing_mismatch(sums, listed.get(e, {}))
+            if why is not None:
+                _refuse(report, e, f"{why} ({r.name}); not fetched", "mismatch")
+                continue
+            records[e] = sums
+    return records
+
+
+def _refuse(report: TransferReport, entry: str, why: str, reason: str) -> None:
+    log.warning("compile cache entry %s refused: %s", entry, why)
+    INTEGRITY_FAILURES.labels(TIER, reason).inc()
+    report.failed[entry] = why
+
+
+def _drop_corrupt(store: ObjectStore, layout: CacheLayout, st: _Staging) -> None:
+    """Delete the files that failed their checksum, and the entry's marker, from the store.
+
+    Without its marker the entry is incomplete for every host (fetch ignores it), and the next
+    sync of a host that has it uploads the missing files and marker again.
+    """
+    INTEGRITY_FAILURES.labels(TIER, "checksum").inc(len(st.corrupt))
+    log.warning("compile cache entry %s: %s failed its sha256 check; removing %s and the entry's "
+                "marker from the store", st.entry, ", ".join(st.corrupt), "them" if len(st.corrupt) > 1
+                else "it")
+    try:
+        results = store.delete_many([*st.corrupt, layout.marker(st.entry)])
+    except Exception as exc:  # a failed cleanup must not hide the refusal itself
+        log.warning("could not remove the corrupt objects of %s: %s", st.entry, exc)
+        return
+    for r in results:
+        if not r.ok:
+            log.warning("could not remove %s: %s", r.name, r.error)
 
 
 def _get_batch(store: ObjectStore, batch: list[tuple[str, str, int]], staging: dict[str, _Staging],
-               report: TransferReport, bar: Any) -> None:
+               records: dict[str, Sums], report: TransferReport, bar: Any) -> None:
     names: list[str] = []
     bufs: list[Any] = []
     owners: dict[str, str] = {}
+    sizes: dict[str, int] = {}
     try:
         for e, name, size in batch:
             st = staging[e]
@@ -307,14 +390,24 @@ def _get_batch(store: ObjectStore, batch: list[tuple[str, str, int]], staging: d
                 continue
             names.append(name)
             owners[name] = e
+            sizes[name] = size
         if not names:
             return
-        for r in store.get_many(names, bufs):
+        results = store.get_many(names, bufs)
+        for r, buf in zip(results, bufs, strict=True):
             st = staging[owners[r.name]]
+            sums = records.get(st.entry)
             if not r.ok:
                 st.error = st.error or f"{r.name}: {r.error}"
             elif r.size is None:
                 st.error = st.error or f"{r.name} disappeared from the store"
+            elif r.size != sizes[r.name]:
+                st.error = st.error or f"{r.name} has {r.size} bytes, the listing said {sizes[r.name]}"
+            elif sums is not None and sha256_of(buf) != sums[r.name][1]:
+                # hashed while the bytes are still in memory; never installed
+                st.corrupt.append(r.name)
+                st.error = st.error or (f"{r.name} does not match the sha256 in its checksum record "
+                                        "(corrupted or tampered); not installed")
             else:
                 st.remaining -= 1
                 report.files += 1

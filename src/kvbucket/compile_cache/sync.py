@@ -1,8 +1,9 @@
 """Sync: upload the good local entries a store lacks, in batches and three phases.
 
-Phases: the entries' data files, then their completion markers, then per-model references and
-export records. A marker is only sent for an entry whose every file landed, so a crash or a
-failed item leaves an entry without marker, which fetch ignores and the next sync completes.
+Phases: the entries' data files with their checksum records (sums.py), then their completion
+markers, then per-model references and export records. A marker is only sent for an entry whose
+every file and record landed, so a crash or a failed item leaves an entry without marker, which
+fetch ignores and the next sync completes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from filelock import FileLock, Timeout
 from kvbucket.compile_cache.layout import CacheLayout, EntryState, LocalEntry
 from kvbucket.compile_cache.lookup import make_record, record_name
 from kvbucket.compile_cache.packs import PACK_BYTES, BuiltPack, build_pack, pack_dir
+from kvbucket.compile_cache.sums import is_sums_name, make_sums, sums_name
 from kvbucket.compile_cache.transfer import (
     BATCH_BYTES,
     BATCH_FILES,
@@ -99,10 +101,18 @@ def _sync_locked(store: ObjectStore, layout: CacheLayout, root: Path, report: Tr
     landed: list[str] = []  # packs that landed
     bar = progress_bar(progress, sum(e.nbytes for e, _ in plan), "sync")
     try:
-        # phase 1: data files
-        files = [(e, f) for e, missing in plan for f in missing]
-        for batch in batches(files, lambda x: x[0].files[x[1]], batch_files, batch_bytes):
-            _put_batch(store, root, [(e.name, f, None) for e, f in batch], failed, report, bar)
+        # phase 1: data files, and each entry's checksum record (sums.py) in the same batches
+        files: list[tuple[str, str, Any, int]] = [(e.name, f, None, e.files[f]) for e, missing in plan
+                                                  for f in missing]
+        for e, _ in plan:
+            try:
+                record = make_sums(root, e)
+            except OSError as exc:
+                failed[e.name] = f"cannot checksum {e.name}: {exc.strerror or exc}"
+                continue
+            files.append((e.name, sums_name(layout, e.name), record, len(record)))
+        for batch in batches(files, lambda x: x[3], batch_files, batch_bytes):
+            _put_batch(store, root, [x[:3] for x in batch], failed, report, bar)
         # phase 2: markers, only for entries whose every file landed
         marks = []
         for e, _ in plan:
@@ -262,6 +272,9 @@ def _put_batch(store: ObjectStore, root: Path, batch: Sequence[tuple[str, str, A
                     landed.append(r.name)
                 else:
                     failed[r.name] = str(r.error)
+            elif is_sums_name(r.name):  # metadata: not one of the entry's files, but it must land
+                if not r.ok:
+                    failed.setdefault(owners[r.name], f"{r.name}: {r.error}")
             elif r.ok:
                 report.files += 1
                 report.bytes += int(r.size or 0)

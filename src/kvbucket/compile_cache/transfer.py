@@ -78,6 +78,7 @@ class TransferReport:
     packs: int = 0  # pack objects (with their index) that landed on sync / were used on fetch
     pack_entries: int = 0  # entries written into / taken from those packs
     pack_errors: list[str] = field(default_factory=list)  # packs not written or refused, and why
+    unverified: list[str] = field(default_factory=list)  # fetched by size only: no checksum record
 
     def summary(self) -> str:
         s = (f"{self.direction}: {len(self.transferred)} entries ({self.files} files, {self.bytes} bytes) "
@@ -88,6 +89,8 @@ class TransferReport:
             s += f", {len(self.failed)} failed"
         if self.pack_errors:
             s += f", {len(self.pack_errors)} pack problems (fell back to per-file)"
+        if self.unverified:
+            s += f", {len(self.unverified)} without checksum record (sizes checked only)"
         if self.held_back:
             s += ", not published: " + ", ".join(f"{n} {k}" for k, n in sorted(self.held_back.items()))
         return s
@@ -96,7 +99,8 @@ class TransferReport:
         return {"direction": self.direction, "transferred": self.transferred, "skipped": self.skipped,
                 "failed": self.failed, "held_back": dict(self.held_back), "files": self.files,
                 "bytes": self.bytes, "records": self.records, "packs": self.packs,
-                "pack_entries": self.pack_entries, "pack_errors": self.pack_errors}
+                "pack_entries": self.pack_entries, "pack_errors": self.pack_errors,
+                "unverified": self.unverified}
 
 
 def batches(items: Iterable[T], size_of: Callable[[T], int], max_items: int = BATCH_FILES,
