@@ -72,6 +72,12 @@ class CircuitBreaker:
                 return True
             return self.state is CLOSED
 
+    def refusing(self) -> bool:
+        """Would a call be refused right now (open, cooldown not over)? A read-only test that
+        never claims the half-open probe: callers on the inference path use it to answer a miss
+        without touching the store or hopping to another thread."""
+        return self.state is OPEN and time.monotonic() - self._opened_at < self.cooldown_secs
+
     def record(self, failed: bool) -> None:
         """Count one finished call."""
         if not failed:
@@ -124,6 +130,12 @@ class CircuitBreaker:
         return [ItemResult(n, error=err) for n in names]
 
 
+def breaker_of(store: object) -> CircuitBreaker | None:
+    """The circuit breaker of ``store`` (through sealing and format layers), or None."""
+    b = getattr(store, "breaker", None)
+    return b if isinstance(b, CircuitBreaker) else None
+
+
 def call_failed(results: Sequence[ItemResult]) -> bool:
     """Did any item fail the way a sick store fails (timeout, deadline, 5xx, no connection)?"""
     for r in results:
@@ -174,4 +186,7 @@ class RemoteStore(ObjectStore):
                 setattr(cls, verb, _guard(verb, fn))
 
 
-__all__ = ["CLOSED", "HALF_OPEN", "OPEN", "STATE_VALUES", "CircuitBreaker", "RemoteStore", "call_failed"]
+__all__ = [
+    "CLOSED", "HALF_OPEN", "OPEN", "STATE_VALUES", "CircuitBreaker", "RemoteStore", "breaker_of",
+    "call_failed",
+]
