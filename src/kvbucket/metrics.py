@@ -480,6 +480,12 @@ def integrity_totals(registry: CollectorRegistry = REGISTRY) -> tuple[float, flo
     return verified, failures
 
 
+def integrity_failures(tier: str, reason: str, registry: CollectorRegistry = REGISTRY) -> float:
+    """Objects one tier refused for one reason so far (``kvbucket_integrity_failures_total``)."""
+    labels = {"tier": tier, "reason": reason}
+    return registry.get_sample_value("kvbucket_integrity_failures_total", labels) or 0.0
+
+
 def _fold_op(r: Row, op: str, result: str, v: float, *, read_ops: set[str], write_ops: set[str]) -> None:
     if result == "error":
         r.errors += v
@@ -513,6 +519,7 @@ __all__ = [
     "MetricsServer",
     "Row",
     "Summary",
+    "integrity_failures",
     "integrity_totals",
     "start_metrics_server",
     "summarize",

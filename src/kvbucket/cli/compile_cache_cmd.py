@@ -227,7 +227,8 @@ def fetch_cmd(
     compiler_version: VersionOpt = None, as_json: JsonOpt = False, timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Pre-warm the local cache from the bucket (complete entries only, written atomically)."""
-    from kvbucket.compile_cache.sync import ModelScope, fetch
+    from kvbucket.compile_cache.fetch import fetch
+    from kvbucket.compile_cache.transfer import ModelScope
 
     with _errors():
         lay, root, remote = _layout_and_dir(layout, compiler_version, cache_dir)
