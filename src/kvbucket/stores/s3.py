@@ -85,8 +85,11 @@ class S3Store(RemoteStore):
         self._bucket_checked = False
         self._bucket_lock = threading.Lock()
         self._bucket_probe: Future[None] | None = None
+        c = config
         self.breaker = CircuitBreaker(
-            self.url, failures=config.s3_breaker_failures, cooldown_secs=config.s3_breaker_cooldown_secs
+            self.url, failures=c.s3_breaker_failures, cooldown_secs=c.s3_breaker_cooldown_secs,
+            budgets={"head": c.s3_lookup_timeout_secs, "get": c.s3_load_timeout_secs,
+                     "put": c.s3_store_timeout_secs, "delete": c.s3_store_timeout_secs},
         )
         # (verb, option, seconds) of each budget, for error messages.
         c = config
