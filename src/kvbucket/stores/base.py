@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -74,6 +75,9 @@ def check_name(name: str) -> str:
     return _check_name_cached(name)
 
 
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
+
+
 @functools.lru_cache(maxsize=65536)
 def _check_name_cached(name: str) -> str:
     # Cached: lookups of 1,000 keys validate the same names again and again; only valid
@@ -89,7 +93,7 @@ def _check_name_cached(name: str) -> str:
         ) from None
     if len(encoded) > MAX_NAME_BYTES:
         raise InvalidKeyError(f"object name is longer than {MAX_NAME_BYTES} bytes: {name[:60]!r}...")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if _CONTROL_RE.search(name):
         raise InvalidKeyError(f"object name contains a control character: {name!r}")
     if "\\" in name:
         raise InvalidKeyError(f"object name contains a backslash: {name!r}")
