@@ -139,3 +139,29 @@ def test_lookups_on_a_hung_store_are_misses_within_the_deadline_then_at_once(
         short.close()
         h.close()
         store.close()
+
+
+def test_flush_is_bounded_and_says_what_did_not_land(server: SilentServer) -> None:
+    """flush(timeout) over a hung store returns at its timeout with the puts still pending, then
+    with the ones that failed; a healthy tier's flush is true (was: flush() waited forever)."""
+    store = hung_store("hf", server.url, store_timeout_secs=0.5, request_timeout_secs=1)
+    remote = RemoteBackend(store, LAYOUT)
+    cpu = LocalCPUBackend(1 << 22)
+    h = HybridBackend([cpu, remote])
+    try:
+        chunk = np.arange(FULL, dtype=np.uint8)
+        for i in range(3):
+            h.put(f"k{i}", chunk, blocking=False)
+        t0 = time.monotonic()
+        res = h.flush(timeout=0.2)
+        assert elapsed(t0) < 1.0
+        assert not res and res.pending == 3 and res.failed == 0  # queued or in progress: not stored
+        t0 = time.monotonic()
+        res = h.flush(timeout=10)
+        assert elapsed(t0) < 5.0  # three store deadlines of 0.5 s, one after the other
+        assert not res and res.pending == 0 and res.failed == 3
+        assert h.flush(timeout=1)  # nothing new since: true
+        assert cpu.contains("k0") and not any(remote.contains(f"k{i}") for i in range(3))
+    finally:
+        h.close()
+        store.close()

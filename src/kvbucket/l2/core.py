@@ -30,6 +30,7 @@ from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.l2.naming import Naming
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore
+from kvbucket.stores.breaker import CircuitBreaker
 from kvbucket.threads import DaemonThreadPool
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class AdapterCore(L2Adapter):
     _prefix: str
     _naming: Naming
     _store: ObjectStore
+    _breaker: CircuitBreaker | None
     _num_workers: int
     _capacity: int
     _eviction: EvictionConfig | None

@@ -3,10 +3,11 @@
 Lookups answer from the index when they can, so a hit costs no request and no hop through the
 loop thread; unknown keys are asked with one ``head_many`` over every name format (kvbucket's and
 LMCache's) and a miss is remembered for ``metadata_cache_ttl_secs`` (objects written by another
-server show up after that long at most). A hit needs the full size, known from
-``full_chunk_bytes`` or from the layout passed with a lookup (LMCache's ``MemoryLayoutDesc``, per
-object group), or, with neither, a non-empty object. Accessed keys are told to the listener right
-after the lookup's signal, as LMCache's hfbucket and s3 adapters do.
+server show up after that long at most). While the store's circuit breaker is open, keys the
+index does not know are misses at once, in the caller's thread (no request, no hop). A hit needs
+the full size, known from ``full_chunk_bytes`` or from the layout passed with a lookup (LMCache's
+``MemoryLayoutDesc``, per object group), or, with neither, a non-empty object. Accessed keys are
+told to the listener right after the lookup's signal, as LMCache's hfbucket and s3 adapters do.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ class LookupPath(AdapterCore):
                 # Every key is answered by the index (or a fresh remembered miss): no I/O is
                 # needed, so answer now instead of paying a hop through the loop thread.
                 done = self._lock_hits(keys, cands, accessed)
+            elif cands is not None and self._breaker is not None and self._breaker.refusing():
+                # The store's breaker is open: what the index does not know is a miss now, with no
+                # request and no hop through the loop thread (the engine recomputes).
+                done = self._lock_hits(keys, cands, accessed)
+                unasked = len(keys) - sum(done)
+                self._stats["breaker_misses"] += unasked
+                self._breaker.count_rejected("head", unasked)
             else:
                 done = None
                 self._schedule(self._run_lookup(tid, keys))

@@ -118,11 +118,16 @@ class CircuitBreaker:
 
         STORE_BREAKER_STATE.labels(self.store).set(STATE_VALUES[self.state])
 
-    def rejected(self, op: str, names: Sequence[str]) -> list[ItemResult]:
-        """The answer of a call the open breaker refused: every item fails at once, counted."""
+    def count_rejected(self, op: str, n: int) -> None:
+        """Count ``n`` objects of ``op`` answered without the store because the breaker is open."""
         from kvbucket.metrics import STORE_BREAKER_REJECTED
 
-        STORE_BREAKER_REJECTED.labels(self.store, op).inc(len(names))
+        if n:
+            STORE_BREAKER_REJECTED.labels(self.store, op).inc(n)
+
+    def rejected(self, op: str, names: Sequence[str]) -> list[ItemResult]:
+        """The answer of a call the open breaker refused: every item fails at once, counted."""
+        self.count_rejected(op, len(names))
         err = CircuitOpenError(
             f"{self.store} failed {self.failures} calls in a row and is skipped (circuit breaker open; "
             f"it is probed again {self.cooldown_secs:g}s after opening): {op} not attempted"
