@@ -72,6 +72,12 @@ class CircuitBreaker:
                 return True
             return self.state is CLOSED
 
+    def refusing(self) -> bool:
+        """Would a call be refused right now (open, cooldown not over)? A read-only test that
+        never claims the half-open probe: callers on the inference path use it to answer a miss
+        without touching the store or hopping to another thread."""
+        return self.state is OPEN and time.monotonic() - self._opened_at < self.cooldown_secs
+
     def record(self, failed: bool) -> None:
         """Count one finished call."""
         if not failed:
@@ -112,16 +118,27 @@ class CircuitBreaker:
 
         STORE_BREAKER_STATE.labels(self.store).set(STATE_VALUES[self.state])
 
-    def rejected(self, op: str, names: Sequence[str]) -> list[ItemResult]:
-        """The answer of a call the open breaker refused: every item fails at once, counted."""
+    def count_rejected(self, op: str, n: int) -> None:
+        """Count ``n`` objects of ``op`` answered without the store because the breaker is open."""
         from kvbucket.metrics import STORE_BREAKER_REJECTED
 
-        STORE_BREAKER_REJECTED.labels(self.store, op).inc(len(names))
+        if n:
+            STORE_BREAKER_REJECTED.labels(self.store, op).inc(n)
+
+    def rejected(self, op: str, names: Sequence[str]) -> list[ItemResult]:
+        """The answer of a call the open breaker refused: every item fails at once, counted."""
+        self.count_rejected(op, len(names))
         err = CircuitOpenError(
             f"{self.store} failed {self.failures} calls in a row and is skipped (circuit breaker open; "
             f"it is probed again {self.cooldown_secs:g}s after opening): {op} not attempted"
         )
         return [ItemResult(n, error=err) for n in names]
+
+
+def breaker_of(store: object) -> CircuitBreaker | None:
+    """The circuit breaker of ``store`` (through sealing and format layers), or None."""
+    b = getattr(store, "breaker", None)
+    return b if isinstance(b, CircuitBreaker) else None
 
 
 def call_failed(results: Sequence[ItemResult]) -> bool:
@@ -174,4 +191,7 @@ class RemoteStore(ObjectStore):
                 setattr(cls, verb, _guard(verb, fn))
 
 
-__all__ = ["CLOSED", "HALF_OPEN", "OPEN", "STATE_VALUES", "CircuitBreaker", "RemoteStore", "call_failed"]
+__all__ = [
+    "CLOSED", "HALF_OPEN", "OPEN", "STATE_VALUES", "CircuitBreaker", "RemoteStore", "breaker_of",
+    "call_failed",
+]
