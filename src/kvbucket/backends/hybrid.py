@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_buffers, check_open, put_as_batch
+from kvbucket.backends.base import (
+    DEFAULT_FLUSH_TIMEOUT_SECS,
+    Chunk,
+    FlushResult,
+    Key,
+    StorageBackend,
+    check_buffers,
+    check_open,
+    put_as_batch,
+)
 from kvbucket.chunks import as_view
 from kvbucket.errors import CircuitOpenError, KVBucketError, NoSpaceError, StoreError
 from kvbucket.keys import as_key_string
@@ -210,9 +220,16 @@ class HybridBackend(StorageBackend):
                 seen.setdefault(k, None)
         return list(seen)
 
-    def flush(self) -> None:
+    def flush(self, timeout: float | None = DEFAULT_FLUSH_TIMEOUT_SECS) -> FlushResult:
+        """Flush every tier within one overall ``timeout``; the tiers' counts added up."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = FlushResult()
         for tier in self.tiers:
-            tier.flush()
+            rest = None if deadline is None else max(0.0, deadline - time.monotonic())
+            res = tier.flush(rest)
+            if res is not None:  # a plugin tier may still answer None
+                out += res
+        return out
 
     def close(self) -> None:
         if self._closed:

@@ -114,6 +114,32 @@ def listing_mismatch(sums: Sums, listed: dict[str, int]) -> str | None:
     return None
 
 
+_PACK_RE = re.compile(r"(?:^|/)\.kvbucket/packs/.+/([0-9a-f]{64})\.pack$")
+
+
+def pack_digest(name: str) -> str | None:
+    """The sha256 a pack object's name promises for its bytes (None when it is not a pack)."""
+    m = _PACK_RE.search(name)
+    return m.group(1) if m else None
+
+
+def recorded_files(data: bytes) -> Sums:
+    """file -> (size, sha256) of a checksum record, for reading only (``kvbucket verify``).
+
+    Unlike :func:`parse_sums` no layout is known here, so names are not checked against one; a
+    record that is not one yields nothing.
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == SUMS_FORMAT else None
+    if not isinstance(files, dict):
+        return {}
+    return {n: (v[0], v[1]) for n, v in files.items()
+            if isinstance(v, list) and len(v) == 2 and type(v[0]) is int and isinstance(v[1], str)}
+
+
 __all__ = [
     "SUMS_FORMAT",
     "SUMS_PREFIX",
@@ -122,7 +148,9 @@ __all__ = [
     "is_sums_name",
     "listing_mismatch",
     "make_sums",
+    "pack_digest",
     "parse_sums",
+    "recorded_files",
     "sha256_of",
     "sums_name",
 ]

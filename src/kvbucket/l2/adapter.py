@@ -43,6 +43,7 @@ from kvbucket.l2.removal import RemovalPath
 from kvbucket.l2.store_path import StorePath
 from kvbucket.log_once import flush_all
 from kvbucket.stores.base import ObjectStore, check_prefix
+from kvbucket.stores.breaker import breaker_of
 from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
@@ -89,6 +90,8 @@ class ObjectStoreL2Adapter(StorePath, LookupPath, LoadPath, RemovalPath, Invento
         self._store = route_formats(
             seal_store(store, tier="l2", unsealed=unsealed, encryption=encryption), self._naming
         )
+        # While the store's breaker is open, lookups answer from the index alone, at once.
+        self._breaker = breaker_of(self._store)
         # A per-process working dir (LMCache's download session dir), removed on close.
         self._work_dir = work_dir
         self._num_workers = num_workers
@@ -136,6 +139,7 @@ class ObjectStoreL2Adapter(StorePath, LookupPath, LoadPath, RemovalPath, Invento
             "deleted_keys": 0,
             "delete_failures": 0,
             "foreign_objects": 0,
+            "breaker_misses": 0,  # keys a lookup answered as misses, unasked, while the breaker was open
         }
         self._last_error = None
 

@@ -30,6 +30,7 @@ from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.l2.naming import Naming
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore
+from kvbucket.stores.breaker import CircuitBreaker
 from kvbucket.threads import DaemonThreadPool
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class AdapterCore(L2Adapter):
     _prefix: str
     _naming: Naming
     _store: ObjectStore
+    _breaker: CircuitBreaker | None
     _num_workers: int
     _capacity: int
     _eviction: EvictionConfig | None
@@ -133,13 +135,6 @@ class AdapterCore(L2Adapter):
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         self._inflight.add(fut)
         fut.add_done_callback(self._inflight.discard)
-
-    def _full_for(self, key: ObjectKey) -> int | None:
-        return self._full_fixed if self._full_fixed is not None else self._full.get(key.kv_rank >> 32)
-
-    def _usable(self, key: ObjectKey, size: int) -> bool:
-        full = self._full_for(key)
-        return size > 0 and (full is None or size == full)
 
     async def _sliced(
         self, fn: Callable[..., list[ItemResult]], names: Sequence[Any], extra: Sequence[Any] | None = None

@@ -65,7 +65,7 @@ class StorePath(AdapterCore):
                     n - len(take),
                     fixed,
                 )
-            items = {i: self._naming.write_item(keys[i], buffers[i]) for i in take}
+            items = {i: self._naming.write_item(keys[i], buffers[i], self._name(keys[i])) for i in take}
             names = {i: item[0] for i, item in items.items()}
             with self._lock:
                 for nm in names.values():
