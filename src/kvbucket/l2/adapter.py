@@ -166,6 +166,7 @@ class ObjectStoreL2Adapter(L2Adapter):
             "load_misses": 0,
             "size_mismatches": 0,
             "refused_unfull": 0,
+            "refused_full": 0,
             "evicted_keys": 0,
             "evicted_bytes": 0,
             "deleted_keys": 0,
@@ -331,6 +332,12 @@ class ObjectStoreL2Adapter(L2Adapter):
                     n - len(take),
                     fixed,
                 )
+            if self._fleet is not None and take:
+                # The fleet's write cap: past it, a store fails like a full disk (docs/fleet.md).
+                kept = self._fleet.admit([sizes[i] for i in take])
+                if kept < len(take):
+                    self._stats["refused_full"] += len(take) - kept
+                    take = take[:kept]
             items = {i: self._naming.write_item(keys[i], buffers[i]) for i in take}
             names = {i: item[0] for i, item in items.items()}
             with self._lock:

@@ -36,7 +36,7 @@ def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
     adapter = open_l2_adapter(spec)
     size = plan["chunk"]
     hot = [key(i, plan.get("hot_salt", "")) for i in plan.get("hot", [])]
-    hot_hits = hot_reads = 0
+    hot_hits = hot_reads = stored = 0
     if plan.get("die_in_delete"):
         store = adapter.store
         inner = store.delete_many
@@ -67,7 +67,8 @@ def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
 
         for i in range(start, start + count, batch):
             ids = list(range(i, min(i + batch, start + count)))
-            t.store(adapter, [key(j, plan.get("salt", "")) for j in ids], [chunk(j, size) for j in ids])
+            r = t.store(adapter, [key(j, plan.get("salt", "")) for j in ids], [chunk(j, size) for j in ids])
+            stored += sum(r.landed)
             read_hot()
             time.sleep(plan.get("pause", 0.0))
         written = time.monotonic() - t0
@@ -78,7 +79,7 @@ def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
         status = adapter.report_status()
         out.put({"node": plan.get("name"), "status": status, "hot_hits": hot_hits, "hot_reads": hot_reads,
                  "write_secs": written, "run_secs": time.monotonic() - t0,
-                 "data_requests": count + hot_hits})
+                 "stored": stored, "data_requests": stored + hot_hits})
     except BaseException as e:  # report, never hang the parent
         out.put({"node": plan.get("name"), "error": f"{type(e).__name__}: {e}"})
         raise
