@@ -36,8 +36,8 @@ class CompactorMixin:
         now = time.time()
         live = tuple(self.live_nodes())
         due = now - self._digest_written >= min(self.config.heartbeat_secs, self.config.node_timeout_secs / 3)
-        if not (news or due or live != self._digest_live):
-            return
+        if len(live) == 1 or not (news or due or live != self._digest_live):
+            return  # alone, nobody reads it: a joining node lists, and is then seen here
         with self._lock:
             body = {"gen": self._snap[0], "snode": self._snap[1], "t": listed_at, "node": self.node,
                     "marks": dict(self._applied), "seen": {**self._seen, self.node: now},

@@ -38,8 +38,9 @@ class FleetConfig(BaseModel):
     #: Chunks stored longer ago than this are evicted by any node (None: no age limit).
     max_age_secs: float | None = Field(None, gt=0.0)
     #: A node refuses new chunks (a failed store, like a full disk) once they would push the
-    #: fleet's known usage past ``write_cap * capacity``; each node may fill 1/(live nodes) of
-    #: the headroom it saw at its last round. None: never refuse (eviction alone bounds usage).
+    #: fleet's known usage past ``write_cap * capacity``; each node may fill its part of the
+    #: headroom it saw at its last round (1/N alone; 1/(3N-2) with N live nodes, whose latest
+    #: writes it cannot see yet). None: never refuse (eviction alone bounds usage).
     write_cap: float | None = Field(1.0, gt=0.0)
     #: ``cache_salt`` values eviction never touches (their bytes still count).
     pinned_salts: tuple[str, ...] = ()

@@ -60,6 +60,10 @@ FLEET_REQUESTS = Counter(
     "kvbucket_fleet_requests", "Store requests spent on fleet coordination, by verb.", ["verb"]
 )
 
+#: How many rounds another node's writes take to reach this node's view (see _refresh_budget).
+WRITE_LAG_ROUNDS = 3
+
+
 @dataclass(slots=True)
 class _Listing:
     journals: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # node -> [(seq, name)]
@@ -209,8 +213,10 @@ class Fleet(CompactorMixin):
             if cap is None or self._capacity <= 0 or self._eviction.eviction_policy == "noop":
                 self._budget = None
                 return
+            # The others' writes of the last ~LAG rounds are not in this view yet (journal, then
+            # digest), so the headroom is shared as if each of them wrote its part LAG times.
             headroom = cap * self._capacity - self._view.bytes_used
-            self._budget = max(0.0, headroom) / len(self.live_nodes())
+            self._budget = max(0.0, headroom) / (1 + WRITE_LAG_ROUNDS * (len(self.live_nodes()) - 1))
 
     def _horizon(self) -> float:
         """Accesses anywhere before this are in the view: the knowledge time less one round

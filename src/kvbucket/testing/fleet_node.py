@@ -28,7 +28,8 @@ def chunk(i: int, size: int) -> bytes:
 def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
     """``plan``: ``start``/``count`` (this node's chunk numbers), ``salt``, ``chunk`` (bytes),
     ``batch``, ``hot`` (chunk numbers every node reads, salt ``hot_salt``), ``pause`` (seconds
-    between batches), ``linger`` (seconds to keep reading the hot set after writing),
+    between batches) or ``period`` (seconds from one batch's start to the next: a steady rate),
+    ``linger`` (seconds to keep reading the hot set after writing),
     ``die_in_delete`` (SIGKILL itself halfway through its first eviction delete)."""
     from kvbucket.l2 import open_l2_adapter
     from kvbucket.testing import l2 as t
@@ -65,12 +66,16 @@ def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
                 hot_hits += sum(ok)
                 adapter.submit_unlock(locked)
 
-        for i in range(start, start + count, batch):
+        period = plan.get("period")  # seconds per batch (a steady rate), else "pause" between
+        for k, i in enumerate(range(start, start + count, batch)):
             ids = list(range(i, min(i + batch, start + count)))
             r = t.store(adapter, [key(j, plan.get("salt", "")) for j in ids], [chunk(j, size) for j in ids])
             stored += sum(r.landed)
             read_hot()
-            time.sleep(plan.get("pause", 0.0))
+            if period:
+                time.sleep(max(0.0, t0 + (k + 1) * period - time.monotonic()))
+            else:
+                time.sleep(plan.get("pause", 0.0))
         written = time.monotonic() - t0
         end = time.monotonic() + plan.get("linger", 0.0)
         while time.monotonic() < end:
