@@ -13,7 +13,7 @@ hot set after every batch of 4 stores, then linger 6 s. The parent lists the pre
 rate, and per node per minute the fleet's coordination requests vs its data requests (one
 request per chunk stored or loaded; lookups are answered from the index).
 
-Cost: the fleet's defaults (``sync_secs`` 5, ``compact_secs`` 60, ``heartbeat_secs`` 30) at
+Cost: the fleet's defaults (``sync_secs`` 5 or ``--sync-secs``, ``compact_secs`` 60, ``heartbeat_secs`` 30) at
 LMCache's default chunk size: 256 tokens of Llama-3.2-1B's KV in bf16 (16 layers x 2 (K, V) x
 8 KV heads x 64 dims x 2 bytes x 256 tokens = 8 MiB). Each of N nodes makes ``--rate`` data
 requests per second for ``--cost-secs`` (half 8 MiB stores, half loads of a shared hot chunk)
@@ -118,7 +118,7 @@ COST_CHUNK = 8 * 1024 * 1024  # 256 tokens of Llama-3.2-1B (bf16)
 COST_CAPACITY = 1024**3
 
 
-def cost_run(spec: dict[str, Any], n: int, rate: float, secs: float) -> dict[str, float]:
+def cost_run(spec: dict[str, Any], n: int, rate: float, secs: float, sync: float) -> dict[str, float]:
     """N nodes at a steady ``rate`` data requests/s each (one store + one hot load per period)."""
     spec = {**spec, "max_capacity_gb": COST_CAPACITY / 1024**3, "full_chunk_bytes": COST_CHUNK}
     ctx = mp.get_context("spawn")
@@ -132,8 +132,8 @@ def cost_run(spec: dict[str, Any], n: int, rate: float, secs: float) -> dict[str
     period = 2.0 / rate
     plans = [{"name": f"n{i}", "start": i * 100_000, "count": int(secs / period), "chunk": COST_CHUNK,
               "batch": 1, "hot": hot, "period": period} for i in range(n)]
-    procs = [ctx.Process(target=run_node, args=({**spec, "fleet": {"node_id": pl["name"]}}, pl, out))
-             for pl in plans]
+    procs = [ctx.Process(target=run_node, args=({**spec, "fleet": {"node_id": pl["name"], "sync_secs": sync}},
+                                                pl, out)) for pl in plans]
     for pr in procs:
         pr.start()
     reports = []
@@ -225,6 +225,7 @@ def main() -> None:
     ap.add_argument("--parts", default="capacity,cost,startup")
     ap.add_argument("--rate", type=float, default=2.0, help="data requests per second per node (cost)")
     ap.add_argument("--cost-secs", type=float, default=60.0)
+    ap.add_argument("--sync-secs", type=float, default=5.0, help="the fleet's sync_secs in the cost part")
     ap.add_argument("--startup-chunks", type=int, default=100_000)
     ap.add_argument("--hub-startup-chunks", type=int, default=10_000)
     args = ap.parse_args()
@@ -237,7 +238,7 @@ def main() -> None:
                 if "capacity" in parts:
                     capacity_part(name, make, nodes)
                 if "cost" in parts:
-                    cost_part(name, make, nodes, args.rate, args.cost_secs)
+                    cost_part(name, make, nodes, args.rate, args.cost_secs, args.sync_secs)
                 k = args.startup_chunks if name == "s3" else args.hub_startup_chunks
                 if "startup" in parts and k:
                     _, store = make("unused")
@@ -269,14 +270,14 @@ def capacity_part(name: str, make: Maker, nodes: list[int]) -> None:
         store.close()
 
 
-def cost_part(name: str, make: Maker, nodes: list[int], rate: float, secs: float) -> None:
-    print(f"\n== {name}: cost at the fleet defaults, 8 MiB chunks, {rate:g} data requests/s per node, "
-          f"{secs:.0f} s, 1 GiB capacity")
+def cost_part(name: str, make: Maker, nodes: list[int], rate: float, secs: float, sync: float) -> None:
+    print(f"\n== {name}: cost at sync_secs {sync:g} (other settings default), 8 MiB chunks, {rate:g} data "
+          f"requests/s per node, {secs:.0f} s, 1 GiB capacity")
     print(f"{'N':>3} {'coord/node/min':>15} {'compactor':>10} {'data/node/min':>14} {'coord/data':>10} "
           f"{'1% at data/min':>15} {'hot hits':>9} {'refused':>8}")
     for n in nodes:
         spec, store = make(f"cost-{n}-{uuid.uuid4().hex[:6]}")
-        r = cost_run(spec, n, rate, secs)
+        r = cost_run(spec, n, rate, secs, sync)
         print(f"{n:>3} {r['coord']:>15.1f} {r['coord_max']:>10.1f} {r['data']:>14.0f} "
               f"{r['coord'] / r['data']:>9.1%} {100 * r['coord']:>15.0f} {r['hit_rate']:>8.0%} "
               f"{r['refused']:>8}", flush=True)

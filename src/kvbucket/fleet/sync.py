@@ -298,8 +298,10 @@ class Fleet(CompactorMixin):
             except Exception as e:
                 self._error("sync", e)
                 news = True
+            with self._lock:  # over the watermark: keep the pace until eviction is done
+                busy = self._eviction.triggered(self._view.bytes_used, self._capacity)
             idle = min(2 * self._interval, self.config.idle_secs)
-            self._interval = self.config.sync_secs if news else idle
+            self._interval = self.config.sync_secs if news or busy else idle
 
     def _sleep(self, last: float) -> bool:
         """Wait for the next round (True: stop). News cuts an idle wait to ``sync_secs``."""
@@ -402,8 +404,8 @@ class Fleet(CompactorMixin):
         return True
 
     def _read_digest(self) -> tuple[list[Change], bool] | None:
-        """The compactor's digest through one conditional GET: (changes, whether it changed), or
-        None when there is none or it is stale (then this round takes the listing path)."""
+        """The compactor's digest through one conditional GET: (changes, whether they are news),
+        or None when there is none or it is stale (then this round takes the listing path)."""
         started = time.time()
         self._count("get")
         rev = self._store.get_if_changed(digest_name(self._prefix), self._digest_tag)
@@ -440,7 +442,7 @@ class Fleet(CompactorMixin):
                 self._seen[str(n)] = max(self._seen.get(str(n), 0.0), float(seen))
         self._known_at = max(self._known_at, t)
         self.stats["digests_read"] += 1
-        return changes, True
+        return changes, bool(changes)  # a digest rewritten only to show the compactor alive is no news
 
     def _list(self) -> _Listing:
         out = _Listing()
