@@ -87,6 +87,7 @@ def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argp
         env = {**env, BENCH_KEYRING_ENV: json.dumps(
             {"tenants": {"*": {"1": base64.b64encode(os.urandom(32)).decode()}}})}
     job.write_text(json.dumps({"specs": specs, "num_keys": args.num_keys,
+                               "random": args.integrity or args.random_payloads,
                                "data_size": args.data_size_kb * 1024, "rounds": args.rounds}))
     full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **_omp(args), **env}
     proc = subprocess.run([sys.executable, __file__, "--worker", str(job)], capture_output=True, text=True,
@@ -103,6 +104,8 @@ def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argp
 def _worker(job_path: str) -> None:
     import statistics
 
+    import numpy as np
+    import torch
     from lmcache.cli.commands.bench.l2_adapter_bench.data import (
         create_l1_memory_desc,
         make_aligned_tensor,
@@ -119,6 +122,22 @@ def _worker(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     n, size, rounds = job["num_keys"], job["data_size"], job["rounds"] + 1  # + 1 warmup
     names = list(job["specs"])
+    random_payloads = job.get("random", False)
+
+    def fill(who: str, r: int) -> None:
+        """Random bytes for round ``r`` of adapter ``who``, the same each time it is asked for.
+
+        LMCache's bench fills every object with one repeated byte, the same for every adapter
+        and round. A Hub bucket deduplicates content-defined chunks, so such payloads are read
+        back from chunks stored by earlier rounds (or other adapters), and a sealed object
+        (its header in the first chunk) spans more stored ranges than an unsealed one: that
+        measured the dedup, not the envelope. KV payloads are high-entropy data; so are these.
+        """
+        if random_payloads:
+            rng = np.random.default_rng([names.index(who), r])
+            for obj in store_objs[who]:
+                obj.raw_data.copy_(torch.from_numpy(rng.integers(0, 256, size, dtype=np.uint8)))
+
     adapters, store_objs, load_objs = {}, {}, {}
     for who in names:
         cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(job["specs"][who])]))
@@ -137,6 +156,8 @@ def _worker(job_path: str) -> None:
                 a = adapters[who]
                 keys = make_object_keys(n, key_offset=r * n)
                 os.sync()  # earlier rounds' dirty pages are written back now, not during this one
+                if op != "Lookup":
+                    fill(who, r)  # untimed; random payloads only with --integrity/--random-payloads
                 if op == "Store":
                     res = bench_store(a, 1, n, size, 1, lambda _r, k=keys: [k],
                                       lambda _r, w=who: [store_objs[w]], quiet)  # fmt: skip
@@ -250,7 +271,11 @@ def main() -> int:
                    help="OMP_NUM_THREADS for the bench process (0: torch's default; see _omp)")
     p.add_argument("--integrity", action="store_true",
                    help="also run kvbucket's adapter without the envelope and with AES-256-GCM "
-                        "(interleaved mode), and print the ratios")
+                        "(interleaved mode), and print the ratios; every adapter then stores random "
+                        "bytes, new each round (see _worker's fill)")
+    p.add_argument("--random-payloads", action="store_true",
+                   help="every adapter stores random bytes, new each round (interleaved mode), instead "
+                        "of LMCache's one-byte-repeated chunks, which a Hub bucket deduplicates")
     p.add_argument("--object-format", choices=["kvbucket", "lmcache"], default="kvbucket",
                    help="kvbucket's object_format: lmcache writes LMCache's names and raw bytes")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -296,7 +321,8 @@ def main() -> int:
     how = "rounds interleaved in one process" if args.mode == "interleaved" else "lmcache bench l2, ABBA"
     print(f"\n{how}: {args.num_keys} keys x {args.data_size_kb} KiB per submit, "
           f"kvbucket object_format={args.object_format}, "
-          f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)")
+          f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)"
+          + (", random payloads" if args.integrity or args.random_payloads else ""))
     print(f"{'backend':<9} {'op':<7} {'lmcache ops/s':>14} {'kvbucket ops/s':>15} {'ratio':>7}  goal")
     for backend, op, base_ops, my_ops in rows:
         ratio = my_ops / base_ops if base_ops > 0 else float("inf")

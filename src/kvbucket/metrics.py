@@ -24,7 +24,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.backends.base import DEFAULT_FLUSH_TIMEOUT_SECS, Chunk, FlushResult, Key, StorageBackend
 from kvbucket.errors import NoSpaceError
 from kvbucket.stores import sealed as _sealed
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
@@ -74,6 +74,12 @@ STORE_BREAKER_REJECTED = Counter(
     "kvbucket_store_breaker_rejected",
     "Objects of calls answered at once by an open circuit breaker (lookups missed, stores dropped).",
     ["store", "op"],
+)
+DISK_SKIPPED_FULL = Counter(
+    "kvbucket_disk_skipped_full",
+    "Chunks a disk tier skipped because its filesystem was full even after evicting (blocking and "
+    "queued puts; the other tiers still stored them).",
+    ["dir"],
 )
 PREFIX_TOKENS = Counter(
     "kvbucket_prefix_tokens",
@@ -236,8 +242,8 @@ class InstrumentedBackend(StorageBackend):
             self._count_get(c)
         return chunks
 
-    def flush(self) -> None:
-        self.inner.flush()
+    def flush(self, timeout: float | None = DEFAULT_FLUSH_TIMEOUT_SECS) -> FlushResult:
+        return self.inner.flush(timeout)
 
     def close(self) -> None:
         self.inner.close()
@@ -392,6 +398,8 @@ class Summary:
     integrity_failures: dict[tuple[str, str], float] = field(default_factory=dict)  # (tier, reason)
     #: store -> breaker state ("closed", "half_open", "open") and objects its open breaker refused
     breakers: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: disk tier directory -> chunks skipped because its filesystem was full
+    disk_skipped_full: dict[str, float] = field(default_factory=dict)
 
 
 _BREAKER_NAMES = {0: "closed", 1: "half_open", 2: "open"}
@@ -410,6 +418,7 @@ def summarize(exposition: str) -> Summary:
     verified: dict[str, float] = {}
     failures: dict[tuple[str, str], float] = {}
     breakers: dict[str, tuple[str, float]] = {}
+    disk_full: dict[str, float] = {}
 
     def row(kind: str, name: str) -> Row:
         return rows.setdefault((kind, name), Row(kind, name))
@@ -448,13 +457,15 @@ def summarize(exposition: str) -> Summary:
             elif s.name == "kvbucket_store_breaker_rejected_total":
                 state, n = breakers.get(lab["store"], ("closed", 0.0))
                 breakers[lab["store"]] = (state, n + v)
+            elif s.name == "kvbucket_disk_skipped_full_total":
+                disk_full[lab["dir"]] = disk_full.get(lab["dir"], 0.0) + v
             elif s.name == "kvbucket_integrity_verified_total":
                 verified[lab["tier"]] = verified.get(lab["tier"], 0.0) + v
             elif s.name == "kvbucket_integrity_failures_total":
                 k = (lab["tier"], lab["reason"])
                 failures[k] = failures.get(k, 0.0) + v
     ordered = sorted(rows.values(), key=lambda r: (r.kind != "tier", r.name))
-    return Summary(ordered, prefix_tokens, prefix_chunks, verified, failures, breakers)
+    return Summary(ordered, prefix_tokens, prefix_chunks, verified, failures, breakers, disk_full)
 
 
 def integrity_totals(registry: CollectorRegistry = REGISTRY) -> tuple[float, float]:
@@ -467,6 +478,12 @@ def integrity_totals(registry: CollectorRegistry = REGISTRY) -> tuple[float, flo
             elif s.name == "kvbucket_integrity_failures_total":
                 failures += s.value
     return verified, failures
+
+
+def integrity_failures(tier: str, reason: str, registry: CollectorRegistry = REGISTRY) -> float:
+    """Objects one tier refused for one reason so far (``kvbucket_integrity_failures_total``)."""
+    labels = {"tier": tier, "reason": reason}
+    return registry.get_sample_value("kvbucket_integrity_failures_total", labels) or 0.0
 
 
 def _fold_op(r: Row, op: str, result: str, v: float, *, read_ops: set[str], write_ops: set[str]) -> None:
@@ -485,6 +502,7 @@ __all__ = [
     "BACKEND_BYTES",
     "BACKEND_LATENCY",
     "BACKEND_OPS",
+    "DISK_SKIPPED_FULL",
     "INTEGRITY_FAILURES",
     "INTEGRITY_VERIFIED",
     "PREFIX_CHUNKS",
@@ -501,6 +519,7 @@ __all__ = [
     "MetricsServer",
     "Row",
     "Summary",
+    "integrity_failures",
     "integrity_totals",
     "start_metrics_server",
     "summarize",

@@ -108,6 +108,26 @@ def _work(q: queue.SimpleQueue[Any], idle: threading.Semaphore) -> None:
         idle.release()
 
 
+def in_daemon_thread(fn: Callable[[], T], name: str) -> Future[T]:
+    """Run ``fn`` on a new daemon thread; its result (or exception) through the returned future.
+
+    For background work nobody must wait for at ``close()`` (a store's one-off probe): a pool's
+    bounded shutdown would still wait for it.
+    """
+    fut: Future[T] = Future()
+
+    def target() -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # delivered through the future
+            fut.set_exception(e)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return fut
+
+
 def join_all(threads: list[threading.Thread], timeout: float) -> bool:
     """Join ``threads`` within one overall ``timeout``; True when all of them ended."""
     deadline = time.monotonic() + timeout
@@ -118,4 +138,4 @@ def join_all(threads: list[threading.Thread], timeout: float) -> bool:
     return not any(t.is_alive() for t in threads if t is not threading.current_thread())
 
 
-__all__ = ["DEFAULT_CLOSE_TIMEOUT_SECS", "DaemonThreadPool", "join_all"]
+__all__ = ["DEFAULT_CLOSE_TIMEOUT_SECS", "DaemonThreadPool", "in_daemon_thread", "join_all"]

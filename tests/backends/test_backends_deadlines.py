@@ -15,7 +15,6 @@ import pytest
 from kvbucket.backends import HybridBackend, LocalCPUBackend, RemoteBackend
 from kvbucket.backends.hybrid import TierPutError
 from kvbucket.chunks import KVLayout
-from kvbucket.errors import DeadlineExceededError
 from kvbucket.stores import ObjectStore
 from kvbucket.stores.breaker import OPEN
 from kvbucket.stores.hfbucket import HFBucketStore
@@ -51,16 +50,19 @@ def elapsed(t0: float) -> float:
 
 @pytest.mark.parametrize("kind", ["hf", "s3"])
 def test_remote_backend_lookups_and_reads_end_at_the_store_deadline(kind: str, server: SilentServer) -> None:
-    store = hung_store(kind, server.url)  # default deadlines
+    store = hung_store(kind, server.url, load_timeout_secs=2.0)  # default lookup deadline (1 s)
     b = RemoteBackend(store, LAYOUT)  # default blocking_timeout_secs=10
     try:
         t0 = time.monotonic()
-        with pytest.raises(DeadlineExceededError):
-            b.batched_contains(["k1", "k2"])
+        assert b.batched_contains(["k1", "k2"]) == [False, False]  # a miss, not an exception
         assert elapsed(t0) < 2.0  # lookup_timeout_secs=1 (was 10 s here, 60-376 s in the store)
         t0 = time.monotonic()
+        assert b.contains("k3") is False
+        assert elapsed(t0) < 2.0
+        assert b.lookup_failures == 3
+        t0 = time.monotonic()
         assert b.batched_get(["k1"]) == [None]
-        assert elapsed(t0) < 8.0  # HF: the metadata lookup (1 s); S3: load_timeout_secs=5
+        assert elapsed(t0) < 8.0  # HF: the metadata lookup (1 s); S3: load_timeout_secs=2
     finally:
         b.close()
         store.close()
@@ -68,7 +70,7 @@ def test_remote_backend_lookups_and_reads_end_at_the_store_deadline(kind: str, s
 
 @pytest.mark.parametrize("kind", ["hf", "s3"])
 def test_hybrid_backend_keeps_serving_from_its_fast_tier(kind: str, server: SilentServer) -> None:
-    store = hung_store(kind, server.url, store_timeout_secs=1.5, breaker_failures=3,
+    store = hung_store(kind, server.url, store_timeout_secs=1.5, load_timeout_secs=1.0, breaker_failures=3,
                        breaker_cooldown_secs=600)
     cpu = LocalCPUBackend(1 << 22)
     h = HybridBackend([cpu, RemoteBackend(store, LAYOUT)])
@@ -95,6 +97,71 @@ def test_hybrid_backend_keeps_serving_from_its_fast_tier(kind: str, server: Sile
         (err,) = h.batched_put_results([("k2", chunk)])
         assert isinstance(err, TierPutError) and "circuit breaker open" in str(err)  # dropped, counted
         assert elapsed(t0) < 0.5 and cpu.contains("k2")
+    finally:
+        h.close()
+        store.close()
+
+
+@pytest.mark.parametrize("kind", ["hf", "s3"])
+def test_lookups_on_a_hung_store_are_misses_within_the_deadline_then_at_once(
+    kind: str, server: SilentServer
+) -> None:
+    """contains/batched_contains of RemoteBackend and HybridBackend: a miss within the lookup
+    deadline while the store hangs, and at once (no thread hop to the store) once its breaker is
+    open; with a backend timeout shorter than the store's deadline, a miss at that timeout."""
+    store = hung_store(kind, server.url, lookup_timeout_secs=0.5, request_timeout_secs=1, breaker_failures=3,
+                       breaker_cooldown_secs=600)
+    remote = RemoteBackend(store, LAYOUT)
+    cpu = LocalCPUBackend(1 << 22)
+    h = HybridBackend([cpu, remote])
+    short = RemoteBackend(store, LAYOUT, blocking_timeout_secs=0.2, owns_store=False)
+    try:
+        cpu.put("here", np.zeros(FULL, dtype=np.uint8))
+        t0 = time.monotonic()
+        assert short.contains("a") is False and short.batched_contains(["b", "c"]) == [False, False]
+        assert elapsed(t0) < 1.0 and short.lookup_failures == 3  # 2 x 0.2 s, not the store's 0.5 s
+        t0 = time.monotonic()
+        assert h.contains("x") is False
+        assert h.batched_contains(["here", "y"]) == [True, False]
+        assert elapsed(t0) < 2.5  # two lookups of 0.5 s (and the short ones' late ends)
+        deadline = time.monotonic() + 5
+        while store.breaker.state is not OPEN and time.monotonic() < deadline:
+            h.contains("z")
+        assert store.breaker.state is OPEN
+        times = []
+        for i in range(200):
+            t0 = time.perf_counter()
+            assert h.batched_contains([f"m{i}"]) == [False] and remote.contains(f"n{i}") is False
+            times.append(time.perf_counter() - t0)
+        assert statistics.median(times) < 0.001  # no thread hop, no store call
+        assert remote.lookup_failures >= 400
+    finally:
+        short.close()
+        h.close()
+        store.close()
+
+
+def test_flush_is_bounded_and_says_what_did_not_land(server: SilentServer) -> None:
+    """flush(timeout) over a hung store returns at its timeout with the puts still pending, then
+    with the ones that failed; a healthy tier's flush is true (was: flush() waited forever)."""
+    store = hung_store("hf", server.url, store_timeout_secs=0.5, request_timeout_secs=1)
+    remote = RemoteBackend(store, LAYOUT)
+    cpu = LocalCPUBackend(1 << 22)
+    h = HybridBackend([cpu, remote])
+    try:
+        chunk = np.arange(FULL, dtype=np.uint8)
+        for i in range(3):
+            h.put(f"k{i}", chunk, blocking=False)
+        t0 = time.monotonic()
+        res = h.flush(timeout=0.2)
+        assert elapsed(t0) < 1.0
+        assert not res and res.pending == 3 and res.failed == 0  # queued or in progress: not stored
+        t0 = time.monotonic()
+        res = h.flush(timeout=10)
+        assert elapsed(t0) < 5.0  # three store deadlines of 0.5 s, one after the other
+        assert not res and res.pending == 0 and res.failed == 3
+        assert h.flush(timeout=1)  # nothing new since: true
+        assert cpu.contains("k0") and not any(remote.contains(f"k{i}") for i in range(3))
     finally:
         h.close()
         store.close()

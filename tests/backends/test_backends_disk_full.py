@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.errors import NoSpaceError
-from kvbucket.metrics import InstrumentedBackend
+from kvbucket.metrics import InstrumentedBackend, start_metrics_server
 from kvbucket.stores.memory import MemoryStore
 
 MIB = 1 << 20
@@ -147,10 +148,23 @@ def test_a_full_disk_is_skipped_and_the_hybrid_put_still_succeeds(
         assert len(full_logs) == 1, "logged once per full episode, not per chunk"
         assert disk.list() == [] and disk.used_bytes == 0, "nothing skipped is counted as stored"
         assert remote.contains("k3") and bytes(hybrid.get("k3")) == chunk(3).tobytes()
+        disk.put("q", chunk(11), blocking=False)  # a queued put is skipped quietly, and counted
+        disk.flush()
+        assert disk.skipped_full == 7 and not disk.contains("q")
+        url = disk.store.url
+        assert REGISTRY.get_sample_value("kvbucket_disk_skipped_full_total", {"dir": url}) == 7
+        if small_fs.mode == "injected":  # `kvbucket stats` shows it (the same code for both modes)
+            with start_metrics_server(0) as server:
+                out = subprocess.run(
+                    [sys.executable, "-m", "kvbucket", "stats", "--url", server.url],
+                    capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"},
+                )
+            assert out.returncode == 0, out.stderr
+            assert f"disk tier {url}: 7 chunks skipped, filesystem full" in out.stdout, out.stdout
 
         small_fs.free()  # space is back: the tier stores again
         hybrid.put("k10", chunk(10))
-        assert disk.contains("k10") and disk.skipped_full == 6
+        assert disk.contains("k10") and disk.skipped_full == 7
     finally:
         hybrid.close()
 

@@ -377,6 +377,25 @@ def _check_json_args(args: list[str], where: str) -> None:
             assert hasattr(mod, spec["class_name"]), \
                 f"{where}: no {spec['class_name']} in {spec['module_path']}"
             parse_l2_config(spec.get("adapter_params", {}))
+        if isinstance(spec, dict):
+            _check_engine_config(spec, where)
+
+
+def _check_engine_config(spec: dict[str, Any], where: str) -> None:
+    """kvbucket's engine integrations in a JSON argument: vLLM's --kv-transfer-config secondary
+    tiers and SGLang's --hicache-storage-backend-extra-config; their settings validate."""
+    extra = spec.get("kv_connector_extra_config")
+    tiers = extra.get("secondary_tiers", []) if isinstance(extra, dict) else []
+    for entry in tiers:
+        if str(entry.get("module_path", "")).startswith("kvbucket"):
+            mod = importlib.import_module(entry["module_path"])
+            assert hasattr(mod, entry["type"]), f"{where}: no {entry['type']} in {entry['module_path']}"
+            mod.VLLMTierSettings.from_tier_config(
+                {k: v for k, v in entry.items() if k not in ("type", "module_path", "backpressure")})
+    if spec.get("module_path") == "kvbucket.integrations.sglang":
+        mod = importlib.import_module(spec["module_path"])
+        assert hasattr(mod, spec.get("class_name", "")), f"{where}: no {spec.get('class_name')} in {mod}"
+        mod.SGLangStorageSettings.from_extra_config(spec)
 
 
 CHECKS = {

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvbucket.compile_cache import NeuronLayout, compile_cache, fetch, lookup, sync
-from kvbucket.compile_cache.sync import ModelScope
+from kvbucket.compile_cache.transfer import ModelScope
 from kvbucket.errors import TransientStoreError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectStore
 from kvbucket.testing.counting_store import CountingStore
@@ -104,7 +104,9 @@ def test_without_model_id_only_the_flat_area_is_written(store: CountingStore, ho
         host_a.compile("g")
     packs = [n for n in _names(store) if n.startswith(".kvbucket/packs/")]
     assert packs and all(n.startswith(f".kvbucket/packs/neuron/{GROUP}/flat/") for n in packs), packs
-    names = [n for n in _names(store) if n not in packs]
+    sums = [n for n in _names(store) if n.startswith(".kvbucket/sums/")]
+    assert len(sums) == 1 and sums[0].startswith(f".kvbucket/sums/neuron/{GROUP}/MODULE_"), sums
+    names = [n for n in _names(store) if n not in packs + sums]
     assert names and all(n.startswith(f"{GROUP}/MODULE_") for n in names), names
     assert not [n for n in names if "unknown" in n or "default" in n]
     with _cc(host_b, store) as s:
@@ -144,8 +146,9 @@ def test_interrupted_sync_is_ignored_by_fetch_and_completed_by_the_next_sync(
     store.reset()
     rep = sync(store, lay, host_a.cache_dir)
     assert len(rep.transferred) == 4
-    # only the four markers were missing (+ the pack, which rode with them, and its index)
-    assert rep.files == 4 and store.items["put"] == 4 + 2 and rep.packs == 1
+    # only the four markers were missing (+ the checksum records, written again before them, the
+    # pack, which rode with the markers, and its index)
+    assert rep.files == 4 and store.items["put"] == 4 + 4 + 2 and rep.packs == 1
     assert len(fetch(store, lay, host_b.cache_dir).transferred) == 4
     for g in GRAPHS:
         host_b.compile(g)
@@ -266,12 +269,14 @@ def test_requests_are_batched(local_store: CountingStore, host_a: StandInCompile
     store.reset()
     rep = sync(store, NeuronLayout(VERSION), host_a.cache_dir, packs=False)  # the per-file path
     assert rep.files == 1600 and len(rep.transferred) == 400
-    assert store.calls["put"] == 3  # ceil(1200 / 1000) data batches + 1 marker batch
+    assert store.calls["put"] == 3  # ceil((1200 + 400 checksum records) / 1000) data batches + 1 marker batch
     assert store.calls["list"] == 1
     store.reset()
     rep = fetch(store, NeuronLayout(VERSION), host_b.cache_dir, packs=False)
-    # 1,600 names listed in 2 pages; the 1,200 non-empty files in 2 reads (empty ones need none)
-    assert rep.files == 1600 and store.calls["get"] == 2 and store.calls["list"] == 2
+    # 1,600 names listed in 2 pages; the 400 checksum records in 1 read, the 1,200 non-empty files
+    # in 2 (empty ones need none)
+    assert rep.files == 1600 and store.calls["get"] == 1 + 2 and store.calls["list"] == 2
+    assert not rep.unverified
 
 
 def test_unreachable_store_degrades_with_one_warning(host_a: StandInCompiler,

@@ -14,7 +14,8 @@ from kvbucket.compile_cache import DirectoryLayout, EntryState, compile_cache, f
 from kvbucket.compile_cache.lookup import config_id, normalize_config, parse_filter_args
 from kvbucket.compile_cache.neuron_env import resolve_neuron_cache
 from kvbucket.compile_cache.settings import resolve_target, save_target
-from kvbucket.compile_cache.sync import LOCK_NAME, SyncBusyError
+from kvbucket.compile_cache.sync import SyncBusyError
+from kvbucket.compile_cache.transfer import LOCK_NAME
 from kvbucket.errors import ConfigError
 from kvbucket.stores.memory import MemoryStore
 from kvbucket.testing.counting_store import CountingStore
@@ -93,7 +94,7 @@ def test_s3_neuron_cache_url_is_a_target_not_a_path(tmp_path: Path, monkeypatch:
     assert s.target == f"s3://{s3_bucket}/neuron-cache" and s.cache_dir == tmp_path / "local"
     assert s.synced is not None and len(s.synced.transferred) == 1 and not (tmp_path / "s3:").exists()
     keys = [o["Key"] for o in seaweedfs.client().list_objects_v2(Bucket=s3_bucket)["Contents"]
-            if not o["Key"].startswith("neuron-cache/.kvbucket/packs/")]
+            if not o["Key"].startswith(("neuron-cache/.kvbucket/packs/", "neuron-cache/.kvbucket/sums/"))]
     assert len(keys) == 4 and all(k.startswith(f"neuron-cache/neuronxcc-{VERSION}/MODULE_") for k in keys)
 
 
@@ -143,7 +144,8 @@ def test_directory_layout_states_markers_and_growth(tmp_path: Path) -> None:
     assert sorted(rep.transferred) == ["AAA", "fxgraph.bin"] and rep.held_back == {"in_progress": 2}
     names = {o.name for o in store.list() if not o.name.startswith(".kvbucket/packs/")}
     assert names == {"AAA/kernel.cubin", "AAA/__grp__kernel.json", "fxgraph.bin",
-                     ".kvbucket/complete/AAA.json", ".kvbucket/complete/fxgraph.bin.json"}
+                     ".kvbucket/complete/AAA.json", ".kvbucket/complete/fxgraph.bin.json",
+                     ".kvbucket/sums/directory/AAA.json", ".kvbucket/sums/directory/fxgraph.bin.json"}
     manifest = json.loads(store.get(".kvbucket/complete/AAA.json") or b"")
     assert manifest["files"] == {"AAA/kernel.cubin": 400, "AAA/__grp__kernel.json": 2}
 
@@ -158,8 +160,9 @@ def test_directory_layout_states_markers_and_growth(tmp_path: Path) -> None:
     store.reset()
     rep = sync(store, lay, src)
     assert sorted(rep.transferred) == ["AAA", "BBB"] and rep.skipped == ["fxgraph.bin"]
-    # kernel.ptx, BBB's two files, then the two markers (+ a pack of AAA and BBB, and its index)
-    assert store.items["put"] == 5 + 2 and rep.packs == 1
+    # kernel.ptx, BBB's two files and both checksum records, then the two markers (+ a pack of AAA
+    # and BBB, and its index)
+    assert store.items["put"] == 3 + 2 + 2 + 2 and rep.packs == 1
     # the older pack holds AAA without kernel.ptx: fetch must take AAA as the flat area has it now
     rep = fetch(store, lay, tmp_path / "dst2")
     assert sorted(rep.transferred) == ["AAA", "BBB", "fxgraph.bin"] and rep.pack_entries == 3
@@ -207,12 +210,15 @@ def test_remote_names_cannot_climb_out_of_the_cache_dir(tmp_path: Path) -> None:
 
         def get_many(self, names, out=None):  # type: ignore[no-untyped-def]
             assert not [n for n in names if ".." in n]
+            if out is None:  # the entries' checksum records: none (as another tool's sync leaves it)
+                return [ItemResult(n) for n in names]
             for b in out or []:
                 memoryview(b)[:] = b"data"
             return [ItemResult(n, size=4, data=b) for n, b in zip(names, out or [], strict=True)]
 
     rep = fetch(Hostile(), NeuronLayout(VERSION), tmp_path / "c")
     assert rep.transferred == [f"{group}/MODULE_1+2"] and rep.files == 2
+    assert rep.unverified == [f"{group}/MODULE_1+2"]
     assert not list(tmp_path.rglob("escaped"))
 
 

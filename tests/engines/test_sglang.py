@@ -10,10 +10,6 @@ real SGLang host KV pools.
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +18,7 @@ import pytest
 
 from kvbucket.errors import ConfigError
 from kvbucket.integrations import sglang as integ
+from kvbucket.testing.engines import assert_all_passed, engine_venv, run_checks, store_targets
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("sglang_checks.py")
@@ -31,47 +28,14 @@ N_CHECKS = 8  # test functions in sglang_checks.py
 @pytest.fixture(scope="session")
 def sglang_venv() -> Path:
     """The SGLang venv (built once per set of pins; minutes the first time, then reused)."""
-    proc = subprocess.run(["bash", str(ROOT / "engines" / "venv.sh"), "sglang"], capture_output=True,
-                          text=True, timeout=3000)
-    assert proc.returncode == 0, f"engines/venv.sh sglang failed:\n{proc.stderr[-4000:]}"
-    venv = Path(proc.stdout.strip().splitlines()[-1])
-    assert (venv / ".complete").exists()
-    return venv
-
-
-def run_checks(venv: Path, targets: dict[str, Any], tmp_path: Path, *args: str) -> Any:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "HF_", "PYTEST_"))}
-    env.update({
-        "PYTHONPATH": str(ROOT / "src"),
-        "KVB_SGLANG_TARGETS": json.dumps(targets),
-        "HF_XET_CACHE": str(tmp_path / "xet"),  # hf_xet dedups against what it cached: keep it private
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-    })
-    cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-           "-W", "ignore::UserWarning", str(CHECKS), *args]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    return engine_venv(ROOT, "sglang")
 
 
 def test_sglang_hicache_backend_on_dir_hub_and_s3(sglang_venv: Path, hub_bucket: Any, seaweedfs: Any,
                                                    s3_bucket: str, tmp_path: Path) -> None:
-    hub = hub_bucket.hub
-    s3_opts = {k: v for k, v in seaweedfs.config(s3_bucket).items() if k != "s3_endpoint"}
-    targets = {
-        "dir": {"url": str(tmp_path / "store")},
-        "hub": {"url": f"hf://buckets/{hub_bucket.bucket_id}",
-                "options": {"token": hub.write_token, "endpoint": hub.endpoint, "token_env": "",
-                            "retry_backoff_secs": 0.01}},
-        "s3": {"url": f"s3://{s3_bucket}", "options": s3_opts},
-    }
-    proc = run_checks(sglang_venv, targets, tmp_path, "-rA")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    m = re.search(r"(\d+) passed", out)
-    assert m and int(m.group(1)) == N_CHECKS * len(targets), out[-3000:]
-    assert "skipped" not in out and "failed" not in out
-    for name in targets:  # every check ran on every store
-        assert len(re.findall(rf"^PASSED \S+\[{name}\]", out, re.M)) == N_CHECKS, out[-3000:]
+    targets = store_targets(tmp_path, hub_bucket, seaweedfs, s3_bucket)
+    proc = run_checks(sglang_venv, ROOT, CHECKS, "KVB_SGLANG_TARGETS", targets, tmp_path, "-rA")
+    assert_all_passed(proc, N_CHECKS, targets)
     assert any((tmp_path / "store").rglob("*")), "the directory store holds no page"
 
 

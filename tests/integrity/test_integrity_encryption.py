@@ -21,6 +21,7 @@ from kvbucket.envelope import HEADER_SIZE, TAG_SIZE, parse_header
 from kvbucket.errors import ConfigError
 from kvbucket.keys import CacheEngineKey, ObjectKey, key_to_name
 from kvbucket.l2 import open_l2_adapter
+from kvbucket.metrics import integrity_failures
 from kvbucket.stores.file import FileStore
 from kvbucket.testing import l2 as t
 from kvbucket.testing.backend_tests import chunk_bytes
@@ -42,9 +43,8 @@ def key(i: int, tenant: str) -> CacheEngineKey:
     return CacheEngineKey("org/model", 1, 0, i, "bfloat16", {"tenant": tenant})
 
 
-def failures(reason: str, tier: str = "remote") -> float:
-    labels = {"tier": tier, "reason": reason}
-    return REGISTRY.get_sample_value("kvbucket_integrity_failures_total", labels) or 0.0
+def failures(reason: str) -> float:
+    return integrity_failures("remote", reason)
 
 
 def test_round_trip_per_tenant_and_ciphertext_at_rest(tmp_path: Path) -> None:

@@ -8,21 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
-from prometheus_client import REGISTRY
 
 from kvbucket.envelope import HEADER_SIZE
 from kvbucket.keys import key_to_name
+from kvbucket.metrics import integrity_failures as failures
 from kvbucket.stores.file import FileStore
 from kvbucket.stores.sealed import seal_store
 
 DAMAGES = ("flip-payload", "flip-header", "truncate", "swap-bodies", "other-tenant")
 REASON = {"flip-payload": "checksum", "flip-header": "header", "truncate": "truncated", "swap-bodies": "name",
           "other-tenant": "name"}
-
-
-def failures(tier: str, reason: str) -> float:
-    labels = {"tier": tier, "reason": reason}
-    return REGISTRY.get_sample_value("kvbucket_integrity_failures_total", labels) or 0.0
 
 
 def damage(raw: FileStore, kind: str, a: str, b: str, foreign: str) -> list[str]:

@@ -1,7 +1,8 @@
 """A writer killed in the middle of a store never leaves a chunk that loads as good.
 
 The writer is a child process (SIGKILL while the bytes are in flight): the disk tier's temp file
-+ rename, and an S3 multipart upload on SeaweedFS. Afterwards the name holds nothing or the old
++ rename, an S3 multipart upload on SeaweedFS, and a Hugging Face bucket's Xet upload and batch
+commit on the Hub emulator. Afterwards the name holds nothing or the old
 good chunk, and every read through the tiers is verified.
 """
 
@@ -13,8 +14,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.backends.remote import RemoteBackend
@@ -97,3 +100,57 @@ def test_s3_multipart_writer_killed_mid_upload(seaweedfs, s3_bucket) -> None:
         assert not b.contains("org/model@1@0@7@bfloat16")
         assert b.get("org/model@1@0@7@bfloat16") is None
     assert "Contents" not in client.list_objects_v2(Bucket=s3_bucket)  # nothing visible under any name
+
+
+HF_WRITER = """
+import sys, numpy as np
+from kvbucket.stores.hfbucket import HFBucketStore
+from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.sealed import seal_store
+endpoint, token, bucket, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+cfg = build_config(bucket_handle=f"hf://buckets/{bucket}", token=token, token_env="", endpoint=endpoint,
+                   store_timeout_secs=60.0)
+store = seal_store(HFBucketStore(cfg), tier="remote")
+print("ready", flush=True)
+store.put_many([(f"c{i}", np.full(1 << 20, i + 1, dtype=np.uint8)) for i in range(n)])
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("route", ["xorb_upload", "batch"])
+def test_hf_bucket_writer_killed_before_or_during_its_commit(hub_bucket: Any, hub_faults: Any,
+                                                             route: str) -> None:
+    """SIGKILL while the Xet upload runs (nothing committed) or while the bucket's batch commit is
+    in flight: afterwards every name is absent or a complete chunk that verifies."""
+    from kvbucket.stores.hfbucket import HFBucketStore
+    from kvbucket.stores.hfbucket_config import build_config
+    from kvbucket.stores.sealed import seal_store
+
+    hub = hub_bucket.hub
+    hub_faults.add(route, latency_s=3.0)  # hold the step, so the kill surely lands inside it
+    n = 8
+    proc = _spawn(HF_WRITER, hub.endpoint, hub.write_token, hub_bucket.bucket_id, str(n))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(r["seen"] for r in hub_faults.rules()):
+        time.sleep(0.01)
+    assert any(r["seen"] for r in hub_faults.rules()), f"the writer never reached {route}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    time.sleep(3.5)  # let the held request finish on the server, whatever it does with it
+    hub_faults.reset()
+    cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}", token=hub.write_token,
+                       token_env="", endpoint=hub.endpoint)
+    store = seal_store(HFBucketStore(cfg), tier="remote")
+    try:
+        listed = {o.name for o in store.list("")}
+        if route == "xorb_upload":
+            assert not listed  # no commit was sent: nothing is visible
+        bufs = [bytearray(1 << 20) for _ in range(n)]
+        for i, r in enumerate(store.get_many([f"c{i}" for i in range(n)], bufs)):
+            assert r.ok
+            if r.found:  # committed whole: the complete chunk, verified
+                assert r.name in listed and bytes(bufs[i]) == bytes([i + 1]) * (1 << 20)
+            else:
+                assert r.name not in listed
+    finally:
+        store.close()

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client import REGISTRY
 
 from kvbucket.backends.base import StorageBackend
 from kvbucket.backends.hybrid import HybridBackend
@@ -25,6 +24,7 @@ from kvbucket.backends.remote import RemoteBackend, layout_identity
 from kvbucket.chunks import KVLayout
 from kvbucket.envelope import HEADER_SIZE
 from kvbucket.keys import CacheEngineKey, key_to_name
+from kvbucket.metrics import integrity_failures as failures
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.file import FileStore
 from kvbucket.stores.hfbucket import HFBucketStore
@@ -40,11 +40,6 @@ FULL = LAYOUT.full_chunk_bytes
 
 def key(i: int, tenant: str | None = None) -> CacheEngineKey:
     return CacheEngineKey("org/model", 1, 0, 1000 + i, "bfloat16", {"tenant": tenant} if tenant else None)
-
-
-def failures(tier: str, reason: str) -> float:
-    labels = {"tier": tier, "reason": reason}
-    return REGISTRY.get_sample_value("kvbucket_integrity_failures_total", labels) or 0.0
 
 
 @dataclass

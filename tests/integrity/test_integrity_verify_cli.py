@@ -23,6 +23,13 @@ def kvbucket(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([SCRIPT, *args], env=env, capture_output=True, text=True, timeout=120)
 
 
+def table_rows(stdout: str) -> dict[str, str]:
+    """status -> object count, from the table ``kvbucket verify`` prints."""
+    cells = [[c.strip() for c in line.strip().strip("│").split("│")] for line in stdout.splitlines()
+             if line.startswith("│")]
+    return {c[0]: c[1] for c in cells}
+
+
 def key(i: int) -> CacheEngineKey:
     return CacheEngineKey("org/model", 1, 0, i, "bfloat16")
 
@@ -40,9 +47,7 @@ def test_verify_reports_and_deletes_bad_objects(tmp_path: Path) -> None:
 
     proc = kvbucket("verify", str(tmp_path))
     assert proc.returncode == 1, proc.stderr
-    cells = [[c.strip() for c in line.strip().strip("│").split("│")] for line in proc.stdout.splitlines()
-             if line.startswith("│")]
-    rows = {c[0]: c[1] for c in cells}
+    rows = table_rows(proc.stdout)
     assert rows == {"good": "3", "corrupt": "1", "foreign": "1", "legacy": "1"}, proc.stdout
     assert f"corrupt (checksum): {key_to_name(key(1))}" in proc.stdout
     assert f"foreign (name): {key_to_name(key(2))}" in proc.stdout
@@ -94,3 +99,31 @@ def test_kvbucket_stats_shows_integrity_counts(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("integrity:"))
     assert "objects verified on load" in line and "remote checksum" in line
+
+
+def test_verify_checks_a_compile_cache_by_its_sha256s(tmp_path: Path) -> None:
+    from kvbucket.compile_cache import NeuronLayout, sync
+    from kvbucket.testing.neuron_standin import DEFAULT_VERSION, StandInCompiler
+
+    host = StandInCompiler(tmp_path / "local", DEFAULT_VERSION)
+    for g in ("g0", "g1"):
+        host.compile(g)
+    bucket = tmp_path / "bucket"
+    raw = FileStore(bucket)
+    sync(raw, NeuronLayout(DEFAULT_VERSION), host.cache_dir)
+    proc = kvbucket("verify", str(bucket))
+    # 2 entries x 4 files and the pack verify by sha256; the pack index and 2 records are metadata
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = table_rows(proc.stdout)
+    assert rows == {"good": "9", "corrupt": "0", "foreign": "0", "legacy": "3"}, proc.stdout
+
+    neff = f"{host.module_dir('g1').relative_to(host.cache_dir).as_posix()}/model.neff"
+    pack = next(o.name for o in raw.list(".kvbucket/packs/") if o.name.endswith(".pack"))
+    for name in (neff, pack):
+        data = bytearray(raw.get(name) or b"")
+        data[100] ^= 1
+        raw.put(name, bytes(data))
+    proc = kvbucket("verify", str(bucket), "--delete-bad")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"corrupt (checksum): {neff}" in proc.stdout and f"corrupt (checksum): {pack}" in proc.stdout
+    assert "removed 2 of 2" in proc.stdout and not raw.exists(neff) and not raw.exists(pack)

@@ -54,8 +54,8 @@ def test_lookup_against_a_hung_endpoint_answers_within_2s_with_default_settings(
 @pytest.mark.parametrize("direct", [True, False])
 def test_load_store_delete_list_against_a_hung_endpoint_end_at_their_deadlines(direct: bool) -> None:
     with SilentServer() as server:
-        store = silent_store(server, s3_direct_reads=direct, s3_load_timeout_secs=1.5,
-                             s3_store_timeout_secs=2.0, s3_request_timeout_secs=2.0, s3_breaker_failures=0)
+        store = silent_store(server, s3_direct_reads=direct, s3_load_timeout_secs=0.5,
+                             s3_store_timeout_secs=0.8, s3_request_timeout_secs=0.8, s3_breaker_failures=0)
         buf = bytearray(10)
         results, took = timed(store.get_many, ["a", "b"], [buf, None])
         assert all(isinstance(r.error, DeadlineExceededError) for r in results) and took < 4.0  # was 120 s

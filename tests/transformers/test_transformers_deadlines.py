@@ -27,15 +27,16 @@ GEN = {"max_new_tokens": 8, "do_sample": False, "output_logits": True, "return_d
 
 
 def hung_store(kind: str, url: str) -> tuple[ObjectStore, float]:
-    """A store on a server that never answers, default read deadlines; returns it and the
-    deadline a prefill's load pays (the HF metadata lookup; the S3 GETs)."""
+    """A store on a server that never answers, 1 s read deadlines (HF: the default lookup; S3: a
+    load budget set shorter than the default 5 s); returns it and the deadline a prefill's load
+    pays (the HF metadata lookup; the S3 GETs)."""
     if kind == "hf":
         cfg = build_config(bucket_handle="hf://buckets/o/b", token="hf_x", token_env="", endpoint=url,
                            store_timeout_secs=2.0, breaker_failures=2)
         return HFBucketStore(cfg), cfg.lookup_timeout_secs
     s3 = S3Config.parse({"s3_endpoint": "s3://bucket", "s3_endpoint_url": url, "s3_region": "us-east-1",
                          "aws_access_key_id": "AKIDEXAMPLE", "aws_secret_access_key": "not-a-secret",
-                         "s3_store_timeout_secs": 2.0, "s3_breaker_failures": 2})
+                         "s3_store_timeout_secs": 2.0, "s3_load_timeout_secs": 1.0, "s3_breaker_failures": 2})
     return S3Store(s3), s3.s3_load_timeout_secs
 
 

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from kvbucket.backends.base import Chunk, Key, StorageBackend
+from kvbucket.backends.base import Chunk, FlushResult, Key, StorageBackend
 from kvbucket.backends.hybrid import HybridBackend, TierPutError
 from kvbucket.backends.local_cpu import LocalCPUBackend
 from kvbucket.backends.local_disk import LocalDiskBackend
@@ -13,6 +13,7 @@ from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
 
 __all__ = [
     "Chunk",
+    "FlushResult",
     "HybridBackend",
     "Key",
     "LocalCPUBackend",

@@ -9,8 +9,14 @@ reappear because an older queued write landed after it.
 must not hold up ``close()`` or process exit: past the bound the rest are dropped, counted in
 ``dropped`` and logged; the worker is a daemon thread).
 
+``flush(timeout)`` waits for the puts submitted so far, at most ``timeout`` seconds
+(:data:`DEFAULT_FLUSH_TIMEOUT_SECS` unless told), and says what did not land: a
+:class:`FlushResult` counting the puts still pending at the timeout and those that failed since
+the last flush. It is true only when every one of them landed; nothing pending or failed is ever
+reported as stored.
+
 The caller hands over its buffer: with ``blocking=False`` the chunk must not be modified
-until the put has landed (``flush()``), exactly as with LMCache's non-blocking puts.
+until the put has landed (a true ``flush()``), exactly as with LMCache's non-blocking puts.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvbucket.backends.base import DEFAULT_FLUSH_TIMEOUT_SECS, FlushResult
 from kvbucket.log_once import RepeatedLog
 
 log = logging.getLogger(__name__)
@@ -31,8 +38,6 @@ _repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 _STOP = object()
 #: How long ``close()`` waits for queued puts to land before dropping the rest.
 DEFAULT_DRAIN_TIMEOUT_SECS = 30.0
-
-
 class PutQueue:
     """Apply ``apply(key, view)`` on a worker thread; ``submit`` blocks only when the queue is full."""
 
@@ -45,6 +50,11 @@ class PutQueue:
         self._applying = threading.Lock()  # held while one put is being applied
         self._pending: dict[str, tuple[object, memoryview]] = {}
         self._closed = False
+        # Flush bookkeeping: puts are numbered as submitted and finish in that order (one worker).
+        self._done = threading.Condition(self._lock)
+        self._submitted = 0
+        self._finished = 0
+        self._failed_seen = 0  # ``failed`` as last reported by a flush
         self.failed = 0  # puts that raised on the worker (logged)
         self.dropped = 0  # queued puts abandoned by a close() that hit its bound (logged)
         self._name = name
@@ -57,7 +67,9 @@ class PutQueue:
             if self._closed:
                 raise RuntimeError("the backend is closed; no more puts are accepted")
             self._pending[key] = (token, view)
-        self._q.put((key, token))
+            self._submitted += 1
+            seq = self._submitted
+        self._q.put((key, token, seq))
 
     def pending(self, key: str) -> memoryview | None:
         with self._lock:
@@ -76,9 +88,21 @@ class PutQueue:
             pass
         return dropped
 
-    def flush(self) -> None:
-        """Wait until every put submitted so far has landed (or failed and been logged)."""
-        self._q.join()
+    def flush(self, timeout: float | None = DEFAULT_FLUSH_TIMEOUT_SECS) -> FlushResult:
+        """Wait until every put submitted so far has finished, at most ``timeout`` seconds
+        (None: no bound); see :class:`FlushResult` for what the answer counts."""
+        with self._done:
+            target = self._submitted
+            finished = self._done.wait_for(lambda: self._finished >= target, timeout)
+            pending = 0 if finished else target - self._finished
+            failed = self.failed - self._failed_seen  # every failure so far is of a put <= target
+            self._failed_seen = self.failed
+        if pending:
+            log.warning(
+                "flush of the %s tier: %d queued put(s) had not landed after %gs (a hung store?); "
+                "they are not stored yet", self._name, pending, timeout,
+            )
+        return FlushResult(pending, failed)
 
     def close(self, drain_timeout_secs: float = DEFAULT_DRAIN_TIMEOUT_SECS) -> None:
         """Let queued puts land, within ``drain_timeout_secs``; drop (count, log) the rest."""
@@ -107,7 +131,7 @@ class PutQueue:
             try:
                 if item is _STOP:
                     return
-                key, token = item
+                key, token, _ = item
                 with self._applying:
                     with self._lock:
                         entry = self._pending.get(key)
@@ -116,11 +140,16 @@ class PutQueue:
                     try:
                         self._apply(key, entry[1])
                     except Exception as e:
-                        self.failed += 1
+                        with self._lock:
+                            self.failed += 1
                         _repeated.warning("non-blocking put of %s failed: %s", key, e, item=key)
                     finally:
                         with self._lock:
                             if self._pending.get(key, (None,))[0] is token:
                                 del self._pending[key]
             finally:
+                if item is not _STOP:
+                    with self._done:
+                        self._finished = item[2]
+                        self._done.notify_all()
                 self._q.task_done()

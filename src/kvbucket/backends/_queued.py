@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvbucket.backends._putqueue import PutQueue
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_open, copy_chunk_into
+from kvbucket.backends.base import (
+    DEFAULT_FLUSH_TIMEOUT_SECS,
+    Chunk,
+    FlushResult,
+    Key,
+    StorageBackend,
+    check_open,
+    copy_chunk_into,
+)
 from kvbucket.chunks import ChunkSizeError, as_view
 from kvbucket.keys import as_key_string
 
@@ -22,8 +30,9 @@ class QueuedBackend(StorageBackend):
     _queue: PutQueue
     _closed: bool
 
-    def flush(self) -> None:
-        self._queue.flush()
+    def flush(self, timeout: float | None = DEFAULT_FLUSH_TIMEOUT_SECS) -> FlushResult:
+        """Wait for queued puts at most ``timeout`` seconds; true when every one landed."""
+        return self._queue.flush(timeout)
 
     def close(self) -> None:
         """Drain the queue first (queued puts land), then release the tier's own resources."""

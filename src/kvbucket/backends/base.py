@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from kvbucket.errors import KVBucketError
@@ -21,6 +22,28 @@ _repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 
 Chunk: TypeAlias = Any  # a bytes-like buffer; see kvbucket.chunks.as_view
 Key: TypeAlias = CacheEngineKey | str
+
+#: How long ``flush()`` waits for queued puts unless given a timeout.
+DEFAULT_FLUSH_TIMEOUT_SECS = 30.0
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """What a ``flush()`` saw of the non-blocking puts issued before it.
+
+    ``pending``: not finished when the timeout passed (still queued or being applied; they may
+    land later, and ``close()`` drops what cannot land in time). ``failed``: finished by failing
+    since the previous flush (each logged). True only when both are zero: every put landed.
+    """
+
+    pending: int = 0
+    failed: int = 0
+
+    def __bool__(self) -> bool:
+        return self.pending == 0 and self.failed == 0
+
+    def __add__(self, other: FlushResult) -> FlushResult:
+        return FlushResult(self.pending + other.pending, self.failed + other.failed)
 
 
 class StorageBackend(abc.ABC):
@@ -104,8 +127,12 @@ class StorageBackend(abc.ABC):
             out.append(copy_chunk_into(key, chunk, as_view(buf)))
         return out
 
-    def flush(self) -> None:  # noqa: B027 - optional hook
-        """Wait until every non-blocking put issued so far has landed (or failed and been logged)."""
+    def flush(self, timeout: float | None = DEFAULT_FLUSH_TIMEOUT_SECS) -> FlushResult:
+        """Wait until every non-blocking put issued so far has finished, at most ``timeout``
+        seconds (None: no bound). The answer is true only when every one of them landed; it
+        counts those still pending at the timeout and those that failed (see :class:`FlushResult`).
+        Tiers without a put queue have nothing to wait for."""
+        return FlushResult()
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Flush pending work and release resources. Idempotent."""
@@ -155,6 +182,6 @@ def copy_chunk_into(key: Key, chunk: Chunk, dst: memoryview) -> bool:
 
 
 __all__ = [
-    "BackendClosedError", "Chunk", "Key", "StorageBackend", "check_buffers", "check_open", "copy_chunk_into",
-    "put_as_batch",
+    "DEFAULT_FLUSH_TIMEOUT_SECS", "BackendClosedError", "Chunk", "FlushResult", "Key", "StorageBackend",
+    "check_buffers", "check_open", "copy_chunk_into", "put_as_batch",
 ]

@@ -9,17 +9,28 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 
-from kvbucket.backends.base import Chunk, Key, StorageBackend, check_buffers, check_open, put_as_batch
+from kvbucket.backends.base import (
+    DEFAULT_FLUSH_TIMEOUT_SECS,
+    Chunk,
+    FlushResult,
+    Key,
+    StorageBackend,
+    check_buffers,
+    check_open,
+    put_as_batch,
+)
 from kvbucket.chunks import as_view
-from kvbucket.errors import KVBucketError, NoSpaceError
+from kvbucket.errors import CircuitOpenError, KVBucketError, NoSpaceError, StoreError
 from kvbucket.keys import as_key_string
-from kvbucket.log_once import flush_all
+from kvbucket.log_once import RepeatedLog, flush_all
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 _STRIPES = 256
 
 
@@ -57,6 +68,7 @@ class HybridBackend(StorageBackend):
         self.promotion_failures = 0
         self.promotions_skipped = 0  # a write of the key raced the read; its data is newer
         self.tier_skips = [0] * len(self.tiers)  # chunks a full tier skipped (others stored them)
+        self.lookup_failures = [0] * len(self.tiers)  # keys a failing tier answered as misses
         self._gen = [0] * _STRIPES
         self._writing = [0] * _STRIPES
         self._gen_locks = [threading.Lock() for _ in range(_STRIPES)]
@@ -145,7 +157,11 @@ class HybridBackend(StorageBackend):
         for t, tier in enumerate(self.tiers):
             if not missing:
                 break
-            found = read(tier, missing)
+            try:
+                found = read(tier, missing)
+            except StoreError as e:  # a sick tier is a miss; the next tier may have the chunk
+                self._tier_failed(t, "read", len(missing), e)
+                continue
             still: list[int] = []
             promote: list[tuple[str, Chunk, int]] = []
             for i, chunk in zip(missing, found, strict=True):
@@ -163,16 +179,24 @@ class HybridBackend(StorageBackend):
         return out
 
     def contains(self, key: Key) -> bool:
-        return any(tier.contains(key) for tier in self.tiers)
+        return self.batched_contains([key])[0]
 
     def batched_contains(self, keys: Sequence[Key]) -> list[bool]:
-        """Ask the fastest tier first; slower tiers only see the keys still missing."""
+        """Ask the fastest tier first; slower tiers only see the keys still missing.
+
+        A tier that fails to answer (a store error) is a miss for those keys, counted in
+        ``lookup_failures`` and logged once per kind: a lookup never raises for a sick tier.
+        """
         out = [False] * len(keys)
         todo = list(range(len(keys)))
-        for tier in self.tiers:
+        for t, tier in enumerate(self.tiers):
             if not todo:
                 break
-            found = tier.batched_contains([keys[i] for i in todo])
+            try:
+                found = tier.batched_contains([keys[i] for i in todo])
+            except StoreError as e:
+                self._tier_failed(t, "lookup", len(todo), e)
+                continue
             for i, hit in zip(todo, found, strict=True):
                 out[i] = hit
             todo = [i for i, hit in zip(todo, found, strict=True) if not hit]
@@ -196,9 +220,16 @@ class HybridBackend(StorageBackend):
                 seen.setdefault(k, None)
         return list(seen)
 
-    def flush(self) -> None:
+    def flush(self, timeout: float | None = DEFAULT_FLUSH_TIMEOUT_SECS) -> FlushResult:
+        """Flush every tier within one overall ``timeout``; the tiers' counts added up."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = FlushResult()
         for tier in self.tiers:
-            tier.flush()
+            rest = None if deadline is None else max(0.0, deadline - time.monotonic())
+            res = tier.flush(rest)
+            if res is not None:  # a plugin tier may still answer None
+                out += res
+        return out
 
     def close(self) -> None:
         if self._closed:
@@ -215,6 +246,14 @@ class HybridBackend(StorageBackend):
         flush_all()  # the counts of repeated failures, before the caller reports
         if errors:
             raise errors[0]
+
+    def _tier_failed(self, t: int, what: str, n: int, err: StoreError) -> None:
+        self.lookup_failures[t] += n
+        if isinstance(err, CircuitOpenError):  # the breaker logged when it opened
+            return
+        _repeated.warning("%s in tier %s failed (%s: %s); answered as a miss", what,
+                          type(self.tiers[t]).__name__, type(err).__name__, err,
+                          same=f"{what} in tier {t} failed: {type(err).__name__}")
 
     def _stripe(self, key: str) -> int:
         return zlib.crc32(key.encode()) % _STRIPES

@@ -205,7 +205,10 @@ class LocalDiskBackend(BoundedLocalTier):
             failure, victims = self._try_write(key, view, n)
             self._delete_victims(victims)
             if isinstance(failure, NoSpaceError):
+                from kvbucket.metrics import DISK_SKIPPED_FULL  # not at import: metrics imports backends
+
                 self.skipped_full += 1
+                DISK_SKIPPED_FULL.labels(self.store.url).inc()  # shown by `kvbucket stats`
                 if not self._full_logged:
                     self._full_logged = True
                     log.warning(

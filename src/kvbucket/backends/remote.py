@@ -10,8 +10,12 @@ The seeds' full-chunk rules (001, 004) are enforced here, once, for every store:
   the full size, so a wrong-sized object cannot even be copied);
 - ``contains`` means "exists with the full size".
 
-Every blocking call to the store is bounded by ``blocking_timeout_secs``: past it the caller gets
-a :class:`TransientStoreError` naming the timeout, and nothing of that call is counted as stored.
+Every blocking call to the store is bounded by ``blocking_timeout_secs`` (and by the store's own
+deadlines, usually shorter). A lookup or read the store cannot answer (hung, down, its circuit
+breaker open) is a miss, counted in ``lookup_failures``/``read_failures`` and logged once per
+kind, never an exception: the engine recomputes. With the breaker open, lookups and reads answer
+at once without touching the store. A put past the timeout gets a :class:`TransientStoreError`
+naming it, and nothing of that call is counted as stored.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from kvbucket.errors import (
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
+from kvbucket.stores.breaker import breaker_of
 from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
@@ -91,11 +96,14 @@ class RemoteBackend(QueuedBackend):
         self.blocking_timeout_secs = blocking_timeout_secs if blocking_timeout_secs else None
         self.prefix = check_prefix(prefix)
         self._owns_store = owns_store
+        self._breaker = breaker_of(self.store)  # lookups and reads skip a store whose breaker is open
         self._exists: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._exists_ttl = exists_cache_ttl_secs
         self._exists_max = exists_cache_max
         self._exists_lock = threading.Lock()
         self._logged_bad: set[str] = set()
+        self.lookup_failures = 0  # keys a lookup answered as a miss because the store failed
+        self.read_failures = 0  # keys a read answered as a miss because the store call failed
         self._pool = DaemonThreadPool(io_threads, "kvbucket-remote")  # a stuck call never blocks exit
         self._queue = PutQueue("remote", self._apply, queue_size)
         self._closed = False
@@ -170,36 +178,29 @@ class RemoteBackend(QueuedBackend):
                 self._log_bad(ks[i], f"the caller's buffer is {as_view(buffers[i]).nbytes} bytes")
         if todo:
             names = [self._name(ks[i]) for i in todo]
-            results = self._call(self.store.get_many, "get", names, [buffers[i] for i in todo])
+            results = self._call_items(self.store.get_many, "get", names, [buffers[i] for i in todo])
             for i, r in zip(todo, results, strict=True):
                 if r.error is not None:
                     if isinstance(r.error, SizeMismatchError):
                         self._log_bad(ks[i], str(r.error))
                     else:
-                        _repeated.warning("get of %s from %s failed: %s", ks[i], self.store.url, r.error,
-                                          item=ks[i])
+                        self._read_failed(ks[i], r.error)
                 if not r.found:  # missing, or refused by the integrity check (and removed)
                     self._invalidate([r.name])
                 out[i] = r.found
         return out
 
     def contains(self, key: Key) -> bool:
-        k = as_key_string(key)
-        if self._queue.pending(k) is not None:
-            return True
-        name = self._name(k)
-        if self._cached_size(name) is not None:
-            return True
-        (r,) = self._call(self.store.head_many, "head", [name])
-        if r.error is not None:
-            raise r.error
-        if r.size is None or not self._size_ok(r.size):
-            return False
-        self._cache_size(name, r.size)
-        return True
+        """Whether ``key`` is stored as a full chunk. A store that cannot answer (hung, down, its
+        breaker open) answers a miss: the engine recomputes (counted in ``lookup_failures``)."""
+        return self.batched_contains([key])[0]
 
     def batched_contains(self, keys: Sequence[Key]) -> list[bool]:
-        """One ``head_many`` for every key not pending or cached (a lookup of 1,000 keys is one batch)."""
+        """One ``head_many`` for every key not pending or cached (a lookup of 1,000 keys is one batch).
+
+        A key the store could not answer for (deadline, breaker open, any store error) is a miss,
+        counted in ``lookup_failures`` and logged once per kind of failure; never an exception.
+        """
         ks = [as_key_string(k) for k in keys]
         out = [False] * len(ks)
         ask: list[int] = []
@@ -208,15 +209,16 @@ class RemoteBackend(QueuedBackend):
                 out[i] = True
             else:
                 ask.append(i)
-        if ask:
-            names = [self._name(ks[i]) for i in ask]
-            results = self._call(self.store.head_many, "head", names)
-            for i, r in zip(ask, results, strict=True):
-                if r.error is not None:
-                    raise r.error
-                if r.size is not None and self._size_ok(r.size):
-                    self._cache_size(r.name, r.size)
-                    out[i] = True
+        if not ask:
+            return out
+        names = [self._name(ks[i]) for i in ask]
+        results = self._call_items(self.store.head_many, "head", names)
+        for i, r in zip(ask, results, strict=True):
+            if r.error is not None:
+                self._lookup_failed(1, r.error)
+            elif r.size is not None and self._size_ok(r.size):
+                self._cache_size(r.name, r.size)
+                out[i] = True
         return out
 
     def remove(self, key: Key) -> bool:
@@ -270,9 +272,24 @@ class RemoteBackend(QueuedBackend):
         fut = self._pool.submit(fn, *args)
         return self._wait(fut, what)
 
-    def _wait(self, fut: Future[T], what: str) -> T:
+    def _call_items(self, fn: Callable[..., list[ItemResult]], what: str, names: list[str], *args: Any
+                    ) -> list[ItemResult]:
+        """A read-path batch call whose failure as a whole (``blocking_timeout_secs``) fails each
+        item instead of raising: a read of a hung store is a miss, never an exception."""
+        breaker = self._breaker
+        if breaker is not None and breaker.refusing():  # at once: no thread hop, no store call
+            return breaker.rejected(what, names)
         try:
-            return fut.result(timeout=self.blocking_timeout_secs)
+            return self._call(fn, what, names, *args)
+        except StoreError as e:
+            return [ItemResult(n, error=e) for n in names]
+
+    def _wait(self, fut: Future[T], what: str, deadline: float | None = None) -> T:
+        """``fut``'s result within ``blocking_timeout_secs`` (or until ``deadline``, a monotonic
+        instant: one bound for a call made of several store calls)."""
+        timeout = self.blocking_timeout_secs if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return fut.result(timeout=timeout)
         except FutureTimeout:
             raise TransientStoreError(
                 f"{what} on {self.store.url} did not finish within blocking_timeout_secs="
@@ -318,7 +335,7 @@ class RemoteBackend(QueuedBackend):
 
     def _fetch(self, keys: list[str]) -> list[ItemResult]:
         names = [self._name(k) for k in keys]
-        return self._call(self._get_raw, "get", names)
+        return self._call_items(self._get_raw, "get", names)
 
     def _get_raw(self, names: list[str]) -> list[ItemResult]:
         if self.save_unfull_chunk or not self.serde.size_preserving:
@@ -338,10 +355,8 @@ class RemoteBackend(QueuedBackend):
         if r.error is not None:
             if isinstance(r.error, SizeMismatchError):
                 self._log_bad(key, str(r.error))
-            elif isinstance(r.error, CircuitOpenError):  # the breaker logged when it opened
-                log.debug("get of %s skipped: %s", key, r.error)
             else:
-                _repeated.warning("get of %s from %s failed: %s", key, self.store.url, r.error, item=key)
+                self._read_failed(key, r.error)
             return None
         if r.size is None or r.data is None:
             return None
@@ -365,6 +380,24 @@ class RemoteBackend(QueuedBackend):
         log.warning(
             "refusing %s from %s: %s (a full chunk is %d bytes); treated as a miss",
             key, self.store.url, why, self.layout.full_chunk_bytes,
+        )
+
+    def _read_failed(self, key: str, err: Exception) -> None:
+        """A read the store failed is a miss: counted in ``read_failures``, logged once per kind."""
+        self.read_failures += 1
+        if isinstance(err, CircuitOpenError):  # the breaker logged when it opened
+            log.debug("get of %s skipped: %s", key, err)
+            return
+        _repeated.warning("get of %s from %s failed: %s", key, self.store.url, err, item=key)
+
+    def _lookup_failed(self, n: int, err: Exception) -> None:
+        """``n`` keys of a lookup are misses because the store failed: counted, logged once per kind."""
+        self.lookup_failures += n
+        if isinstance(err, CircuitOpenError):  # the breaker logged when it opened
+            return
+        _repeated.warning(
+            "lookup on %s failed (%s: %s); answered as a miss", self.store.url, type(err).__name__, err,
+            same=f"lookup on {self.store.url} failed: {type(err).__name__}",
         )
 
     def _cached_size(self, name: str) -> int | None:
@@ -433,11 +466,17 @@ class PipelinedRemoteBackend(RemoteBackend):
         def decode(g: int, results: list[ItemResult]) -> list[Chunk | None]:
             return [self._decode(ks[i], r) for i, r in zip(groups[g], results, strict=True)]
 
+        # One bound for the whole read, however many sub-batches it takes.
+        bound = self.blocking_timeout_secs
+        deadline = None if bound is None else time.monotonic() + bound
         try:
             for g in range(min(self.max_inflight, len(groups))):
                 submit(g)
             for g in range(len(groups)):
-                results = self._wait(net.pop(g), "get")
+                try:
+                    results = self._wait(net.pop(g), "get", deadline)
+                except StoreError as e:  # blocking_timeout_secs: this group's keys are misses
+                    results = [ItemResult(self._name(ks[i]), error=e) for i in groups[g]]
                 submit(g + self.max_inflight)
                 decoded.append(self._deser.submit(decode, g, results))
             for g, fut in enumerate(decoded):

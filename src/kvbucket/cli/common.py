@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -19,6 +18,7 @@ import typer
 
 from kvbucket.errors import AuthError, ConfigError, InvalidKeyError, KVBucketError, NotFoundError, StoreError
 from kvbucket.stores import ObjectStore, open_store
+from kvbucket.stores.deadline import deadline_in, run_abandonable
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 30.0
@@ -91,25 +91,14 @@ def bounded(fn: Callable[[], T], timeout: float, url: str, store: Any = None) ->
     ``fn`` runs in a daemon thread: a client blocked on a socket that never answers is left
     behind (the command then exits with :func:`exit_now`).
     """
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = fn()
-        except BaseException as e:  # delivered to the caller below
-            outcome["error"] = e
-
-    t = threading.Thread(target=run, name="kvbucket-cli-call", daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        raise NoAnswerError(
+    return run_abandonable(
+        fn,
+        deadline_in(timeout),
+        lambda: NoAnswerError(
             f"no answer from {endpoint_hint(url, store)} within {timeout:g} s for {url}; check that the "
             "endpoint is a working store server, or raise --timeout"
-        )
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]  # type: ignore[no-any-return]
+        ),
+    )
 
 
 def probe(store: Any, url: str, timeout: float) -> None:
@@ -136,6 +125,23 @@ def unreachable_hint(e: BaseException, url: str, store: Any = None) -> str:
     return text
 
 
+def probe_or_exit(store: Any, url: str, timeout: float) -> None:
+    """:func:`probe` for a command: no answer exits at once; any other failure closes the store.
+
+    A store error's text gets :func:`unreachable_hint`; the error is raised again for the
+    command's own handling.
+    """
+    try:
+        probe(store, url, timeout)
+    except NoAnswerError as e:
+        exit_now(str(e), 1)  # the stuck call would hold close() and the exit
+    except BaseException as e:
+        store.close()
+        if isinstance(e, KVBucketError):
+            e.args = (unreachable_hint(e, url, store),)
+        raise
+
+
 @contextlib.contextmanager
 def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[ObjectStore]:
     """Open a store for inspection; never create a missing directory or bucket.
@@ -156,12 +162,9 @@ def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[Objec
     except (OSError, ValueError, TypeError) as e:
         raise fail(f"cannot open {url!r}: {e}") from None
     try:
-        probe(store, url, timeout)
-    except NoAnswerError as e:
-        exit_now(str(e), 1)  # the stuck call would hold close() and the exit
+        probe_or_exit(store, url, timeout)
     except KVBucketError as e:
-        store.close()
-        raise fail(unreachable_hint(e, url, store), exit_code_for(e)) from None
+        raise fail(str(e), exit_code_for(e)) from None
     try:
         yield store
     except BrokenPipeError:

@@ -20,7 +20,7 @@ from kvbucket.cli.common import (
     bounded,
     exit_code_for,
     exit_now,
-    probe,
+    probe_or_exit,
     unreachable_hint,
 )
 from kvbucket.errors import ConfigError, KVBucketError
@@ -98,17 +98,7 @@ def _open(target: str, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     if hub_offline() and target.startswith("hf://"):
         raise ConfigError("HF_HUB_OFFLINE is set: unset it to reach the bucket")
     store = open_store(target)
-    try:
-        probe(store, target, timeout)
-    except NoAnswerError as e:
-        exit_now(str(e), 1)  # the stuck call would hold close() and the exit
-    except KVBucketError as e:
-        store.close()
-        e.args = (unreachable_hint(e, target, store),)
-        raise
-    except BaseException:
-        store.close()
-        raise
+    probe_or_exit(store, target, timeout)
     return store
 
 
@@ -237,7 +227,8 @@ def fetch_cmd(
     compiler_version: VersionOpt = None, as_json: JsonOpt = False, timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Pre-warm the local cache from the bucket (complete entries only, written atomically)."""
-    from kvbucket.compile_cache.sync import ModelScope, fetch
+    from kvbucket.compile_cache.fetch import fetch
+    from kvbucket.compile_cache.transfer import ModelScope
 
     with _errors():
         lay, root, remote = _layout_and_dir(layout, compiler_version, cache_dir)

@@ -45,7 +45,8 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
     from kvbucket.metrics import summarize
 
     summary = summarize(exposition)
-    if not (summary.rows or summary.prefix_tokens or summary.integrity_verified or summary.breakers):
+    if not (summary.rows or summary.prefix_tokens or summary.integrity_verified or summary.breakers
+            or summary.disk_skipped_full):
         return False
     table = Table(title=title)
     for col, justify in (
@@ -66,6 +67,12 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
     for store, (state, refused) in sorted(summary.breakers.items()):
         console.print(
             f"circuit breaker of {store}: {state}; {refused:.0f} objects refused while open",
+            markup=False, highlight=False, soft_wrap=True,
+        )
+    for directory, skipped in sorted(summary.disk_skipped_full.items()):
+        console.print(
+            f"disk tier {directory}: {skipped:.0f} chunks skipped, filesystem full (the other tiers "
+            "stored them)",
             markup=False, highlight=False, soft_wrap=True,
         )
     if summary.prefix_tokens:

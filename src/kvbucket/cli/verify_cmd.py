@@ -8,6 +8,10 @@ Each object is read whole and classified (:func:`kvbucket.stores.sealed.inspect_
   under a key the ring does not hold or that fails to authenticate);
 - ``legacy``: no envelope (written before sealing, or by another program such as LMCache).
 
+Compile-cache objects keep the compiler's own files, verified by sha256 instead of an envelope:
+a pack against the digest in its name, a file listed in its entry's checksum record against the
+record (see :mod:`kvbucket.compile_cache.sums`); they are ``good`` or ``corrupt`` like chunks.
+
 Exit status 1 when anything is corrupt or foreign, 2 for unusable input, 0 otherwise. Legacy
 objects are reported, never deleted (they may belong to another program).
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -48,10 +53,45 @@ def _batches(infos: Sequence[ObjectInfo]) -> Iterator[list[ObjectInfo]]:
         yield batch
 
 
+#: compile-cache file -> (size, sha256), from the checksum records in the store
+Sums = dict[str, tuple[int, str]]
+
+
+def compile_cache_sums(store: ObjectStore, infos: Sequence[ObjectInfo]) -> Sums:
+    """file -> (size, sha256) from every compile-cache checksum record among ``infos``."""
+    from kvbucket.compile_cache.sums import SUMS_PREFIX, recorded_files  # the CLI starts without it
+
+    records = [i for i in infos if i.name.startswith(SUMS_PREFIX) or f"/{SUMS_PREFIX}" in i.name]
+    out: Sums = {}
+    for batch in _batches(records):
+        for r in store.get_many([i.name for i in batch]):
+            if r.error is not None:
+                raise r.error
+            if r.data is not None:
+                base = r.name[: r.name.index(SUMS_PREFIX)]  # the compile cache's root in this store
+                out.update({base + n: v for n, v in recorded_files(bytes(r.data)).items()})
+    return out
+
+
+def classify(name: str, data: Any, size: int, keyring: Keyring | None, sums: Sums) -> tuple[str, str | None]:
+    """(status, reason) of one object: a compile-cache file by its sha256, anything else by envelope."""
+    from kvbucket.compile_cache.sums import pack_digest, sha256_of
+
+    digest = pack_digest(name)
+    if digest is None and name in sums:
+        want, digest = sums[name]
+        if size != want:
+            return "corrupt", "length"
+    if digest is not None:
+        return ("good", None) if sha256_of(data) == digest else ("corrupt", "checksum")
+    return inspect_object(name, data, keyring)
+
+
 def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | None, progress: Progress | None
          ) -> tuple[dict[str, list[int]], list[tuple[str, str, str]]]:
     """Counts and bytes per status, and (name, status, reason) of every object not good."""
     totals = {s: [0, 0] for s in STATUSES}
+    sums = compile_cache_sums(store, infos)
     bad: list[tuple[str, str, str]] = []
     task = progress.add_task("verifying", total=sum(i.size for i in infos)) if progress else None
     for batch in _batches(infos):
@@ -60,7 +100,7 @@ def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | Non
                 raise r.error
             if r.data is None:  # removed since the listing
                 continue
-            status, reason = inspect_object(info.name, r.data, keyring)
+            status, reason = classify(info.name, r.data, int(r.size or 0), keyring, sums)
             totals[status][0] += 1
             totals[status][1] += int(r.size or 0)
             if status != "good":

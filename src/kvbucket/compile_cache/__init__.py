@@ -9,6 +9,7 @@ See docs/compile_cache.md.
 
 from __future__ import annotations
 
+from kvbucket.compile_cache.fetch import fetch
 from kvbucket.compile_cache.layout import (
     CacheLayout,
     DirectoryLayout,
@@ -20,7 +21,8 @@ from kvbucket.compile_cache.layout import (
 )
 from kvbucket.compile_cache.lookup import ExportRecord, lookup, normalize_config
 from kvbucket.compile_cache.session import CompileCacheSession, compile_cache
-from kvbucket.compile_cache.sync import ModelScope, SyncBusyError, TransferReport, fetch, sync
+from kvbucket.compile_cache.sync import SyncBusyError, sync
+from kvbucket.compile_cache.transfer import ModelScope, TransferReport
 
 __all__ = [
     "CacheLayout",

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from kvbucket.compile_cache import torch_artifacts
+from kvbucket.compile_cache.fetch import fetch
 from kvbucket.compile_cache.layout import CacheLayout, EntryState, get_layout
 from kvbucket.compile_cache.neuron_env import resolve_neuron_cache
 from kvbucket.compile_cache.settings import resolve_target
-from kvbucket.compile_cache.sync import ModelScope, TransferReport, fetch, sync
+from kvbucket.compile_cache.sync import sync
+from kvbucket.compile_cache.transfer import ModelScope, TransferReport
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.stores import open_store
 from kvbucket.stores.base import ObjectStore

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from kvbucket.compile_cache.layout import EntryState, TorchLayout
-from kvbucket.compile_cache.sync import TMP_PREFIX
+from kvbucket.compile_cache.transfer import TMP_PREFIX
 from kvbucket.errors import ConfigError
 from kvbucket.keys import encode_key
 

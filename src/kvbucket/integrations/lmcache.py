@@ -48,7 +48,7 @@ from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInter
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from pydantic import ValidationError
 
-from kvbucket.errors import ConfigError, SizeMismatchError, StoreError
+from kvbucket.errors import CircuitOpenError, ConfigError, SizeMismatchError, StoreError
 from kvbucket.keys import ObjectKey, as_key_string
 from kvbucket.l2.adapter import ObjectStoreL2Adapter
 from kvbucket.l2.config import (
@@ -61,7 +61,8 @@ from kvbucket.l2.config import (
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.l2.format_store import route_formats
 from kvbucket.l2.registry import build_store, make_work_dir, naming_for, open_l2_adapter, parse_l2_config
-from kvbucket.stores.base import ObjectStore
+from kvbucket.log_once import RepeatedLog
+from kvbucket.stores.base import ItemResult, ObjectStore
 from kvbucket.stores.hfbucket_config import lenient_bool
 from kvbucket.stores.sealed import seal_store
 
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from kvbucket.fleet.member import StoreFleet
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 
 _GROUP_SHIFT = 32
 
@@ -381,33 +383,40 @@ class KVBucketConnector(RemoteConnector):
         self.work_dir = make_work_dir(self._cfg, f"hfbucket-{plugin_name.replace('.', '-')}-")
         self._ttl = self._cfg.metadata_cache_ttl_secs
         self._sizes: dict[str, tuple[int | None, float]] = {}  # name -> (size, expiry)
+        self.lookup_failures = 0  # names a lookup answered as misses because the store failed
         log.info("kvbucket connector %r on %s", plugin_name, self.store.url)
 
     # -- helpers
     def _name(self, key: Any) -> str:
         return self.naming.write_name(key)
 
-    def _found(self, keys: builtins.list[Any]) -> builtins.list[tuple[str, int | None]]:
+    def _found(self, keys: builtins.list[Any]) -> tuple[builtins.list[tuple[str, int | None]], set[int]]:
         """Per key, the first of its names holding an object, with its size (or its written
-        name and None): kvbucket's and LMCache's names are both read."""
+        name and None): kvbucket's and LMCache's names are both read. Also the indexes of the
+        keys the store could not answer for (hung, down, breaker open): misses, never errors."""
         cands = [self.naming.read_names(k) for k in keys]
         out: builtins.list[tuple[str, int | None]] = [(c[0], None) for c in cands]
+        failed: set[int] = set()
         todo = list(range(len(keys)))
         r = 0
         while todo:
             sizes = self._sizes_of([cands[i][r] for i in todo])
             nxt = []
             for i, size in zip(todo, sizes, strict=True):
-                if size is not None:
+                if isinstance(size, StoreError):
+                    failed.add(i)
+                elif size is not None:
                     out[i] = (cands[i][r], size)
                 elif r + 1 < len(cands[i]):
                     nxt.append(i)
             todo, r = nxt, r + 1
-        return out
+        return out, failed
 
-    def _sizes_of(self, names: list[str]) -> list[int | None]:
+    def _sizes_of(self, names: list[str]) -> list[int | StoreError | None]:
+        """Sizes of ``names`` (None: missing), remembered for ``metadata_cache_ttl_secs``; the
+        error of a name the store could not answer for (logged once per kind, not remembered)."""
         now = time.monotonic()
-        out: dict[str, int | None] = {}
+        out: dict[str, int | StoreError | None] = {}
         ask = []
         for n in names:
             hit = self._sizes.get(n)
@@ -416,9 +425,21 @@ class KVBucketConnector(RemoteConnector):
             else:
                 ask.append(n)
         if ask:
-            for r in self.store.head_many(ask):
+            try:
+                results = self.store.head_many(ask)
+            except StoreError as e:
+                results = [ItemResult(n, error=e) for n in ask]
+            for r in results:
                 if r.error is not None:
-                    raise r.error
+                    out[r.name] = r.error
+                    self.lookup_failures += 1
+                    if not isinstance(r.error, CircuitOpenError):  # the breaker logged when it opened
+                        _repeated.warning(
+                            "lookup on %s failed (%s: %s); answered as a miss", self.store.url,
+                            type(r.error).__name__, r.error,
+                            same=f"lookup on {self.store.url} failed: {type(r.error).__name__}",
+                        )
+                    continue
                 out[r.name] = r.size
                 self._sizes[r.name] = (r.size, now + self._ttl)
         return [out[n] for n in names]
@@ -428,14 +449,14 @@ class KVBucketConnector(RemoteConnector):
         return await asyncio.to_thread(self.exists_sync, key)
 
     def exists_sync(self, key: Any) -> bool:
-        return self._found([key])[0][1] == self.full_chunk_size_bytes
+        return self._found([key])[0][0][1] == self.full_chunk_size_bytes
 
     def support_batched_contains(self) -> bool:
         return True
 
     def batched_contains(self, keys: builtins.list[Any]) -> int:
         hits = 0
-        for _, size in self._found(keys):
+        for _, size in self._found(keys)[0]:
             if size != self.full_chunk_size_bytes:
                 break
             hits += 1
@@ -460,8 +481,14 @@ class KVBucketConnector(RemoteConnector):
         for _ in keys:
             obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt)
             objs.append(obj)
-        names = [name for name, _ in self._found(keys)]
-        todo = [i for i, o in enumerate(objs) if o is not None]
+        found, failed = self._found(keys)
+        names = [name for name, _ in found]
+        # A key whose lookup just failed is a miss at once (the store did not answer; its load
+        # would only cost the load deadline again).
+        todo = [i for i, o in enumerate(objs) if o is not None and i not in failed]
+        for i in failed:
+            if objs[i] is not None:
+                objs[i].ref_count_down()
         results = self.store.get_many([names[i] for i in todo], [objs[i].byte_array for i in todo])
         if self._fleet is not None:
             self._fleet.accessed([r.name for r in results if r.found])

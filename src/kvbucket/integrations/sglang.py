@@ -30,7 +30,6 @@ it. Read from ``storage_config.extra_config``: ``store_url`` (required), ``store
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -41,6 +40,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbucket.errors import ConfigError
+from kvbucket.integrations.naming import path_segment as _segment
+from kvbucket.integrations.naming import salt_segment as _salt_segment
 
 log = logging.getLogger(__name__)
 
@@ -94,17 +95,9 @@ class SGLangStorageSettings(BaseModel):
 _SGLANG_PASSTHROUGH = {"prefetch_threshold", "enable_metadata_cache", "metadata_ttl", "tp_lcm_size"}
 
 
-def _segment(text: str) -> str:
-    """One safe path segment from free text (model names hold ``/`` and other characters)."""
-    out = "".join(c if c.isalnum() or c in "-_.+=" else "-" for c in text.replace("/", "--"))
-    return out.strip(".") or "_"
-
-
 def salt_segment(cache_salt: str) -> str:
     """The salt part of a page name: a digest, so a secret salt never appears in the bucket."""
-    if not cache_salt:
-        return "nosalt"
-    return "salt-" + hashlib.sha256(b"kvbucket-sglang-salt\0" + cache_salt.encode()).hexdigest()[:24]
+    return _salt_segment(cache_salt, "sglang")
 
 
 def shard_segment(cfg: Any) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Literal
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 from kvbucket.errors import InvalidKeyError
 from kvbucket.keys import ObjectKey, as_key_string, key_to_name, name_to_key
@@ -79,9 +79,20 @@ class _Style:
         self.encode, self.decode = encode, decode
 
 
+# ``urllib.parse.quote(s, safe="")`` as a byte table (the same output, several times faster; names
+# are built per key on the lookup path).
+_QUOTE_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+_QUOTE_TABLE = tuple(chr(b) if b in _QUOTE_SAFE else f"%{b:02X}" for b in range(256))
+
+
+def quote_all(s: str) -> str:
+    """``urllib.parse.quote(s, safe="")``: what LMCache's hfbucket writers name objects with."""
+    return "".join(map(_QUOTE_TABLE.__getitem__, s.encode("utf-8")))
+
+
 def _hf_decode(seg: str) -> str | None:
     s = unquote(seg)
-    return s if quote(s, safe="") == seg else None
+    return s if quote_all(s) == seg else None
 
 
 def _s3_mp_decode(rel: str) -> str | None:
@@ -98,13 +109,13 @@ def _fs_decode(rel: str) -> str | None:
 
 #: MP adapters' styles by kvbucket adapter type.
 MP_STYLES: dict[str, _Style] = {
-    "hfbucket": _Style(lambda s: quote(s, safe=""), _hf_decode),
+    "hfbucket": _Style(quote_all, _hf_decode),
     "s3": _Style(lambda s: s, _s3_mp_decode),
     "fs": _Style(lambda s: s + _FS_EXT, _fs_decode),
 }
 #: Non-MP connectors' styles (the key string is LMCache's ``CacheEngineKey.to_string()``).
 CONNECTOR_STYLES: dict[str, _Style] = {
-    "hfbucket": _Style(lambda s: quote(s, safe=""), _hf_decode),
+    "hfbucket": _Style(quote_all, _hf_decode),
     "s3": _Style(lambda s: s.replace("/", "_"), _s3_conn_decode),
 }
 
@@ -183,12 +194,14 @@ class Naming:
             self._is_lm[name] = hit
         return hit
 
-    def write_item(self, key: Any, data: Buffer) -> tuple[str, Buffer]:
+    def write_item(self, key: Any, data: Buffer, name: str | None = None) -> tuple[str, Buffer]:
         """The one place a key and its bytes become the stored object (name, payload).
 
-        LMCache-format objects hold the raw chunk bytes, exactly what LMCache writes.
+        LMCache-format objects hold the raw chunk bytes, exactly what LMCache writes. ``name``:
+        the key's :meth:`write_name`, when the caller already has it (the L2 adapter caches
+        names, so a key stored and then looked up is encoded once).
         """
-        return self.write_name(key), data
+        return (name if name is not None else self.write_name(key)), data
 
     # -- parsing (listings)
     def _relative(self, name: str) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import functools
 import hashlib
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -84,6 +85,9 @@ def check_name(name: str) -> str:
     return _check_name_cached(name)
 
 
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
+
+
 @functools.lru_cache(maxsize=65536)
 def _check_name_cached(name: str) -> str:
     # Cached: lookups of 1,000 keys validate the same names again and again; only valid
@@ -99,7 +103,7 @@ def _check_name_cached(name: str) -> str:
         ) from None
     if len(encoded) > MAX_NAME_BYTES:
         raise InvalidKeyError(f"object name is longer than {MAX_NAME_BYTES} bytes: {name[:60]!r}...")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if _CONTROL_RE.search(name):
         raise InvalidKeyError(f"object name contains a control character: {name!r}")
     if "\\" in name:
         raise InvalidKeyError(f"object name contains a backslash: {name!r}")
@@ -128,24 +132,24 @@ class Scatter:
     result is the ``Scatter`` itself.
     """
 
-    __slots__ = ("_starts", "hash_from", "hashed", "hasher", "nbytes", "parts", "rewritten")
+    __slots__ = ("_spans", "hash_from", "hashed", "hasher", "nbytes", "parts", "rewritten")
     readonly = False
 
     def __init__(self, *parts: Buffer, hasher: Any = None, hash_from: int = 0) -> None:
         views = []
         for p in parts:
-            v = memoryview(p)
+            v = p if type(p) is memoryview else memoryview(p)
             if v.readonly:
                 raise InvalidKeyError("a scatter-read part is read-only")
             if not v.c_contiguous:
                 raise ValueError("a scatter-read part is not a contiguous buffer")
             views.append(v.cast("B") if v.format != "B" or v.ndim != 1 else v)
         self.parts: tuple[memoryview, ...] = tuple(views)
-        starts, total = [], 0
+        spans, total = [], 0
         for v in views:
-            starts.append(total)
+            spans.append((total, total + v.nbytes, v))
             total += v.nbytes
-        self._starts = tuple(starts)
+        self._spans: tuple[tuple[int, int, memoryview], ...] = tuple(spans)
         self.nbytes = total
         # Optional streaming hash (``update(view)``) of bytes ``hash_from..``, fed as bytes land
         # in order; ``hashed`` is how far it got (out-of-order writes are hashed by the caller).
@@ -173,30 +177,51 @@ class Scatter:
     def views_range(self, start: int, stop: int) -> list[memoryview]:
         """The views covering bytes ``start..stop``."""
         out = []
-        for part, pstart in zip(self.parts, self._starts, strict=True):
-            lo, hi = max(start, pstart), min(stop, pstart + part.nbytes)
+        for pstart, pend, part in self._spans:
+            lo, hi = max(start, pstart), min(stop, pend)
             if lo < hi:
                 out.append(part[lo - pstart : hi - pstart])
         return out
 
     def __setitem__(self, key: slice, data: Buffer) -> None:
+        # The hot path (a network frame or file read inside one part, continuing the hash): one
+        # slice copy, then the hash fed from the source while it is still in cache. Called once
+        # per received frame, so it is kept to a few operations.
+        start, stop = key.start, key.stop
+        if key.step is None and type(start) is int and type(stop) is int and 0 <= start <= stop:
+            for pstart, pend, part in self._spans:
+                if pstart <= start and stop <= pend:
+                    try:
+                        part[start - pstart : stop - pstart] = data
+                    except (ValueError, TypeError):
+                        break  # another length or format: the general path says why (or casts)
+                    if start == self.hashed and self.hasher is not None and not self.rewritten:
+                        self.hasher.update(data)
+                        self.hashed = stop
+                    else:
+                        self.landed(start, stop)
+                    return
+        self._set_general(key, data)
+
+    def _set_general(self, key: slice, data: Buffer) -> None:
         start, stop, step = key.indices(self.nbytes)
         src = memoryview(data)
         src = src.cast("B") if src.format != "B" or src.ndim != 1 else src
         if step != 1 or stop - start != src.nbytes:
             raise ValueError("a scatter write needs a contiguous slice of the data's length")
-        for part, pstart in zip(self.parts, self._starts, strict=True):
-            lo, hi = max(start, pstart), min(stop, pstart + part.nbytes)
+        for pstart, pend, part in self._spans:
+            lo, hi = max(start, pstart), min(stop, pend)
             if lo < hi:
                 part[lo - pstart : hi - pstart] = src[lo - start : hi - start]
         self.landed(start, stop)
 
     def views_from(self, offset: int) -> list[memoryview]:
         """The writable views covering bytes ``offset..`` (for ``os.readv``)."""
+        if offset == 0:
+            return [p for p in self.parts if p.nbytes]
         out = []
-        for part, pstart in zip(self.parts, self._starts, strict=True):
-            end = pstart + part.nbytes
-            if end > offset and part.nbytes:
+        for pstart, pend, part in self._spans:
+            if pend > offset and part.nbytes:
                 out.append(part[max(0, offset - pstart) :])
         return out
 

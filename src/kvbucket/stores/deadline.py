@@ -21,6 +21,7 @@ from concurrent.futures import wait as wait_futures
 from typing import Any, TypeVar
 
 from kvbucket.errors import DeadlineExceededError
+from kvbucket.threads import in_daemon_thread
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -95,17 +96,7 @@ def run_abandonable(fn: Callable[[], T], deadline: float, on_timeout: Callable[[
     For calls a client library cannot cancel: past the deadline the thread is left to finish on
     its own (or to die with the process; it never keeps the process alive).
     """
-    fut: Future[T] = Future()
-
-    def target() -> None:
-        if not fut.set_running_or_notify_cancel():
-            return
-        try:
-            fut.set_result(fn())
-        except BaseException as e:  # delivered through the future
-            fut.set_exception(e)
-
-    threading.Thread(target=target, name="kvbucket-abandonable", daemon=True).start()
+    fut = in_daemon_thread(fn, "kvbucket-abandonable")
     try:
         return fut.result(timeout=left(deadline))
     except FutureTimeout:

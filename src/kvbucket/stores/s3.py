@@ -51,7 +51,7 @@ from kvbucket.stores.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.s3_config import S3Config, S3Target, resolve_target
 from kvbucket.stores.s3_direct import EXPIRED, MISSING, Body, DirectReader, Outcome, WrongSize
-from kvbucket.threads import DaemonThreadPool
+from kvbucket.threads import DaemonThreadPool, in_daemon_thread
 
 _XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -85,8 +85,11 @@ class S3Store(RemoteStore):
         self._bucket_checked = False
         self._bucket_lock = threading.Lock()
         self._bucket_probe: Future[None] | None = None
+        c = config
         self.breaker = CircuitBreaker(
-            self.url, failures=config.s3_breaker_failures, cooldown_secs=config.s3_breaker_cooldown_secs
+            self.url, failures=c.s3_breaker_failures, cooldown_secs=c.s3_breaker_cooldown_secs,
+            budgets={"head": c.s3_lookup_timeout_secs, "get": c.s3_load_timeout_secs,
+                     "put": c.s3_store_timeout_secs, "delete": c.s3_store_timeout_secs},
         )
         # (verb, option, seconds) of each budget, for error messages.
         c = config
@@ -355,8 +358,8 @@ class S3Store(RemoteStore):
         with self._bucket_lock:
             if self._bucket_checked:
                 return
-            if self._bucket_probe is None:
-                self._bucket_probe = self._pool.submit(self._probe_bucket)
+            if self._bucket_probe is None:  # not on the pool: close() must not wait for it
+                self._bucket_probe = in_daemon_thread(self._probe_bucket, "kvbucket-s3-probe")
             fut = self._bucket_probe
         try:
             fut.result(timeout=None if deadline is None else left(deadline))

@@ -30,6 +30,7 @@ from prometheus_client import Counter
 
 from kvbucket import envelope as env
 from kvbucket.chunks import as_view
+from kvbucket.encryption import BLOCK as _BLOCK
 from kvbucket.encryption import Keyring, decrypt_in_place, encrypt_into
 from kvbucket.errors import ConfigError, SizeMismatchError, StoreError
 from kvbucket.keys import decode_key
@@ -123,8 +124,12 @@ class SealedStore(ObjectStore):
         if self.keyring is None:
             blob = np.empty(env.HEADER_SIZE + n, dtype=np.uint8)
             bv = memoryview(blob)
-            bv[env.HEADER_SIZE :] = view
-            bv[: env.HEADER_SIZE] = env.pack_header(n, env.checksum(view), name, self.identity)
+            h = xxhash.xxh3_64()
+            for off in range(0, n, _BLOCK):  # copy and hash each block while it is in cache
+                block = view[off : off + _BLOCK]
+                bv[env.HEADER_SIZE + off : env.HEADER_SIZE + off + block.nbytes] = block
+                h.update(block)
+            bv[: env.HEADER_SIZE] = env.pack_header(n, h.intdigest(), name, self.identity)
             return blob
         tenant = self.tenant_of(name)
         kid = self.keyring.write_key_id(tenant)
@@ -137,9 +142,9 @@ class SealedStore(ObjectStore):
         bv = memoryview(blob)
         nonce = os.urandom(12)
         enc = self.keyring.encryptor(tenant, kid, nonce, env.aad(name, self.identity))
-        encrypt_into(enc, view, bv[env.HEADER_SIZE :])
-        payload = bv[env.HEADER_SIZE :]
-        bv[: env.HEADER_SIZE] = env.pack_header(payload.nbytes, env.checksum(payload), name, self.identity,
+        h = xxhash.xxh3_64()
+        encrypt_into(enc, view, bv[env.HEADER_SIZE :], h)
+        bv[: env.HEADER_SIZE] = env.pack_header(n + env.TAG_SIZE, h.intdigest(), name, self.identity,
                                                 key_id=kid, nonce=nonce)
         return blob
 
@@ -167,32 +172,17 @@ class SealedStore(ObjectStore):
         names = self._names(names)
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
-        heads: list[bytearray | None] = [None] * len(names)
-        tags: list[bytearray | None] = [None] * len(names)
         inner_out: list[Buffer | None] | None = None
         if out is not None and any(b is not None for b in out):
-            inner_out = []
-            for i, b in enumerate(out):
-                if b is None:
-                    inner_out.append(None)
-                    continue
-                heads[i] = bytearray(env.HEADER_SIZE)
-                parts: list[Buffer] = [heads[i], b]
-                if self.keyring is not None:
-                    tags[i] = bytearray(env.TAG_SIZE)
-                    parts.append(tags[i])
-                try:
-                    inner_out.append(Scatter(*parts, hasher=xxhash.xxh3_64(), hash_from=env.HEADER_SIZE))
-                except (ValueError, TypeError) as e:
-                    raise StoreError(f"the buffer given for {names[i]!r} cannot be read into: {e}") from None
+            inner_out = [None if b is None else self._scatter(names[i], b) for i, b in enumerate(out)]
         results = self.inner.get_many(names, inner_out)
         final: list[ItemResult] = []
         bad: list[tuple[str, env.EnvelopeError]] = []
         sized: list[int] = []
         for i, (name, r) in enumerate(zip(names, results, strict=True)):
-            buf = out[i] if out is not None else None
+            dst = inner_out[i] if inner_out is not None else None
             if r.error is not None:
-                if buf is not None and isinstance(r.error, SizeMismatchError):
+                if dst is not None and isinstance(r.error, SizeMismatchError):
                     sized.append(i)
                 final.append(r)
                 continue
@@ -200,13 +190,14 @@ class SealedStore(ObjectStore):
                 final.append(r)
                 continue
             try:
-                if buf is None:
+                if dst is None:
                     final.append(self._open_whole(name, r.data))
                 else:
-                    assert inner_out is not None
-                    final.append(self._open_scattered(name, heads[i], buf, tags[i], inner_out[i]))
+                    assert out is not None
+                    self._open_scattered(name, dst)
+                    final.append(ItemResult(name, size=dst.parts[1].nbytes, data=out[i]))
             except env.EnvelopeError as e:
-                if e.reason == "unsealed" and self.unsealed == "accept" and buf is None:
+                if e.reason == "unsealed" and self.unsealed == "accept" and dst is None:
                     final.append(r)
                     continue
                 bad.append((name, e))
@@ -219,6 +210,20 @@ class SealedStore(ObjectStore):
         if ok:
             self._verified.inc(ok)
         return final
+
+    def _scatter(self, name: str, buf: Buffer) -> Scatter:
+        """The read destination of one object: its header, the caller's buffer, (its GCM tag).
+
+        Plain payloads are hashed as they land in order (in cache, one pass); encrypted ones are
+        hashed block by block as they are decrypted (:func:`decrypt_in_place`), so no hasher here.
+        """
+        try:
+            if self.keyring is None:
+                return Scatter(bytearray(env.HEADER_SIZE), buf, hasher=xxhash.xxh3_64(),
+                               hash_from=env.HEADER_SIZE)
+            return Scatter(bytearray(env.HEADER_SIZE), buf, bytearray(env.TAG_SIZE))
+        except (ValueError, TypeError) as e:
+            raise StoreError(f"the buffer given for {name!r} cannot be read into: {e}") from None
 
     def _open_whole(self, name: str, data: Buffer) -> ItemResult:
         view = memoryview(data)
@@ -234,31 +239,31 @@ class SealedStore(ObjectStore):
         self._decrypt(name, header, memoryview(plain), bytes(payload[-env.TAG_SIZE :]))
         return ItemResult(name, size=len(plain), data=plain)
 
-    def _open_scattered(self, name: str, head: Any, buf: Buffer, tag: bytearray | None, dst: Scatter
-                        ) -> ItemResult:
-        header = self._check_header(memoryview(head), name)
-        view = as_view(buf)
-        stored = view.nbytes + (0 if tag is None else env.TAG_SIZE)
+    def _open_scattered(self, name: str, dst: Scatter) -> None:
+        """Verify (and decrypt) an object read into ``dst``; raise :class:`EnvelopeError`."""
+        parts = dst.parts
+        header = self._check_header(parts[0], name)
+        view = parts[1]
+        encrypted = len(parts) == 3
+        stored = view.nbytes + (env.TAG_SIZE if encrypted else 0)
         if header.payload_len != stored:
             raise env.EnvelopeError(
                 "length", f"{name}: the header says {header.payload_len} payload bytes, {stored} were read"
             )
+        if encrypted:  # the checksum is fed block by block, in cache, as the payload is decrypted
+            self._decrypt(name, header, view, bytes(parts[2]), checksum=header.checksum)
+            return
         # The store fed the hash as bytes landed in order (while they were in cache); what did
-        # not land in order (unordered downloads) is hashed now.
-        if not dst.rewritten and dst.hashed < dst.nbytes:
-            dst.landed(dst.hashed, dst.nbytes)
-        if dst.hasher is None or dst.rewritten or dst.hashed != dst.nbytes:
-            h = xxhash.xxh3_64(view)
-            if tag is not None:
-                h.update(tag)
+        # not land in order (unordered downloads) is hashed now, and a rewritten range (a retried
+        # transfer) voids the running hash: the whole payload is hashed again.
+        if dst.rewritten:
+            digest = xxhash.xxh3_64_intdigest(view)
         else:
-            h = dst.hasher
-        if h.intdigest() != header.checksum:
+            if dst.hashed < dst.nbytes:
+                dst.landed(dst.hashed, dst.nbytes)
+            digest = dst.hasher.intdigest()
+        if digest != header.checksum:
             raise env.EnvelopeError("checksum", f"{name}: the payload's checksum does not match")
-        if header.encrypted:
-            assert tag is not None
-            self._decrypt(name, header, view, bytes(tag))
-        return ItemResult(name, size=view.nbytes, data=buf)
 
     def _check_header(self, head: memoryview, name: str) -> env.Header:
         header = env.parse_header(head, name)
@@ -273,16 +278,28 @@ class SealedStore(ObjectStore):
                 raise env.EnvelopeError("key", f"{name}: key id {header.key_id} is not in the keyring")
         return header
 
-    def _decrypt(self, name: str, header: env.Header, view: memoryview, tag: bytes) -> None:
+    def _decrypt(self, name: str, header: env.Header, view: memoryview, tag: bytes,
+                 checksum: int | None = None) -> None:
+        """Decrypt ``view`` in place and check its tag; with ``checksum``, also check the stored
+        ciphertext's xxh3-64 (hashed block by block before each block is decrypted), so a damaged
+        payload is reported as ``checksum`` rather than ``decrypt``."""
         from cryptography.exceptions import InvalidTag
 
         assert self.keyring is not None
         dec = self.keyring.decryptor(self.tenant_of(name), header.key_id, header.nonce, tag,
                                      env.aad(name, header.identity))
+        hasher = xxhash.xxh3_64() if checksum is not None else None
         try:
-            decrypt_in_place(dec, view)
+            decrypt_in_place(dec, view, hasher, tag)
+            authentic = True
         except InvalidTag:
-            raise env.EnvelopeError("decrypt", f"{name}: decryption failed (wrong key or tampered)") from None
+            authentic = False
+        # A damaged payload fails both checks; it is reported as damage (as unencrypted ones are).
+        # Authentic with a wrong checksum can only be a bad checksum field: refused all the same.
+        if hasher is not None and hasher.intdigest() != checksum:
+            raise env.EnvelopeError("checksum", f"{name}: the payload's checksum does not match")
+        if not authentic:
+            raise env.EnvelopeError("decrypt", f"{name}: decryption failed (wrong key or tampered)")
 
     def _classify_sizes(
         self, names: list[str], out: Sequence[Buffer | None], idxs: list[int], final: list[ItemResult],

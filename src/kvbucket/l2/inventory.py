@@ -1,0 +1,137 @@
+"""What the adapter holds: usage, the startup rebuild from the store's listing, key listing, status.
+
+The index is rebuilt from the store's listing at start (in the background) and kept exact
+afterwards; objects whose names parse as neither kvbucket's nor LMCache's are counted as foreign.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from bisect import bisect_right
+from types import MappingProxyType
+from typing import Any
+
+from kvbucket.fleet.layout import is_fleet_name
+from kvbucket.keys import ObjectKey
+from kvbucket.l2.base import KeyPage, Usage
+from kvbucket.l2.core import AdapterCore, log
+
+_REBUILD_PAGE = 1000
+
+
+class InventoryPath(AdapterCore):
+    """Usage, rebuild, listing and status."""
+
+    def get_usage(self) -> Usage:
+        with self._lock:
+            return Usage(
+                bytes_used=self._index.bytes_used,
+                capacity_bytes=self._capacity,
+                bytes_by_cache_salt=MappingProxyType(self._index.bytes_by_salt()),
+                complete=self._rebuilt,
+            )
+
+    def wait_until_rebuilt(self, timeout: float | None = None) -> bool:
+        """Block until the startup listing has been read (for tools and tests)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._rebuilt:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    async def _rebuild(self) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._rebuild_sync)
+        except Exception as e:
+            log.exception(
+                "could not list %s to rebuild usage; usage counts only this run's stores", self._store.url
+            )
+            self._last_error = f"usage rebuild failed: {type(e).__name__}: {e}"
+        finally:
+            with self._lock:
+                self._rebuilt = True
+                self._deleted_while_rebuilding.clear()
+
+    def _rebuild_sync(self) -> None:
+        prefix = f"{self._prefix}/" if self._prefix else ""
+        page: list[tuple[str, ObjectKey, int, float]] = []
+
+        def flush() -> None:
+            # Newest first with touch=False, so the oldest ends up at the LRU end.
+            page.sort(key=lambda t: t[3], reverse=True)
+            with self._lock:
+                for name, key, size, _ in page:
+                    if (
+                        name not in self._deleted_while_rebuilding
+                        and name not in self._deleting
+                        and name not in self._storing
+                    ):
+                        self._index.add(name, key, size, touch=False)
+            page.clear()
+
+        for info in self._store.list(prefix):
+            if self._closed:
+                return
+            key = self._naming.parse(info.name)  # kvbucket's names and LMCache's
+            if key is None:
+                if not is_fleet_name(info.name, self._prefix):
+                    self._stats["foreign_objects"] += 1
+                continue
+            page.append((info.name, key, info.size, info.mtime or 0.0))
+            if len(page) >= _REBUILD_PAGE:
+                flush()
+        flush()
+
+    def list_keys(
+        self, model_name: str | None = None, page_size: int = 500, cursor: str | None = None
+    ) -> KeyPage:
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
+            raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+        if cursor is not None and (not isinstance(cursor, str) or not cursor):
+            raise ValueError("cursor must be the non-empty string returned as next_cursor")
+        start = f"{self._prefix}/" if self._prefix else ""
+        if self._rebuilt:
+            with self._lock:
+                names = sorted(
+                    (n, e.key, e.size)
+                    for n in self._index.names()
+                    if (e := self._index.get(n)) is not None
+                    and (not model_name or e.key.model_name == model_name)
+                )
+        else:
+            names = []
+            for info in self._store.list(start):
+                key = self._naming.parse(info.name)
+                if key is None or (model_name and key.model_name != model_name):
+                    continue
+                names.append((info.name, key, info.size))
+            names.sort()
+        pos = bisect_right([n for n, _, _ in names], cursor) if cursor else 0
+        chunk = names[pos : pos + page_size]
+        more = pos + page_size < len(names)
+        return KeyPage(tuple((k, s) for _, k, s in chunk), chunk[-1][0] if more and chunk else None)
+
+    def report_status(self) -> dict[str, Any]:
+        usage = self.get_usage()
+        with self._lock:
+            locked = sum(1 for c in self._locks.values() if c > 0)
+            keys = len(self._index)
+        return {
+            "is_healthy": not self._closed,
+            "store": self._store.url,
+            "prefix": self._prefix,
+            "keys": keys,
+            "bytes_used": usage.bytes_used,
+            "capacity_bytes": usage.capacity_bytes,
+            "usage_fraction": usage.usage_fraction,
+            "usage_complete": usage.complete,
+            "locked_keys": locked,
+            "inflight_tasks": len(self._inflight),
+            "full_chunk_bytes": self._full_fixed if self._full_fixed is not None else dict(self._full),
+            "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
+            "last_error": self._last_error,
+            **self._stats,
+            **({"fleet": self._fleet.status()} if self._fleet is not None else {}),
+        }

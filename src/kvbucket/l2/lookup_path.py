@@ -1,0 +1,196 @@
+"""The lookup-and-lock path: which keys the store holds, locking the hits until ``submit_unlock``.
+
+Lookups answer from the index when they can, so a hit costs no request and no hop through the
+loop thread; unknown keys are asked with one ``head_many`` over every name format (kvbucket's and
+LMCache's) and a miss is remembered for ``metadata_cache_ttl_secs`` (objects written by another
+server show up after that long at most). While the store's circuit breaker is open, keys the
+index does not know are misses at once, in the caller's thread (no request, no hop). A hit needs
+the full size, known from ``full_chunk_bytes`` or from the layout passed with a lookup (LMCache's
+``MemoryLayoutDesc``, per object group), or, with neither, a non-empty object. Accessed keys are
+told to the listener right after the lookup's signal, as LMCache's hfbucket and s3 adapters do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kvbucket.errors import InvalidKeyError
+from kvbucket.keys import ObjectKey
+from kvbucket.l2.base import L2TaskId
+from kvbucket.l2.core import AdapterCore, log
+
+
+class LookupPath(AdapterCore):
+    """Lookup-and-lock tasks, their completions, and unlocks."""
+
+    def submit_lookup_and_lock_task(self, keys: Sequence[ObjectKey], layout: Any | None = None) -> L2TaskId:
+        keys = list(keys)
+        try:
+            cands: list[tuple[str, ...]] | None = [self._names(k) for k in keys]
+        except InvalidKeyError:
+            cands = None  # the task reports it (as misses) from the loop
+        accessed: list[ObjectKey] = []
+        with self._lock:
+            tid = self._new_id()
+            if self._full_fixed is None:
+                if isinstance(layout, int) and layout > 0:
+                    layout = {0: layout}
+                if isinstance(layout, dict):
+                    self._full.update({int(g): int(b) for g, b in layout.items() if int(b) > 0})
+            done: list[bool] | None = None
+            if self._closed:
+                done = [False] * len(keys)
+            elif cands is not None:
+                # Every key answered by the index (or a fresh remembered miss): no I/O is needed,
+                # so answer now instead of paying a hop through the loop thread.
+                done = self._from_index(keys, cands, accessed, unknown_misses=False)
+                if done is None and self._breaker is not None and self._breaker.refusing():
+                    # The store's breaker is open: what the index does not know is a miss now, with
+                    # no request and no hop through the loop thread (the engine recomputes).
+                    done = self._lock_hits(keys, cands, accessed)
+                    unasked = len(keys) - sum(done)
+                    self._stats["breaker_misses"] += unasked
+                    self._breaker.count_rejected("head", unasked)
+            if done is None:
+                self._schedule(self._run_lookup(tid, keys))
+            else:
+                self._lookup_done[tid] = done
+        if done is not None:
+            self._stats["lookups"] += 1
+            self._signal_lookup(accessed)
+        return tid
+
+    def _finish_lookup(self, tid: L2TaskId, hits: list[bool], accessed: list[ObjectKey]) -> None:
+        with self._lock:
+            self._lookup_done[tid] = hits
+        self._signal_lookup(accessed)
+
+    def _signal_lookup(self, accessed: list[ObjectKey]) -> None:
+        """Signal a published result, then tell the listener of the hits: LMCache's hfbucket and
+        s3 adapters call ``_notify_keys_accessed`` right after the lookup signal, which keeps
+        LMCache's listeners and event bus off the lookup's latency."""
+        self._lookup_efd.notify()
+        if accessed and self.listener is not None:
+            self._tell(self.listener.on_keys_accessed, accessed)
+
+    def _from_index(
+        self,
+        keys: list[ObjectKey],
+        cands: list[tuple[str, ...]],
+        accessed: list[ObjectKey],
+        *,
+        unknown_misses: bool,
+    ) -> list[bool] | None:
+        """The answer from the index, hits locked and touched (call with ``_lock``).
+
+        A key is looked for under its names in order. One that is under none of them is a miss
+        when ``unknown_misses`` (or a fleet tells every store through its journals) or when each
+        name is a fresh remembered miss; otherwise the store must be asked: None, nothing changed.
+        Plain loops: this runs per key on every lookup."""
+        get = self._index.get
+        unknown_misses = unknown_misses or (self._fleet is not None and self._rebuilt)
+        now = 0.0
+        found: list[tuple[int, str, int]] = []
+        for i, c in enumerate(cands):
+            for name in c:
+                entry = get(name)
+                if entry is not None:
+                    found.append((i, name, entry.size))
+                    break
+            else:
+                if not unknown_misses:
+                    now = now or time.monotonic()
+                    for name in c:
+                        if self._missing.get(name, 0.0) <= now:
+                            return None
+        hits = [False] * len(keys)
+        hit_names: list[str] = []
+        fixed, full, deleting, locks, touch = (
+            self._full_fixed,
+            self._full,
+            self._deleting,
+            self._locks,
+            self._index.touch,
+        )
+        for i, name, size in found:
+            want = fixed if fixed is not None else full.get(keys[i].kv_rank >> 32)
+            if size <= 0 or (want is not None and size != want) or name in deleting:
+                continue
+            hits[i] = True
+            locks[name] = locks.get(name, 0) + 1
+            touch(name)
+            accessed.append(keys[i])
+            hit_names.append(name)
+        if self._fleet is not None and hit_names:
+            self._fleet.accessed(hit_names)
+        return hits
+
+    def _lock_hits(
+        self, keys: list[ObjectKey], cands: list[tuple[str, ...]], accessed: list[ObjectKey]
+    ) -> list[bool]:
+        """Hits among indexed names, locked and touched; every other key a miss (call with ``_lock``)."""
+        hits = self._from_index(keys, cands, accessed, unknown_misses=True)
+        assert hits is not None
+        return hits
+
+    def query_lookup_and_lock_result(self, task_id: L2TaskId) -> list[bool] | None:
+        with self._lock:
+            return self._lookup_done.pop(task_id, None)
+
+    def submit_unlock(self, keys: Sequence[ObjectKey]) -> None:
+        with self._lock:
+            for key in keys:
+                try:
+                    cands = self._names(key)
+                except InvalidKeyError:
+                    continue
+                name = next((n for n in cands if self._locks.get(n)), None)
+                if name is None:
+                    continue
+                count = self._locks[name]
+                if count <= 1:
+                    self._locks.pop(name, None)
+                else:
+                    self._locks[name] = count - 1
+
+    async def _run_lookup(self, tid: L2TaskId, keys: list[ObjectKey]) -> None:
+        n = len(keys)
+        hits = [False] * n
+        accessed: list[ObjectKey] = []
+        try:
+            cands = [self._names(k) for k in keys]
+            found: list[ObjectKey] = []
+            found_sizes: list[int] = []
+            # Every name format in one round (one head_many): a key not found under kvbucket's
+            # name is found under LMCache's, so a bucket LMCache filled is read without any
+            # setting, at the latency of one round.
+            now = time.monotonic()
+            ask: list[tuple[int, str]] = []
+            with self._lock:
+                for i, c in enumerate(cands):
+                    if self._where(c) is not None:
+                        continue
+                    ask.extend((i, nm) for nm in c if self._missing.get(nm, 0.0) <= now)
+            if ask:
+                heads = await self._sliced(self._store.head_many, [nm for _, nm in ask])
+                expiry = time.monotonic() + self._neg_ttl
+                with self._lock:
+                    for (i, name), h in zip(ask, heads, strict=True):
+                        if h.found and h.size:
+                            if name not in self._index and name not in self._deleting:
+                                self._index.add(name, keys[i], h.size)
+                                found.append(keys[i])
+                                found_sizes.append(h.size)
+                        elif h.ok and self._neg_ttl > 0:
+                            self._missing[name] = expiry
+            if found and self.listener is not None:
+                self._tell(self.listener.on_keys_stored, found, found_sizes)
+            with self._lock:
+                hits = self._lock_hits(keys, cands, accessed)
+        except Exception as e:
+            log.exception("lookup task %d failed", tid)
+            self._last_error = f"{type(e).__name__}: {e}"
+        self._stats["lookups"] += 1
+        self._finish_lookup(tid, hits, accessed)

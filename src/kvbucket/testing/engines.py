@@ -1,0 +1,70 @@
+"""Run checks inside a serving engine's own venv (``engines/venv.sh <engine>``).
+
+The engines pin other torch builds than kvbucket's test venv, so their checks run in a venv of
+their own, built once per set of pins and cached. The outer test (in kvbucket's venv) owns the
+servers (Hub emulator, SeaweedFS) and hands their addresses to the checks as JSON in an
+environment variable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def engine_venv(root: Path, engine: str) -> Path:
+    """Build or reuse the engine's venv (minutes the first time on a machine, then cached)."""
+    proc = subprocess.run(["bash", str(root / "engines" / "venv.sh"), engine], capture_output=True,
+                          text=True, timeout=3000)
+    if proc.returncode != 0:
+        raise AssertionError(f"engines/venv.sh {engine} failed:\n{proc.stderr[-4000:]}")
+    venv = Path(proc.stdout.strip().splitlines()[-1])
+    if not (venv / ".complete").exists():
+        raise AssertionError(f"{venv} is not a complete venv")
+    return venv
+
+
+def store_targets(tmp_path: Path, hub_bucket: Any, seaweedfs: Any, s3_bucket: str) -> dict[str, Any]:
+    """A directory, a Hub emulator bucket and a SeaweedFS bucket, as ``{name: {"url", "options"}}``."""
+    hub = hub_bucket.hub
+    s3_opts = {k: v for k, v in seaweedfs.config(s3_bucket).items() if k != "s3_endpoint"}
+    return {
+        "dir": {"url": str(tmp_path / "store")},
+        "hub": {"url": f"hf://buckets/{hub_bucket.bucket_id}",
+                "options": {"token": hub.write_token, "endpoint": hub.endpoint, "token_env": "",
+                            "retry_backoff_secs": 0.01}},
+        "s3": {"url": f"s3://{s3_bucket}", "options": s3_opts},
+    }
+
+
+def run_checks(venv: Path, root: Path, checks: Path, env_var: str, targets: dict[str, Any], tmp_path: Path,
+               *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the pytest file ``checks`` with the engine venv's Python; ``targets`` go in ``env_var``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "HF_", "PYTEST_"))}
+    env.update({
+        "PYTHONPATH": str(root / "src"),
+        env_var: json.dumps(targets),
+        "HF_XET_CACHE": str(tmp_path / "xet"),  # hf_xet dedups against what it cached: keep it private
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    })
+    cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
+           "-W", "ignore::UserWarning", str(checks), *args]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def assert_all_passed(proc: subprocess.CompletedProcess[str], n_checks: int, targets: dict[str, Any]) -> str:
+    """Every check passed on every store (run with ``-rA``); returns the output."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    m = re.search(r"(\d+) passed", out)
+    assert m and int(m.group(1)) == n_checks * len(targets), out[-3000:]
+    # pytest's summary counts (not the word in captured logs, e.g. vLLM's "host_register failed").
+    assert not re.search(r"\d+ (failed|skipped|errors?|xfailed|xpassed)\b", out), out[-3000:]
+    for name in targets:
+        assert len(re.findall(rf"^PASSED \S+\[{name}\]", out, re.M)) == n_checks, out[-3000:]
+    return out
