@@ -6,8 +6,12 @@ otherwise is fixed at 8080). Chunks put in the buckets beforehand are found by t
 startup listings, listed and deleted through LMCache's own HTTP API (which calls the plugin's
 ``list_l2_keys`` and ``delete``), and found again after the server restarts on the same buckets.
 
-Not covered here (docs/l2.md says why): storing and retrieving chunks through LMCache's MP
-client, which needs an engine worker registering its KV caches with the server.
+In the same two server runs, LMCache's own MP client (``LMCacheMPWorkerAdapter`` and
+``LMCacheMPSchedulerAdapter``, what vLLM's ``LMCacheMPConnector`` runs; see
+:mod:`kvbucket.testing.lmcache_mp`) stores chunks from a paged KV cache, LMCache's ``/cache/clear``
+drops them from L1, and a lookup (prefetch from L2) and retrieve bring them back, bytes checked:
+from ``hfbucket`` first, then, after the restart with those objects removed from the Hub bucket,
+from ``s3``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from kvbucket.keys import ObjectKey
 from kvbucket.l2 import open_l2_adapter
 from kvbucket.testing.hub_fixtures import HubBucket
 from kvbucket.testing.l2 import store
+from kvbucket.testing.lmcache_mp import BLOCK, MPEngine
 from kvbucket.testing.s3_server import S3Server, free_port
 
 pytestmark = pytest.mark.lmcache
@@ -59,10 +64,12 @@ class Server:
     """``lmcache server`` in a subprocess of its own session (killed with its group)."""
 
     def __init__(self, adapters: list[dict[str, Any]], log: Path) -> None:
-        self.http = free_port()
+        self.http, self.port = free_port(), free_port()
+        # engine_driven: the MP client moves CPU KV caches itself (lmcache_driven is CUDA/NPU IPC)
         args = [sys.executable, "-m", "lmcache.cli.main", "server", "--host", "127.0.0.1",
-                "--port", str(free_port()), "--http-host", "127.0.0.1", "--http-port", str(self.http),
-                "--l1-size-gb", "0.05", "--eviction-policy", "LRU", "--chunk-size", "16"]  # fmt: skip
+                "--port", str(self.port), "--http-host", "127.0.0.1", "--http-port", str(self.http),
+                "--l1-size-gb", "0.05", "--eviction-policy", "LRU", "--chunk-size", str(BLOCK),
+                "--supported-transfer-mode", "engine_driven"]  # fmt: skip
         for params in adapters:
             args += ["--l2-adapter", json.dumps({**PLUGIN, "adapter_params": params})]
         env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -93,6 +100,10 @@ class Server:
                 return found
             time.sleep(0.2)
 
+    def l1_objects(self) -> int:
+        status = httpx.get(self.url + "/status", timeout=10).json()["storage_manager"]
+        return status["l1_manager"]["total_object_count"]
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -109,6 +120,31 @@ def servers(tmp_path: Path) -> Iterator[list[Server]]:
     yield started
     for s in started:
         s.stop()
+
+
+MP_MODEL = "org/mp-model"
+MP_TOKENS = list(range(1000, 1000 + 4 * BLOCK))  # 4 chunks
+STORED_BLOCKS, LOADED_BLOCKS = [0, 1, 2, 3], [4, 5, 6, 7]
+
+
+def mp_retrieve(srv: Server, engine: MPEngine, want: dict[str, Any]) -> None:
+    """L1 emptied, then a lookup prefetches the 4 chunks from L2 and a retrieve writes them into
+    other blocks of the paged cache: the same bytes as stored."""
+    r = httpx.post(srv.url + "/cache/clear", json={"tier": "l1"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert srv.l1_objects() == 0
+    rid, hit = engine.lookup(MP_TOKENS)
+    assert hit == len(MP_TOKENS)
+    engine.retrieve(rid, MP_TOKENS, LOADED_BLOCKS)
+    got = engine.blocks(LOADED_BLOCKS)
+    assert all(bool((got[name] == want[name]).all()) for name in want)
+
+
+def wait_keys(srv: Server, want: list[int], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while (got := [a["keys"] for a in srv.adapters()]) != want:
+        assert time.monotonic() < deadline, f"L2 keys per adapter {got}, expected {want}"
+        time.sleep(0.1)
 
 
 def test_lmcache_server_runs_the_plugin_on_hfbucket_and_s3(
@@ -133,10 +169,30 @@ def test_lmcache_server_runs_the_plugin_on_hfbucket_and_s3(
     assert r.status_code == 200, r.text
     assert srv.adapters()[0]["keys"] == N - 1
 
+    # LMCache's MP client stores 4 chunks (written to both adapters), then gets them back from L2
+    engine = MPEngine(f"tcp://127.0.0.1:{srv.port}", MP_MODEL)
+    try:
+        engine.store(MP_TOKENS, STORED_BLOCKS)
+        want = engine.blocks(STORED_BLOCKS)
+        wait_keys(srv, [N - 1 + 4, N + 4])
+        mp_retrieve(srv, engine, want)
+    finally:
+        engine.close()
+    assert [a["loads"] > 0 for a in srv.adapters()] == [True, False]  # served by hfbucket, the first
+
     srv.stop()  # restart on the same buckets: the plugin finds what is there
+    with open_l2_adapter(specs[0]) as hf:  # without the Hub's copies, retrieves must come from s3
+        mp_keys = [k for k, _ in hf.list_keys(MP_MODEL).entries]
+        assert len(mp_keys) == 4 and hf.delete(mp_keys) == [True] * 4
     srv = Server(specs, tmp_path / "server2.log")
     servers.append(srv)
     srv.wait_ready()
-    assert [a["keys"] for a in srv.adapters()] == [N - 1, N]
+    assert [a["keys"] for a in srv.adapters()] == [N - 1, N + 4]
     listed = httpx.get(srv.url + "/cache/objects", params={"tier": "l2"}, timeout=30).json()
     assert victim not in [e["key"] for e in listed["entries"]] and len(listed["entries"]) == N - 1
+    engine = MPEngine(f"tcp://127.0.0.1:{srv.port}", MP_MODEL, seed=2)  # a new engine, other bytes
+    try:
+        mp_retrieve(srv, engine, want)
+    finally:
+        engine.close()
+    assert [a["loads"] > 0 for a in srv.adapters()] == [False, True]

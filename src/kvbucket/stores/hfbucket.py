@@ -83,8 +83,11 @@ class HFBucketStore(RemoteStore):
         self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)
         self._pool = DaemonThreadPool(config.num_workers, "kvbucket-hfbucket")  # never blocks exit
         self._pool_lock = threading.Lock()
+        # Stores and deletes may ask which objects landed after their budget (one lookup more).
+        look, write = config.lookup_timeout_secs, config.store_timeout_secs + config.lookup_timeout_secs
         self.breaker = CircuitBreaker(
-            self.url, failures=config.breaker_failures, cooldown_secs=config.breaker_cooldown_secs
+            self.url, failures=config.breaker_failures, cooldown_secs=config.breaker_cooldown_secs,
+            budgets={"head": look, "get": config.load_timeout_secs, "put": write, "delete": write},
         )
         self._create_lock = threading.Lock()
         self._bucket_ready = False

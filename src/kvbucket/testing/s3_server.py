@@ -92,6 +92,10 @@ class S3Server:
     secret_key: str = SECRET_KEY
     region: str = REGION
     checks_signatures: bool = True
+    #: SeaweedFS gives each bucket its own volumes, made on the bucket's first write; concurrent
+    #: first writes then wait ~1 s (the filer retries its volume assignment). ``create_bucket``
+    #: makes them with one small write instead (~0.2 s), so tests of batches do not pay the wait.
+    grows_volumes_per_bucket: bool = False
     _client: Any = field(default=None, repr=False)
 
     @property
@@ -104,9 +108,14 @@ class S3Server:
             self._client = _s3_client(self.endpoint_url)
         return self._client
 
-    def create_bucket(self, name: str | None = None) -> str:
+    def create_bucket(self, name: str | None = None, warm: bool = True) -> str:
+        """A new empty bucket; ``warm``: its volumes are made now (see ``grows_volumes_per_bucket``)."""
         name = name or f"t-{uuid.uuid4().hex[:20]}"
-        self.client().create_bucket(Bucket=name)
+        c = self.client()
+        c.create_bucket(Bucket=name)
+        if warm and self.grows_volumes_per_bucket:
+            c.put_object(Bucket=name, Key=".kvbucket-warm", Body=b"w")
+            c.delete_object(Bucket=name, Key=".kvbucket-warm")
         return name
 
     def delete_bucket(self, name: str) -> None:
@@ -235,7 +244,7 @@ class SeaweedFS:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.server = S3Server(f"http://{self.client_host}:{ports['s3.port']}")
+        self.server = S3Server(f"http://{self.client_host}:{ports['s3.port']}", grows_volumes_per_bucket=True)
         try:
             self._wait_ready()
         except BaseException:
@@ -252,7 +261,7 @@ class SeaweedFS:
             if self.proc.poll() is not None:
                 raise WeedExitedError(f"weed mini exited with {self.proc.returncode}: {self.log_tail()}")
             try:  # a bucket round trip proves master, volume, filer and S3 are all up
-                self.server.create_bucket(probe)
+                self.server.create_bucket(probe, warm=False)
                 self.server.delete_bucket(probe)
                 return
             except Exception as e:
@@ -317,7 +326,8 @@ class Fault:
     Special statuses: 0 drops the connection unanswered; ``CUT`` forwards the request but sends
     only the first half of the body (with the full Content-Length) and hangs up; ``HANG_UP``
     forwards it whole and then closes the connection without saying so, as a server does with
-    an idle keep-alive connection.
+    an idle keep-alive connection; ``TRICKLE`` forwards it and sends the answer's headers at
+    once, then its body one byte every ``delay`` seconds (a slow transfer, not a hung server).
     """
 
     status: int
@@ -330,6 +340,7 @@ class Fault:
 
 CUT = -1
 HANG_UP = -2
+TRICKLE = -3
 
 
 class FaultProxy:
@@ -389,6 +400,13 @@ class FaultProxy:
         """Answer the next ``times`` requests in full, then close their connections silently."""
         self.fail(HANG_UP, "", times, methods)
 
+    def trickle(self, per_byte_secs: float, times: int = 1, methods: set[str] | None = None,
+                path_contains: str | None = None) -> None:
+        """Send the next ``times`` bodies one byte every ``per_byte_secs`` (headers at once)."""
+        with self._lock:
+            self.faults.append(Fault(TRICKLE, "", times, frozenset(methods) if methods else None,
+                                     per_byte_secs, path_contains))
+
     def clear(self) -> None:
         with self._lock:
             self.faults.clear()
@@ -436,7 +454,7 @@ class FaultProxy:
                     proxy.hosts.append(self.headers.get("Host", ""))
                     proxy.targets.append((self.command, self.path))
                 fault = proxy._take(self.command, self.path)
-                if fault is not None and fault.status not in (CUT, HANG_UP):
+                if fault is not None and fault.status not in (CUT, HANG_UP, TRICKLE):
                     if fault.delay:
                         time.sleep(fault.delay)
                     if fault.status == 0:
@@ -494,6 +512,13 @@ class FaultProxy:
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fault is not None and fault.status == TRICKLE and self.command != "HEAD":
+                    self.wfile.flush()
+                    for i in range(len(data)):
+                        self.wfile.write(data[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(fault.delay)
                     return
                 if self.command != "HEAD" and data:
                     self.wfile.write(data)
