@@ -86,7 +86,8 @@ def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argp
         specs["kvbucket-aes"] = aes
         env = {**env, BENCH_KEYRING_ENV: json.dumps(
             {"tenants": {"*": {"1": base64.b64encode(os.urandom(32)).decode()}}})}
-    job.write_text(json.dumps({"specs": specs, "num_keys": args.num_keys, "random": args.integrity,
+    job.write_text(json.dumps({"specs": specs, "num_keys": args.num_keys,
+                               "random": args.integrity or args.random_payloads,
                                "data_size": args.data_size_kb * 1024, "rounds": args.rounds}))
     full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **_omp(args), **env}
     proc = subprocess.run([sys.executable, __file__, "--worker", str(job)], capture_output=True, text=True,
@@ -156,7 +157,7 @@ def _worker(job_path: str) -> None:
                 keys = make_object_keys(n, key_offset=r * n)
                 os.sync()  # earlier rounds' dirty pages are written back now, not during this one
                 if op != "Lookup":
-                    fill(who, r)  # untimed; random payloads only with --integrity
+                    fill(who, r)  # untimed; random payloads only with --integrity/--random-payloads
                 if op == "Store":
                     res = bench_store(a, 1, n, size, 1, lambda _r, k=keys: [k],
                                       lambda _r, w=who: [store_objs[w]], quiet)  # fmt: skip
@@ -272,6 +273,9 @@ def main() -> int:
                    help="also run kvbucket's adapter without the envelope and with AES-256-GCM "
                         "(interleaved mode), and print the ratios; every adapter then stores random "
                         "bytes, new each round (see _worker's fill)")
+    p.add_argument("--random-payloads", action="store_true",
+                   help="every adapter stores random bytes, new each round (interleaved mode), instead "
+                        "of LMCache's one-byte-repeated chunks, which a Hub bucket deduplicates")
     p.add_argument("--object-format", choices=["kvbucket", "lmcache"], default="kvbucket",
                    help="kvbucket's object_format: lmcache writes LMCache's names and raw bytes")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -318,7 +322,7 @@ def main() -> int:
     print(f"\n{how}: {args.num_keys} keys x {args.data_size_kb} KiB per submit, "
           f"kvbucket object_format={args.object_format}, "
           f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)"
-          + (", random payloads" if args.integrity else ""))
+          + (", random payloads" if args.integrity or args.random_payloads else ""))
     print(f"{'backend':<9} {'op':<7} {'lmcache ops/s':>14} {'kvbucket ops/s':>15} {'ratio':>7}  goal")
     for backend, op, base_ops, my_ops in rows:
         ratio = my_ops / base_ops if base_ops > 0 else float("inf")

@@ -50,7 +50,7 @@ def elapsed(t0: float) -> float:
 
 @pytest.mark.parametrize("kind", ["hf", "s3"])
 def test_remote_backend_lookups_and_reads_end_at_the_store_deadline(kind: str, server: SilentServer) -> None:
-    store = hung_store(kind, server.url, load_timeout_secs=2.0)  # default lookup deadline (1 s)
+    store = hung_store(kind, server.url)  # default deadlines: lookup 1 s, load 5 s
     b = RemoteBackend(store, LAYOUT)  # default blocking_timeout_secs=10
     try:
         t0 = time.monotonic()
@@ -62,7 +62,7 @@ def test_remote_backend_lookups_and_reads_end_at_the_store_deadline(kind: str, s
         assert b.lookup_failures == 3
         t0 = time.monotonic()
         assert b.batched_get(["k1"]) == [None]
-        assert elapsed(t0) < 8.0  # HF: the metadata lookup (1 s); S3: load_timeout_secs=2
+        assert elapsed(t0) < 2.0  # no first answer within the lookup budget (1 s), HF and S3
     finally:
         b.close()
         store.close()
@@ -83,7 +83,7 @@ def test_hybrid_backend_keeps_serving_from_its_fast_tier(kind: str, server: Sile
         t0 = time.monotonic()
         got = h.batched_get(["k", "other"])
         assert bytes(got[0]) == chunk.tobytes() and got[1] is None
-        assert elapsed(t0) < 8.0
+        assert elapsed(t0) < 2.0  # the lookup budget (1 s)
         for _ in range(3):
             h.batched_get(["missing"])
         assert store.breaker.state is OPEN

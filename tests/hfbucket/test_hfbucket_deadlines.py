@@ -53,6 +53,37 @@ def test_lookup_against_a_hung_hub_answers_within_2s_with_default_settings() -> 
         store.close()
 
 
+def test_lookup_against_a_trickling_hub_answers_within_2s_with_default_settings() -> None:
+    """A server answering one byte every 0.5 s never trips httpx's per-read timeouts (the
+    answer takes ~80 s); the lookup still ends at its 1 s budget (was: the whole trickle)."""
+    with SilentServer(trickle_secs=0.5) as server:
+        store = silent_store(server)
+        results, took = timed(store.head_many, ["a", "b"])
+        assert [type(r.error) for r in results] == [DeadlineExceededError] * 2
+        assert "lookup_timeout_secs" in str(results[0].error)
+        assert took < 2.0
+        store.close()
+
+
+def test_every_hub_request_has_a_total_deadline_against_a_trickling_server() -> None:
+    """Loads (their metadata lookup), stores (the write token and the batch commit), deletes and
+    list pages all end at their budget against a server sending a byte every 0.2 s."""
+    with SilentServer(trickle_secs=0.2) as server:
+        store = silent_store(server, load_timeout_secs=1.0, store_timeout_secs=1.0, lookup_timeout_secs=0.5,
+                             request_timeout_secs=1.0, breaker_failures=0)
+        results, took = timed(store.get_many, ["a"])
+        assert isinstance(results[0].error, DeadlineExceededError) and took < 2.0
+        results, took = timed(store.put_many, [("a", b"x" * 100)])
+        assert isinstance(results[0].error, TransientStoreError) and took < 3.0
+        results, took = timed(store.delete_many, ["a"])
+        assert isinstance(results[0].error, TransientStoreError) and took < 3.0
+        t0 = time.monotonic()
+        with pytest.raises(TransientStoreError):
+            list(store.list())
+        assert time.monotonic() - t0 < 3.0  # one page: request_timeout_secs
+        store.close()
+
+
 def test_load_store_delete_and_list_against_a_hung_hub_end_at_their_deadlines() -> None:
     with SilentServer() as server:
         store = silent_store(server, load_timeout_secs=1.5, store_timeout_secs=2.0,

@@ -45,7 +45,7 @@ def test_lookup_and_lock_on_a_hung_store_misses_within_2s_with_defaults(kind: st
             buf = bytearray(CHUNK)
             t0 = time.monotonic()
             assert t.load(a, [k(1)], [buf], timeout=60) == [False]
-            assert time.monotonic() - t0 < 8.0  # load_timeout_secs = 5 s
+            assert time.monotonic() - t0 < 2.0  # no first answer within the lookup budget (1 s)
         finally:
             a.close()
 

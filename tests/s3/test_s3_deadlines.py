@@ -52,6 +52,39 @@ def test_lookup_against_a_hung_endpoint_answers_within_2s_with_default_settings(
 
 
 @pytest.mark.parametrize("direct", [True, False])
+def test_load_against_a_hung_endpoint_answers_within_2s_with_default_settings(direct: bool) -> None:
+    """A load's first answer is its lookup part: with no response headers within
+    s3_lookup_timeout_secs (1 s) the endpoint is hung (was: the 5 s load budget)."""
+    with SilentServer() as server:
+        store = silent_store(server, s3_direct_reads=direct)
+        results, took = timed(store.get_many, ["a", "b"], [bytearray(10), None])
+        assert [type(r.error) for r in results] == [DeadlineExceededError] * 2
+        assert "s3_lookup_timeout_secs" in str(results[0].error)
+        assert took < 2.0
+    with SilentServer(trickle_secs=0.02) as server:  # headers trickle past the lookup budget
+        store = silent_store(server, s3_direct_reads=direct)
+        (r,), took = timed(store.get_many, ["a"])
+        assert isinstance(r.error, DeadlineExceededError) and took < 2.0
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_slow_transfer_that_answered_keeps_the_load_budget(
+    direct: bool, seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy
+) -> None:
+    """The lookup-sized window is for the first answer only: a body arriving a byte every
+    0.03 s after prompt headers (per-read timeouts never trip) loads within the load budget."""
+    cfg = seaweedfs.config(s3_bucket, s3_endpoint_url=fault_proxy.url, s3_direct_reads=direct)
+    with S3Store(S3Config.parse(cfg)) as store:  # default budgets: lookup 1 s, load 5 s
+        body = bytes(range(64))
+        assert store.put_many([("slow", body)])[0].ok
+        fault_proxy.trickle(0.03, methods={"GET"}, path_contains="slow")
+        buf = bytearray(64)
+        (r,), took = timed(store.get_many, ["slow"], [buf])
+        assert r.ok and bytes(buf) == body
+        assert 1.5 < took < 4.5  # past the lookup budget, within the load budget
+
+
+@pytest.mark.parametrize("direct", [True, False])
 def test_load_store_delete_list_against_a_hung_endpoint_end_at_their_deadlines(direct: bool) -> None:
     with SilentServer() as server:
         store = silent_store(server, s3_direct_reads=direct, s3_load_timeout_secs=0.5,

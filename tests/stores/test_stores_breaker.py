@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -118,3 +120,45 @@ def test_kvbucket_stats_shows_the_breaker_state() -> None:
         )
     assert out.returncode == 0, out.stderr
     assert "circuit breaker of flaky://stats-shown: open; 2 objects refused while open" in out.stdout
+
+
+class StuckStore(RemoteStore):
+    """``head_many`` hangs until released (a client call nothing can cancel), then answers."""
+
+    def __init__(self, **breaker: Any) -> None:
+        self.url = "stuck://store"
+        self.breaker = CircuitBreaker(self.url, **breaker)
+        self.release = threading.Event()
+
+    def head_many(self, names):  # type: ignore[no-untyped-def]
+        self.release.wait(30)
+        return [ItemResult(n, size=1) for n in names]
+
+    def put_many(self, items):  # type: ignore[no-untyped-def]
+        return [ItemResult(n) for n, _ in items]
+
+    get_many = delete_many = head_many
+
+    def list(self, prefix="", *, page_size=1000):  # type: ignore[no-untyped-def]
+        return iter(())
+
+
+def test_a_call_stuck_past_its_budget_opens_the_breaker_at_its_deadline_and_counts_once() -> None:
+    s = StuckStore(failures=1, cooldown_secs=600, budgets={"head": 0.3}, grace_secs=0.1)
+    stuck = threading.Thread(target=s.head_many, args=(["k"],), daemon=True)
+    t0 = time.monotonic()
+    stuck.start()
+    while s.breaker.state is CLOSED and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+    took = time.monotonic() - t0
+    assert s.breaker.state is OPEN and stuck.is_alive()  # counted while its thread is still stuck
+    assert 0.3 <= took < 1.5  # at budget + grace (was: only when the call ends, here never)
+    t0 = time.monotonic()
+    (r,) = s.head_many(["other"])
+    assert isinstance(r.error, CircuitOpenError) and time.monotonic() - t0 < 0.05
+    s.release.set()
+    stuck.join(5)
+    assert not stuck.is_alive() and s.breaker.state is OPEN  # its late answer is not counted again
+    s2 = StuckStore(failures=2, cooldown_secs=600, budgets={"head": 5.0})
+    s2.release.set()
+    assert s2.head_many(["k"])[0].ok and s2.breaker.state is CLOSED  # a call in budget: no effect

@@ -136,13 +136,6 @@ class AdapterCore(L2Adapter):
         self._inflight.add(fut)
         fut.add_done_callback(self._inflight.discard)
 
-    def _full_for(self, key: ObjectKey) -> int | None:
-        return self._full_fixed if self._full_fixed is not None else self._full.get(key.kv_rank >> 32)
-
-    def _usable(self, key: ObjectKey, size: int) -> bool:
-        full = self._full_for(key)
-        return size > 0 and (full is None or size == full)
-
     async def _sliced(
         self, fn: Callable[..., list[ItemResult]], names: Sequence[Any], extra: Sequence[Any] | None = None
     ) -> list[ItemResult]:

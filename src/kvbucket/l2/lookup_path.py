@@ -39,65 +39,100 @@ class LookupPath(AdapterCore):
                     layout = {0: layout}
                 if isinstance(layout, dict):
                     self._full.update({int(g): int(b) for g, b in layout.items() if int(b) > 0})
+            done: list[bool] | None = None
             if self._closed:
-                done: list[bool] | None = [False] * len(keys)
-            elif cands is not None and self._all_known(cands):
-                # Every key is answered by the index (or a fresh remembered miss): no I/O is
-                # needed, so answer now instead of paying a hop through the loop thread.
-                done = self._lock_hits(keys, cands, accessed)
-            elif cands is not None and self._breaker is not None and self._breaker.refusing():
-                # The store's breaker is open: what the index does not know is a miss now, with no
-                # request and no hop through the loop thread (the engine recomputes).
-                done = self._lock_hits(keys, cands, accessed)
-                unasked = len(keys) - sum(done)
-                self._stats["breaker_misses"] += unasked
-                self._breaker.count_rejected("head", unasked)
-            else:
-                done = None
+                done = [False] * len(keys)
+            elif cands is not None:
+                # Every key answered by the index (or a fresh remembered miss): no I/O is needed,
+                # so answer now instead of paying a hop through the loop thread.
+                done = self._from_index(keys, cands, accessed, unknown_misses=False)
+                if done is None and self._breaker is not None and self._breaker.refusing():
+                    # The store's breaker is open: what the index does not know is a miss now, with
+                    # no request and no hop through the loop thread (the engine recomputes).
+                    done = self._lock_hits(keys, cands, accessed)
+                    unasked = len(keys) - sum(done)
+                    self._stats["breaker_misses"] += unasked
+                    self._breaker.count_rejected("head", unasked)
+            if done is None:
                 self._schedule(self._run_lookup(tid, keys))
+            else:
+                self._lookup_done[tid] = done
         if done is not None:
             self._stats["lookups"] += 1
-            self._finish_lookup(tid, done, accessed)
+            self._signal_lookup(accessed)
         return tid
 
     def _finish_lookup(self, tid: L2TaskId, hits: list[bool], accessed: list[ObjectKey]) -> None:
-        """Publish the result and signal, then tell the listener of the hits: LMCache's hfbucket
-        and s3 adapters call ``_notify_keys_accessed`` right after the lookup signal, which keeps
-        LMCache's listeners and event bus off the lookup's latency."""
         with self._lock:
             self._lookup_done[tid] = hits
+        self._signal_lookup(accessed)
+
+    def _signal_lookup(self, accessed: list[ObjectKey]) -> None:
+        """Signal a published result, then tell the listener of the hits: LMCache's hfbucket and
+        s3 adapters call ``_notify_keys_accessed`` right after the lookup signal, which keeps
+        LMCache's listeners and event bus off the lookup's latency."""
         self._lookup_efd.notify()
         if accessed and self.listener is not None:
             self._tell(self.listener.on_keys_accessed, accessed)
 
-    def _all_known(self, cands: list[tuple[str, ...]]) -> bool:
-        """Whether every key is in the index or a remembered miss under every name (call with ``_lock``)."""
-        if self._fleet is not None and self._rebuilt:
-            return True  # the fleet's journals tell every store within sync_secs: no HEADs
-        now = time.monotonic()
-        index, missing = self._index, self._missing
-        return all(any(n in index for n in c) or all(missing.get(n, 0.0) > now for n in c) for c in cands)
+    def _from_index(
+        self,
+        keys: list[ObjectKey],
+        cands: list[tuple[str, ...]],
+        accessed: list[ObjectKey],
+        *,
+        unknown_misses: bool,
+    ) -> list[bool] | None:
+        """The answer from the index, hits locked and touched (call with ``_lock``).
 
-    def _lock_hits(
-        self, keys: list[ObjectKey], cands: list[tuple[str, ...]], accessed: list[ObjectKey]
-    ) -> list[bool]:
-        """Hits among indexed names; lock and touch each (call with ``_lock``)."""
+        A key is looked for under its names in order. One that is under none of them is a miss
+        when ``unknown_misses`` (or a fleet tells every store through its journals) or when each
+        name is a fresh remembered miss; otherwise the store must be asked: None, nothing changed.
+        Plain loops: this runs per key on every lookup."""
+        get = self._index.get
+        unknown_misses = unknown_misses or (self._fleet is not None and self._rebuilt)
+        now = 0.0
+        found: list[tuple[int, str, int]] = []
+        for i, c in enumerate(cands):
+            for name in c:
+                entry = get(name)
+                if entry is not None:
+                    found.append((i, name, entry.size))
+                    break
+            else:
+                if not unknown_misses:
+                    now = now or time.monotonic()
+                    for name in c:
+                        if self._missing.get(name, 0.0) <= now:
+                            return None
         hits = [False] * len(keys)
         hit_names: list[str] = []
-        for i, c in enumerate(cands):
-            name = self._where(c)
-            if name is None:
-                continue
-            entry = self._index.get(name)
-            if entry is None or name in self._deleting or not self._usable(keys[i], entry.size):
+        fixed, full, deleting, locks, touch = (
+            self._full_fixed,
+            self._full,
+            self._deleting,
+            self._locks,
+            self._index.touch,
+        )
+        for i, name, size in found:
+            want = fixed if fixed is not None else full.get(keys[i].kv_rank >> 32)
+            if size <= 0 or (want is not None and size != want) or name in deleting:
                 continue
             hits[i] = True
-            self._locks[name] = self._locks.get(name, 0) + 1
-            self._index.touch(name)
+            locks[name] = locks.get(name, 0) + 1
+            touch(name)
             accessed.append(keys[i])
             hit_names.append(name)
         if self._fleet is not None and hit_names:
             self._fleet.accessed(hit_names)
+        return hits
+
+    def _lock_hits(
+        self, keys: list[ObjectKey], cands: list[tuple[str, ...]], accessed: list[ObjectKey]
+    ) -> list[bool]:
+        """Hits among indexed names, locked and touched; every other key a miss (call with ``_lock``)."""
+        hits = self._from_index(keys, cands, accessed, unknown_misses=True)
+        assert hits is not None
         return hits
 
     def query_lookup_and_lock_result(self, task_id: L2TaskId) -> list[bool] | None:

@@ -12,6 +12,12 @@ A *failed call* is one that raised or had an item fail with a
 connections). Answers from a healthy server (missing objects, refused credentials, size
 mismatches) are not failures. ``failures=0`` disables the breaker.
 
+A call still running past its budget (``budgets``: seconds per operation, the store's own
+deadlines, plus ``grace_secs``) counts as failed *then*, while its thread is still stuck (a
+caller that gave up on it is not kept waiting, and the next lookups already see the breaker
+open); when it finally ends it is not counted again. A watchdog thread per breaker, started with
+the first call in flight and ended when idle, does this.
+
 :class:`RemoteStore` is the one place this is applied: subclasses (``HFBucketStore``,
 ``S3Store``) get their ``put_many``/``get_many``/``head_many``/``delete_many`` wrapped. With the
 breaker closed the wrapper costs an attribute test and a scan of the results for errors.
@@ -23,7 +29,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvbucket.errors import CircuitOpenError, TransientStoreError
@@ -41,20 +47,42 @@ _VERBS = ("put_many", "get_many", "head_many", "delete_many")
 _OPS = {"put_many": "put", "get_many": "get", "head_many": "head", "delete_many": "delete"}
 
 
+class _Call:
+    """One call in flight: when it is overdue, and whether the watchdog already counted it."""
+
+    __slots__ = ("counted", "due")
+
+    def __init__(self, due: float) -> None:
+        self.due = due
+        self.counted = False
+
+
+_WATCH_IDLE_SECS = 5.0  # a watchdog with no call in flight for this long ends (restarted on demand)
+
+
 class CircuitBreaker:
     """Closed -> open after ``failures`` consecutive failed calls -> half-open after ``cooldown_secs``."""
 
-    def __init__(self, store: str, *, failures: int = 5, cooldown_secs: float = 10.0) -> None:
-        if failures < 0 or cooldown_secs < 0:
-            raise ValueError("breaker failures and cooldown_secs must not be negative")
+    def __init__(
+        self, store: str, *, failures: int = 5, cooldown_secs: float = 10.0,
+        budgets: Mapping[str, float] | None = None, grace_secs: float = 0.25,
+    ) -> None:
+        if failures < 0 or cooldown_secs < 0 or grace_secs < 0:
+            raise ValueError("breaker failures, cooldown_secs and grace_secs must not be negative")
         self.store = store  # a label safe to print (a store URL without credentials)
         self.failures = failures
         self.cooldown_secs = cooldown_secs
+        #: seconds a call of each operation ("head", "get", "put", "delete") may take
+        self.budgets = dict(budgets or {})
+        self.grace_secs = grace_secs
         self.state = CLOSED
         self._consecutive = 0
         self._opened_at = 0.0
         self._probing = False
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._calls: set[_Call] = set()
+        self._watching = False
         self._publish()
 
     def __repr__(self) -> str:
@@ -104,6 +132,51 @@ class CircuitBreaker:
                     )
                 self._opened_at = time.monotonic()
                 self._set(OPEN)
+
+    def begin(self, op: str) -> _Call | None:
+        """Note a call of ``op`` starting; pass the answer to :meth:`end` when it is over."""
+        budget = self.budgets.get(op)
+        if budget is None or not self.failures:
+            return None
+        call = _Call(time.monotonic() + budget + self.grace_secs)
+        with self._lock:
+            self._calls.add(call)
+            if self._watching:
+                self._wake.notify()  # it may be waiting for a later deadline than this one
+            else:
+                self._watching = True
+                threading.Thread(target=self._watch, name="kvbucket-breaker-watch", daemon=True).start()
+        return call
+
+    def end(self, call: _Call | None, failed: bool) -> None:
+        """Count a finished call, unless the watchdog counted it when it became overdue."""
+        if call is not None:
+            with self._lock:
+                self._calls.discard(call)
+                if call.counted:
+                    return
+        self.record(failed)
+
+    def _watch(self) -> None:
+        """Count each call still running past its budget as a failed call, once, at that moment."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                live = [c for c in self._calls if not c.counted]
+                overdue = [c for c in live if c.due <= now]
+                for c in overdue:
+                    c.counted = True
+                if not overdue:
+                    if not live and not self._wake.wait(_WATCH_IDLE_SECS) and not self._calls:
+                        self._watching = False
+                        return
+                    if live:
+                        self._wake.wait(min(c.due for c in live) - now)
+                    continue
+            log.debug("%d call(s) to %s still running past their deadline: counted as failed",
+                      len(overdue), self.store)
+            for _ in overdue:
+                self.record(True)
 
     def _set(self, state: str) -> None:
         self.state = state
@@ -160,15 +233,16 @@ def _guard(verb: str, fn: Callable[..., list[ItemResult]]) -> Callable[..., list
             raw = args[0] if args else kwargs.get("items", kwargs.get("names", ()))
             names = self._names([n for n, _ in raw] if verb == "put_many" else raw)
             return breaker.rejected(op, names)
+        call = breaker.begin(op)
         try:
             results = fn(self, *args, **kwargs)
         except TransientStoreError:
-            breaker.record(True)
+            breaker.end(call, True)
             raise
         except BaseException:
-            breaker.record(False)  # bad arguments, a missing bucket: not the store's health
+            breaker.end(call, False)  # bad arguments, a missing bucket: not the store's health
             raise
-        breaker.record(call_failed(results))
+        breaker.end(call, call_failed(results))
         return results
 
     guarded.__kvbucket_guarded__ = True  # type: ignore[attr-defined]

@@ -10,6 +10,11 @@ bytes with the shared ``hf_xet`` session: uploads from caller memory, downloads 
 straight into caller buffers through one long-lived download group. Everything that touches
 huggingface_hub internals is in this file.
 
+Deadlines: httpx's timeouts are per connect and per read, so a server that trickles a byte at a
+time never trips them. With a deadline, each request runs on a daemon request thread and the
+caller stops waiting at the deadline (the thread is abandoned; it ends with the request or the
+process): a call's budget is a bound on its total time, whatever the server does.
+
 Secrets: the Hub token and Xet CAS tokens live only in header dicts handed to the libraries;
 error messages are built from status codes and server messages and pass through ``redact``.
 """
@@ -21,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -33,6 +39,7 @@ from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_ba
 from kvbucket.errors import AuthError, DeadlineExceededError, NotFoundError, StoreError, TransientStoreError
 from kvbucket.secrets import redact
 from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
+from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +48,7 @@ HUB_BATCH_LIMIT = 1000
 _RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 _RETRY_EXCEPTIONS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
 _MAX_WAIT = 8.0
+_REQUEST_THREADS = 64  # requests in flight at once per bucket client (threads start as needed)
 _TOKEN_SAFETY_SECS = 60
 
 T = TypeVar("T")
@@ -111,6 +119,7 @@ class HubBucketClient:
         self._xet_lock = threading.Lock()
         self._write_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
         self._download_group: Any = None
+        self._requests = DaemonThreadPool(_REQUEST_THREADS, "kvbucket-hub-request")  # see _bounded
 
     def __repr__(self) -> str:
         return f"HubBucketClient({self.endpoint!r}, {self.bucket_id!r})"
@@ -169,11 +178,14 @@ class HubBucketClient:
             request, connect = min(request, rest), min(connect, rest)
         return httpx2.Timeout(request, connect=connect)
 
-    def retrying(self, fn: Callable[[httpx2.Timeout], T], what: str, deadline: float | None = None) -> T:
+    def retrying(self, fn: Callable[[httpx2.Timeout], T], what: str, deadline: float | None = None,
+                 *, bounded: bool = True) -> T:
         """Run ``fn(timeout)`` with exponential backoff on transient failures; raise a kvbucket error.
 
         With a ``deadline`` (a monotonic instant) every attempt's timeouts are cut to the time
-        left and no retry starts (or sleeps) past it: the call fails with
+        left, each attempt ends at the deadline however slowly the server answers (on a request
+        thread, see the module docstring; ``bounded=False`` for an ``fn`` that bounds itself),
+        and no retry starts (or sleeps) past it: the call fails with
         :class:`DeadlineExceededError` instead.
         """
         delay = self.retry_backoff_secs
@@ -182,7 +194,9 @@ class HubBucketClient:
             if deadline is not None and left(deadline) <= 0:
                 break
             try:
-                return fn(self._timeout(deadline))
+                if deadline is None or not bounded:
+                    return fn(self._timeout(deadline))
+                return self._bounded(fn, self._timeout(deadline), deadline, what)
             except Exception as e:  # classified below
                 err = self.error(e, what)
                 if not isinstance(err, TransientStoreError) or attempt == self.max_retries:
@@ -200,6 +214,23 @@ class HubBucketClient:
             f"the Hub did not answer in time for bucket {self.bucket_id!r} while trying to {what}"
             + (f" (last error: {err})" if err is not None else "")
         )
+
+    def _bounded(self, fn: Callable[[httpx2.Timeout], T], t: httpx2.Timeout, deadline: float, what: str) -> T:
+        """``fn(t)`` on a request thread; the caller stops waiting at ``deadline``."""
+        pool = self._requests
+        fut = pool.submit(fn, t)
+        try:
+            return fut.result(timeout=left(deadline))
+        except FutureTimeout:
+            if not fut.cancel():  # running: stuck on the server; later requests get fresh threads
+                with self._xet_lock:
+                    if self._requests is pool:
+                        self._requests = DaemonThreadPool(_REQUEST_THREADS, "kvbucket-hub-request")
+                pool.shutdown(wait=False)
+            raise DeadlineExceededError(
+                f"the Hub did not answer in time for bucket {self.bucket_id!r} while trying to {what} "
+                "(the request was abandoned at the call's deadline)"
+            ) from None
 
     # ---- bucket --------------------------------------------------------------------------
     def bucket_info(self, deadline: float | None = None) -> dict[str, Any]:
@@ -363,7 +394,7 @@ class HubBucketClient:
                 return xet_upload()
             return run_abandonable(xet_upload, deadline, timed_out)
 
-        return self.retrying(call, "upload objects", deadline)
+        return self.retrying(call, "upload objects", deadline, bounded=False)
 
     # ---- reads ---------------------------------------------------------------------------
     def _group(self) -> Any:
@@ -421,6 +452,7 @@ class HubBucketClient:
         with self._xet_lock:
             group, self._download_group = self._download_group, None
             self._write_token = None
+        self._requests.shutdown(wait=False)  # idle threads end; a stuck one ends with its request
         if group is not None:
             try:
                 group.finish()

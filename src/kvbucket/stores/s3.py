@@ -16,7 +16,10 @@ Every verb has a total time budget (``s3_lookup_timeout_secs`` for ``head_many``
 ``s3_load_timeout_secs`` for ``get_many``, ``s3_store_timeout_secs`` for ``put_many`` and
 ``delete_many``, ``s3_request_timeout_secs`` for each page of ``list``): libcurl batches stop
 at it, obstore calls (which cannot be cancelled) are abandoned on the pool, and their items fail
-with DeadlineExceededError.
+with DeadlineExceededError. A load's first answer (the status and headers of any of its
+requests) is its lookup part: with none within ``s3_lookup_timeout_secs`` the endpoint is hung
+and the load ends there, so a load on the critical path costs a hung store the lookup budget,
+not the load budget.
 A circuit breaker (:mod:`kvbucket.stores.breaker`) answers at once while the endpoint is down.
 """
 
@@ -46,11 +49,11 @@ from kvbucket.errors import (
     TransientStoreError,
 )
 from kvbucket.secrets import redact, reveal
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, check_buffer_size
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, Revision, check_buffer_size, check_name
 from kvbucket.stores.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.s3_config import S3Config, S3Target, resolve_target
-from kvbucket.stores.s3_direct import EXPIRED, MISSING, Body, DirectReader, Outcome, WrongSize
+from kvbucket.stores.s3_direct import EXPIRED, MISSING, UNANSWERED, Body, DirectReader, Outcome, WrongSize
 from kvbucket.threads import DaemonThreadPool, in_daemon_thread
 
 _XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
@@ -85,8 +88,11 @@ class S3Store(RemoteStore):
         self._bucket_checked = False
         self._bucket_lock = threading.Lock()
         self._bucket_probe: Future[None] | None = None
+        c = config
         self.breaker = CircuitBreaker(
-            self.url, failures=config.s3_breaker_failures, cooldown_secs=config.s3_breaker_cooldown_secs
+            self.url, failures=c.s3_breaker_failures, cooldown_secs=c.s3_breaker_cooldown_secs,
+            budgets={"head": c.s3_lookup_timeout_secs, "get": c.s3_load_timeout_secs,
+                     "put": c.s3_store_timeout_secs, "delete": c.s3_store_timeout_secs},
         )
         # (verb, option, seconds) of each budget, for error messages.
         c = config
@@ -117,12 +123,15 @@ class S3Store(RemoteStore):
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
         deadline = deadline_in(self.config.s3_load_timeout_secs)
-        self._ready(bool(names), deadline)
+        # The first answer (any response's headers) is a lookup: a hung endpoint costs the lookup budget.
+        answer_by = min(deadline, deadline_in(self.config.s3_lookup_timeout_secs))
+        self._ready(bool(names), answer_by)
         bufs: Sequence[Buffer | None] = out if out is not None else [None] * len(names)
         args = list(zip(names, bufs, strict=True))
         if self._direct is None or not names or (urls := self._direct.sign(names)) is None:
-            return self._run(self._get_one, args, deadline, "get")
-        return self._settle(args, self._direct.fetch(urls, bufs, deadline), self._get_one, deadline, "get")
+            return self._run(self._get_one, args, deadline, "get", answer_by)
+        fetched = self._direct.fetch(urls, bufs, deadline, answer_by)
+        return self._settle(args, fetched, self._get_one, deadline, "get")
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
@@ -198,11 +207,17 @@ class S3Store(RemoteStore):
             return ItemResult(name, error=self._error(e, "put", name))
         return ItemResult(name, size=size)
 
-    def _get_one(self, name: str, buf: Buffer | None, gate: Gate | None = None) -> ItemResult:
+    def _get_one(self, name: str, buf: Buffer | None, gate: Gate | None = None,
+                 answered: threading.Event | None = None) -> ItemResult:
         try:
             result = obstore.get(self._store, name)
         except Exception as e:
-            return self._missing_or_error(e, "get", name)
+            r = self._missing_or_error(e, "get", name)
+            if answered is not None and not isinstance(r.error, TransientStoreError):
+                answered.set()  # a 404 or a refusal: the server answers
+            return r
+        if answered is not None:
+            answered.set()  # the status and headers arrived
         size = int(result.meta["size"])  # Content-Length, known before any body byte is read
         if buf is None:
             try:
@@ -236,6 +251,22 @@ class S3Store(RemoteStore):
         if got != size:
             return ItemResult(name, error=self._short(name, size, got))
         return ItemResult(name, size=size, data=buf)
+
+    def get_if_changed(self, name: str, tag: str | None) -> Revision:
+        """One GET with ``If-None-Match: <ETag>``: a 304 costs no body (S3 and SeaweedFS)."""
+        check_name(name)
+        try:
+            result = obstore.get(self._store, name, options={"if_none_match": tag} if tag else None)
+            data = bytes(result.bytes())
+        except obe.NotModifiedError:
+            return Revision(tag)
+        except Exception as e:
+            r = self._missing_or_error(e, "get", name)
+            if r.error is not None:
+                raise r.error from None
+            return Revision(None)
+        etag = result.meta.get("e_tag")
+        return Revision(etag or super().get_if_changed(name, None).tag, data)
 
     def _short(self, name: str, announced: int, arrived: int) -> SizeMismatchError:
         return SizeMismatchError(
@@ -271,10 +302,12 @@ class S3Store(RemoteStore):
             raise
 
     def _run(
-        self, fn: Callable[..., ItemResult], args: list[tuple[Any, ...]], deadline: float, op: str
+        self, fn: Callable[..., ItemResult], args: list[tuple[Any, ...]], deadline: float, op: str,
+        answer_by: float | None = None,
     ) -> list[ItemResult]:
         """``fn(*a)`` for each item on the pool (obstore calls cannot be cancelled); items not done
-        by ``deadline`` fail at once, and reads still running can no longer touch their buffers."""
+        by ``deadline`` fail at once, and reads still running can no longer touch their buffers.
+        With ``answer_by`` (reads), the call ends there if no request has had an answer yet."""
         if not args:
             return []
         if left(deadline) <= 0:
@@ -282,9 +315,16 @@ class S3Store(RemoteStore):
             return [ItemResult(a[0], error=err) for a in args]
         reads = op == "get"
         gates = [Gate() for _ in args] if reads else []
+        answered = threading.Event() if reads and answer_by is not None else None
+        extra = {} if answered is None else {"answered": answered}
         pool = self._pool
-        futures = [pool.submit(fn, *a, *gates[i : i + 1]) for i, a in enumerate(args)]
-        if not wait_all(futures, deadline):
+        futures = [pool.submit(fn, *a, *gates[i : i + 1], **extra) for i, a in enumerate(args)]
+        late = self._late(op)
+        if answered is not None and answer_by is not None and not wait_all(futures, answer_by) \
+                and not answered.is_set():
+            late = self._unanswered()  # not one answer within the lookup budget: hung
+            self._abandon_pool()
+        elif not wait_all(futures, deadline):
             self._abandon_pool()
         out = []
         for i, (a, f) in enumerate(zip(args, futures, strict=True)):
@@ -294,8 +334,12 @@ class S3Store(RemoteStore):
             if reads:
                 gates[i].close()
             f.cancel()
-            out.append(ItemResult(a[0], error=self._late(op)))
+            out.append(ItemResult(a[0], error=late))
         return out
+
+    def _unanswered(self) -> StoreError:
+        return exceeded("the first answer to a load", self.url, "s3_lookup_timeout_secs",
+                        self.config.s3_lookup_timeout_secs)
 
     def _abandon_pool(self) -> None:
         """Workers stuck past a deadline stay with the old pool; later calls get fresh workers."""
@@ -319,6 +363,8 @@ class S3Store(RemoteStore):
         for i, got in enumerate(outcomes):
             if got == EXPIRED:
                 results[i] = ItemResult(args[i][0], error=self._late(op))
+            elif got == UNANSWERED:  # the endpoint is not answering: no fallback try
+                results[i] = ItemResult(args[i][0], error=self._unanswered())
             elif results[i] is None:
                 again.append(i)
         for i, r in zip(again, self._run(fallback, [args[i] for i in again], deadline, op), strict=True):

@@ -71,7 +71,9 @@ class S3Config(BaseModel):
     # Deadlines (docs/reliability.md): every verb has a total budget, retries included. Lookups
     # and loads are on the inference path (a miss is cheaper than a stall); stores run behind it.
     s3_lookup_timeout_secs: float = Field(
-        1.0, gt=0, le=3600, description="total of head_many (inference path): past it, items fail"
+        1.0, gt=0, le=3600,
+        description="total of head_many, and of get_many's wait for a first answer (inference path): "
+        "past it, items fail",
     )
     s3_load_timeout_secs: float = Field(
         5.0, gt=0, le=3600, description="total of get_many (inference path): past it, items fail"

@@ -16,7 +16,9 @@ body cut short, a timeout, TLS trouble) comes back as :data:`RETRY` and ``S3Stor
 item through obstore, which owns retries, backoff and error messages. A batch given a deadline
 stops there: transfers still running are dropped (libcurl writes only inside ``perform``, in the
 calling thread, so a dropped transfer never writes into its buffer again) and answer
-:data:`EXPIRED`. Presigned URLs carry the access key id
+:data:`EXPIRED`. A batch given ``answer_by`` also stops there if no request of it has had an answer
+yet (the status and headers of one response: the server is hung), its items :data:`UNANSWERED`.
+Presigned URLs carry the access key id
 and a signature (never the secret) and are never logged or put in errors.
 """
 
@@ -40,6 +42,7 @@ URL_LIFETIME = timedelta(minutes=15)
 MISSING = "missing"  # 404 NoSuchKey: the object is not there
 RETRY = "retry"  # let obstore do this one
 EXPIRED = "expired"  # the batch's deadline passed before this item finished
+UNANSWERED = "unanswered"  # ``answer_by`` passed without an answer to any request of the batch
 _ERROR_BODY_MAX = 64 * 1024
 _RECV_BUFFER = 512 * 1024  # libcurl's receive buffer: a 2 MiB body arrives in a few writes
 
@@ -68,6 +71,7 @@ class _Transfer:
     view: memoryview | None  # the caller's buffer (writable bytes), or None: allocate one
     head: bool = False  # a HEAD: only the status and Content-Length matter
     status: int = 0
+    headed: bool = False  # a whole header block arrived: the server answers
     announced: int = -1
     pos: int = 0
     data: Any = None
@@ -82,6 +86,8 @@ class _Transfer:
         elif line[:15].lower() == b"content-length:":
             value = line[15:].strip()
             self.announced = int(value) if value.isdigit() else -1
+        elif line in (b"\r\n", b"\n"):
+            self.headed = True
 
     def write(self, chunk: bytes) -> int | None:
         """libcurl's write callback; returning 0 aborts the transfer (CURLE_WRITE_ERROR)."""
@@ -201,7 +207,8 @@ class DirectReader:
             return None
 
     def fetch(
-        self, urls: Sequence[str], buffers: Sequence[Any | None], deadline: float | None = None
+        self, urls: Sequence[str], buffers: Sequence[Any | None], deadline: float | None = None,
+        answer_by: float | None = None,
     ) -> list[Outcome]:
         """GET every URL, up to ``max_parallel`` at once; one outcome per URL, in order.
 
@@ -209,20 +216,21 @@ class DirectReader:
         None. A buffer that cannot be written (read-only, not contiguous) gets :data:`RETRY` so
         ``S3Store``'s own checks word the error.
         """
-        return self._batch(urls, buffers, False, deadline)
+        return self._batch(urls, buffers, False, deadline, answer_by)
 
     def head(self, urls: Sequence[str], deadline: float | None = None) -> list[Outcome]:
         """HEAD every URL: :class:`Body` (size, no data), :data:`MISSING` on 404, else :data:`RETRY`."""
         return self._batch(urls, [None] * len(urls), True, deadline)
 
     def _batch(
-        self, urls: Sequence[str], buffers: Sequence[Any | None], head: bool, deadline: float | None
+        self, urls: Sequence[str], buffers: Sequence[Any | None], head: bool, deadline: float | None,
+        answer_by: float | None = None,
     ) -> list[Outcome]:
         if self._closed:
             return [RETRY] * len(urls)
         session = self._borrow()
         try:
-            return self._run(session, urls, buffers, head, deadline)
+            return self._run(session, urls, buffers, head, deadline, answer_by)
         finally:
             self._give_back(session)
 
@@ -236,9 +244,11 @@ class DirectReader:
     # ---- machinery ------------------------------------------------------------------------
     def _run(
         self, session: _Session, urls: Sequence[str], buffers: Sequence[Any | None], head: bool,
-        deadline: float | None,
+        deadline: float | None, answer_by: float | None = None,
     ) -> list[Outcome]:
         out: list[Outcome] = [RETRY] * len(urls)
+        answered = answer_by is None  # has any request of the batch had an answer (its headers)?
+        unanswered = False
         transfers: dict[int, tuple[int, _Transfer, pycurl.Curl]] = {}
         pending = list(range(len(urls)))
         pending.reverse()  # pop() from the end keeps request order
@@ -266,7 +276,9 @@ class DirectReader:
                 multi.add_handle(c)
 
         def finish(c: pycurl.Curl, ok: bool) -> None:
+            nonlocal answered
             i, t, _ = transfers.pop(id(c))
+            answered = answered or t.headed
             out[i] = t.outcome(ok, buffers[i])
             multi.remove_handle(c)
             # Drop references to the caller's buffer before the handle is reused.
@@ -288,11 +300,18 @@ class DirectReader:
                         finish(c, False)
                     if not queued:
                         break
-                if deadline is not None and time.monotonic() >= deadline:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
                     break
+                if not answered:
+                    answered = any(t.headed for _, t, _ in transfers.values())
+                    if not answered and answer_by is not None and now >= answer_by:
+                        unanswered = True  # not one answer's headers: the server is not answering
+                        break
                 start_next()
                 if transfers:
-                    multi.select(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
+                    bounds = [b for b in (deadline, None if answered else answer_by) if b is not None]
+                    multi.select(max(0.0, min(0.5, min(bounds, default=now + 0.5) - time.monotonic())))
         finally:
             # After an exception or at the deadline: drop what is still running (never reused).
             for i, _t, c in list(transfers.values()):
@@ -300,7 +319,9 @@ class DirectReader:
                 c.close()
                 out[i] = RETRY
             transfers.clear()
-        if deadline is not None:
+        if unanswered:
+            out = [UNANSWERED if o == RETRY else o for o in out]
+        elif deadline is not None:
             out = [EXPIRED if o == RETRY and time.monotonic() >= deadline else o for o in out]
         return out
 

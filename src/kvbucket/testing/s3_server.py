@@ -326,7 +326,8 @@ class Fault:
     Special statuses: 0 drops the connection unanswered; ``CUT`` forwards the request but sends
     only the first half of the body (with the full Content-Length) and hangs up; ``HANG_UP``
     forwards it whole and then closes the connection without saying so, as a server does with
-    an idle keep-alive connection.
+    an idle keep-alive connection; ``TRICKLE`` forwards it and sends the answer's headers at
+    once, then its body one byte every ``delay`` seconds (a slow transfer, not a hung server).
     """
 
     status: int
@@ -339,6 +340,7 @@ class Fault:
 
 CUT = -1
 HANG_UP = -2
+TRICKLE = -3
 
 
 class FaultProxy:
@@ -398,6 +400,13 @@ class FaultProxy:
         """Answer the next ``times`` requests in full, then close their connections silently."""
         self.fail(HANG_UP, "", times, methods)
 
+    def trickle(self, per_byte_secs: float, times: int = 1, methods: set[str] | None = None,
+                path_contains: str | None = None) -> None:
+        """Send the next ``times`` bodies one byte every ``per_byte_secs`` (headers at once)."""
+        with self._lock:
+            self.faults.append(Fault(TRICKLE, "", times, frozenset(methods) if methods else None,
+                                     per_byte_secs, path_contains))
+
     def clear(self) -> None:
         with self._lock:
             self.faults.clear()
@@ -445,7 +454,7 @@ class FaultProxy:
                     proxy.hosts.append(self.headers.get("Host", ""))
                     proxy.targets.append((self.command, self.path))
                 fault = proxy._take(self.command, self.path)
-                if fault is not None and fault.status not in (CUT, HANG_UP):
+                if fault is not None and fault.status not in (CUT, HANG_UP, TRICKLE):
                     if fault.delay:
                         time.sleep(fault.delay)
                     if fault.status == 0:
@@ -503,6 +512,13 @@ class FaultProxy:
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fault is not None and fault.status == TRICKLE and self.command != "HEAD":
+                    self.wfile.flush()
+                    for i in range(len(data)):
+                        self.wfile.write(data[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(fault.delay)
                     return
                 if self.command != "HEAD" and data:
                     self.wfile.write(data)
