@@ -1,4 +1,5 @@
-"""kvbucket's SGLang HiCache backend vs SGLang's built-in ``file`` backend, on the same disk.
+"""kvbucket's SGLang HiCache backend vs SGLang's built-in ``file`` backend, on the same disk (and on
+the Hub emulator / SeaweedFS S3, with the disk's ``file`` backend as the reference of the same run).
 
 Both backends are created by SGLang's own ``StorageBackendFactory`` and move pages of a real
 ``MHATokenToKVPoolHost`` exactly as SGLang's cache controller does: the ``file`` backend through
@@ -8,17 +9,19 @@ the generic path (``batch_set`` of ``get_data_page`` tensors; ``batch_get`` into
 (SGLang's ``STORAGE_BATCH_SIZE``). Prints pages/s and the ratio kvbucket / file (goal >= 1.0x).
 
 Runs inside the SGLang venv (``engines/venv.sh sglang``); started with another Python it builds
-or reuses that venv and re-runs itself there:
+or reuses that venv, starts the servers ``--stores`` asks for (Hub emulator in its own process,
+SeaweedFS) and re-runs itself there:
 
     python benchmarks/bench_sglang.py --pages 256 --rounds 3
+    python benchmarks/bench_sglang.py --pages 128 --rounds 3 --stores dir,hub,s3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,12 +47,16 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where both backends write (default: a temp dir)")
+    ap.add_argument("--stores", default="dir", help="kvbucket's stores, comma-separated: dir, hub, s3")
     args = ap.parse_args()
     if not in_sglang_venv():
-        venv = subprocess.run(["bash", str(ROOT / "engines" / "venv.sh"), "sglang"], check=True,
-                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-        sys.exit(subprocess.call([f"{venv}/bin/python", *sys.argv], env=env))
+        from kvbucket.testing.engines import reexec_in_engine_venv, store_servers
+
+        with tempfile.TemporaryDirectory(prefix="bench-sglang-") as tmp, \
+                store_servers(args.stores.split(","), Path(tmp)) as targets:
+            env = {"KVB_BENCH_TARGETS": json.dumps(targets), "HF_XET_CACHE": f"{tmp}/xet",
+                   "HF_HOME": f"{tmp}/hf"}
+            sys.exit(reexec_in_engine_venv(ROOT, "sglang", sys.argv, env))
     run(args)
 
 
@@ -105,10 +112,14 @@ def run(args: argparse.Namespace) -> None:
         t2 = time.perf_counter()
         return n / (t1 - t0), n / (t2 - t1)
 
-    def kvb_round(r: int) -> tuple[float, float]:
-        d = base / f"kvb-{r}"
+    targets = json.loads(os.environ.get("KVB_BENCH_TARGETS", "{}")) or {"dir": {}}
+
+    def kvb_round(r: int, name: str) -> tuple[float, float]:
+        t = targets[name]
+        url = str(base / f"kvb-{r}") if name == "dir" else t["url"]
         extra = {"backend_name": "kvbucket", "module_path": "kvbucket.integrations.sglang",
-                 "class_name": "KVBucketHiCacheStorage", "interface_v1": 1, "store_url": str(d)}
+                 "class_name": "KVBucketHiCacheStorage", "interface_v1": 1, "store_url": url,
+                 "store_options": t.get("options", {}), "prefix": f"bench-r{r}"}
         w = StorageBackendFactory.create_backend("dynamic", config(extra), src)
         w.register_mem_pool_host(src)
         rd = StorageBackendFactory.create_backend("dynamic", config(extra), dst)
@@ -121,25 +132,35 @@ def run(args: argparse.Namespace) -> None:
         for i in range(0, n, B):
             assert all(rd.batch_get_v1(keys[i : i + B], dst_idx[i * ps : (i + B) * ps]))
         t2 = time.perf_counter()
+        w.close()
+        rd.close()
         return n / (t1 - t0), n / (t2 - t1)
 
-    res: dict[str, list[tuple[float, float]]] = {"file": [], "kvbucket": []}
-    for r in range(args.rounds):  # alternate, so both see the same machine load
-        res["file"].append(file_round(r))
-        res["kvbucket"].append(kvb_round(r))
+    def check_and_reset() -> None:
         for i in range(n):
             a = src.get_data_page(int(src_idx[i * ps])).view(torch.uint8)
             b = dst.get_data_page(int(dst_idx[i * ps])).view(torch.uint8)
             assert torch.equal(a, b), "a page read back differs"
         dst.kv_buffer.zero_()
+
+    res: dict[str, list[tuple[float, float]]] = {"file": [], **{f"kvbucket-{t}": [] for t in targets}}
+    for r in range(args.rounds):  # alternate, so all see the same machine load
+        res["file"].append(file_round(r))
+        check_and_reset()
+        for name in targets:
+            res[f"kvbucket-{name}"].append(kvb_round(r, name))
+            check_and_reset()
     print(f"{n} pages of {page_mb:.2f} MiB ({args.layers} layers, {args.heads} heads x {args.head_dim}, "
           f"{ps} tokens, bf16), batches of {B}, {args.rounds} rounds, dir {base}")
     med = {k: (statistics.median(s for s, _ in v), statistics.median(g for _, g in v))
            for k, v in res.items()}
+    fs, fg = med["file"]
     for k, (s, g) in med.items():
-        print(f"  {k:9s} set {s:8.1f} pages/s   get {g:8.1f} pages/s")
-    print(f"  ratio kvbucket/file: set {med['kvbucket'][0] / med['file'][0]:.2f}x  "
-          f"get {med['kvbucket'][1] / med['file'][1]:.2f}x  (goal >= 1.0x)")
+        ratio = "" if k == "file" else f"   vs file (disk): set {s / fs:.2f}x get {g / fg:.2f}x"
+        print(f"  {k:15s} set {s:8.1f} pages/s   get {g:8.1f} pages/s{ratio}")
+    if "kvbucket-dir" in med:
+        print(f"  ratio kvbucket/file on the same disk: set {med['kvbucket-dir'][0] / fs:.2f}x  "
+              f"get {med['kvbucket-dir'][1] / fg:.2f}x  (goal >= 1.0x)")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ Everything vLLM here is vLLM's own released code: ``OffloadingSpecFactory`` crea
 (CPU primary tier in vLLM's shared-memory region) loads ``KVBucketSecondaryTier`` by
 ``module_path`` through ``SecondaryTierFactory``; keys are vLLM's block hashes of real
 ``Request`` objects (``get_request_block_hasher``, with ``cache_salt``). The checks call the
-manager as vLLM's ``OffloadingConnectorScheduler`` does (under ``manager.lock``; one
-``on_schedule_end`` per step) and stand in only for the GPU worker's copy into and out of the CPU
-tier, which needs CUDA (``check_the_gpu_worker_needs_cuda`` pins the error).
+manager as vLLM's ``OffloadingConnectorScheduler`` does (``kvbucket.testing.vllm_engine``) and
+stand in only for the GPU worker's copy into and out of the CPU tier, which needs CUDA
+(``test_the_gpu_worker_needs_cuda`` pins the error).
 The stores come from $KVB_VLLM_TARGETS (JSON ``{name: {"url", "options"}}``), set by the outer
 test, which owns the servers (Hub emulator, SeaweedFS).
 """
@@ -17,49 +17,31 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from vllm import SamplingParams
 from vllm.config.kv_transfer import KVTransferConfig
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
     CanonicalKVCaches,
     CanonicalKVCacheTensor,
     LookupResult,
-    ReqContext,
-    ScheduleEndContext,
-    make_offload_key,
-)
-from vllm.v1.kv_offload.config import (
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
 )
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
-from vllm.v1.request import Request
 
 from kvbucket.integrations.vllm import KVBucketSecondaryTier
+from kvbucket.testing import vllm_engine
+from kvbucket.testing.vllm_engine import Engine
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
 TARGETS: dict[str, dict[str, Any]] = json.loads(os.environ.get("KVB_VLLM_TARGETS", "{}"))
-TOKENS = 16  # tokens per block
 BLOCK_BYTES = 8192  # one worker's KV bytes per block
 N = 6  # chunks per request
-
-init_none_hash(sha256)  # as vLLM's engine does at start (sha256: the same hashes in every process)
-HASHER = get_request_block_hasher(TOKENS, sha256)
 
 
 @pytest.fixture(params=sorted(TARGETS))
@@ -70,128 +52,25 @@ def target(request: pytest.FixtureRequest) -> dict[str, Any]:
     return t
 
 
+def engine(target: dict[str, Any], *, salt: str = "", tp: int = 1, agnostic: bool = True,
+           cpu_chunks: int = 32, **tier: Any) -> Engine:
+    """An engine whose one secondary tier is kvbucket on ``target``."""
+    entry = {"type": "KVBucketSecondaryTier", "module_path": "kvbucket.integrations.vllm",
+             "store_url": target["url"], "store_options": target.get("options", {}),
+             "prefix": target["prefix"], **tier}
+    if salt:
+        entry["cache_salt"] = salt
+    e = Engine([entry], block_bytes=BLOCK_BYTES, tp=tp, agnostic=agnostic, cpu_chunks=cpu_chunks)
+    assert isinstance(e.tier, KVBucketSecondaryTier)
+    return e
+
+
 def offload_keys(seed: int, n: int = N, salt: str | None = None) -> list[bytes]:
-    """vLLM's keys of a request's blocks: its block hashes (the request's cache_salt is in them)."""
-    tokens = [(seed * 7919 + i) % 32000 for i in range(n * TOKENS)]
-    req = Request(f"req-{seed}", tokens, SamplingParams(max_tokens=1), None, cache_salt=salt,
-                  block_hasher=HASHER)
-    assert len(req.block_hashes) == n
-    return [make_offload_key(h, 0) for h in req.block_hashes]
-
-
-class Engine:
-    """The scheduler side of one vLLM engine with kvbucket as its secondary tier."""
-
-    def __init__(self, target: dict[str, Any], *, salt: str = "", tp: int = 1, agnostic: bool = True,
-                 **tier: Any) -> None:
-        entry = {"type": "KVBucketSecondaryTier", "module_path": "kvbucket.integrations.vllm",
-                 "store_url": target["url"], "store_options": target.get("options", {}),
-                 "prefix": target["prefix"], **tier}
-        if salt:
-            entry["cache_salt"] = salt
-        extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 32 * BLOCK_BYTES * tp,
-                 "secondary_tiers": [entry]}
-        cfg = OffloadingConfig(
-            groups=(OffloadingGroupConfig(tokens_per_block=TOKENS, group_id=0,
-                                          layer_names=("model.layers.0.attn", "model.layers.1.attn")),),
-            worker_kv_bytes_per_block=BLOCK_BYTES, enable_kv_cache_events=False, extra_config=extra,
-            engine_id=f"kvb-{uuid.uuid4().hex[:12]}",
-            model=OffloadingModelConfig(name="org/Model-7B", dtype="bfloat16", max_model_len=4096),
-            cache=OffloadingCacheConfig(tokens_per_hash=TOKENS, blocks_per_chunk=1),
-            parallel=OffloadingParallelConfig(rank=0, world_size=tp, tp_size=tp, pp_size=1, pcp_size=1,
-                                              dcp_size=1, data_parallel_index=0, data_parallel_size=1,
-                                              data_parallel_rank_local=None,
-                                              is_parallelism_agnostic=agnostic))
-        self.spec = OffloadingSpecFactory.create_spec(cfg)
-        self.m = self.spec.get_manager()
-        self.tier = self.m.secondary_tiers[0]
-        assert isinstance(self.tier, KVBucketSecondaryTier)
-        view = self.m.primary_tier.get_kv_memoryview()
-        self.cpu = torch.from_numpy(np.frombuffer(view, dtype=np.uint8).reshape(view.shape))
-        self.chunk_bytes = view.strides[0]
-        self._n = 0
-
-    def ctx(self) -> ReqContext:
-        self._n += 1
-        return ReqContext(req_id=f"r{self._n}")
-
-    def step(self) -> None:
-        with self.m.lock:
-            self.m.on_schedule_end(ScheduleEndContext((), ()))
-
-    def settle(self, timeout: float = 60.0) -> None:
-        """Step until no transfer is in flight (vLLM steps while has_pending_work())."""
-        deadline = time.monotonic() + timeout
-        while True:
-            with self.m.lock:
-                self.m.on_schedule_end(ScheduleEndContext((), ()))
-                if not self.m.has_pending_work():
-                    return
-            assert time.monotonic() < deadline, "transfers did not finish"
-            time.sleep(0.01)
-
-    def store(self, keys: list[bytes], kv: torch.Tensor) -> None:
-        """Offload one request's chunks: the CPU tier gets them (the GPU worker's copy, emulated),
-        then vLLM cascades them to the secondary tier."""
-        ctx = self.ctx()
-        with self.m.lock:
-            self.m.on_new_request(ctx)
-            out = self.m.prepare_store(keys, ctx)
-            assert out is not None and list(out.keys_to_store) == keys
-            for i, c in enumerate(out.store_spec.chunk_ids):
-                self.cpu[int(c)].copy_(kv[i])
-            self.m.complete_store(keys, ctx)
-            self.m.on_request_finished(ctx)
-        self.settle()
-
-    def prefix_hits(self, keys: list[bytes], ctx: ReqContext, timeout: float = 60.0) -> int:
-        """Chunks found from the start, scanned as OffloadingConnectorScheduler._maximal_prefix_lookup
-        scans them: HIT/HIT_PENDING count, RETRY keeps scanning and defers, MISS stops."""
-        deadline = time.monotonic() + timeout
-        while True:
-            with self.m.lock:
-                hits, defer = 0, False
-                for k in keys:
-                    r = self.m.lookup(k, ctx)
-                    if r in (LookupResult.HIT, LookupResult.HIT_PENDING):
-                        hits += 1
-                        defer |= r is LookupResult.HIT_PENDING
-                    elif r is LookupResult.RETRY:
-                        defer = True
-                    else:
-                        break
-            if not defer:
-                return hits
-            assert time.monotonic() < deadline, "lookups never resolved"
-            self.step()
-            time.sleep(0.01)
-
-    def load(self, keys: list[bytes], n_expected: int | None = None) -> tuple[int, torch.Tensor]:
-        """Look a request's chunks up and read the hits out of the CPU tier (the GPU worker's copy,
-        emulated) into a fresh tensor; returns (hits, tensor)."""
-        ctx = self.ctx()
-        with self.m.lock:
-            self.m.on_new_request(ctx)
-        hits = self.prefix_hits(keys, ctx)
-        out = torch.zeros((hits, self.chunk_bytes), dtype=torch.uint8)
-        with self.m.lock:
-            if hits:
-                spec = self.m.prepare_load(keys[:hits], ctx)
-                for i, c in enumerate(spec.chunk_ids):
-                    out[i].copy_(self.cpu[int(c)])
-                self.m.complete_load(keys[:hits], ctx)
-            self.m.on_request_finished(ctx)
-        return hits, out
-
-    def close(self) -> None:
-        self.cpu = None  # type: ignore[assignment]
-        self.m.shutdown()
+    return vllm_engine.offload_keys(seed, n, salt)
 
 
 def kv_data(e: Engine, seed: int, n: int = N) -> torch.Tensor:
-    """Random KV bytes for n chunks, as the GPU worker would copy them into the CPU tier."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn((n, e.chunk_bytes // 2), generator=g).to(torch.bfloat16).view(torch.uint8)
+    return e.kv_data(seed, n)
 
 
 def count_heads(tier: KVBucketSecondaryTier) -> list[int]:
@@ -208,14 +87,14 @@ def count_heads(tier: KVBucketSecondaryTier) -> list[int]:
 
 
 def test_store_then_load_after_a_restart(target: dict[str, Any]) -> None:
-    a = Engine(target)
+    a = engine(target)
     keys = offload_keys(1)
     kv = kv_data(a, 1)
     a.store(keys, kv)
     names = [a.tier.name(k) for k in keys]
     assert all(r.found for r in a.tier.store.head_many(names))
     a.close()
-    b = Engine(target)  # another engine (its own CPU region) on the same store: a restart
+    b = engine(target)  # another engine (its own CPU region) on the same store: a restart
     assert b.tier.namespace == a.tier.namespace
     assert b.m.primary_tier.lookup(keys[0], b.ctx()) is LookupResult.MISS  # not in its CPU tier
     hits, got = b.load(keys)
@@ -226,14 +105,27 @@ def test_store_then_load_after_a_restart(target: dict[str, Any]) -> None:
     b.close()
 
 
+def test_a_big_job_moves_every_chunk(target: dict[str, Any]) -> None:
+    """40 chunks in one job (a directory store splits it over the tier's I/O threads)."""
+    a = engine(target, cpu_chunks=48)
+    keys = offload_keys(9, n=40)
+    kv = kv_data(a, 9, n=40)
+    a.store(keys, kv)
+    a.close()
+    b = engine(target, cpu_chunks=48)
+    hits, got = b.load(keys)
+    assert hits == 40 and torch.equal(got, kv)
+    b.close()
+
+
 def test_lookups_as_vllm_scans_a_prefix(target: dict[str, Any]) -> None:
-    a = Engine(target)
+    a = engine(target)
     keys = offload_keys(2)
     kv = kv_data(a, 2)
     stored = [0, 1, 2, 4]  # chunk 3 is a hole
     a.store([keys[i] for i in stored], kv[stored])
     a.close()
-    b = Engine(target)
+    b = engine(target)
     heads = count_heads(b.tier)
     ctx = b.ctx()
     with b.m.lock:
@@ -257,12 +149,12 @@ def test_lookups_as_vllm_scans_a_prefix(target: dict[str, Any]) -> None:
 
 
 def test_index_lookups_answer_from_a_listing(target: dict[str, Any]) -> None:
-    a = Engine(target)
+    a = engine(target)
     keys = offload_keys(4)
     kv = kv_data(a, 4)
     a.store(keys, kv)
     a.close()
-    b = Engine(target, lookup="index")
+    b = engine(target, lookup="index")
     assert b.tier.lookup_mode == "index"
     assert b.tier.listed.wait(30)
     heads = count_heads(b.tier)
@@ -271,13 +163,13 @@ def test_index_lookups_answer_from_a_listing(target: dict[str, Any]) -> None:
     assert b.load(offload_keys(5, n=3))[0] == 0
     assert heads[0] == 0  # found and missed without a single HEAD
     b.close()
-    auto = Engine(target)
+    auto = engine(target)
     assert auto.tier.lookup_mode == ("index" if target["url"].startswith("s3://") else "head")
     auto.close()
 
 
 def test_salts_and_parallel_layouts_are_isolated(target: dict[str, Any]) -> None:
-    a = Engine(target, salt="tenant-a")
+    a = engine(target, salt="tenant-a")
     keys = offload_keys(6)
     a.store(keys, kv_data(a, 6))
     names = [o.name for o in a.tier.store.list(target["prefix"] + "/")]
@@ -285,19 +177,19 @@ def test_salts_and_parallel_layouts_are_isolated(target: dict[str, Any]) -> None
     a.close()
     for kw in ({"salt": "tenant-a"}, {"salt": "tenant-b"}, {}, {"salt": "tenant-a", "agnostic": False},
                {"salt": "tenant-a", "tp": 2, "agnostic": False}):
-        e = Engine(target, **kw)
+        e = engine(target, **kw)
         assert e.load(keys)[0] == (N if kw == {"salt": "tenant-a"} else 0), kw
         e.close()
     # vLLM puts a request's cache_salt into its block hashes: other keys, never a hit.
     salted = offload_keys(6, salt="request-salt")
     assert set(salted).isdisjoint(keys)
-    e = Engine(target, salt="tenant-a")
+    e = engine(target, salt="tenant-a")
     assert e.load(salted)[0] == 0
     e.close()
 
 
 def test_a_damaged_chunk_is_a_miss(target: dict[str, Any]) -> None:
-    a = Engine(target)
+    a = engine(target)
     keys = offload_keys(7, n=3)
     kv = kv_data(a, 7, n=3)
     a.store(keys, kv)
@@ -306,7 +198,7 @@ def test_a_damaged_chunk_is_a_miss(target: dict[str, Any]) -> None:
     bad[len(bad) // 2] ^= 0xFF
     a.tier._raw.put(name, bytes(bad))
     a.close()
-    b = Engine(target)
+    b = engine(target)
     # The lookup finds all three (a HEAD cannot see the damage); the load of chunk 1 fails its
     # check, vLLM frees its CPU slot, and the chunk is a miss from then on: never served.
     ctx = b.ctx()
@@ -336,12 +228,12 @@ def test_the_documented_configs_load(target: dict[str, Any]) -> None:
         assert SecondaryTierFactory.get_tier_class(entry) is KVBucketSecondaryTier
         tier = {k: v for k, v in entry.items()
                 if k not in ("type", "module_path", "store_url", "store_options", "metrics_port")}
-        e = Engine(target, **tier)
+        e = engine(target, **tier)
         keys = offload_keys(8, n=1)
         kv = kv_data(e, 8, n=1)
         e.store(keys, kv)
         e.close()
-        e = Engine(target, **tier)
+        e = engine(target, **tier)
         hits, got = e.load(keys)
         assert hits == 1 and torch.equal(got, kv), raw
         e.close()
@@ -350,7 +242,7 @@ def test_the_documented_configs_load(target: dict[str, Any]) -> None:
 def test_the_gpu_worker_needs_cuda(target: dict[str, Any]) -> None:
     """How far the GPU side runs here: vLLM's CPU worker (GPU <-> CPU tier copies) refuses CPU
     tensors; docs/vllm.md quotes these errors."""
-    e = Engine(target)
+    e = engine(target)
     gpu = CanonicalKVCacheTensor(torch.zeros(8, BLOCK_BYTES, dtype=torch.int8), BLOCK_BYTES)  # on the CPU
     kv = CanonicalKVCaches(tensors=[gpu], group_data_refs=[[CanonicalKVCacheRef(0, BLOCK_BYTES)]])
     with pytest.raises(Exception, match="only supported on CUDA-alike and XPU GPUs"):

@@ -89,6 +89,9 @@ except ImportError:  # pragma: no cover - depends on the venv
         """Stands in for vLLM's ``AsyncLookupManager`` when vLLM is not installed."""
 
 
+_MIN_PART = 8  # chunks: a directory job of fewer is not split over threads
+
+
 class VLLMTierSettings(BaseModel):
     """kvbucket's keys of one ``secondary_tiers`` entry (besides vLLM's ``type``/``module_path``)."""
 
@@ -106,8 +109,9 @@ class VLLMTierSettings(BaseModel):
     index_refresh_secs: float = Field(60.0, ge=0, description="index lookups: relist this often (0: never)")
     miss_ttl_secs: float = Field(2.0, ge=0, description="head lookups: a miss is remembered this long")
     known_chunks: int = Field(262144, ge=0, description="chunk names remembered as stored")
-    load_threads: int = Field(2, ge=1, description="concurrent load (promotion) jobs")
+    load_threads: int = Field(4, ge=1, description="concurrent load (promotion) jobs")
     store_threads: int = Field(2, ge=1, description="concurrent store (cascade) jobs")
+    io_threads: int = Field(4, ge=1, description="directory stores: threads sharing one job's objects")
     enable_kv_events: bool = Field(False, description="emit vLLM BlockStored events for chunks stored here")
     locality: Literal["LOCAL", "REMOTE"] | None = Field(None, description="vLLM's locality of this tier")
     metrics_port: int | None = Field(None, ge=0, le=65535,
@@ -230,6 +234,11 @@ class KVBucketSecondaryTier(_TierBase):
             [] if s.enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None)
         self._loads = DaemonThreadPool(s.load_threads, thread_name_prefix="kvbucket-vllm-load")
         self._stores = DaemonThreadPool(s.store_threads, thread_name_prefix="kvbucket-vllm-store")
+        # A directory store reads and writes a batch one object after the other; remote stores
+        # run a batch concurrently themselves (and a Hub batch is one commit): only the former
+        # get a job split over threads.
+        local = "://" not in s.store_url or s.store_url.startswith("file://")
+        self._io = DaemonThreadPool(s.io_threads, thread_name_prefix="kvbucket-vllm-io") if local else None
         self._lock = threading.Lock()
         self._inflight: set[Future[Any]] = set()
         self._done: list[tuple[Any, list[Any]]] = []  # (JobResult, keys that failed to load)
@@ -331,7 +340,7 @@ class KVBucketSecondaryTier(_TierBase):
         state = self.known.state(keys)
         todo = [(k, c) for k, c, s in zip(keys, chunk_ids, state, strict=True) if s is not True]
         items = [(self.name(k), memoryview(self._chunks[c])) for k, c in todo]
-        results = self.store.put_many(items) if items else []
+        results = self._split(self.store.put_many, items)
         stored = [k for (k, _), r in zip(todo, results, strict=True) if r.error is None]
         for (k, _), r in zip(todo, results, strict=True):
             if r.error is not None:
@@ -350,7 +359,9 @@ class KVBucketSecondaryTier(_TierBase):
         slot: the bytes a failed check left there are never served)."""
         t0 = time.perf_counter()
         names = [self.name(k) for k in keys]
-        results = self.store.get_many(names, [memoryview(self._chunks[c]) for c in chunk_ids])
+        pairs = [(n, memoryview(self._chunks[c])) for n, c in zip(names, chunk_ids, strict=True)]
+        results = self._split(lambda part: self.store.get_many([n for n, _ in part], [b for _, b in part]),
+                              pairs)
         good = [r.error is None and r.size == self.block_size_bytes for r in results]
         for n, r in zip(names, results, strict=True):
             if r.error is not None:
@@ -365,6 +376,15 @@ class KVBucketSecondaryTier(_TierBase):
                          successful_keys=None if ok or not loaded else tuple(loaded),
                          transfer_time=time.perf_counter() - t0,
                          transfer_bytes=len(loaded) * self.block_size_bytes), failed
+
+    def _split(self, fn: Any, items: list[Any]) -> list[Any]:
+        """``fn(items)``, over the I/O threads in parts of at least _MIN_PART items where that helps."""
+        if self._io is None or len(items) < 2 * _MIN_PART:
+            return fn(items) if items else []
+        n = min(self.settings.io_threads, len(items) // _MIN_PART)
+        size = -(-len(items) // n)
+        futures = [self._io.submit(fn, items[i : i + size]) for i in range(0, len(items), size)]
+        return [r for f in futures for r in f.result()]
 
     def get_finished_jobs(self) -> Iterable[Any]:
         with self._lock:
@@ -416,6 +436,8 @@ class KVBucketSecondaryTier(_TierBase):
         self.drain_jobs()
         self._loads.shutdown(wait=True)
         self._stores.shutdown(wait=True)
+        if self._io is not None:
+            self._io.shutdown(wait=True)
         self.store.close()
         self._chunks = None  # our view of the CPU tier: vLLM unmaps it after the tiers shut down
         if self._metrics is not None:

@@ -8,10 +8,12 @@ environment variable.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +70,42 @@ def assert_all_passed(proc: subprocess.CompletedProcess[str], n_checks: int, tar
     for name in targets:
         assert len(re.findall(rf"^PASSED \S+\[{name}\]", out, re.M)) == n_checks, out[-3000:]
     return out
+
+
+@contextlib.contextmanager
+def store_servers(names: Iterable[str], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Targets like :func:`store_targets` outside pytest (benchmarks): ``dir``, ``hub`` (the Hub
+    emulator in its own process, a private bucket) and ``s3`` (SeaweedFS, a fresh bucket), as
+    asked; servers on 127.0.0.1, stopped on exit."""
+    names = list(names)
+    with contextlib.ExitStack() as stack:
+        targets: dict[str, Any] = {}
+        if "dir" in names:
+            targets["dir"] = {"url": str(tmp_path / "store")}
+        if "hub" in names:
+            from kvbucket.testing.hub_emulator import HubEmulator
+
+            token = "hf_bench_" + os.urandom(8).hex()
+            emu = stack.enter_context(HubEmulator(tokens={"bench": (token, "write")}, subprocess=True))
+            targets["hub"] = {"url": "hf://buckets/bench/engines",
+                              "options": {"token": token, "endpoint": emu.endpoint, "token_env": "",
+                                          "create_bucket_if_missing": True}}
+        if "s3" in names:
+            from kvbucket.testing.s3_server import SeaweedFS
+
+            server = stack.enter_context(SeaweedFS())
+            bucket = server.create_bucket()
+            opts = {k: v for k, v in server.config(bucket).items() if k != "s3_endpoint"}
+            targets["s3"] = {"url": f"s3://{bucket}", "options": opts}
+        unknown = set(names) - set(targets)
+        if unknown:
+            raise ValueError(f"unknown stores {sorted(unknown)}; known: dir, hub, s3")
+        yield targets
+
+
+def reexec_in_engine_venv(root: Path, engine: str, argv: list[str], env: dict[str, str]) -> int:
+    """Run ``argv`` (a script and its arguments) with the engine venv's Python, kvbucket's src on
+    its path; returns the exit code."""
+    venv = engine_venv(root, engine)
+    full = {**os.environ, **env, "PYTHONPATH": str(root / "src")}
+    return subprocess.call([str(venv / "bin" / "python"), *argv], env=full)
