@@ -2,13 +2,24 @@
 
     PYTHONPATH=src python benchmarks/bench_fleet.py                      # S3 and the emulator, N = 1 2 4 8
     PYTHONPATH=src python benchmarks/bench_fleet.py --stores s3 --nodes 1,4 --startup-chunks 100000
+    PYTHONPATH=src python benchmarks/bench_fleet.py --parts cost --cost-secs 60 --rate 2
 
-For each store and N: a fresh prefix with a 1 MiB capacity (32 KiB chunks, fleet sync every
+Three parts (``--parts capacity,cost,startup``):
+
+Capacity. For each store and N: a fresh prefix with a 1 MiB capacity (32 KiB chunks, fleet sync every
 0.5 s, grace 1 s); N processes write 3x the capacity together, each reading a shared 4-chunk
 hot set after every batch of 4 stores, then linger 6 s. The parent lists the prefix every 0.5 s
 (peak) and once at the end (settled). Reported: settled and peak usage / capacity, hot-set hit
 rate, and per node per minute the fleet's coordination requests vs its data requests (one
 request per chunk stored or loaded; lookups are answered from the index).
+
+Cost: the fleet's defaults (``sync_secs`` 5 or ``--sync-secs``, ``compact_secs`` 60, ``heartbeat_secs`` 30) at
+LMCache's default chunk size: 256 tokens of Llama-3.2-1B's KV in bf16 (16 layers x 2 (K, V) x
+8 KV heads x 64 dims x 2 bytes x 256 tokens = 8 MiB). Each of N nodes makes ``--rate`` data
+requests per second for ``--cost-secs`` (half 8 MiB stores, half loads of a shared hot chunk)
+into a 1 GiB prefix (so eviction runs too). Reported per node per minute: coordination
+requests (mean over the nodes, and the compactor's), data requests, their ratio, and the data
+rate at which the mean coordination would be 1%.
 
 Warm start: K chunks (tiny objects) in a prefix that a fleet node has compacted; then one new
 adapter starts with the fleet (snapshot + journals) and one without (a full listing): store
@@ -99,7 +110,49 @@ def fleet_run(spec: dict[str, Any], store: ObjectStore, prefix: str, n: int) -> 
         "coord_per_min": statistics.mean(coord),
         "data_per_min": statistics.mean(data),
         "cross_node_evictions": sum(r["status"]["fleet"]["evicted_cross_node"] for r in reports),
+        "refused": sum(r["status"].get("refused_full", 0) for r in reports),
     }
+
+
+COST_CHUNK = 8 * 1024 * 1024  # 256 tokens of Llama-3.2-1B (bf16)
+COST_CAPACITY = 1024**3
+
+
+def cost_run(spec: dict[str, Any], n: int, rate: float, secs: float, sync: float) -> dict[str, float]:
+    """N nodes at a steady ``rate`` data requests/s each (one store + one hot load per period)."""
+    spec = {**spec, "max_capacity_gb": COST_CAPACITY / 1024**3, "full_chunk_bytes": COST_CHUNK}
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    hot = [2_000_000]
+    seed = {"name": "seed", "start": hot[0], "count": 1, "chunk": COST_CHUNK, "batch": 1}
+    p = ctx.Process(target=run_node, args=({**spec, "fleet": {"node_id": "seed"}}, seed, out))
+    p.start()
+    out.get(timeout=300)
+    p.join()
+    period = 2.0 / rate
+    plans = [{"name": f"n{i}", "start": i * 100_000, "count": int(secs / period), "chunk": COST_CHUNK,
+              "batch": 1, "hot": hot, "period": period} for i in range(n)]
+    procs = [ctx.Process(target=run_node, args=({**spec, "fleet": {"node_id": pl["name"], "sync_secs": sync}},
+                                                pl, out)) for pl in plans]
+    for pr in procs:
+        pr.start()
+    reports = []
+    while len(reports) < n:
+        try:
+            reports.append(out.get(timeout=secs + 300))
+        except queue.Empty:
+            break
+    for pr in procs:
+        pr.join(60)
+    errors = [r["error"] for r in reports if "error" in r]
+    if errors or len(reports) < n:
+        raise RuntimeError(f"nodes failed: {errors or 'timeout'}")
+    coord = [r["status"]["fleet"]["coordination_requests"] / (r["run_secs"] / 60) for r in reports]
+    data = [r["data_requests"] / (r["run_secs"] / 60) for r in reports]
+    lead = max(range(n), key=lambda i: reports[i]["status"]["fleet"].get("digests_written", 0))
+    return {"coord": statistics.mean(coord), "coord_max": coord[lead], "data": statistics.mean(data),
+            "refused": sum(r["status"].get("refused_full", 0) for r in reports),
+            "hit_rate": sum(r["hot_hits"] for r in reports) / max(1, sum(r["hot_reads"] for r in reports))}
 
 
 def warm_start(store: ObjectStore, prefix: str, k: int) -> dict[str, float]:
@@ -169,27 +222,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stores", default="s3,hub")
     ap.add_argument("--nodes", default="1,2,4,8")
+    ap.add_argument("--parts", default="capacity,cost,startup")
+    ap.add_argument("--rate", type=float, default=2.0, help="data requests per second per node (cost)")
+    ap.add_argument("--cost-secs", type=float, default=60.0)
+    ap.add_argument("--sync-secs", type=float, default=5.0, help="the fleet's sync_secs in the cost part")
     ap.add_argument("--startup-chunks", type=int, default=100_000)
     ap.add_argument("--hub-startup-chunks", type=int, default=10_000)
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    nodes = [int(x) for x in args.nodes.split(",") if x]
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.stores.split(","):
             make, close = (s3_target if name == "s3" else hub_target)(Path(tmp) / name)
             try:
-                print(f"\n== {name}: capacity {CAPACITY // 1024} KiB, {CHUNK // 1024} KiB chunks, 3x written")
-                print(f"{'N':>3} {'settled':>8} {'peak':>6} {'hot hits':>9} {'coord/node/min':>15} "
-                      f"{'data/node/min':>14} {'coord/data':>10} {'x-node evictions':>17}")
-                for n in [int(x) for x in args.nodes.split(",") if x]:
-                    prefix = f"fleet-{n}-{uuid.uuid4().hex[:6]}"
-                    spec, store = make(prefix)
-                    r = fleet_run(spec, store, prefix, n)
-                    print(f"{n:>3} {r['settled']:>7.2f}x {r['peak']:>5.2f}x {r['hit_rate']:>8.0%} "
-                          f"{r['coord_per_min']:>15.0f} {r['data_per_min']:>14.0f} "
-                          f"{r['coord_per_min'] / r['data_per_min']:>9.1%} {r['cross_node_evictions']:>17}",
-                          flush=True)
-                    store.close()
+                if "capacity" in parts:
+                    capacity_part(name, make, nodes)
+                if "cost" in parts:
+                    cost_part(name, make, nodes, args.rate, args.cost_secs, args.sync_secs)
                 k = args.startup_chunks if name == "s3" else args.hub_startup_chunks
-                if k:
+                if "startup" in parts and k:
                     _, store = make("unused")
                     w = warm_start(store, f"warm-{uuid.uuid4().hex[:6]}", k)
                     print(f"warm start with {k} chunks: full listing {w['listing_requests']:.0f} requests "
@@ -199,6 +250,38 @@ def main() -> None:
                     store.close()
             finally:
                 close()
+
+
+Maker = Callable[[str], tuple[dict[str, Any], ObjectStore]]
+
+
+def capacity_part(name: str, make: Maker, nodes: list[int]) -> None:
+    print(f"\n== {name}: capacity {CAPACITY // 1024} KiB, {CHUNK // 1024} KiB chunks, 3x written")
+    print(f"{'N':>3} {'settled':>8} {'peak':>6} {'hot hits':>9} {'coord/node/min':>15} "
+          f"{'data/node/min':>14} {'coord/data':>10} {'x-node evictions':>17} {'refused':>8}")
+    for n in nodes:
+        prefix = f"fleet-{n}-{uuid.uuid4().hex[:6]}"
+        spec, store = make(prefix)
+        r = fleet_run(spec, store, prefix, n)
+        print(f"{n:>3} {r['settled']:>7.2f}x {r['peak']:>5.2f}x {r['hit_rate']:>8.0%} "
+              f"{r['coord_per_min']:>15.0f} {r['data_per_min']:>14.0f} "
+              f"{r['coord_per_min'] / r['data_per_min']:>9.1%} {r['cross_node_evictions']:>17} "
+              f"{r['refused']:>8}", flush=True)
+        store.close()
+
+
+def cost_part(name: str, make: Maker, nodes: list[int], rate: float, secs: float, sync: float) -> None:
+    print(f"\n== {name}: cost at sync_secs {sync:g} (other settings default), 8 MiB chunks, {rate:g} data "
+          f"requests/s per node, {secs:.0f} s, 1 GiB capacity")
+    print(f"{'N':>3} {'coord/node/min':>15} {'compactor':>10} {'data/node/min':>14} {'coord/data':>10} "
+          f"{'1% at data/min':>15} {'hot hits':>9} {'refused':>8}")
+    for n in nodes:
+        spec, store = make(f"cost-{n}-{uuid.uuid4().hex[:6]}")
+        r = cost_run(spec, n, rate, secs, sync)
+        print(f"{n:>3} {r['coord']:>15.1f} {r['coord_max']:>10.1f} {r['data']:>14.0f} "
+              f"{r['coord'] / r['data']:>9.1%} {100 * r['coord']:>15.0f} {r['hit_rate']:>8.0%} "
+              f"{r['refused']:>8}", flush=True)
+        store.close()
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 PLUGIN = {"type": "plugin", "module_path": "kvbucket.integrations.lmcache", "class_name": "KVBucketL2Adapter"}
 OPS = ("Store", "Lookup", "Load")
 BENCH_KEYRING_ENV = "KVBUCKET_BENCH_KEYRING"
-INTEGRITY_RUNS: list[dict] = []  # per backend, with --integrity: every adapter's ops/s
+INTEGRITY_RUNS: list[tuple[str, dict]] = []  # (backend, every adapter's ops/s), with --integrity
 GOALS = {"Store": 1.0, "Lookup": 1.5, "Load": 1.5}
 
 
@@ -73,7 +73,7 @@ def run_bench(spec: dict[str, Any], env: dict[str, str], args: argparse.Namespac
 
 
 def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argparse.Namespace,
-                    workdir: Path) -> tuple[dict, dict]:
+                    workdir: Path, backend: str = "") -> tuple[dict, dict]:
     """Both adapters in one process (a subprocess, so HF_ENDPOINT etc. apply from the start),
     driven by LMCache's own bench runners one round at a time, alternating which goes first.
     Load drift on a shared machine then hits both sides alike. Ops/s from the median round."""
@@ -97,12 +97,13 @@ def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argp
         raise RuntimeError(f"interleaved run failed: {(proc.stdout + proc.stderr)[-2500:]}")
     out = json.loads(lines[-1][len("RESULT "):])
     if args.integrity:
-        INTEGRITY_RUNS.append(out)
+        INTEGRITY_RUNS.append((backend, out))
     return out["lmcache"], out["kvbucket"]
 
 
 def _worker(job_path: str) -> None:
     import statistics
+    import time
 
     import numpy as np
     import torch
@@ -148,6 +149,7 @@ def _worker(job_path: str) -> None:
         store_objs[who] = make_memory_objects(buf, n, size, 0)
         load_objs[who] = make_memory_objects(buf, n, size, n * size, fill_offset=1)
     durations: dict[str, dict[str, list[float]]] = {w: {op: [] for op in OPS} for w in names}
+    cpu_secs: dict[str, dict[str, list[float]]] = {w: {op: [] for op in OPS} for w in names}
     verified = {w: True for w in names}
     quiet = lambda _msg: None  # noqa: E731
     for op in OPS:
@@ -158,6 +160,7 @@ def _worker(job_path: str) -> None:
                 os.sync()  # earlier rounds' dirty pages are written back now, not during this one
                 if op != "Lookup":
                     fill(who, r)  # untimed; random payloads only with --integrity/--random-payloads
+                cpu0 = time.process_time()
                 if op == "Store":
                     res = bench_store(a, 1, n, size, 1, lambda _r, k=keys: [k],
                                       lambda _r, w=who: [store_objs[w]], quiet)  # fmt: skip
@@ -166,16 +169,20 @@ def _worker(job_path: str) -> None:
                 else:
                     res = bench_load(a, 1, n, size, 1, lambda _r, k=keys: [k],
                                      lambda _r, w=who: [load_objs[w]], quiet)  # fmt: skip
+                cpu = time.process_time() - cpu0
+                if op == "Load":
                     verified[who] &= verify_round_trip(keys, store_objs[who], load_objs[who], quiet)
                 if r > 0:  # the first round warms up
                     ok = res.success_counts and res.success_counts[0] == n and res.round_durations
                     durations[who][op].append(res.round_durations[0] if ok else float("inf"))
+                    cpu_secs[who][op].append(cpu if ok else float("inf"))
     out = {}
     for who in names:
         out[who] = {"verified": verified[who]}
         for op in OPS:
             med = statistics.median(durations[who][op])
-            out[who][op] = {"ops_per_sec_avg": n / med if med > 0 else 0.0}
+            out[who][op] = {"ops_per_sec_avg": n / med if med > 0 else 0.0,
+                            "round_secs": durations[who][op], "cpu_secs": cpu_secs[who][op]}
         adapters[who].close()
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -249,6 +256,18 @@ def _fresh_location(spec: dict[str, Any], n: int) -> dict[str, Any]:
     return params
 
 
+def _paired(base_secs: list[float], secs: list[float]) -> str:
+    """Throughput ratio round by round (``base`` time / time; the two ran back to back in each
+    round, so load drift between rounds cancels): median and quartiles, as text."""
+    import statistics
+
+    ratios = sorted(b / t for b, t in zip(base_secs, secs, strict=True) if 0 < t < float("inf"))
+    if len(ratios) < 4:
+        return "n/a"
+    q1, med, q3 = statistics.quantiles(ratios, n=4)
+    return f"{med:.3f} [{q1:.2f}-{q3:.2f}]"
+
+
 def _mean(runs: list[dict]) -> dict:
     out: dict[str, Any] = {"verified": all(r["verified"] for r in runs)}
     for op in OPS:
@@ -297,7 +316,7 @@ def main() -> int:
                         ours["object_format"] = args.object_format
                     plugin = {**PLUGIN, "adapter_params": ours}
                     if args.mode == "interleaved":
-                        base, mine = run_interleaved(builtin, plugin, env, args, tmp)
+                        base, mine = run_interleaved(builtin, plugin, env, args, tmp, backend)
                     else:
                         # ABBA order on the same server, averaged: a server that slows down (or
                         # warms up) as it fills penalises both sides equally.
@@ -330,16 +349,30 @@ def main() -> int:
         mark = "ok" if ratio >= goal else "MISSED"
         print(f"{backend:<9} {op:<7} {base_ops:>14.1f} {my_ops:>15.1f} {ratio:>6.2f}x  >={goal}x {mark}")
     if INTEGRITY_RUNS:
-        names = [b.strip() for b in args.backends.split(",") if b.strip()]
-        print("\nkvbucket: sealed (verified) vs unsealed, and AES-256-GCM vs sealed (ops/s and ratios)")
+        print("\nkvbucket: sealed (verified) vs unsealed, and AES-256-GCM vs sealed. Ratios of the median "
+              "rounds' ops/s,\nthen [paired]: the median (and quartiles) of per-round ratios, each round's "
+              "adapters run back to back")
         print(f"{'backend':<9} {'op':<7} {'unsealed':>10} {'sealed':>10} {'aes':>10} {'sealed/unsealed':>16} "
-              f"{'aes/sealed':>11}")
-        for backend, out in zip(names, INTEGRITY_RUNS, strict=False):
+              f"{'aes/sealed':>11}  {'[paired] sealed/unsealed':>25} {'aes/sealed':>19}")
+        cpu_rows: list[str] = []
+        for backend, out in INTEGRITY_RUNS:
             for op in OPS:
-                raw, sealed, aes = (out[w][op]["ops_per_sec_avg"] for w in
-                                    ("kvbucket-unsealed", "kvbucket", "kvbucket-aes"))
+                trio = ("kvbucket-unsealed", "kvbucket", "kvbucket-aes")
+                raw, sealed, aes = (out[w][op]["ops_per_sec_avg"] for w in trio)
+                secs = {w: out[w][op]["round_secs"] for w in trio}
+                p_sealed = _paired(secs["kvbucket-unsealed"], secs["kvbucket"])
+                p_aes = _paired(secs["kvbucket"], secs["kvbucket-aes"])
                 print(f"{backend:<9} {op:<7} {raw:>10.1f} {sealed:>10.1f} {aes:>10.1f} "
-                      f"{sealed / raw if raw else 0:>16.3f} {aes / sealed if sealed else 0:>11.3f}")
+                      f"{sealed / raw if raw else 0:>16.3f} {aes / sealed if sealed else 0:>11.3f}  "
+                      f"{p_sealed:>25} {p_aes:>19}")
+                c_raw, c_sealed, c_aes = (out[w][op]["cpu_secs"] for w in trio)
+                cpu_rows.append(f"{backend:<9} {op:<7} {_paired(c_raw, c_sealed):>25} "
+                                f"{_paired(c_sealed, c_aes):>19}")
+        print("\nThe same as client CPU (this process's CPU time per round, servers excluded): "
+              "unsealed CPU / sealed CPU,\nsealed CPU / aes CPU, paired by round. On a machine whose "
+              "cores are all busy, CPU is throughput.")
+        print(f"{'backend':<9} {'op':<7} {'sealed/unsealed':>25} {'aes/sealed':>19}")
+        print("\n".join(cpu_rows))
     return 1 if failures else 0
 
 

@@ -243,9 +243,18 @@ def report(cases: list[Case], total_bytes: int) -> str:
         on, off = by_name["LocalDiskBackend"], by_name[UNSEALED_DISK]
         lines.append(
             f"disk tier, verification on / off: get {rate(on.get_secs) / rate(off.get_secs):.3f}, "
-            f"put {rate(on.put_secs) / rate(off.put_secs):.3f} (envelope + xxh3-64 checksum)"
+            f"put {rate(on.put_secs) / rate(off.put_secs):.3f} (envelope + xxh3-64 checksum); "
+            f"paired by repetition: get {_paired(off.get_secs, on.get_secs)}, "
+            f"put {_paired(off.put_secs, on.put_secs)}"
         )
     return "\n".join(lines)
+
+
+def _paired(base: list[float], secs: list[float]) -> str:
+    """Median (and range) of the per-repetition throughput ratios: both cases ran in the same
+    repetition, one after the other, so drift between repetitions cancels."""
+    ratios = sorted(b / t for b, t in zip(base, secs, strict=True) if t > 0)
+    return f"{statistics.median(ratios):.3f} [{ratios[0]:.2f}-{ratios[-1]:.2f}]" if ratios else "n/a"
 
 
 def main(argv: list[str] | None = None) -> int:

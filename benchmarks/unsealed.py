@@ -38,12 +38,25 @@ class Unsealed(SealedStore):
 
 @contextlib.contextmanager
 def unsealed_l2_adapters() -> Iterator[None]:
-    """L2 adapters created inside this block store raw bytes (their stores are :class:`Unsealed`)."""
+    """L2 adapters created inside this block store raw bytes (their stores are :class:`Unsealed`).
+
+    Raises when no adapter store was wrapped: if the adapter stopped sealing through
+    ``kvbucket.l2.adapter.seal_store``, an "unsealed" row would silently measure sealed stores.
+    """
     import kvbucket.l2.adapter as adapter_mod
 
+    made: list[Unsealed] = []
+
+    def unsealed(store: ObjectStore, **_: Any) -> Unsealed:
+        made.append(Unsealed(store))
+        return made[-1]
+
     original = adapter_mod.seal_store
-    adapter_mod.seal_store = lambda store, **_: Unsealed(store)  # type: ignore[assignment]
+    adapter_mod.seal_store = unsealed  # type: ignore[assignment]
     try:
         yield
     finally:
         adapter_mod.seal_store = original
+    if not made:
+        raise RuntimeError("no L2 adapter store was left unsealed: the adapter no longer seals through "
+                           "kvbucket.l2.adapter.seal_store; update benchmarks/unsealed.py")

@@ -130,3 +130,24 @@ def test_lmcache_format_names_are_shared_too(tmp_path) -> None:
         for n in nodes:
             n.close()
         shared.close()
+
+
+def test_an_idle_node_backs_off_and_its_next_store_brings_it_back() -> None:
+    shared = MemoryStore("idle")
+    a = node(shared, "a", idle_sync_secs=0.8, heartbeat_secs=1.0)  # the compactor ("a" < "b")
+    b = node(shared, "b", idle_sync_secs=0.8, heartbeat_secs=1.0)  # keeps sync_secs
+    try:
+        assert a.wait_until_rebuilt(10) and b.wait_until_rebuilt(10)
+        assert until(lambda: b.report_status()["fleet"]["sync_interval_secs"] == 0.8)
+        before = b.report_status()["fleet"]["coordination_requests"]
+        time.sleep(2.0)
+        idle = b.report_status()["fleet"]["coordination_requests"] - before
+        assert idle <= 6, idle  # 2-3 digest GETs and 2 heartbeats, not 20 rounds of 0.1 s
+        assert t.store(b, [key(1)], [chunk(1, CHUNK)]).success
+        assert until(lambda: a.get_usage().bytes_used == CHUNK, 5)
+        assert b.report_status()["fleet"]["sync_interval_secs"] < 0.8
+        status = a.report_status()["fleet"]
+        assert status["compactor"] and status["sync_interval_secs"] == 0.1
+    finally:
+        a.close()
+        b.close()

@@ -71,8 +71,12 @@ def test_three_processes_writing_3x_capacity_settle_under_it_and_keep_the_hot_se
         fleet = r["status"]["fleet"]
         assert len(fleet["live_nodes"]) >= 3
     evicted = sum(r["status"]["evicted_keys"] for r in reports)
+    refused = sum(r["status"]["refused_full"] for r in reports)
     cross = sum(r["status"]["fleet"]["evicted_cross_node"] for r in reports)
-    assert evicted >= 2 * per_node and cross > 0  # nodes evicted each other's chunks
+    print(f"evicted {evicted}, refused at the write cap {refused}, cross-node {cross}")
+    # 3 capacities offered, at most 1.1 kept: the rest was evicted or refused at the write cap.
+    assert evicted + refused >= 1.8 * per_node and cross > 0  # nodes evicted each other's chunks
+    assert sum(r["stored"] for r in reports) == 3 * per_node - refused
 
 
 def test_a_node_killed_mid_eviction_leaves_a_consistent_prefix(tmp_path: Path) -> None:

@@ -39,15 +39,26 @@ def fleet_round(base: dict[str, Any], held: Any) -> None:
         seed.close()
     per_node = CAPACITY // CHUNK
     plans = [{"name": f"n{i}", "start": i * 10_000, "count": per_node, "chunk": CHUNK, "batch": 4,
-              "hot": HOT, "pause": 0.05, "linger": SETTLE} for i in range(3)]
+              "hot": HOT, "pause": 0.25, "linger": SETTLE} for i in range(3)]
     specs = [{**spec, "fleet": {**FLEET, "node_id": p["name"]}} for p in plans]
     reports = run_fleet(specs, plans, timeout=180)
     sizes = held()
     total = sum(sizes.values())
     assert total <= 1.1 * CAPACITY, f"{total / CAPACITY:.2f}x capacity after settling"
     assert all(key_to_name(key(i)) in sizes for i in HOT), "the hot set was evicted"
-    assert all(r["hot_hits"] == r["hot_reads"] > 0 for r in reports)
+    assert all(r["hot_hits"] == r["hot_reads"] > 0 for r in reports), [
+        (r["node"], r["hot_hits"], r["hot_reads"], r["status"]["fleet"]) for r in reports]
+    # Writes spread over more than the grace (pause 0.25 s): eviction, not only the write cap,
+    # makes room, and nodes delete chunks other nodes wrote.
+    print({r["node"]: (r["stored"], r["status"]["refused_full"], r["status"]["evicted_keys"],
+                       r["status"]["fleet"]["evicted_cross_node"]) for r in reports})
     assert sum(r["status"]["fleet"]["evicted_cross_node"] for r in reports) > 0
+    fleets = [r["status"]["fleet"] for r in reports]
+    # One compactor lists and reads journals; the others read its digest (they list only while
+    # there is no fresh digest yet, e.g. at the start), so their cost does not grow with N.
+    readers = sorted(fleets, key=lambda f: f["digests_written"])[:-1]  # a node may lead a round at start
+    assert all(f["digests_read"] > 0 for f in readers), [
+        {k: f[k] for k in ("node", "digests_read", "digests_written", "listing_rounds")} for f in fleets]
 
 
 def chunks_of(store: Any) -> dict[str, int]:
@@ -55,35 +66,14 @@ def chunks_of(store: Any) -> dict[str, int]:
         return {i.name: i.size for i in s.list("") if not i.name.startswith("_fleet/")}
 
 
-def twice(round_on: Any) -> None:
-    """Run a fleet round; once more on a fresh prefix if the first lost the hot set.
-
-    Known race (issue 17, left open): once in the full suite on SeaweedFS a hot chunk was
-    evicted although every node kept reading it (not reproduced in 6 isolated runs). The fs test
-    keeps the strict single-run assertion; a second failure here still fails the test.
-    """
-    try:
-        round_on("kv-1")
-    except AssertionError as e:
-        if "hot set" not in str(e):
-            raise
-        round_on("kv-2")
-
-
 def test_fleet_on_s3(seaweedfs: S3Server, s3_bucket: str) -> None:
-    def round_on(prefix: str) -> None:
-        cfg = seaweedfs.config(s3_bucket, prefix)
-        fleet_round({"type": "s3", **cfg}, lambda: chunks_of(S3Store.from_config(S3Config(**cfg))))
-
-    twice(round_on)
+    cfg = seaweedfs.config(s3_bucket, "kv")
+    fleet_round({"type": "s3", **cfg}, lambda: chunks_of(S3Store.from_config(S3Config(**cfg))))
 
 
 def test_fleet_on_the_hub_emulator(hub_bucket: HubBucket) -> None:
-    def round_on(prefix: str) -> None:
-        handle = f"hf://buckets/{hub_bucket.bucket_id}/{prefix}"
-        base = {"type": "hfbucket", "bucket_handle": handle, "token": hub_bucket.hub.write_token,
-                "endpoint": hub_bucket.hub.endpoint}
-        cfg = HFBucketConfig(bucket_handle=handle, token=base["token"], endpoint=base["endpoint"])
-        fleet_round(base, lambda: chunks_of(HFBucketStore(cfg)))
-
-    twice(round_on)
+    handle = f"hf://buckets/{hub_bucket.bucket_id}/kv"
+    base = {"type": "hfbucket", "bucket_handle": handle, "token": hub_bucket.hub.write_token,
+            "endpoint": hub_bucket.hub.endpoint}
+    cfg = HFBucketConfig(bucket_handle=handle, token=base["token"], endpoint=base["endpoint"])
+    fleet_round(base, lambda: chunks_of(HFBucketStore(cfg)))

@@ -110,3 +110,30 @@ def test_fleet_spec_is_strict() -> None:
     for bad in ({"sync_sec": 1.0}, {"node_id": "a/b"}, {"heartbeat_secs": 10.0, "node_timeout_secs": 5.0}):
         with pytest.raises(ConfigError, match="fleet"):
             parse_l2_config({"type": "fs", "base_path": "/tmp/x", "fleet": bad})
+
+
+def test_late_access_hints_still_protect_a_chunk_read_elsewhere() -> None:
+    """The hot-set race: far over capacity, eviction goes deep into the LRU order; a chunk
+    another node read 3 s ago (grace 2 s) looks unused by wall clock if its hint arrived late,
+    but the view's knowledge horizon (every hint up to 97 s is in) keeps it."""
+    v = FleetView(P)
+    v.apply_all("w", [("s", seg(i), 10, 80.0 + i * 0.1) for i in range(1, 101)])
+    v.apply_all("w", [("s", seg(i), 10, 98.5 + i * 0.001) for i in range(200, 400)])  # in grace
+    hot = f"{P}/{seg(0)}"
+    v.apply_all("r", [("s", seg(0), 10, 10.0), ("a", seg(0), 0, 97.0)])  # read on node r at 97
+    assert hot in _victims(v, "a", ["a"], grace=2.0)  # 3x capacity: everything out of grace goes
+    got = _victims(v, "a", ["a"], grace=2.0, horizon=98.5)
+    assert hot not in got and len(got) == 100
+
+
+def test_digest_rows_rebuild_the_compactors_changes() -> None:
+    base = FleetView(P)
+    base.apply_all("w", [("s", seg(i), 10, 1.0) for i in range(5)])
+    compactor = FleetView.from_body(base.to_body(), P)
+    compactor.apply_all("w", [("s", seg(9, "t"), 20, 5.0), ("d", seg(1), 0, 6.0), ("a", seg(2), 0, 7.0)])
+    reader = FleetView.from_body(base.to_body(), P)
+    changes = reader.apply_delta(compactor.delta_body())
+    assert sorted(changes, key=str) == sorted([(f"{P}/{seg(9, 't')}", 20), (f"{P}/{seg(1)}", None)], key=str)
+    assert reader.bytes_by_salt() == compactor.bytes_by_salt() == {"": 40, "t": 20}
+    assert reader.entries[f"{P}/{seg(2)}"].accessed == 7.0
+    assert reader.apply_delta(compactor.delta_body()) == []  # idempotent

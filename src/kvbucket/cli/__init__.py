@@ -28,6 +28,7 @@ COMMAND_MODULES: list[str] = [
     "kvbucket.cli.demo_cmd",
     "kvbucket.cli.store_cmd",
     "kvbucket.cli.verify_cmd",
+    "kvbucket.cli.migrate_cmd",
     "kvbucket.cli.compile_cache_cmd",
     "kvbucket.cli.emulator_cmd",
     "kvbucket.cli.doctor_cmd",

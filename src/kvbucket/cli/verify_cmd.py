@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -29,10 +29,11 @@ from rich.table import Table
 
 from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store
 from kvbucket.cli.store_cmd import human_size
-from kvbucket.encryption import Keyring
 from kvbucket.errors import KVBucketError
 from kvbucket.stores.base import ObjectInfo, ObjectStore
-from kvbucket.stores.sealed import inspect_object
+
+if TYPE_CHECKING:  # imported where used: every `kvbucket` start (`--help` too) imports this module
+    from kvbucket.encryption import Keyring
 
 STATUSES = ("good", "corrupt", "foreign", "legacy")
 BATCH_BYTES = 64 << 20
@@ -76,6 +77,7 @@ def compile_cache_sums(store: ObjectStore, infos: Sequence[ObjectInfo]) -> Sums:
 def classify(name: str, data: Any, size: int, keyring: Keyring | None, sums: Sums) -> tuple[str, str | None]:
     """(status, reason) of one object: a compile-cache file by its sha256, anything else by envelope."""
     from kvbucket.compile_cache.sums import pack_digest, sha256_of
+    from kvbucket.stores.sealed import inspect_object
 
     digest = pack_digest(name)
     if digest is None and name in sums:
@@ -130,6 +132,8 @@ def register(app: typer.Typer) -> None:
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Check every object's kvbucket envelope; exit status 1 when any is corrupt or foreign."""
+        from kvbucket.encryption import Keyring
+
         console = Console()
         try:
             keyring = Keyring.from_file(keyring_file) if keyring_file is not None else None

@@ -52,6 +52,9 @@ class FleetLink:
     def deleted(self, names: Iterable[str], *, evicted: bool = False) -> None:
         self.fleet.note_deleted(names, evicted=evicted)
 
+    def admit(self, sizes: list[int]) -> int:
+        return self.fleet.admit(sizes)
+
     def victims(self, busy: Container[str]) -> list[str]:
         return self.fleet.victims(busy)
 

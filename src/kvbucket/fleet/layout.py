@@ -8,7 +8,11 @@ key: no key collides with the fleet's objects, and key listings skip them.
   (``seq`` counts up from 1 per node; written once, deleted after compaction);
 - ``_fleet/s/<gen>-<node>``: an index snapshot, the folded state of every journal up to the
   per-node marks it holds (the newest ``gen`` wins; the two newest are kept);
-- ``_fleet/n/<node>``: a heartbeat, rewritten every ``heartbeat_secs`` (its mtime says alive).
+- ``_fleet/n/<node>``: a heartbeat, rewritten every ``heartbeat_secs`` when the node wrote no
+  journal meanwhile (a journal's mtime says alive as well);
+- ``_fleet/d``: the digest, overwritten by the compactor: which snapshot is current, every chunk
+  touched since it (as rows), the journal marks folded and the nodes seen. The other nodes read
+  only this object each round, with a conditional GET.
 
 Bodies are zlib-compressed JSON with a format version; anything else is refused on read.
 """
@@ -44,13 +48,17 @@ def snapshot_name(prefix: str, gen: int, node: str) -> str:
     return f"{fleet_root(prefix)}/s/{gen:012d}-{node}"
 
 
+def digest_name(prefix: str) -> str:
+    return f"{fleet_root(prefix)}/d"
+
+
 def heartbeat_name(prefix: str, node: str) -> str:
     return f"{fleet_root(prefix)}/n/{node}"
 
 
 @dataclass(frozen=True, slots=True)
 class Parsed:
-    kind: str  # "j", "s", "n"
+    kind: str  # "j", "s", "n", "d"
     node: str
     seq: int = 0  # journal seq or snapshot gen
 
@@ -69,13 +77,16 @@ def parse_name(name: str, prefix: str) -> Parsed | None:
             return Parsed("s", node, int(gen)) if node else None
         if parts[0] == "n" and len(parts) == 2:
             return Parsed("n", parts[1])
+        if parts == ["d"]:
+            return Parsed("d", "")
     except ValueError:
         return None
     return None
 
 
-def encode(kind: str, body: dict[str, Any]) -> bytes:
-    return zlib.compress(json.dumps({"v": FORMAT, "kind": kind, **body}, separators=(",", ":")).encode(), 1)
+def encode(kind: str, body: dict[str, Any], level: int = 1) -> bytes:
+    data = json.dumps({"v": FORMAT, "kind": kind, **body}, separators=(",", ":")).encode()
+    return zlib.compress(data, level)
 
 
 def decode(kind: str, data: bytes) -> dict[str, Any]:
@@ -111,6 +122,7 @@ __all__ = [
     "Parsed",
     "Record",
     "decode",
+    "digest_name",
     "encode",
     "fleet_root",
     "heartbeat_name",

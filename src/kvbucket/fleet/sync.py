@@ -1,20 +1,20 @@
 """One node's side of the fleet protocol: publish what it did, fold in what the others did.
 
-A :class:`Fleet` runs one daemon thread. Every ``sync_secs`` it
+A :class:`Fleet` runs one daemon thread. Every round (``sync_secs``; longer while idle) it
 
-1. writes the node's buffered records (stores, deletes, accesses) as ONE journal object;
-2. lists ``_fleet/`` once (journals, snapshots and heartbeats are all small and few);
-3. loads a newer snapshot if one appeared, and reads the other nodes' new journals (one
-   batched GET);
-4. rewrites its heartbeat every ``heartbeat_secs``;
-5. on the compactor (the live node with the smallest id): folds everything into a new
-   snapshot every ``compact_secs``, deletes journals the previous snapshot already holds, and
-   every ``reconcile_secs`` compares the view with a full listing of the prefix (objects a
-   dead node wrote but never journaled are adopted; entries whose object is gone are dropped);
-6. hands the changes to its host (the L2 adapter) and lets it run an eviction pass.
+1. writes the node's buffered records (stores, deletes, accesses) as ONE journal object, if any;
+2. on most nodes: reads the digest ``_fleet/d`` with one conditional GET (unchanged: no body)
+   and, when the digest names a newer snapshot, that snapshot;
+3. on the compactor (the live node with the smallest id, :mod:`.compactor`): lists ``_fleet/``,
+   reads the new journals, writes the digest, and now and then a snapshot and a reconcile;
+4. rewrites its heartbeat when it wrote no journal for ``heartbeat_secs``;
+5. hands the changes to its host (the L2 adapter), refreshes its write budget and lets the
+   host run an eviction pass.
 
-Nothing here is on the inference path: lookups, loads and stores only append to a buffer.
-See docs/fleet.md for the protocol, its costs and its failure cases.
+A node falls back to the compactor's path (listing and journals) while there is no digest or
+the digest is older than ``node_timeout_secs`` (the compactor died); the smallest live id then
+takes over. Nothing here is on the inference path: lookups, loads and stores only append to a
+buffer. See docs/fleet.md for the protocol, its costs and its failure cases.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from kvbucket.fleet.compactor import CompactorMixin
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.fleet.layout import (
     Journal,
     Record,
     decode,
-    encode,
+    digest_name,
     fleet_root,
     heartbeat_name,
-    is_fleet_name,
     journal_name,
     parse_name,
     snapshot_name,
@@ -60,7 +60,8 @@ FLEET_REQUESTS = Counter(
     "kvbucket_fleet_requests", "Store requests spent on fleet coordination, by verb.", ["verb"]
 )
 
-KEEP_SNAPSHOTS = 2
+#: How many rounds another node's writes take to reach this node's view (see _refresh_budget).
+WRITE_LAG_ROUNDS = 3
 
 
 @dataclass(slots=True)
@@ -70,7 +71,7 @@ class _Listing:
     seen: dict[str, float] = field(default_factory=dict)  # node -> newest mtime
 
 
-class Fleet:
+class Fleet(CompactorMixin):
     """See the module docstring. ``on_changes`` is called from the fleet thread."""
 
     def __init__(
@@ -116,20 +117,37 @@ class Fleet:
         self._reconciled = 0.0
         self._seen: dict[str, float] = {}
         self._last_heartbeat = 0.0
+        self._last_journal = 0.0
+        # The digest: the version last read (None: read it next round) and the compactor's
+        # listing time it holds; what this node last wrote, when it is the compactor.
+        self._digest_tag: str | None = None
+        self._digest_t = 0.0
+        self._digest_written = 0.0
+        self._digest_live: tuple[str, ...] = ()
+        #: Every node's access hints up to about this time are in the view (see _horizon).
+        self._known_at = 0.0
+        self._interval = config.sync_secs
+        self._budget: float | None = None  # bytes this node may still add before its next round
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats: dict[str, int] = {
             "journals_written": 0,
             "journals_read": 0,
+            "digests_written": 0,
+            "digests_read": 0,
+            "digests_unchanged": 0,
             "snapshots_written": 0,
             "snapshots_read": 0,
             "reconciles": 0,
+            "listing_rounds": 0,
             "coordination_requests": 0,
             "remote_stores_seen": 0,
             "remote_deletes_seen": 0,
             "evicted_own": 0,
             "evicted_cross_node": 0,
+            "refused_chunks": 0,
             "journal_gaps": 0,
             "sync_errors": 0,
         }
@@ -143,6 +161,7 @@ class Fleet:
                 rec = ("s", self._view.seg(name), int(size), now)
                 if self._view.apply(self.node, rec) is not None or name in self._view.entries:
                     self._buf.append(rec)
+        self._hurry()
 
     def note_accessed(self, names: Iterable[str]) -> None:
         now = time.time()
@@ -166,8 +185,44 @@ class Fleet:
                 self._view.apply(self.node, rec)
                 self._accessed.pop(name, None)
                 self._buf.append(rec)
+        self._hurry()
+
+    def _hurry(self) -> None:
+        """News to publish: an idle node's long wait shrinks back to ``sync_secs``."""
+        if self._interval > self.config.sync_secs:
+            self._wake.set()
 
     # ---- what the host asks ----------------------------------------------------------------------
+    def admit(self, sizes: list[int]) -> int:
+        """How many of these chunks (in order) this node may store now: the write cap."""
+        with self._lock:
+            if self._budget is None:
+                return len(sizes)
+            n = 0
+            for size in sizes:
+                if size > self._budget:
+                    break
+                self._budget -= size
+                n += 1
+            self.stats["refused_chunks"] += len(sizes) - n
+            return n
+
+    def _refresh_budget(self) -> None:
+        cap = self.config.write_cap
+        with self._lock:
+            if cap is None or self._capacity <= 0 or self._eviction.eviction_policy == "noop":
+                self._budget = None
+                return
+            # The others' writes of the last ~LAG rounds are not in this view yet (journal, then
+            # digest), so the headroom is shared as if each of them wrote its part LAG times.
+            headroom = cap * self._capacity - self._view.bytes_used
+            self._budget = max(0.0, headroom) / (1 + WRITE_LAG_ROUNDS * (len(self.live_nodes()) - 1))
+
+    def _horizon(self) -> float:
+        """Accesses anywhere before this are in the view: the knowledge time less one round
+        (a node journals its hints at its next round)."""
+        return self._known_at - self.config.sync_secs
+
     def victims(self, busy: Container[str]) -> list[str]:
         with self._lock:
             return self._view.victims(
@@ -180,6 +235,7 @@ class Fleet:
                 busy=busy,
                 me=self.node,
                 live=self.live_nodes(),
+                horizon=self._horizon(),
             )
 
     def has_expired(self) -> bool:
@@ -200,7 +256,9 @@ class Fleet:
                 "bytes_by_cache_salt": self._view.bytes_by_salt(),
                 "nodes": {n: round(now - t, 1) for n, t in sorted(self._seen.items())},
                 "live_nodes": self.live_nodes(),
+                "compactor": self._is_compactor(),
                 "snapshot_generation": self._snap[0],
+                "sync_interval_secs": self._interval,
                 "ready": self._ready.is_set(),
                 "last_error": self.last_error,
                 **self.stats,
@@ -217,6 +275,7 @@ class Fleet:
     def close(self, timeout: float = 10.0) -> None:
         """Stop the thread and publish what is still buffered (one last journal)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         with contextlib.suppress(Exception):
@@ -228,13 +287,33 @@ class Fleet:
         except Exception as e:
             self._error("warm start", e)
         finally:
+            self._refresh_budget()
             self._ready.set()
             self._on_ready()
-        while not self._stop.wait(self.config.sync_secs):
+        last = time.monotonic()
+        while not self._sleep(last):
+            last = time.monotonic()
             try:
-                self.sync_once()
+                news = self.sync_once()
             except Exception as e:
                 self._error("sync", e)
+                news = True
+            with self._lock:  # over the watermark: keep the pace until eviction is done
+                busy = self._eviction.triggered(self._view.bytes_used, self._capacity)
+            idle = min(2 * self._interval, self.config.idle_secs)
+            self._interval = self.config.sync_secs if news or busy else idle
+
+    def _sleep(self, last: float) -> bool:
+        """Wait for the next round (True: stop). News cuts an idle wait to ``sync_secs``."""
+        end = last + self._interval
+        while not self._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            if self._wake.wait(left):
+                self._wake.clear()
+                end = min(end, last + self.config.sync_secs)
+        return True
 
     def _error(self, what: str, e: BaseException) -> None:
         self.stats["sync_errors"] += 1
@@ -247,43 +326,64 @@ class Fleet:
 
     # ---- one round ------------------------------------------------------------------------------------
     def _warm_start(self) -> None:
-        """Snapshot + journals (a few requests); a full listing only when no snapshot exists yet."""
+        """Digest + snapshot + one listing of ``_fleet/`` and the journals the digest does not
+        hold yet (usually none: 3 requests), so lookups are right from the first one; without a
+        fresh digest, the same minus the digest; a full listing only when no snapshot exists."""
+        got = self._read_digest()
+        changes = got[0] if got is not None else []
         listing = self._list()
         mine = [seq for seq, _ in listing.journals.get(self.node, [])]
-        changes = self._fold(listing)
+        changes += self._fold(listing)
         with self._lock:
-            self._seq = max([self._seq, self._snap_marks.get(self.node, 0), *mine])
-        if self._snap[0] < 0:
+            self._seq = max([self._seq, self._applied.get(self.node, 0), *mine])
+        if self._snap[0] < 0 and got is None:
             changes += self._reconcile()
-        self._heartbeat(force=True)
+        # No heartbeat yet: the first round writes one (or a journal), a round from now.
         self._deliver(changes)
 
-    def sync_once(self) -> None:
-        """One round (the thread calls it every ``sync_secs``; tests may call it directly)."""
-        self._flush()
-        listing = self._list()
-        changes = self._fold(listing)
-        self._heartbeat()
-        if self._is_compactor():
-            now = time.time()
-            if now - self._reconciled >= self.config.reconcile_secs:
-                changes += self._reconcile()
-                self._flush()
-            if now - self._snap_time >= self.config.compact_secs:
-                self._compact(listing)
+    def sync_once(self) -> bool:
+        """One round (the thread calls it every ``sync_secs``; tests may call it directly).
+        Returns whether anything was published or learned (else the next wait grows)."""
+        flushed = self._flush()
+        news = flushed
+        got = None if self._is_compactor() else self._read_digest()
+        if got is not None:
+            changes, learned = got
+            news = news or learned
+            self._heartbeat()
+        else:
+            self.stats["listing_rounds"] += 1
+            listed_at = time.time()
+            listing = self._list()
+            read = self.stats["journals_read"]
+            changes = self._fold(listing)
+            self._known_at = max(self._known_at, listed_at)
+            self._heartbeat()
+            news = True  # the compactor keeps the pace: the others wait for its digest
+            if self._is_compactor():
+                now = time.time()
+                if now - self._reconciled >= self.config.reconcile_secs:
+                    changes += self._reconcile()
+                    self._flush()
+                if self._compact_due(now):
+                    self._compact(listing)
+                learned = bool(changes) or self.stats["journals_read"] > read
+                self._publish_digest(listed_at, flushed or learned)
+        self._refresh_budget()
         self._deliver(changes)
+        return news
 
     def _deliver(self, changes: list[Change]) -> None:
         if changes:
             self._on_changes(changes)
         self._on_tick()
 
-    def _flush(self) -> None:
+    def _flush(self) -> bool:
         with self._lock:
             now = time.time()
             recs = self._buf + [("a", self._view.seg(n), 0, t) for n, t in self._accessed.items()]
             if not recs:
-                return
+                return False
             self._buf, self._accessed = [], {}
             seq = self._seq + 1
         journal = Journal(self.node, seq, recs)
@@ -299,7 +399,50 @@ class Fleet:
             self._applied[self.node] = seq
             self._pending.setdefault(self.node, {})[seq] = recs
             self._seen[self.node] = now
+            self._last_journal = now
         self.stats["journals_written"] += 1
+        return True
+
+    def _read_digest(self) -> tuple[list[Change], bool] | None:
+        """The compactor's digest through one conditional GET: (changes, whether they are news),
+        or None when there is none or it is stale (then this round takes the listing path)."""
+        started = time.time()
+        self._count("get")
+        rev = self._store.get_if_changed(digest_name(self._prefix), self._digest_tag)
+        stale = started - self.config.node_timeout_secs
+        if rev.tag is None:
+            return None
+        if rev.data is None:
+            if self._digest_t < stale:
+                return None
+            self.stats["digests_unchanged"] += 1
+            # Unchanged: the compactor, listing every sync_secs, found no new journal meanwhile.
+            self._known_at = max(self._known_at, self._digest_t, started - 2 * self.config.sync_secs)
+            return [], False
+        body = decode("digest", rev.data)
+        t = float(body["t"])
+        self._digest_tag, self._digest_t = rev.tag, t
+        if t < stale:
+            return None
+        changes: list[Change] = []
+        gen, snode = int(body["gen"]), str(body["snode"])
+        if gen >= 0 and (gen, snode) > self._snap:
+            loaded = self._load_snapshot(gen, snode, snapshot_name(self._prefix, gen, snode))
+            if loaded is None:
+                self._digest_tag = None
+                return None  # replaced since: list this round, read the next digest
+            changes += loaded
+        with self._lock:
+            for ch in self._view.apply_delta(body):
+                changes.append(ch)
+                self.stats["remote_stores_seen" if ch[1] is not None else "remote_deletes_seen"] += 1
+            for n, seq in body.get("marks", {}).items():
+                self._applied[str(n)] = max(self._applied.get(str(n), 0), int(seq))
+            for n, seen in body.get("seen", {}).items():
+                self._seen[str(n)] = max(self._seen.get(str(n), 0.0), float(seen))
+        self._known_at = max(self._known_at, t)
+        self.stats["digests_read"] += 1
+        return changes, bool(changes)  # a digest rewritten only to show the compactor alive is no news
 
     def _list(self) -> _Listing:
         out = _Listing()
@@ -329,7 +472,7 @@ class Fleet:
         if listing.snapshots:
             gen, node, name = max(listing.snapshots)
             if (gen, node) > self._snap:
-                changes += self._load_snapshot(gen, node, name)
+                changes += self._load_snapshot(gen, node, name) or []
         todo: list[tuple[str, int, str]] = []
         with self._lock:
             for node, js in listing.journals.items():
@@ -363,11 +506,12 @@ class Fleet:
                 self.stats["journals_read"] += 1
         return changes
 
-    def _load_snapshot(self, gen: int, node: str, name: str) -> list[Change]:
+    def _load_snapshot(self, gen: int, node: str, name: str) -> list[Change] | None:
+        """Replace the view with a snapshot plus what is newer than it; None when it is gone."""
         self._count("get")
         data = self._store.get(name)
         if data is None:
-            return []  # replaced since the listing; the next round sees the newer one
+            return None  # replaced since the listing; the next round sees the newer one
         body = decode("snapshot", data)
         view = FleetView.from_body(body, self._prefix, self._parse)
         marks = {str(k): int(v) for k, v in body.get("marks", {}).items()}
@@ -383,6 +527,11 @@ class Fleet:
             for n, t in self._accessed.items():
                 if n in view.entries:
                     view.entries[n].accessed = max(view.entries[n].accessed, t)
+            # Keep the freshest access time either side knows (hints are not all journaled yet).
+            for n, e in self._view.entries.items():
+                mine = view.entries.get(n)
+                if mine is not None and e.accessed > mine.accessed:
+                    mine.accessed = e.accessed
             changes = view.diff(self._view)
             self._view = view
             for n, seq in marks.items():
@@ -397,71 +546,10 @@ class Fleet:
     def _is_compactor(self) -> bool:
         return self.live_nodes()[0] == self.node
 
-    def _compact(self, listing: _Listing) -> None:
-        self._flush()
-        now = time.time()
-        with self._lock:
-            self._view.prune_tombs(now)
-            gen = max(self._snap[0], max((g for g, _, _ in listing.snapshots), default=-1)) + 1
-            marks = dict(self._applied)
-            body = {"gen": gen, "node": self.node, "t": now, "marks": marks, "reconciled": self._reconciled,
-                    **self._view.to_body()}
-            prev = dict(self._snap_marks)
-        self._count("put")
-        self._store.put(snapshot_name(self._prefix, gen, self.node), encode("snapshot", body))
-        self.stats["snapshots_written"] += 1
-        with self._lock:
-            for n, js in self._pending.items():
-                for seq in [s for s in js if s <= marks.get(n, 0)]:
-                    del js[seq]
-            self._prev_marks, self._snap_marks = prev, marks
-            self._snap, self._snap_time = (gen, self.node), now
-        # Journals are deleted one generation late: a node that has not loaded the new snapshot
-        # yet still finds everything through the previous one.
-        old = [name for n, js in listing.journals.items() for seq, name in js if seq <= prev.get(n, 0)]
-        snaps = sorted(listing.snapshots, reverse=True)[KEEP_SNAPSHOTS - 1 :]
-        old += [name for _, _, name in snaps]
-        if old:
-            self._count("delete", len(old))
-            self._store.delete_many(old)
-
-    def _reconcile(self) -> list[Change]:
-        """Compare the view with a full listing of the prefix; publish the differences."""
-        start = time.time()
-        listed: dict[str, tuple[int, float]] = {}
-        pages = 0
-        where = f"{self._prefix}/" if self._prefix else ""
-        for i, info in enumerate(self._chunks.list(where)):
-            if i % 1000 == 0:
-                pages += 1
-            if is_fleet_name(info.name, self._prefix) or self._view.salt(info.name) is None:
-                continue
-            listed[info.name] = (info.size, info.mtime if info.mtime is not None else start)
-        self._count("list", max(1, pages))
-        changes: list[Change] = []
-        settled = start - max(self.config.grace_secs, 2 * self.config.sync_secs)
-        with self._lock:
-            for name, (size, mtime) in listed.items():
-                if name not in self._view.entries:
-                    rec = ("s", self._view.seg(name), size, min(mtime, start))
-                    ch = self._view.apply(self.node, rec)
-                    if ch is not None:
-                        changes.append(ch)
-                        self._buf.append(rec)
-            for name, e in list(self._view.entries.items()):
-                if name not in listed and e.stored < settled:
-                    rec = ("d", self._view.seg(name), 0, start)
-                    ch = self._view.apply(self.node, rec)
-                    if ch is not None:
-                        changes.append(ch)
-                        self._buf.append(rec)
-            self._reconciled = start
-        self.stats["reconciles"] += 1
-        return changes
-
     def _heartbeat(self, force: bool = False) -> None:
+        """A journal's mtime shows liveness too: the heartbeat is written only without one."""
         now = time.time()
-        if not force and now - self._last_heartbeat < self.config.heartbeat_secs:
+        if not force and now - max(self._last_heartbeat, self._last_journal) < self.config.heartbeat_secs:
             return
         body = json.dumps({"node": self.node, "t": now}).encode()
         self._count("put")
@@ -476,15 +564,18 @@ __all__ = ["FLEET_EVICTIONS", "Fleet", "inspect_fleet"]
 
 def inspect_fleet(store: ObjectStore, prefix: str = "") -> dict[str, Any] | None:
     """The fleet's picture of a prefix, read-only (for ``kvbucket du``): None when no fleet
-    ever wrote there. Costs one listing of ``_fleet/`` plus the snapshot and journal GETs."""
+    ever wrote there. Costs the digest and snapshot GETs; without a fresh digest, one listing of
+    ``_fleet/`` plus the snapshot and journal GETs."""
     reader = Fleet(store, FleetConfig(node_id="kvbucket-inspect"), prefix=prefix)
-    listing = reader._list()
-    if not listing.snapshots and not listing.journals:
-        return None
-    reader._fold(listing)
+    if reader._read_digest() is None:
+        listing = reader._list()
+        if not listing.snapshots and not listing.journals:
+            return None
+        reader._fold(listing)
     status = reader.status()
     status["nodes"].pop(reader.node, None)
     status["live_nodes"] = [n for n in status["live_nodes"] if n != reader.node]
-    for field_name in ("node", "ready", "evicted_own", "evicted_cross_node"):
+    internal = ("node", "ready", "evicted_own", "evicted_cross_node", "compactor", "sync_interval_secs")
+    for field_name in internal:
         status.pop(field_name, None)
     return status

@@ -98,6 +98,8 @@ class FleetView:
         self.tombs: dict[str, float] = {}
         self.bytes_used = 0
         self._by_salt: dict[str, int] = {}
+        #: Names any record touched since this view was made (the compactor's digest rows).
+        self.touched: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -133,6 +135,7 @@ class FleetView:
         op, seg, size, t = rec
         name = self._name(seg)
         entry = self.entries.get(name)
+        self.touched.add(name)
         if op == "a":
             if entry is not None and t > entry.accessed:
                 entry.accessed = t
@@ -212,6 +215,32 @@ class FleetView:
             view.tombs[view._name(str(seg))] = float(t)
         return view
 
+    # ---- digests: what changed since the snapshot, as rows ------------------------------------
+    def delta_body(self) -> dict[str, object]:
+        """Every touched chunk as it is now: an entry row, or a tombstone row when deleted."""
+        e, tomb = [], []
+        for n in self.touched:
+            entry = self.entries.get(n)
+            if entry is not None:
+                e.append([self.seg(n), entry.size, entry.stored, entry.accessed, entry.writer])
+            elif n in self.tombs:
+                tomb.append([self.seg(n), self.tombs[n]])
+        return {"e": e, "tomb": tomb}
+
+    def apply_delta(self, body: dict[str, object]) -> list[Change]:
+        """Fold a digest's rows (idempotent, last writer wins like journal records)."""
+        out: list[Change] = []
+        for seg, t in body.get("tomb", []):  # type: ignore[union-attr]
+            ch = self.apply("", ("d", str(seg), 0, float(t)))
+            if ch is not None:
+                out.append(ch)
+        for seg, size, stored, accessed, writer in body.get("e", []):  # type: ignore[union-attr]
+            ch = self.apply(str(writer), ("s", str(seg), int(size), float(stored)))
+            self.apply(str(writer), ("a", str(seg), 0, float(accessed)))
+            if ch is not None:
+                out.append(ch)
+        return out
+
     # ---- eviction --------------------------------------------------------------------------
     def expired(self, now: float, max_age: float | None, pinned: Container[str]) -> int:
         if max_age is None:
@@ -231,14 +260,19 @@ class FleetView:
         busy: Container[str],
         me: str,
         live: list[str],
+        horizon: float | None = None,
     ) -> list[str]:
         """This node's share of the fleet-wide victims: expired chunks, then least recently
         used ones (by fleet access hints) from the salt furthest above its fair share, until
         fleet usage reaches the eviction target. A salt at or under its share loses nothing
         while another salt is over its share. Pinned salts, busy names (locked or being
-        deleted here) and chunks used within ``grace`` seconds are never chosen."""
+        deleted here) and chunks used within ``grace`` seconds are never chosen.
+
+        ``horizon``: the time up to which this view surely holds every node's access hints;
+        "used within grace" counts back from it, not from ``now``, so a chunk another node is
+        reading stays protected however late its hints arrive."""
         live = sorted(set(live) | {me})
-        recent = now - grace
+        recent = min(now, horizon if horizon is not None else now) - grace
         cutoff = now - max_age if max_age is not None else float("-inf")
         chosen: list[str] = []
         usage = self.bytes_by_salt()

@@ -38,7 +38,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmcache.lmcache_native import Bitmap
 from lmcache.v1.distributed.api import KeyEntry, KeyListPage
@@ -58,12 +58,16 @@ from kvbucket.l2.config import (
     S3L2Config,
     format_validation_error,
 )
+from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.l2.format_store import route_formats
 from kvbucket.l2.registry import build_store, make_work_dir, naming_for, open_l2_adapter, parse_l2_config
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore
 from kvbucket.stores.hfbucket_config import lenient_bool
 from kvbucket.stores.sealed import seal_store
+
+if TYPE_CHECKING:
+    from kvbucket.fleet.member import StoreFleet
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)  # one line per kind of failure, with a count
@@ -351,6 +355,12 @@ class KVBucketConnector(RemoteConnector):
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
         self._cfg = connector_config_from_extra(extra, plugin_name)
+        if self._cfg.fleet is None and (self._cfg.max_capacity_gb or self._cfg.eviction is not None):
+            raise ConfigError(
+                f"remote_storage_plugin.{plugin_name}: max_capacity_gb and eviction need a "
+                f"remote_storage_plugin.{plugin_name}.fleet object on the non-MP connector (it keeps no "
+                "index of its own; the fleet counts the whole prefix, see docs/fleet.md)"
+            )
         self.naming = naming_for(self._cfg, connector=True)
         # Sealed like every persistent tier: writes go through SealedStore.put_many, loads are
         # verified before LMCache gets the memory object (kvbucket.stores.sealed); objects under
@@ -360,6 +370,15 @@ class KVBucketConnector(RemoteConnector):
             raw, tier="connector", unsealed=self._cfg.unsealed, encryption=self._cfg.encryption
         )
         self.store = route_formats(sealed, self.naming)
+        self._fleet: StoreFleet | None = None
+        if self._cfg.fleet is not None:
+            from kvbucket.fleet.member import StoreFleet
+
+            self._fleet = StoreFleet(
+                raw, self.store, self._cfg.fleet, capacity=self._cfg.max_capacity_bytes,
+                eviction=self._cfg.eviction or EvictionConfig(),
+                parse_key_string=self.naming.parse_key_string,
+            )
         # LMCache's connector makes a download session dir in download_tmp_dir, removed on close.
         self.work_dir = make_work_dir(self._cfg, f"hfbucket-{plugin_name.replace('.', '-')}-")
         self._ttl = self._cfg.metadata_cache_ttl_secs
@@ -471,6 +490,8 @@ class KVBucketConnector(RemoteConnector):
             if objs[i] is not None:
                 objs[i].ref_count_down()
         results = self.store.get_many([names[i] for i in todo], [objs[i].byte_array for i in todo])
+        if self._fleet is not None:
+            self._fleet.accessed([r.name for r in results if r.found])
         out: builtins.list[Any] = [None] * len(keys)
         for i, r in zip(todo, results, strict=True):
             if r.found:
@@ -524,7 +545,14 @@ class KVBucketConnector(RemoteConnector):
                     "(set save_unfull_chunk: false)."
                 )
             items.append(self.naming.write_item(key, data))
-        results = self.store.put_many(items)
+        refused = 0
+        if self._fleet is not None:  # the fleet's write cap (docs/fleet.md)
+            kept = self._fleet.admit([self.full_chunk_size_bytes] * len(items))
+            refused, items = len(items) - kept, items[:kept]
+        results = self.store.put_many(items) if items else []
+        if self._fleet is not None:
+            landed = [r.name for r in results if r.ok]
+            self._fleet.stored(landed, [self.full_chunk_size_bytes] * len(landed))
         now = time.monotonic()
         errors = []
         for r in results:
@@ -535,7 +563,12 @@ class KVBucketConnector(RemoteConnector):
                 errors.append(r)
         if errors:
             raise StoreError(
-                f"{len(errors)} of {len(items)} chunks were not stored; first: {errors[0].error}"
+                f"{len(errors) + refused} of {len(keys)} chunks were not stored; first: {errors[0].error}"
+            )
+        if refused:
+            raise StoreError(
+                f"{refused} of {len(keys)} chunks were not stored: the shared prefix is at its fleet "
+                "write cap (max_capacity_gb * fleet.write_cap; eviction makes room, see docs/fleet.md)"
             )
 
     def remove_sync(self, key: Any) -> bool:
@@ -543,6 +576,8 @@ class KVBucketConnector(RemoteConnector):
         results = self.store.delete_many(list(names))
         for name in names:
             self._sizes.pop(name, None)
+        if self._fleet is not None:
+            self._fleet.deleted([r.name for r in results if r.ok])
         return all(r.ok for r in results) and any(r.size is not None for r in results)
 
     async def list(self) -> builtins.list[str]:
@@ -557,6 +592,8 @@ class KVBucketConnector(RemoteConnector):
         return out
 
     async def close(self) -> None:
+        if self._fleet is not None:
+            await asyncio.to_thread(self._fleet.close)  # publishes its last journal
         await asyncio.to_thread(self.store.close)
         if self.work_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self.work_dir, True)

@@ -134,6 +134,7 @@ class ObjectStoreL2Adapter(StorePath, LookupPath, LoadPath, RemovalPath, Invento
             "load_misses": 0,
             "size_mismatches": 0,
             "refused_unfull": 0,
+            "refused_full": 0,
             "evicted_keys": 0,
             "evicted_bytes": 0,
             "deleted_keys": 0,

@@ -65,6 +65,12 @@ class StorePath(AdapterCore):
                     n - len(take),
                     fixed,
                 )
+            if self._fleet is not None and take:
+                # The fleet's write cap: past it, a store fails like a full disk (docs/fleet.md).
+                kept = self._fleet.admit([sizes[i] for i in take])
+                if kept < len(take):
+                    self._stats["refused_full"] += len(take) - kept
+                    take = take[:kept]
             items = {i: self._naming.write_item(keys[i], buffers[i], self._name(keys[i])) for i in take}
             names = {i: item[0] for i, item in items.items()}
             with self._lock:

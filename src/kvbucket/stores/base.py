@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import hashlib
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,15 @@ class ItemResult:
     @property
     def found(self) -> bool:
         return self.error is None and self.size is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """What :meth:`ObjectStore.get_if_changed` found: ``tag`` names the object's current version
+    (None: missing); ``data`` is its content, None when it is missing or still at the tag asked."""
+
+    tag: str | None
+    data: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +306,19 @@ class ObjectStore(abc.ABC):
             raise r.error
         return None if r.data is None else bytes(r.data)
 
+    def get_if_changed(self, name: str, tag: str | None) -> Revision:
+        """Read ``name`` unless it is still at version ``tag`` (a conditional GET).
+
+        Stores that can ask the server (S3's ``If-None-Match`` on the ETag, a bucket's file hash)
+        override this so an unchanged object costs one small request and no body; this default
+        reads the object and compares a hash of its bytes.
+        """
+        data = self.get(name)
+        if data is None:
+            return Revision(None)
+        now = hashlib.blake2b(data, digest_size=16).hexdigest()
+        return Revision(now, None if now == tag else data)
+
     def get_into(self, name: str, buffer: Buffer) -> bool:
         """Read ``name`` into ``buffer``; False when missing, raises on a size mismatch."""
         (r,) = self.get_many([name], [buffer])
@@ -344,6 +367,7 @@ __all__ = [
     "ItemResult",
     "ObjectInfo",
     "ObjectStore",
+    "Revision",
     "Scatter",
     "StoreError",
     "check_buffer_size",

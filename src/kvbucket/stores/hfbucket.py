@@ -46,7 +46,7 @@ from kvbucket.errors import (
     StoreError,
     TransientStoreError,
 )
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, check_buffer_size, check_name
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, Revision, check_buffer_size, check_name
 from kvbucket.stores.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.hfbucket_config import (
@@ -409,6 +409,22 @@ class HFBucketStore(RemoteStore):
             f = fresh
         self._cache.invalidate([f.path])
         return ItemResult(name, error=err)
+
+    def get_if_changed(self, name: str, tag: str | None) -> Revision:
+        """A fresh paths-info (one request) compares the file's Xet hash with ``tag``; only a
+        changed file is downloaded (its metadata is then in the cache: no second lookup)."""
+        self._check_open()
+        (name,) = self._names([name])
+        path = self._path(name)
+        meta = self._lookup([path], deadline_in(self.config.lookup_timeout_secs), use_cache=False)[path]
+        if meta is None:
+            return Revision(None)
+        if meta.xet_hash == tag:
+            return Revision(tag)
+        (r,) = self.get_many([name])
+        if r.error is not None:
+            raise r.error
+        return Revision(meta.xet_hash, None if r.data is None else bytes(r.data))
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         return self._named(self._delete_many(names), "a delete", "store_timeout_secs")

@@ -28,7 +28,8 @@ def chunk(i: int, size: int) -> bytes:
 def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
     """``plan``: ``start``/``count`` (this node's chunk numbers), ``salt``, ``chunk`` (bytes),
     ``batch``, ``hot`` (chunk numbers every node reads, salt ``hot_salt``), ``pause`` (seconds
-    between batches), ``linger`` (seconds to keep reading the hot set after writing),
+    between batches) or ``period`` (seconds from one batch's start to the next: a steady rate),
+    ``linger`` (seconds to keep reading the hot set after writing),
     ``die_in_delete`` (SIGKILL itself halfway through its first eviction delete)."""
     from kvbucket.l2 import open_l2_adapter
     from kvbucket.testing import l2 as t
@@ -36,7 +37,7 @@ def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
     adapter = open_l2_adapter(spec)
     size = plan["chunk"]
     hot = [key(i, plan.get("hot_salt", "")) for i in plan.get("hot", [])]
-    hot_hits = hot_reads = 0
+    hot_hits = hot_reads = stored = 0
     if plan.get("die_in_delete"):
         store = adapter.store
         inner = store.delete_many
@@ -65,11 +66,16 @@ def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
                 hot_hits += sum(ok)
                 adapter.submit_unlock(locked)
 
-        for i in range(start, start + count, batch):
+        period = plan.get("period")  # seconds per batch (a steady rate), else "pause" between
+        for k, i in enumerate(range(start, start + count, batch)):
             ids = list(range(i, min(i + batch, start + count)))
-            t.store(adapter, [key(j, plan.get("salt", "")) for j in ids], [chunk(j, size) for j in ids])
+            r = t.store(adapter, [key(j, plan.get("salt", "")) for j in ids], [chunk(j, size) for j in ids])
+            stored += sum(r.landed)
             read_hot()
-            time.sleep(plan.get("pause", 0.0))
+            if period:
+                time.sleep(max(0.0, t0 + (k + 1) * period - time.monotonic()))
+            else:
+                time.sleep(plan.get("pause", 0.0))
         written = time.monotonic() - t0
         end = time.monotonic() + plan.get("linger", 0.0)
         while time.monotonic() < end:
@@ -78,7 +84,7 @@ def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
         status = adapter.report_status()
         out.put({"node": plan.get("name"), "status": status, "hot_hits": hot_hits, "hot_reads": hot_reads,
                  "write_secs": written, "run_secs": time.monotonic() - t0,
-                 "data_requests": count + hot_hits})
+                 "stored": stored, "data_requests": stored + hot_hits})
     except BaseException as e:  # report, never hang the parent
         out.put({"node": plan.get("name"), "error": f"{type(e).__name__}: {e}"})
         raise

@@ -160,6 +160,19 @@ class StoreTests:
         assert store.head("over") == 10
         assert [i.name for i in store.list()] == ["over"]
 
+    def test_get_if_changed(self, store: ObjectStore) -> None:
+        assert store.get_if_changed("cond/x", None).tag is None  # missing
+        store.put("cond/x", payload(100, 1))
+        first = store.get_if_changed("cond/x", None)
+        assert first.tag and first.data == payload(100, 1)
+        again = store.get_if_changed("cond/x", first.tag)
+        assert again.tag == first.tag and again.data is None  # unchanged: no body
+        store.put("cond/x", payload(120, 2))
+        changed = store.get_if_changed("cond/x", first.tag)
+        assert changed.tag != first.tag and changed.data == payload(120, 2)
+        store.delete("cond/x")
+        assert store.get_if_changed("cond/x", changed.tag).tag is None
+
     @pytest.mark.parametrize("name", AWKWARD_NAMES)
     def test_awkward_names_round_trip(self, store: ObjectStore, name: str) -> None:
         store.put(name, name.encode())
