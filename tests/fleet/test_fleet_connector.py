@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +28,6 @@ CHUNK = 2 * 2 * CHUNK_TOKENS * 2 * 8 * 2  # kv_shape (2, 2, 16, 2, 8) in bf16: 2
 CAPACITY = 32 * CHUNK
 FLEET = {"sync_secs": 0.2, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "compact_secs": 1.0,
          "grace_secs": 0.3}
-
-
-@pytest.fixture
-def lm_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    th = threading.Thread(target=loop.run_forever, daemon=True)
-    th.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    th.join(5)
-    loop.close()
 
 
 def connector(root: Path, loop: asyncio.AbstractEventLoop, **extra: Any) -> KVBucketConnector:
