@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +23,12 @@ from kvbucket.errors import ConfigError, StoreError
 from kvbucket.integrations.lmcache import KVBucketConnector
 from kvbucket.stores.file import FileStore
 from kvbucket.testing.lmcache_engine import connector as lmcache_connector
-from kvbucket.testing.lmcache_engine import running_loop
 
 CHUNK_TOKENS = 16
 CHUNK = 2 * 2 * CHUNK_TOKENS * 2 * 8 * 2  # kv_shape (2, 2, 16, 2, 8) in bf16: 2 KiB
 CAPACITY = 32 * CHUNK
 FLEET = {"sync_secs": 0.2, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "compact_secs": 1.0,
          "grace_secs": 0.3}
-
-
-@pytest.fixture
-def lm_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    with running_loop() as loop:
-        yield loop
 
 
 def connector(root: Path, loop: asyncio.AbstractEventLoop, **extra: Any) -> KVBucketConnector:

@@ -1,7 +1,6 @@
 """LMCache 0.5.6 engine objects for tests of kvbucket's non-MP connector (needs the lmcache extra).
 
-:func:`running_loop` is the event loop LMCache hands its connectors (run on a thread, as the
-engine does); :func:`connector` builds a real ``KVBucketConnector`` the way LMCache does: an
+:func:`connector` builds a real ``KVBucketConnector`` the way LMCache does: an
 engine config with a ``remote_storage_plugins`` entry, metadata for a small bf16 model, and a
 ``LocalCPUBackend`` that allocates the memory objects.
 """
@@ -9,25 +8,9 @@ engine config with a ``remote_storage_plugins`` entry, metadata for a small bf16
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 MODEL = "org/llama"
-
-
-@contextmanager
-def running_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    th = threading.Thread(target=loop.run_forever, daemon=True)
-    th.start()
-    try:
-        yield loop
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(5)
-        loop.close()
 
 
 def connector(loop: asyncio.AbstractEventLoop, options: dict[str, Any], *, chunk_tokens: int = 16,
@@ -55,4 +38,4 @@ def connector(loop: asyncio.AbstractEventLoop, options: dict[str, Any], *, chunk
     return KVBucketConnector(loop=loop, local_cpu_backend=cpu, config=cfg)
 
 
-__all__ = ["MODEL", "connector", "running_loop"]
+__all__ = ["MODEL", "connector"]
