@@ -165,3 +165,21 @@ def test_flush_is_bounded_and_says_what_did_not_land(server: SilentServer) -> No
     finally:
         h.close()
         store.close()
+
+
+def test_a_call_the_backend_gives_up_on_reaches_the_breaker_at_once(server: SilentServer) -> None:
+    """RemoteBackend's blocking_timeout_secs shorter than the store's deadline: each abandoned
+    lookup counts as a failed call when the backend gives up (not when the store's 5 s deadline
+    ends it), so the breaker opens after two of them."""
+    store = hung_store("hf", server.url, lookup_timeout_secs=5.0, request_timeout_secs=5, breaker_failures=2,
+                       breaker_cooldown_secs=600)
+    b = RemoteBackend(store, LAYOUT, blocking_timeout_secs=0.3)
+    try:
+        t0 = time.monotonic()
+        assert b.contains("a") is False and b.contains("b") is False
+        assert store.breaker.state is OPEN and elapsed(t0) < 1.5  # was: closed until 5 s
+        t0 = time.perf_counter()
+        assert b.contains("c") is False and time.perf_counter() - t0 < 0.05
+    finally:
+        b.close()
+        store.close()

@@ -38,6 +38,8 @@ _repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 _STOP = object()
 #: How long ``close()`` waits for queued puts to land before dropping the rest.
 DEFAULT_DRAIN_TIMEOUT_SECS = 30.0
+
+
 class PutQueue:
     """Apply ``apply(key, view)`` on a worker thread; ``submit`` blocks only when the queue is full."""
 
@@ -95,7 +97,9 @@ class PutQueue:
             target = self._submitted
             finished = self._done.wait_for(lambda: self._finished >= target, timeout)
             pending = 0 if finished else target - self._finished
-            failed = self.failed - self._failed_seen  # every failure so far is of a put <= target
+            # Failures since the last flush (one of a put submitted during the wait may be counted
+            # here: reported failed, never stored).
+            failed = self.failed - self._failed_seen
             self._failed_seen = self.failed
         if pending:
             log.warning(

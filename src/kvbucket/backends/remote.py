@@ -291,6 +291,8 @@ class RemoteBackend(QueuedBackend):
         try:
             return fut.result(timeout=timeout)
         except FutureTimeout:
+            if self._breaker is not None:  # the store call runs on: its breaker learns of it now
+                self._breaker.abandoned()
             raise TransientStoreError(
                 f"{what} on {self.store.url} did not finish within blocking_timeout_secs="
                 f"{self.blocking_timeout_secs:g}s; nothing of this call is counted as stored. Check the "

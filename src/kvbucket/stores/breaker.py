@@ -16,7 +16,9 @@ A call still running past its budget (``budgets``: seconds per operation, the st
 deadlines, plus ``grace_secs``) counts as failed *then*, while its thread is still stuck (a
 caller that gave up on it is not kept waiting, and the next lookups already see the breaker
 open); when it finally ends it is not counted again. A watchdog thread per breaker, started with
-the first call in flight and ended when idle, does this.
+the first call in flight and ended when idle, does this. A caller with a shorter timeout of its
+own (``RemoteBackend``'s ``blocking_timeout_secs``) reports the call it gave up on at once
+(:meth:`CircuitBreaker.abandoned`).
 
 :class:`RemoteStore` is the one place this is applied: subclasses (``HFBucketStore``,
 ``S3Store``) get their ``put_many``/``get_many``/``head_many``/``delete_many`` wrapped. With the
@@ -156,6 +158,16 @@ class CircuitBreaker:
                 if call.counted:
                     return
         self.record(failed)
+
+    def abandoned(self) -> None:
+        """A caller stopped waiting for a call in flight (its own timeout, shorter than the
+        store's deadline): count a failed call now. The oldest call still uncounted is marked
+        counted, so that its late end is not counted again."""
+        with self._lock:
+            live = [c for c in self._calls if not c.counted]
+            if live:
+                min(live, key=lambda c: c.due).counted = True
+        self.record(True)
 
     def _watch(self) -> None:
         """Count each call still running past its budget as a failed call, once, at that moment."""
