@@ -232,11 +232,13 @@ class SealedStore(ObjectStore):
             env.parse_header(view, name)  # raises: unsealed, or truncated when it starts sealed
         header = self._check_header(view[: env.HEADER_SIZE], name)
         payload = view[env.HEADER_SIZE :]
-        env.check_payload(header, payload, name)
         if not header.encrypted:
+            env.check_payload(header, payload, name)
             return ItemResult(name, size=payload.nbytes, data=payload.toreadonly())
-        plain = bytearray(payload[: -env.TAG_SIZE])
-        self._decrypt(name, header, memoryview(plain), bytes(payload[-env.TAG_SIZE :]))
+        env.check_length(header, payload, name)
+        plain = bytearray(payload[: -env.TAG_SIZE])  # the ciphertext, decrypted (and hashed) in place
+        self._decrypt(name, header, memoryview(plain), bytes(payload[-env.TAG_SIZE :]),
+                      checksum=header.checksum)
         return ItemResult(name, size=len(plain), data=plain)
 
     def _open_scattered(self, name: str, dst: Scatter) -> None:
@@ -286,6 +288,8 @@ class SealedStore(ObjectStore):
         from cryptography.exceptions import InvalidTag
 
         assert self.keyring is not None
+        if len(tag) != env.TAG_SIZE:  # a payload shorter than a GCM tag (a well-formed header says so)
+            raise env.EnvelopeError("length", f"{name}: an encrypted payload shorter than its tag")
         dec = self.keyring.decryptor(self.tenant_of(name), header.key_id, header.nonce, tag,
                                      env.aad(name, header.identity))
         hasher = xxhash.xxh3_64() if checksum is not None else None
