@@ -155,12 +155,17 @@ def check_identity(header: Header, identity: bytes, name: str) -> None:
         raise EnvelopeError("identity", f"{name}: written for another model or KV layout")
 
 
-def check_payload(header: Header, payload: Any, name: str) -> None:
-    """Check the stored payload's length and checksum against the header."""
+def check_length(header: Header, payload: Any, name: str) -> None:
+    """Check the stored payload's length against the header."""
     n = memoryview(payload).nbytes
     if n != header.payload_len:
         raise EnvelopeError("truncated" if n < header.payload_len else "length",
                             f"{name}: {n} payload bytes stored, the header says {header.payload_len}")
+
+
+def check_payload(header: Header, payload: Any, name: str) -> None:
+    """Check the stored payload's length and checksum against the header."""
+    check_length(header, payload, name)
     if checksum(payload) != header.checksum:
         raise EnvelopeError("checksum", f"{name}: the payload's checksum does not match")
 
@@ -181,6 +186,7 @@ __all__ = [
     "Header",
     "aad",
     "check_identity",
+    "check_length",
     "check_payload",
     "checksum",
     "identity_digest",

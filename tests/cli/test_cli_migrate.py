@@ -8,6 +8,7 @@ kvbucket's adapter in LMCache's format) and a run that fails half-way, then is r
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +96,14 @@ def test_cli_migrates_lmcache_fs_chunks_and_finishes_an_interrupted_run(tmp_path
 
 
 def test_cli_migrate_errors(tmp_path: Path) -> None:
-    assert_one_line_error(run_cli("migrate", str(tmp_path / "missing")), 2, "missing")
-    assert_one_line_error(run_cli("migrate", str(tmp_path), "--connector"), 2, "--from", "hfbucket, s3")
-    assert_one_line_error(run_cli("migrate", str(tmp_path), "--from", "gcs"), 2, "fs, hfbucket, s3")
-    r = run_cli("migrate", "--help")
-    assert r.code == 0 and "--keep-source" in r.out and "--dry-run" in r.out
+    runs = [("migrate", str(tmp_path / "missing")), ("migrate", str(tmp_path), "--connector"),
+            ("migrate", str(tmp_path), "--from", "gcs"), ("migrate", "--help")]  # fmt: skip
+    with ThreadPoolExecutor(2) as pool:  # four CLI starts: two at a time
+        missing, connector, unknown, shown = pool.map(lambda args: run_cli(*args), runs)
+    assert_one_line_error(missing, 2, "missing")
+    assert_one_line_error(connector, 2, "--from", "hfbucket, s3")
+    assert_one_line_error(unknown, 2, "fs, hfbucket, s3")
+    assert shown.code == 0 and "--keep-source" in shown.out and "--dry-run" in shown.out
 
 
 def names(store: MemoryStore) -> list[str]:

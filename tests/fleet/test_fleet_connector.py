@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from lmcache.utils import CacheEngineKey
 from kvbucket.errors import ConfigError, StoreError
 from kvbucket.integrations.lmcache import KVBucketConnector
 from kvbucket.stores.file import FileStore
+from kvbucket.testing.lmcache_engine import connector as lmcache_connector
 
 CHUNK_TOKENS = 16
 CHUNK = 2 * 2 * CHUNK_TOKENS * 2 * 8 * 2  # kv_shape (2, 2, 16, 2, 8) in bf16: 2 KiB
@@ -31,35 +31,10 @@ FLEET = {"sync_secs": 0.2, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "com
          "grace_secs": 0.3}
 
 
-@pytest.fixture
-def lm_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    th = threading.Thread(target=loop.run_forever, daemon=True)
-    th.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    th.join(5)
-    loop.close()
-
-
 def connector(root: Path, loop: asyncio.AbstractEventLoop, **extra: Any) -> KVBucketConnector:
-    from lmcache.v1.config import LMCacheEngineConfig
-    from lmcache.v1.metadata import LMCacheMetadata
-    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
-
-    cfg = LMCacheEngineConfig.from_defaults(
-        chunk_size=CHUNK_TOKENS, local_cpu=False, max_local_cpu_size=0.05, save_unfull_chunk=False,
-        remote_serde="naive", remote_storage_plugins=["kv"],
-        extra_config={"remote_storage_plugin.kv.module_path": "kvbucket.integrations.lmcache",
-                      "remote_storage_plugin.kv.class_name": "KVBucketConnector",
-                      "remote_storage_plugin.kv.bucket_handle": f"file://{root}",
-                      **{f"remote_storage_plugin.kv.{k}": v for k, v in extra.items()}},
-    )  # fmt: skip
-    md = LMCacheMetadata(model_name="org/llama", world_size=1, local_world_size=1, worker_id=0,
-                         local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=(2, 2, CHUNK_TOKENS, 2, 8),
-                         chunk_size=CHUNK_TOKENS)  # fmt: skip
-    cpu = LocalCPUBackend(cfg, md, dst_device="cpu")
-    return KVBucketConnector(loop=loop, local_cpu_backend=cpu, config=cfg)
+    conn: KVBucketConnector = lmcache_connector(loop, {"bucket_handle": f"file://{root}", **extra},
+                                                chunk_tokens=CHUNK_TOKENS)
+    return conn
 
 
 def put(conn: KVBucketConnector, loop: asyncio.AbstractEventLoop, hashes: range) -> int:

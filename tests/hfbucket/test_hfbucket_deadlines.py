@@ -73,6 +73,7 @@ def test_every_hub_request_has_a_total_deadline_against_a_trickling_server() -> 
                              request_timeout_secs=1.0, breaker_failures=0)
         results, took = timed(store.get_many, ["a"])
         assert isinstance(results[0].error, DeadlineExceededError) and took < 2.0
+        assert "lookup_timeout_secs=0.5s" in str(results[0].error)  # the budget that ran out
         results, took = timed(store.put_many, [("a", b"x" * 100)])
         assert isinstance(results[0].error, TransientStoreError) and took < 3.0
         results, took = timed(store.delete_many, ["a"])

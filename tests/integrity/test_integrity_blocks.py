@@ -92,3 +92,14 @@ def test_scatter_fast_path_falls_back_for_other_formats_and_lengths() -> None:
     sc[64 + 4096 : 64 + 8192] = data.tobytes()[4096:]
     assert bytes(body) == data.tobytes() and sc.hashed == sc.nbytes
     assert sc.hasher.intdigest() == xxhash.xxh3_64_intdigest(data.tobytes())
+
+
+def test_encrypted_header_over_a_payload_shorter_than_a_tag_is_a_length_miss(tmp_path: Path) -> None:
+    raw = FileStore(tmp_path)
+    body = b"0123456789"  # 10 bytes: not even a GCM tag
+    head = env.pack_header(len(body), xxhash.xxh3_64_intdigest(body), NAME, key_id=1, nonce=bytes(12))
+    raw.put(NAME, head + body)
+    before = failures("length")
+    (r,) = store(tmp_path, KEY_A).get_many([NAME])
+    assert not r.found and r.error is None
+    assert failures("length") == before + 1 and not raw.exists(NAME)

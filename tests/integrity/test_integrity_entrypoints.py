@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,10 +139,8 @@ def test_transformers_prefix_cache_generates_the_no_cache_tokens(tmp_path: Path,
 
 # ---- the non-MP connector, loaded by LMCache's remote_storage_plugins --------------------------------
 @pytest.mark.lmcache
-def test_non_mp_connector_refuses_a_damaged_chunk(tmp_path: Path) -> None:
+def test_non_mp_connector_refuses_a_damaged_chunk(tmp_path: Path, lm_loop: Any) -> None:
     pytest.importorskip("lmcache")
-    import asyncio
-    import threading
     import time
 
     import torch
@@ -152,9 +151,6 @@ def test_non_mp_connector_refuses_a_damaged_chunk(tmp_path: Path) -> None:
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
     from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
-    loop = asyncio.new_event_loop()
-    th = threading.Thread(target=loop.run_forever, daemon=True)
-    th.start()
     base = tmp_path / "remote"
     cfg = LMCacheEngineConfig.from_defaults(
         chunk_size=16, local_cpu=False, max_local_cpu_size=0.05, save_unfull_chunk=False,
@@ -169,7 +165,7 @@ def test_non_mp_connector_refuses_a_damaged_chunk(tmp_path: Path) -> None:
     md = LMCacheMetadata(model_name="org/llama", world_size=1, local_world_size=1, worker_id=0,
                          local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=(2, 2, 16, 2, 8), chunk_size=16)
     cpu = LocalCPUBackend(cfg, md, dst_device="cpu")
-    backend = RemoteBackend(cfg, md, loop, cpu, "cpu", plugin_name="kvbucket")
+    backend = RemoteBackend(cfg, md, lm_loop, cpu, "cpu", plugin_name="kvbucket")
     try:
         keys = [LMKey("org/llama", 1, 0, h, torch.bfloat16) for h in (0x11, 0x22)]
         objs = []
@@ -194,5 +190,3 @@ def test_non_mp_connector_refuses_a_damaged_chunk(tmp_path: Path) -> None:
         got.ref_count_down()
     finally:
         backend.close()
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(5)

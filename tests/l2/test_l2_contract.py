@@ -182,17 +182,6 @@ def test_download_tmp_dir_is_made_and_removed_on_close(hub_bucket: HubBucket, tm
 
 
 # ---- non-MP connector -------------------------------------------------------------------------
-@pytest.fixture
-def lm_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    th = threading.Thread(target=loop.run_forever, daemon=True)
-    th.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    th.join(5)
-    loop.close()
-
-
 def _connector(tmp_path: Path, loop: asyncio.AbstractEventLoop, extra: dict[str, Any]) -> Any:
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.metadata import LMCacheMetadata

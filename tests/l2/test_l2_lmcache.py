@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -134,17 +132,6 @@ def test_plugin_rejects_bad_adapter_params_naming_the_field(tmp_path: Path) -> N
 
 
 # ---- non-MP connector --------------------------------------------------------------------------------
-@pytest.fixture
-def lm_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    th = threading.Thread(target=loop.run_forever, daemon=True)
-    th.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    th.join(5)
-    loop.close()
-
-
 def test_connector_loads_through_remote_storage_plugins_and_round_trips(
     tmp_path: Path, lm_loop: asyncio.AbstractEventLoop
 ) -> None:

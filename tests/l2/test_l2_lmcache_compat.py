@@ -12,7 +12,6 @@ the host in its endpoint, so SeaweedFS here also serves the domain ``0.0.1``: Ho
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -154,17 +153,6 @@ def test_mp_hfbucket_kvbucket_lmcache_format_lmcache_reads(hub_bucket: HubBucket
 
 
 # ---- non-MP connectors ------------------------------------------------------------------------------
-@pytest.fixture
-def lm_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    th = threading.Thread(target=loop.run_forever, daemon=True)
-    th.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    th.join(5)
-    loop.close()
-
-
 def engine(extra: dict[str, Any]) -> tuple[Any, Any, Any]:
     """An LMCache engine config, metadata and CPU backend; full chunk 16 KiB (a multiple of the
     allocator's 4 KiB alignment: LMCache's connectors compare the padded size)."""

@@ -76,3 +76,27 @@ def test_a_hung_remote_tier_costs_its_deadline_then_generation_equals_no_cache(k
         finally:
             backend.close()
             store.close()
+
+
+def test_close_is_bounded_while_stores_hang() -> None:
+    """close(timeout) returns at its bound while the store worker is stuck on a hung store: the
+    chunks still queued are dropped and counted, the stuck batch is left to its deadline (was:
+    close() waited for every queued store: two batches of 2 s each here)."""
+    model = build_model(TINY, seed=3, name="tiny-hung-close")
+    layout = probe_kv_layout(model, T)
+    ids = torch.randint(0, TINY.vocab_size, (1, 20 * T + 5), generator=torch.Generator().manual_seed(9))
+    with SilentServer() as server:
+        store = HFBucketStore(build_config(bucket_handle="hf://buckets/o/b", token="hf_x", token_env="",
+                                           endpoint=server.url, store_timeout_secs=2.0, breaker_failures=0))
+        remote = RemoteBackend(store, layout.to_kv_layout(), prefix="kv", blocking_timeout_secs=60)
+        try:
+            cache = KVBucketPrefixCache(model, remote, chunk_tokens=T, salt="s")
+            cache.prefill(ids)  # 20 chunks queued; the worker takes up to 16 into one stuck batch
+            t0 = time.monotonic()
+            cache.close(timeout=0.5)
+            assert time.monotonic() - t0 < 2.0
+            stats = cache.store_stats
+            assert stats.queued == 20 and stats.stored == 0 and stats.dropped >= 4
+        finally:
+            remote.close()
+            store.close()

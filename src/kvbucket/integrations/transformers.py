@@ -44,6 +44,7 @@ from kvbucket import metrics
 from kvbucket.backends.base import StorageBackend
 from kvbucket.errors import ConfigError, KVBucketError
 from kvbucket.keys import CacheEngineKey
+from kvbucket.threads import DEFAULT_CLOSE_TIMEOUT_SECS
 
 try:
     import torch
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
+#: How long ``KVBucketPrefixCache.close()`` waits for pending stores before dropping the rest.
+DEFAULT_CLOSE_DRAIN_SECS = 30.0
 
 DEFAULT_CHUNK_TOKENS = 256
 _HASH_VERSION = b"kvbucket-transformers-prefix-v1"
@@ -487,17 +490,35 @@ class KVBucketPrefixCache:
             time.sleep(0.01)
         return True
 
-    def close(self) -> None:
-        """Flush pending stores and stop the worker. The backend stays open (it is the caller's)."""
+    def close(self, timeout: float | None = DEFAULT_CLOSE_DRAIN_SECS) -> None:
+        """Let pending stores land, at most ``timeout`` seconds (None: no bound), then stop the
+        worker. Chunks still queued then are dropped (counted in ``store_stats.dropped``, logged);
+        a batch being stored goes on in the (daemon) worker and never holds up the process. The
+        backend stays open (it is the caller's)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             worker = self._worker
-        if worker is not None and worker.is_alive():
-            self._queue.join()
-            self._queue.put(None)
-            worker.join()
+        if worker is None or not worker.is_alive():
+            return
+        landed = self.flush(timeout)
+        if not landed:
+            dropped = 0
+            while True:  # what the worker has not taken yet: never stored
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                self._queue.task_done()
+                dropped += job is not None
+            self.store_stats.dropped += dropped
+            metrics.PREFIX_CHUNKS.labels("dropped").inc(dropped)
+            log.warning("closing the prefix cache: stores did not finish within %gs; %d queued chunk(s) "
+                        "dropped, a batch in progress is left to its store deadline", timeout, dropped)
+        self._queue.put(None)  # room: nothing is queued any more
+        if landed:
+            worker.join(DEFAULT_CLOSE_TIMEOUT_SECS)  # idle: it takes the stop marker at once
 
     def __enter__(self) -> KVBucketPrefixCache:
         return self

@@ -146,7 +146,7 @@ class HFBucketStore(RemoteStore):
         named: dict[int, StoreError] = {}
         for k, r in enumerate(results):
             e = r.error
-            if e is not None and isinstance(e, DeadlineExceededError) and option not in str(e):
+            if e is not None and isinstance(e, DeadlineExceededError) and "_timeout_secs=" not in str(e):
                 if id(e) not in named:
                     base = exceeded(what, self.url, option, getattr(self.config, option))
                     named[id(e)] = DeadlineExceededError(f"{base} ({e})")
@@ -327,6 +327,10 @@ class HFBucketStore(RemoteStore):
         try:  # the metadata is a lookup: a Hub that does not answer it in time is not answering
             meta = self._lookup(paths, min(deadline, deadline_in(self.config.lookup_timeout_secs)))
         except StoreError as e:
+            if isinstance(e, DeadlineExceededError):  # name the budget that ran out
+                base = exceeded("the lookup part of a load", self.url, "lookup_timeout_secs",
+                                self.config.lookup_timeout_secs)
+                e = DeadlineExceededError(f"{base} ({e})")
             return [ItemResult(n, error=e) for n in names]
         results: list[ItemResult | None] = [None] * len(names)
         jobs: list[tuple[int, RemoteFile, memoryview, Buffer]] = []

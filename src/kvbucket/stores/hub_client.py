@@ -218,7 +218,10 @@ class HubBucketClient:
     def _bounded(self, fn: Callable[[httpx2.Timeout], T], t: httpx2.Timeout, deadline: float, what: str) -> T:
         """``fn(t)`` on a request thread; the caller stops waiting at ``deadline``."""
         pool = self._requests
-        fut = pool.submit(fn, t)
+        try:
+            fut = pool.submit(fn, t)
+        except RuntimeError:  # shut down by close()
+            raise StoreError(f"the client of bucket {self.bucket_id!r} is closed") from None
         try:
             return fut.result(timeout=left(deadline))
         except FutureTimeout:

@@ -7,9 +7,11 @@ recomputed and rewritten), counted in ``kvbucket_integrity_failures_total{tier,r
 logged once per object at WARNING with its name (never its bytes).
 
 Loads into caller buffers stay copy-free: the header goes to a 64-byte buffer and the payload
-straight into the caller's buffer in one scatter read (:class:`Scatter`); the checksum then runs
-over the caller's buffer. Sizes reported by ``head_many``/``list``/``delete_many`` are payload
-sizes, so a lookup that compares sizes refuses truncated objects without reading them.
+straight into the caller's buffer in one scatter read (:class:`Scatter`). The checksum is fed
+from each frame as it lands in order (in cache); an encrypted payload is hashed block by block
+as it is decrypted in place (docs/integrity.md, "Cost", says what this costs and why).
+Sizes reported by ``head_many``/``list``/``delete_many`` are payload sizes, so a lookup that
+compares sizes refuses truncated objects without reading them.
 
 Objects without an envelope (written before sealing, or by another program) follow ``unsealed``:
 ``"miss"`` (the default: never served; removed only when ``delete_unsealed``, i.e. in a tier's
@@ -232,11 +234,13 @@ class SealedStore(ObjectStore):
             env.parse_header(view, name)  # raises: unsealed, or truncated when it starts sealed
         header = self._check_header(view[: env.HEADER_SIZE], name)
         payload = view[env.HEADER_SIZE :]
-        env.check_payload(header, payload, name)
         if not header.encrypted:
+            env.check_payload(header, payload, name)
             return ItemResult(name, size=payload.nbytes, data=payload.toreadonly())
-        plain = bytearray(payload[: -env.TAG_SIZE])
-        self._decrypt(name, header, memoryview(plain), bytes(payload[-env.TAG_SIZE :]))
+        env.check_length(header, payload, name)
+        plain = bytearray(payload[: -env.TAG_SIZE])  # the ciphertext, decrypted (and hashed) in place
+        self._decrypt(name, header, memoryview(plain), bytes(payload[-env.TAG_SIZE :]),
+                      checksum=header.checksum)
         return ItemResult(name, size=len(plain), data=plain)
 
     def _open_scattered(self, name: str, dst: Scatter) -> None:
@@ -286,6 +290,8 @@ class SealedStore(ObjectStore):
         from cryptography.exceptions import InvalidTag
 
         assert self.keyring is not None
+        if len(tag) != env.TAG_SIZE:  # a payload shorter than a GCM tag (a well-formed header says so)
+            raise env.EnvelopeError("length", f"{name}: an encrypted payload shorter than its tag")
         dec = self.keyring.decryptor(self.tenant_of(name), header.key_id, header.nonce, tag,
                                      env.aad(name, header.identity))
         hasher = xxhash.xxh3_64() if checksum is not None else None
