@@ -15,39 +15,23 @@ pytest.importorskip("lmcache", reason="the lmcache extra is not installed (pip i
 import torch
 from lmcache.utils import CacheEngineKey
 
-from kvbucket.integrations.lmcache import KVBucketConnector
 from kvbucket.stores.breaker import OPEN
 from kvbucket.stores.hfbucket import HFBucketStore
 from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.testing.lmcache_engine import MODEL, connector
 from kvbucket.testing.silent_server import SilentServer
 
 pytestmark = pytest.mark.lmcache
 
 
 def test_connector_lookups_on_a_hung_store_miss_within_the_deadline_then_at_once() -> None:
-    from lmcache.v1.config import LMCacheEngineConfig
-    from lmcache.v1.metadata import LMCacheMetadata
-    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
-
-    cfg = LMCacheEngineConfig.from_defaults(
-        chunk_size=16, local_cpu=False, max_local_cpu_size=0.05, save_unfull_chunk=False,
-        remote_serde="naive", remote_storage_plugins=["kvbucket"],
-        extra_config={
-            "remote_storage_plugin.kvbucket.module_path": "kvbucket.integrations.lmcache",
-            "remote_storage_plugin.kvbucket.class_name": "KVBucketConnector",
-            "remote_storage_plugin.kvbucket.bucket_handle": "hf://buckets/o/b",
-        },
-    )
-    md = LMCacheMetadata(model_name="org/llama", world_size=1, local_world_size=1, worker_id=0,
-                         local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=(2, 2, 16, 2, 8), chunk_size=16)
-    cpu = LocalCPUBackend(cfg, md, dst_device="cpu")
-    keys = [CacheEngineKey("org/llama", 1, 0, h, torch.bfloat16) for h in range(1, 40)]
+    keys = [CacheEngineKey(MODEL, 1, 0, h, torch.bfloat16) for h in range(1, 40)]
     with SilentServer() as server:
         # Default lookup and load deadlines (1 s, 5 s); the breaker opens after 3 failed calls.
         store = HFBucketStore(build_config(bucket_handle="hf://buckets/o/b", token="hf_x", token_env="",
                                            endpoint=server.url, request_timeout_secs=1, breaker_failures=3,
                                            breaker_cooldown_secs=600))
-        conn = KVBucketConnector(None, cpu, cfg, md, plugin_name="kvbucket", store=store)
+        conn = connector(None, {"bucket_handle": "hf://buckets/o/b"}, store=store)
         try:
             t0 = time.monotonic()
             assert conn.exists_sync(keys[0]) is False  # was: DeadlineExceededError

@@ -7,9 +7,11 @@ recomputed and rewritten), counted in ``kvbucket_integrity_failures_total{tier,r
 logged once per object at WARNING with its name (never its bytes).
 
 Loads into caller buffers stay copy-free: the header goes to a 64-byte buffer and the payload
-straight into the caller's buffer in one scatter read (:class:`Scatter`); the checksum then runs
-over the caller's buffer. Sizes reported by ``head_many``/``list``/``delete_many`` are payload
-sizes, so a lookup that compares sizes refuses truncated objects without reading them.
+straight into the caller's buffer in one scatter read (:class:`Scatter`). The checksum is fed
+from each frame as it lands in order (in cache); an encrypted payload is hashed block by block
+as it is decrypted in place (docs/integrity.md, "Cost", says what this costs and why).
+Sizes reported by ``head_many``/``list``/``delete_many`` are payload sizes, so a lookup that
+compares sizes refuses truncated objects without reading them.
 
 Objects without an envelope (written before sealing, or by another program) follow ``unsealed``:
 ``"miss"`` (the default: never served; removed only when ``delete_unsealed``, i.e. in a tier's

@@ -13,10 +13,11 @@ from typing import Any
 MODEL = "org/llama"
 
 
-def connector(loop: asyncio.AbstractEventLoop, options: dict[str, Any], *, chunk_tokens: int = 16,
-              plugin: str = "kv") -> Any:
+def connector(loop: asyncio.AbstractEventLoop | None, options: dict[str, Any], *, chunk_tokens: int = 16,
+              plugin: str = "kv", store: Any = None) -> Any:
     """A ``KVBucketConnector`` for ``remote_storage_plugin.<plugin>.<option>`` = ``options``;
-    chunks of ``chunk_tokens`` tokens, kv_shape (2, 2, chunk_tokens, 2, 8) in bf16."""
+    chunks of ``chunk_tokens`` tokens, kv_shape (2, 2, chunk_tokens, 2, 8) in bf16. ``store``:
+    an object store to use instead of the one the options describe."""
     import torch
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.metadata import LMCacheMetadata
@@ -35,7 +36,7 @@ def connector(loop: asyncio.AbstractEventLoop, options: dict[str, Any], *, chunk
                          kv_dtype=torch.bfloat16, kv_shape=(2, 2, chunk_tokens, 2, 8),
                          chunk_size=chunk_tokens)  # fmt: skip
     cpu = LocalCPUBackend(cfg, md, dst_device="cpu")
-    return KVBucketConnector(loop=loop, local_cpu_backend=cpu, config=cfg)
+    return KVBucketConnector(loop=loop, local_cpu_backend=cpu, config=cfg, store=store)
 
 
 __all__ = ["MODEL", "connector"]
