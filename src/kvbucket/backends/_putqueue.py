@@ -53,6 +53,10 @@ class PutQueue:
         self._pending: dict[str, tuple[object, memoryview]] = {}
         self._closed = False
         # Flush bookkeeping: puts are numbered as submitted and finish in that order (one worker).
+        # Numbering and enqueueing happen under one lock, so concurrent submitters cannot enqueue
+        # out of order (a flush would then wait for a number already passed, until its timeout).
+        # Not ``_lock``: a put blocked on a full queue must not keep the worker from ``_lock``.
+        self._enqueue = threading.Lock()
         self._done = threading.Condition(self._lock)
         self._submitted = 0
         self._finished = 0
@@ -65,13 +69,14 @@ class PutQueue:
 
     def submit(self, key: str, view: memoryview) -> None:
         token = object()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the backend is closed; no more puts are accepted")
-            self._pending[key] = (token, view)
-            self._submitted += 1
-            seq = self._submitted
-        self._q.put((key, token, seq))
+        with self._enqueue:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the backend is closed; no more puts are accepted")
+                self._pending[key] = (token, view)
+                self._submitted += 1
+                seq = self._submitted
+            self._q.put((key, token, seq))
 
     def pending(self, key: str) -> memoryview | None:
         with self._lock:
