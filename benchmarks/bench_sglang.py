@@ -149,6 +149,8 @@ def run(args: argparse.Namespace) -> None:
 
     res: dict[str, list[tuple[float, float]]] = {"file": [], **{f"kvbucket-{t}": [] for t in targets}}
     for r in range(args.rounds):  # alternate, so all see the same machine load
+        if r:  # new bytes each round: Xet (Hub) would dedup a page it uploaded the round before
+            src.kv_buffer.copy_(torch.randn(src.kv_buffer.shape).to(torch.bfloat16))
         res["file"].append(file_round(r))
         check_and_reset()
         for name in targets:
