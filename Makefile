@@ -23,6 +23,11 @@ install-test: venv
 lint: install-test
 	$(BIN)/ruff check src tests benchmarks
 
-# The whole suite. Tests start their own servers (Hub emulator, S3 server) on 127.0.0.1.
+# The whole suite on TEST_WORKERS pytest-xdist workers (each starts its own servers: Hub emulator,
+# S3 server, on 127.0.0.1). Two workers on 2 cores: much of the suite waits (servers, deadlines,
+# child processes), so a second worker computes meanwhile; worksteal rebalances the long tests at
+# the end. `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 2
+
 test: install-test lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal

@@ -85,7 +85,11 @@ def run(args: argparse.Namespace) -> None:
     src_idx, dst_idx = src.alloc(tokens), dst.alloc(tokens)
     src.kv_buffer.copy_(torch.randn(src.kv_buffer.shape).to(torch.bfloat16))
     page_mb = src.get_data_page(0).numel() * 2 / 2**20
-    base = Path(args.dir or tempfile.mkdtemp(prefix="bench-sglang-"))
+    if args.dir is None:  # a temp dir of our own, removed at the end
+        tmp = tempfile.TemporaryDirectory(prefix="bench-sglang-")
+        base = Path(tmp.name)
+    else:
+        base = Path(args.dir)
 
     def config(extra: dict) -> HiCacheStorageConfig:
         return HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0,

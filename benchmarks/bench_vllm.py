@@ -75,7 +75,11 @@ def run(args: argparse.Namespace) -> None:
     from kvbucket.testing.vllm_engine import Engine, offload_keys
 
     logging.disable(logging.WARNING)
-    base = Path(args.dir or tempfile.mkdtemp(prefix="bench-vllm-"))
+    if args.dir is None:  # a temp dir of our own, removed at the end
+        tmp = tempfile.TemporaryDirectory(prefix="bench-vllm-")
+        base = Path(tmp.name)
+    else:
+        base = Path(args.dir)
     targets = json.loads(os.environ.get("KVB_BENCH_TARGETS", "{}")) or {"dir": {}}
     n, bs = args.chunks, args.chunk_kib * 1024
     batches = [list(range(i, min(n, i + args.batch))) for i in range(0, n, args.batch)]

@@ -123,7 +123,7 @@ def run_stress(backend: StorageBackend, evicted: set[str], bounded: list[Any]) -
         t.start()
     for t in threads:
         t.join()
-    backend.flush()
+    assert backend.flush().pending == 0  # every queued put finished (none waited out the flush bound)
     assert not errors, errors[0]
     total_ops = sum(len(v) for v in history.ops.values())
     assert total_ops > 50, f"only {total_ops} writes in {SECONDS}s: the stress did not stress"

@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from vllm.config.kv_transfer import KVTransferConfig
@@ -237,6 +239,107 @@ def test_the_documented_configs_load(target: dict[str, Any]) -> None:
         hits, got = e.load(keys)
         assert hits == 1 and torch.equal(got, kv), raw
         e.close()
+
+
+def connector(target: dict[str, Any], tmp: Path) -> Any:
+    """vLLM's OffloadingConnector, scheduler side, with kvbucket as its secondary tier: a real
+    VllmConfig (a local model config: no download; DeviceConfig("cpu"), as vLLM finds no GPU) and
+    a KVCacheConfig of 2 full-attention layers, 16-token blocks."""
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+
+    model = tmp / "tiny-llama"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 1000, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}))
+    tier = {"type": "KVBucketSecondaryTier", "module_path": "kvbucket.integrations.vllm",
+            "store_url": target["url"], "store_options": target.get("options", {}),
+            "prefix": target["prefix"]}
+    extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 1 << 22, "secondary_tiers": [tier]}
+    transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                kv_connector_extra_config=extra)
+    cfg = VllmConfig(model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, dtype="bfloat16",
+                                              max_model_len=512),
+                     cache_config=CacheConfig(block_size=vllm_engine.TOKENS), kv_transfer_config=transfer,
+                     device_config=DeviceConfig(device="cpu"))
+    spec = FullAttentionSpec(block_size=vllm_engine.TOKENS, num_kv_heads=2, head_size=16,
+                             dtype=torch.bfloat16)
+    layers = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+    page, blocks = spec.page_size_bytes, 64
+    kv = KVCacheConfig(num_blocks=blocks, kv_cache_groups=[KVCacheGroupSpec(layers, spec)], kv_cache_tensors=[
+        KVCacheTensor(size=page * blocks * 2, layers=layers, layer_stride=page * blocks, block_stride=page)])
+    return OffloadingConnector(cfg, KVConnectorRole.SCHEDULER, kv)
+
+
+def test_vllms_scheduler_finds_the_chunks_after_a_restart(target: dict[str, Any], tmp_path: Path) -> None:
+    """vLLM's own OffloadingConnectorScheduler: a fresh connector (a restart) reports the tokens
+    stored in the bucket by an earlier one, after deferring while the lookups are in flight."""
+    from vllm import SamplingParams
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_offload.base import ReqContext
+    from vllm.v1.request import Request
+
+    def request(rid: str) -> Request:
+        return Request(rid, list(range(100, 100 + 6 * vllm_engine.TOKENS + 3)), SamplingParams(max_tokens=1),
+                       None, block_hasher=vllm_engine._HASHER)
+
+    first = connector(target, tmp_path)
+    sched = first.scheduler
+    req = request("a")
+    sched.on_new_request(req)
+    state = sched._req_status["a"]
+    state.update_offload_keys()
+    keys = list(state.group_states[0].offload_keys)  # the scheduler's own keys of the request
+    assert len(keys) == 6
+    m = sched.manager
+    view = m.primary_tier.get_kv_memoryview()
+    cpu = torch.from_numpy(np.frombuffer(view, dtype=np.uint8).reshape(view.shape))
+    kv = torch.randint(0, 255, (4, view.strides[0]), dtype=torch.uint8)
+    ctx = ReqContext(req_id="store")
+    with m.lock:  # the first 4 chunks reach the CPU tier (the GPU worker's copy, emulated)
+        m.on_new_request(ctx)
+        out = m.prepare_store(keys[:4], ctx)
+        for i, c in enumerate(out.store_spec.chunk_ids):
+            cpu[int(c)].copy_(kv[i])
+        m.complete_store(keys[:4], ctx)
+        m.on_request_finished(ctx)
+    deadline = time.monotonic() + 60
+    while m.has_pending_work():  # vLLM keeps stepping until the cascades are done
+        first.build_connector_meta(SchedulerOutput.make_empty())
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    del cpu
+    first.shutdown()
+
+    second = connector(target, tmp_path)
+    req = request("b")
+    second.scheduler.on_new_request(req)
+    answers = []
+    for _ in range(500):
+        n, load_async = second.get_num_new_matched_tokens(req, 0)
+        answers.append(n)
+        if n is not None:
+            break
+        second.build_connector_meta(SchedulerOutput.make_empty())
+        time.sleep(0.01)
+    assert answers[0] is None  # deferred while the bucket is asked
+    assert (n, load_async) == (4 * vllm_engine.TOKENS, True)  # 4 chunks, loaded asynchronously
+    second.build_connector_meta(SchedulerOutput.make_empty())  # ends the step (releases the manager)
+    m2 = second.scheduler.manager
+    view2 = m2.primary_tier.get_kv_memoryview()
+    cpu2 = torch.from_numpy(np.frombuffer(view2, dtype=np.uint8).reshape(view2.shape))
+    ctx2 = ReqContext(req_id="check")
+    with m2.lock:  # the promoted bytes in the new engine's CPU tier are the stored ones
+        spec = m2.prepare_load(keys[:4], ctx2)
+        got = torch.stack([cpu2[int(c)].clone() for c in spec.chunk_ids])
+        m2.complete_load(keys[:4], ctx2)
+    assert torch.equal(got, kv)
+    del cpu2
+    second.shutdown()
 
 
 def test_the_gpu_worker_needs_cuda(target: dict[str, Any]) -> None:

@@ -46,7 +46,9 @@ def test_unknown_access_key_is_an_auth_error(seaweedfs: S3Server, s3_bucket: str
 @pytest.mark.parametrize("server_fixture", ["seaweedfs", "moto_s3"])
 def test_missing_bucket_is_a_clear_not_found(request: pytest.FixtureRequest, server_fixture: str) -> None:
     server: S3Server = request.getfixturevalue(server_fixture)
-    with open_store(server, "no-such-bucket-kvb") as store:
+    # head_many waits for the bucket probe (a LIST) only within its lookup budget; moto answers
+    # from this process, so on a busy machine the default 1 s can pass first and HEAD says "miss".
+    with open_store(server, "no-such-bucket-kvb", s3_lookup_timeout_secs=10.0) as store:
         with pytest.raises(NotFoundError, match="bucket 'no-such-bucket-kvb' does not exist"):
             store.head_many(["a"])  # HEAD alone cannot tell a missing bucket from a missing key
         with pytest.raises(NotFoundError, match="does not exist"):

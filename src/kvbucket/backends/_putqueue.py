@@ -69,7 +69,11 @@ class PutQueue:
         self._applying = threading.Lock()  # held while one put is being applied
         self._pending: dict[str, tuple[object, memoryview]] = {}
         self._closed = False
-        # Flush bookkeeping: puts are counted as queued and as finished, in that order (one worker).
+        # Flush bookkeeping: puts are numbered as submitted and finish in that order (one worker).
+        # Numbering and enqueueing happen under one lock, so concurrent submitters cannot enqueue
+        # out of order (a flush would then wait for a number already passed, until its timeout).
+        # Not ``_lock``: a put blocked on a full queue must not keep the worker from ``_lock``.
+        self._enqueue = threading.Lock()
         self._done = threading.Condition(self._lock)
         self._submitted = 0
         self._finished = 0
@@ -84,27 +88,40 @@ class PutQueue:
     def submit(self, key: str, view: memoryview) -> None:
         """Queue a put; :class:`PutQueueFullError` when no room came within ``full_wait_secs``."""
         token = object()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the backend is closed; no more puts are accepted")
-            self._pending[key] = (token, view)
+        wait = self.full_wait_secs
+        deadline = None if wait is None else time.monotonic() + wait
+        if not self._enqueue.acquire(timeout=-1 if wait is None else wait):
+            self._drop_full(key)  # submitters ahead of this one are still waiting for room
         try:
-            self._q.put((key, token), timeout=self.full_wait_secs)
-        except queue.Full:
             with self._lock:
-                if self._pending.get(key, (None,))[0] is token:
-                    del self._pending[key]
-                self.dropped_full += 1
-            _repeated.warning(
-                "the %s tier's put queue stayed full for %gs (a slow or hung store?); put of %s dropped",
-                self._name, self.full_wait_secs, key, item=key,
-            )
-            raise PutQueueFullError(
-                f"the {self._name} tier's put queue stayed full for {self.full_wait_secs:g}s; "
-                f"put of {key} dropped (not stored)"
-            ) from None
+                if self._closed:
+                    raise RuntimeError("the backend is closed; no more puts are accepted")
+                self._pending[key] = (token, view)
+                seq = self._submitted + 1
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                self._q.put((key, token, seq), timeout=left)
+            except queue.Full:
+                with self._lock:
+                    if self._pending.get(key, (None,))[0] is token:
+                        del self._pending[key]
+                self._drop_full(key)
+            with self._lock:
+                self._submitted = seq  # numbered only once queued: no gap a flush could wait on
+        finally:
+            self._enqueue.release()
+
+    def _drop_full(self, key: str) -> None:
         with self._lock:
-            self._submitted += 1
+            self.dropped_full += 1
+        _repeated.warning(
+            "the %s tier's put queue stayed full for %gs (a slow or hung store?); put of %s dropped",
+            self._name, self.full_wait_secs, key, item=key,
+        )
+        raise PutQueueFullError(
+            f"the {self._name} tier's put queue stayed full for {self.full_wait_secs:g}s; "
+            f"put of {key} dropped (not stored)"
+        )
 
     def pending(self, key: str) -> memoryview | None:
         with self._lock:
@@ -168,7 +185,7 @@ class PutQueue:
             try:
                 if item is _STOP:
                     return
-                key, token = item
+                key, token, _ = item
                 with self._applying:
                     with self._lock:
                         entry = self._pending.get(key)
@@ -187,6 +204,6 @@ class PutQueue:
             finally:
                 if item is not _STOP:
                     with self._done:
-                        self._finished += 1
+                        self._finished = item[2]
                         self._done.notify_all()
                 self._q.task_done()
