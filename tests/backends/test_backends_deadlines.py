@@ -183,3 +183,33 @@ def test_a_call_the_backend_gives_up_on_reaches_the_breaker_at_once(server: Sile
     finally:
         b.close()
         store.close()
+
+
+def test_a_full_put_queue_drops_non_blocking_puts_after_its_wait_instead_of_stalling(
+        server: SilentServer) -> None:
+    """Non-blocking puts into a hung store: the queue fills, then each further put waits at most
+    queue_full_wait_secs and is dropped (an error for that item, counted, never stored); the fast
+    tier keeps the chunk (was: the engine's put blocked until the store's deadlines freed room)."""
+    store = hung_store("hf", server.url, store_timeout_secs=2, request_timeout_secs=30, breaker_failures=0)
+    remote = RemoteBackend(store, LAYOUT, queue_size=2, queue_full_wait_secs=0.2)
+    cpu = LocalCPUBackend(1 << 22)
+    h = HybridBackend([cpu, remote])
+    try:
+        chunk = np.arange(FULL, dtype=np.uint8)
+        t0 = time.monotonic()
+        results = remote.batched_put_results([(f"k{i}", chunk) for i in range(6)], blocking=False)
+        took = elapsed(t0)
+        # one put in the worker (stuck), two queued, three dropped after 0.2 s each
+        errors = [r for r in results if r is not None]
+        assert len(errors) == 3 and all("put queue stayed full" in str(e) for e in errors), results
+        assert took < 2.0 and remote._queue.dropped_full == 3  # was: until the store freed room (4+ s)
+        t0 = time.monotonic()
+        # through the hybrid: no stall; the CPU tier stores it, the remote refusal is reported
+        with pytest.raises(TierPutError, match="put queue stayed full"):
+            h.put("k9", chunk, blocking=False)
+        assert elapsed(t0) < 1.0 and cpu.contains("k9")
+        dropped = {f"k{i}" for i, r in enumerate(results) if r is not None} | {"k9"}
+        assert not dropped & set(remote._queue.pending_keys())  # nothing dropped looks stored
+    finally:
+        h.close()
+        store.close()

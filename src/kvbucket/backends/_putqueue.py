@@ -15,6 +15,11 @@ must not hold up ``close()`` or process exit: past the bound the rest are droppe
 the last flush. It is true only when every one of them landed; nothing pending or failed is ever
 reported as stored.
 
+A full queue (the store is slower than the engine, or hung) holds a non-blocking put at most
+``full_wait_secs`` (:data:`DEFAULT_FULL_WAIT_SECS`); past that the put is dropped, counted in
+``dropped_full``, logged once per kind, and ``submit`` raises :class:`PutQueueFullError`, so the
+engine's store path never stalls for a sick store and nothing dropped is reported as stored.
+
 The caller hands over its buffer: with ``blocking=False`` the chunk must not be modified
 until the put has landed (a true ``flush()``), exactly as with LMCache's non-blocking puts.
 """
@@ -30,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvbucket.backends.base import DEFAULT_FLUSH_TIMEOUT_SECS, FlushResult
+from kvbucket.errors import TransientStoreError
 from kvbucket.log_once import RepeatedLog
 
 log = logging.getLogger(__name__)
@@ -38,14 +44,25 @@ _repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 _STOP = object()
 #: How long ``close()`` waits for queued puts to land before dropping the rest.
 DEFAULT_DRAIN_TIMEOUT_SECS = 30.0
+#: How long a non-blocking put waits for room in a full queue before it is dropped.
+DEFAULT_FULL_WAIT_SECS = 1.0
+
+
+class PutQueueFullError(TransientStoreError):
+    """A non-blocking put found the queue full for ``full_wait_secs``: dropped, not stored."""
 
 
 class PutQueue:
-    """Apply ``apply(key, view)`` on a worker thread; ``submit`` blocks only when the queue is full."""
+    """Apply ``apply(key, view)`` on a worker thread; ``submit`` waits only while the queue is full,
+    at most ``full_wait_secs`` (None: until there is room)."""
 
-    def __init__(self, name: str, apply: Callable[[str, memoryview], None], maxsize: int = 64) -> None:
+    def __init__(self, name: str, apply: Callable[[str, memoryview], None], maxsize: int = 64,
+                 full_wait_secs: float | None = DEFAULT_FULL_WAIT_SECS) -> None:
         if maxsize <= 0:
             raise ValueError("the put queue size must be positive")
+        if full_wait_secs is not None and full_wait_secs < 0:
+            raise ValueError("full_wait_secs must be >= 0 (or None to wait for room)")
+        self.full_wait_secs = full_wait_secs
         self._apply = apply
         self._q: queue.Queue[Any] = queue.Queue(maxsize)
         self._lock = threading.Lock()
@@ -63,20 +80,48 @@ class PutQueue:
         self._failed_seen = 0  # ``failed`` as last reported by a flush
         self.failed = 0  # puts that raised on the worker (logged)
         self.dropped = 0  # queued puts abandoned by a close() that hit its bound (logged)
+        self.dropped_full = 0  # puts refused because the queue stayed full (logged)
         self._name = name
         self._thread = threading.Thread(target=self._run, name=f"kvbucket-put-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, key: str, view: memoryview) -> None:
+        """Queue a put; :class:`PutQueueFullError` when no room came within ``full_wait_secs``."""
         token = object()
-        with self._enqueue:
+        wait = self.full_wait_secs
+        deadline = None if wait is None else time.monotonic() + wait
+        if not self._enqueue.acquire(timeout=-1 if wait is None else wait):
+            self._drop_full(key)  # submitters ahead of this one are still waiting for room
+        try:
             with self._lock:
                 if self._closed:
                     raise RuntimeError("the backend is closed; no more puts are accepted")
                 self._pending[key] = (token, view)
-                self._submitted += 1
-                seq = self._submitted
-            self._q.put((key, token, seq))
+                seq = self._submitted + 1
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                self._q.put((key, token, seq), timeout=left)
+            except queue.Full:
+                with self._lock:
+                    if self._pending.get(key, (None,))[0] is token:
+                        del self._pending[key]
+                self._drop_full(key)
+            with self._lock:
+                self._submitted = seq  # numbered only once queued: no gap a flush could wait on
+        finally:
+            self._enqueue.release()
+
+    def _drop_full(self, key: str) -> None:
+        with self._lock:
+            self.dropped_full += 1
+        _repeated.warning(
+            "the %s tier's put queue stayed full for %gs (a slow or hung store?); put of %s dropped",
+            self._name, self.full_wait_secs, key, item=key,
+        )
+        raise PutQueueFullError(
+            f"the {self._name} tier's put queue stayed full for {self.full_wait_secs:g}s; "
+            f"put of {key} dropped (not stored)"
+        )
 
     def pending(self, key: str) -> memoryview | None:
         with self._lock:

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kvbucket.backends._putqueue import PutQueue
+from kvbucket.backends._putqueue import DEFAULT_FULL_WAIT_SECS, PutQueue
 from kvbucket.backends._queued import QueuedBackend
 from kvbucket.backends.base import Chunk, Key, check_buffers, check_open, put_as_batch
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
@@ -82,6 +82,7 @@ class RemoteBackend(QueuedBackend):
         exists_cache_max: int = 65536,
         io_threads: int = 4,
         queue_size: int = 64,
+        queue_full_wait_secs: float | None = DEFAULT_FULL_WAIT_SECS,
         owns_store: bool = True,
         unsealed: str = "miss",
         encryption: Any = None,
@@ -105,7 +106,8 @@ class RemoteBackend(QueuedBackend):
         self.lookup_failures = 0  # keys a lookup answered as a miss because the store failed
         self.read_failures = 0  # keys a read answered as a miss because the store call failed
         self._pool = DaemonThreadPool(io_threads, "kvbucket-remote")  # a stuck call never blocks exit
-        self._queue = PutQueue("remote", self._apply, queue_size)
+        # a full queue (slow or hung store) drops a non-blocking put after queue_full_wait_secs
+        self._queue = PutQueue("remote", self._apply, queue_size, queue_full_wait_secs)
         self._closed = False
 
     def __repr__(self) -> str:
