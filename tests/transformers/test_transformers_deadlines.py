@@ -61,7 +61,8 @@ def test_a_hung_remote_tier_costs_its_deadline_then_generation_equals_no_cache(k
                 assert out.sequences.tolist() == ref.sequences.tolist()
                 assert (out.logits[0] - ref.logits[0]).abs().max().item() < 1e-4
                 print(f"{kind}: prefill+generate {took:.2f}s, no-cache compute {compute:.2f}s")
-                assert took < deadline + 3 * compute + 1.0  # S3 was: its 5 s load budget
+                # slack for a loaded 2-core box (seen: 4.0 s against a 3.6 s bound at load 12)
+                assert took < deadline + 3 * compute + 2.0  # S3 was: its 5 s load budget, then compute
             # Closing drained the queued stores: they failed at their deadline and opened the breaker.
             assert store.breaker.state is OPEN
             seed8 = torch.Generator().manual_seed(8)
