@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from array import array
 from typing import Any
@@ -61,12 +62,12 @@ def host_pool(layout: str = "layer_first") -> MHATokenToKVPoolHost:
 
 
 def config(target: dict[str, Any], *, tp_rank: int = 0, tp_size: int = 1, mla: bool = False,
-           salt: str = "", model: str = "org/Model-7B") -> HiCacheStorageConfig:
+           salt: str = "", model: str = "org/Model-7B", **more: Any) -> HiCacheStorageConfig:
     extra = {
         "backend_name": "kvbucket", "module_path": "kvbucket.integrations.sglang",
         "class_name": "KVBucketHiCacheStorage", "interface_v1": 1,
         "store_url": target["url"], "store_options": target.get("options", {}),
-        "prefix": target["prefix"],
+        "prefix": target["prefix"], **more,
     }
     if salt:
         extra["cache_salt"] = salt
@@ -264,3 +265,31 @@ def test_a_damaged_page_is_a_miss(target: dict[str, Any]) -> None:
     assert r.batch_get_v1(keys, idx2) == [True, False]
     assert page_bytes(dst, idx2, 2)[0] == page_bytes(pool, idx, 2)[0]
     assert page_bytes(dst, idx2, 2)[1] == before[1]  # never written with what failed the check
+
+
+def test_fleet_refuses_over_capacity_and_evicts_what_was_not_read(target: dict[str, Any]) -> None:
+    """The fleet keys through SGLang's factory: a page past the shared capacity is a failed set;
+    eviction (down to 60%) takes the pages not read since; the worker forgets what it deleted;
+    closing publishes the fleet's journal."""
+    sub = {**target, "url": f"{target['url']}/fleet-{uuid.uuid4().hex[:8]}"}  # a fleet of its own
+    pool = host_pool()
+    idx = fill(pool, N_PAGES, seed=11)
+    keys = page_keys(11)
+    size = len(page_bytes(pool, idx, 1)[0])
+    fleet = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "grace_secs": 0.5}
+    b = backend(sub, pool, fleet=fleet, max_capacity_gb=4 * size / 1024**3)
+    assert b._fleet is not None and b._fleet.fleet.wait_ready(30)
+    assert b.batch_set_v1(keys, idx) == [True] * 4 + [False] * 2
+    dst = host_pool()
+    assert b.batch_get_v1(keys[:2], dst.alloc(2 * PAGE)) == [True, True]  # read: kept
+    deadline = time.monotonic() + 30
+    while b._fleet.status()["bytes_used"] > 2.4 * size:
+        assert time.monotonic() < deadline, b._fleet.status()
+        time.sleep(0.05)
+    fresh = backend(sub, host_pool())
+    assert [fresh.exists(k) for k in keys] == [True, True, False, False, False, False]
+    assert [b.exists(k) for k in keys[:4]] == [True, True, False, False]  # forgotten, not "known"
+    status = b._fleet.status()
+    assert status["refused_chunks"] == 2 and status["evicted_own"] == 2
+    b.close()
+    assert any(i.name.startswith("_fleet/") for i in fresh._raw.list(""))

@@ -241,6 +241,43 @@ def test_the_documented_configs_load(target: dict[str, Any]) -> None:
         e.close()
 
 
+def test_fleet_refuses_over_capacity_and_evicts(target: dict[str, Any]) -> None:
+    """The fleet keys through vLLM's factory: chunks past the shared capacity fail their store job;
+    eviction (down to 60%) deletes, and the tier forgets what it deleted; closing publishes the
+    fleet's journal."""
+    sub = {**target, "url": f"{target['url']}/fleet-{uuid.uuid4().hex[:8]}"}  # a fleet of its own
+    fleet = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "grace_secs": 0.5}
+    e = engine(sub, fleet=fleet, max_capacity_gb=4 * BLOCK_BYTES / 1024**3)
+    tier = e.tier
+    assert tier.block_size_bytes == BLOCK_BYTES
+    assert tier._fleet is not None and tier._fleet.fleet.wait_ready(30)
+    jobs: list[Any] = []
+    inner = tier.get_finished_jobs
+
+    def finished() -> Any:
+        out = list(inner())
+        jobs.extend(out)
+        return out
+
+    tier.get_finished_jobs = finished  # type: ignore[method-assign]
+    keys = offload_keys(12)
+    e.store(keys, kv_data(e, 12))
+    assert jobs and not all(j.success for j in jobs)  # the refused chunks failed their job
+    names = [tier.name(k) for k in keys]
+    assert sum(r.found for r in tier.store.head_many(names)) == 4
+    assert tier._fleet.status()["refused_chunks"] == 2
+    deadline = time.monotonic() + 30
+    while tier._fleet.status()["bytes_used"] > 2.4 * tier.block_size_bytes:
+        assert time.monotonic() < deadline, tier._fleet.status()
+        time.sleep(0.05)
+    left = [r.found for r in tier.store.head_many(names)]
+    assert sum(left) == 2 and tier._fleet.status()["evicted_own"] == 2
+    assert tier.known.state(keys) == [True if f else None for f in left]  # deleted: no longer known
+    raw = tier._raw
+    e.close()
+    assert any(i.name.startswith("_fleet/") for i in raw.list(""))
+
+
 def connector(target: dict[str, Any], tmp: Path) -> Any:
     """vLLM's OffloadingConnector, scheduler side, with kvbucket as its secondary tier: a real
     VllmConfig (a local model config: no download; DeviceConfig("cpu"), as vLLM finds no GPU) and

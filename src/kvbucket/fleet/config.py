@@ -42,8 +42,8 @@ class FleetConfig(BaseModel):
     #: headroom it saw at its last round (1/N alone; 1/(3N-2) with N live nodes, whose latest
     #: writes it cannot see yet). None: never refuse (eviction alone bounds usage).
     write_cap: float | None = Field(1.0, gt=0.0)
-    #: ``cache_salt`` values eviction never touches (their bytes still count).
-    pinned_salts: tuple[str, ...] = ()
+    #: ``cache_salt`` values eviction never touches (their bytes still count). A JSON list.
+    pinned_salts: tuple[str, ...] = Field((), strict=False)
     #: This node's id in the fleet (default: random). Letters, digits, ``_`` and ``-``.
     node_id: str | None = None
 

@@ -1,4 +1,5 @@
-"""A fleet member for a writer that keeps no index of its own: LMCache's non-MP connector.
+"""A fleet member for a writer that keeps no index of its own: LMCache's non-MP connector and
+the engine tiers (SGLang HiCache, vLLM's secondary tier, see :mod:`kvbucket.integrations.engine_fleet`).
 
 The L2 adapter mirrors the fleet into its index (:mod:`.host`); the connector answers lookups
 with HEADs and has nothing to mirror into, so it only tells the fleet what it stored, loaded
@@ -21,6 +22,11 @@ from kvbucket.stores.base import ObjectStore
 _UNSALTED = SimpleNamespace(cache_salt="")  # connector keys carry no cache_salt
 
 
+def _as_key(salt: str | None) -> SimpleNamespace | None:
+    """What :class:`~kvbucket.fleet.view.FleetView` reads of a parsed name: its ``cache_salt``."""
+    return None if salt is None else SimpleNamespace(cache_salt=salt)
+
+
 class StoreFleet:
     def __init__(
         self,
@@ -30,18 +36,40 @@ class StoreFleet:
         *,
         capacity: int,
         eviction: EvictionConfig,
-        parse_key_string: Callable[[str], str | None],
+        parse_key_string: Callable[[str], str | None] | None = None,
+        parse_salt: Callable[[str], str | None] | None = None,
+        on_gone: Callable[[list[str]], None] = lambda names: None,
     ) -> None:
         """``fleet_store`` holds the fleet's objects as they are; ``chunk_store`` is the view the
-        writer stores chunks through (listings report payload sizes; eviction deletes there)."""
+        writer stores chunks through (listings report payload sizes; eviction deletes there).
+
+        Chunk names: ``parse_key_string`` (a chunk, counted unsalted) or ``parse_salt`` (the
+        salt the name carries, the fleet's per-salt share and pin; None: not a chunk).
+        ``on_gone`` hears of chunks deleted anywhere in the fleet (on the fleet thread), so a
+        writer that remembers what is stored forgets them."""
+        if (parse_key_string is None) == (parse_salt is None):
+            raise ValueError("StoreFleet needs exactly one of parse_key_string and parse_salt")
+        if parse_key_string is not None:
+            keyed = parse_key_string
+
+            def parse(name: str) -> SimpleNamespace | None:
+                return _UNSALTED if keyed(name) is not None else None
+        else:
+            salt_of = parse_salt
+
+            def parse(name: str) -> SimpleNamespace | None:
+                return _as_key(salt_of(name))  # type: ignore[misc]
+
         self._chunks = chunk_store
+        self._on_gone = on_gone
         self.fleet = Fleet(
             fleet_store,
             config,
             chunk_store=chunk_store,
             capacity=capacity,
             eviction=eviction,
-            parse=lambda name: _UNSALTED if parse_key_string(name) is not None else None,  # type: ignore[arg-type,return-value]
+            parse=parse,  # type: ignore[arg-type]
+            on_changes=self._changed,
             on_tick=self._evict,
         )
         self.fleet.start()
@@ -71,6 +99,13 @@ class StoreFleet:
             return
         gone = [r.name for r in self._chunks.delete_many(victims) if r.ok]
         self.fleet.note_deleted(gone, evicted=True)
+        if gone:
+            self._on_gone(gone)
+
+    def _changed(self, changes: list[tuple[str, int | None]]) -> None:
+        gone = [name for name, size in changes if size is None]
+        if gone:
+            self._on_gone(gone)
 
 
 __all__ = ["StoreFleet"]

@@ -566,7 +566,15 @@ def inspect_fleet(store: ObjectStore, prefix: str = "") -> dict[str, Any] | None
     """The fleet's picture of a prefix, read-only (for ``kvbucket du``): None when no fleet
     ever wrote there. Costs the digest and snapshot GETs; without a fresh digest, one listing of
     ``_fleet/`` plus the snapshot and journal GETs."""
-    reader = Fleet(store, FleetConfig(node_id="kvbucket-inspect"), prefix=prefix)
+    from types import SimpleNamespace
+
+    from kvbucket.integrations.engine_fleet import chunk_salt
+
+    def engine_chunk(name: str) -> Any:  # the SGLang/vLLM tiers' names (kvbucket's keys parse anyway)
+        salt = chunk_salt(name)
+        return None if salt is None else SimpleNamespace(cache_salt=salt)
+
+    reader = Fleet(store, FleetConfig(node_id="kvbucket-inspect"), prefix=prefix, parse=engine_chunk)
     if reader._read_digest() is None:
         listing = reader._list()
         if not listing.snapshots and not listing.journals:

@@ -25,7 +25,9 @@ Pages are stored as sealed objects (:mod:`kvbucket.stores.sealed`: a failed chec
 This module imports without SGLang (kvbucket does not depend on it); creating the backend needs
 it. Read from ``storage_config.extra_config``: ``store_url`` (required), ``store_options``
 (keyword options of :func:`kvbucket.stores.open_store`), ``cache_salt``, ``prefix``
-(default ``sglang``), ``unsealed``, ``encryption`` (as for the other tiers).
+(default ``sglang``), ``unsealed``, ``encryption`` (as for the other tiers), and the fleet keys
+``fleet``, ``max_capacity_gb``, ``eviction`` (:mod:`kvbucket.integrations.engine_fleet`: workers
+on one store share one capacity; a page the fleet refuses is a failed set).
 """
 
 from __future__ import annotations
@@ -37,13 +39,16 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from kvbucket.errors import ConfigError
+from kvbucket.integrations.engine_fleet import REFUSED, FleetSettings, open_fleet
 from kvbucket.integrations.naming import path_segment as _segment
 from kvbucket.integrations.naming import salt_segment as _salt_segment
+from kvbucket.log_once import RepeatedLog
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)
 
 try:  # SGLang is optional: the class below subclasses its interface when it is installed.
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
@@ -63,8 +68,8 @@ except ImportError:  # pragma: no cover - depends on the venv
 _SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
 
 
-class SGLangStorageSettings(BaseModel):
-    """kvbucket's part of ``--hicache-storage-backend-extra-config``."""
+class SGLangStorageSettings(FleetSettings):
+    """kvbucket's part of ``--hicache-storage-backend-extra-config`` (with the fleet keys)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -153,6 +158,9 @@ class KVBucketHiCacheStorage(_Base):
         self._staging: Any = None
         self._get_staging: Any = None
         self._stats = {"get_pages": [], "set_pages": [], "get_bw": [], "set_bw": []}
+        # Fleet members forget pages deleted anywhere in the fleet (else a page evicted elsewhere
+        # would be "known" here: a lookup hit, then a miss at load, and never written again).
+        self._fleet = open_fleet(self.settings, raw, self.store, self._forget)
         log.info("kvbucket HiCache storage on %s (%s)", self.store.url, self._base)
 
     # -- naming
@@ -284,6 +292,8 @@ class KVBucketHiCacheStorage(_Base):
             with self._lock:
                 self._get_staging = buf
         self._remember([n for n, good in zip(names, ok, strict=True) if good])
+        if self._fleet is not None:
+            self._fleet.accessed([n for n, good in zip(names, ok, strict=True) if good])
         self._forget([n for n, r in zip(names, results, strict=True) if r.error is None and r.size is None])
         self._record("get", sum(ok), sum(ok) * page_bytes, time.perf_counter() - t0)
         return ok
@@ -323,6 +333,8 @@ class KVBucketHiCacheStorage(_Base):
             answer.append(orig if good else None)
         n = sum(a is not None for a in answer)
         self._remember([nm for nm, a in zip(names, answer, strict=True) if a is not None])
+        if self._fleet is not None:
+            self._fleet.accessed([nm for nm, a in zip(names, answer, strict=True) if a is not None])
         self._record("get", n, sum(b.nbytes for b, a in zip(out, answer, strict=True) if a is not None),
                      time.perf_counter() - t0)
         return answer
@@ -344,6 +356,15 @@ class KVBucketHiCacheStorage(_Base):
         ok = [True] * len(pages)
         if not todo:
             return ok
+        if self._fleet is not None:  # the fleet's write cap: a refused page is a failed set
+            kept = self._fleet.admit([pages[i][1].numel() * pages[i][1].element_size() for i in todo])
+            for i in todo[kept:]:
+                ok[i] = False
+                _repeated.log(logging.WARNING, "kvbucket HiCache: page %s " + REFUSED, pages[i][0],
+                              item=pages[i][0])
+            todo = todo[:kept]
+            if not todo:
+                return ok
         t0 = time.perf_counter()
         with self._stage_lock:  # one reused staging buffer: no fresh allocation per page
             items = self._stage([(pages[i][0], pages[i][1]) for i in todo])
@@ -354,6 +375,8 @@ class KVBucketHiCacheStorage(_Base):
                 log.warning("kvbucket HiCache: page %s not stored: %s", pages[i][0], r.error)
         stored = [items[k] for k, r in enumerate(results) if r.error is None]
         self._remember([n for n, _ in stored])
+        if self._fleet is not None:
+            self._fleet.stored([n for n, _ in stored], [b.nbytes for _, b in stored])
         self._record("set", len(stored), sum(b.nbytes for _, b in stored), time.perf_counter() - t0)
         return ok
 
@@ -362,12 +385,17 @@ class KVBucketHiCacheStorage(_Base):
         """Delete this shard's pages (all layouts) from the store."""
         names = [info.name for info in self.store.list(self._base + "/")]
         for i in range(0, len(names), 1000):
-            self.store.delete_many(names[i : i + 1000])
+            results = self.store.delete_many(names[i : i + 1000])
+            if self._fleet is not None:
+                self._fleet.deleted([r.name for r in results if r.ok])
         with self._lock:
             self._known.clear()
         return True
 
     def close(self) -> None:
+        if self._fleet is not None:
+            self._fleet.close()  # publishes its last journal
+            self._fleet = None
         self.store.close()
 
     def _record(self, op: str, pages: int, nbytes: int, seconds: float) -> None:

@@ -32,6 +32,10 @@ own ``AsyncLookupManager``; a batch is answered from what this tier knows (its s
 a listing) and, for the rest, one batched ``head_many``, except on S3 where every HEAD is a request:
 there the tier answers from a listing of its namespace, refreshed every ``index_refresh_secs``.
 
+With ``fleet`` (and ``max_capacity_gb``, ``eviction``) the engines on one store share one
+capacity, fleet-wide eviction, ``max_age_secs`` and pins (:mod:`kvbucket.integrations.engine_fleet`);
+a chunk the fleet refuses fails its store job, like a full disk.
+
 This module imports without vLLM (kvbucket does not depend on it); creating the tier needs it.
 """
 
@@ -47,12 +51,15 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, wait
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from kvbucket.errors import ConfigError
+from kvbucket.integrations.engine_fleet import REFUSED, FleetSettings, open_fleet
 from kvbucket.integrations.naming import path_segment, salt_segment
+from kvbucket.log_once import RepeatedLog
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)
 
 try:  # vLLM is optional: the classes below subclass its interfaces when it is installed.
     from vllm.v1.kv_offload.base import (
@@ -92,8 +99,9 @@ except ImportError:  # pragma: no cover - depends on the venv
 _MIN_PART = 8  # chunks: a directory job of fewer is not split over threads
 
 
-class VLLMTierSettings(BaseModel):
-    """kvbucket's keys of one ``secondary_tiers`` entry (besides vLLM's ``type``/``module_path``)."""
+class VLLMTierSettings(FleetSettings):
+    """kvbucket's keys of one ``secondary_tiers`` entry (besides vLLM's ``type``/``module_path``),
+    with the fleet keys."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -246,6 +254,7 @@ class KVBucketSecondaryTier(_TierBase):
         self.listed = threading.Event()
         self._metrics = start_metrics_server(s.metrics_port) if s.metrics_port is not None else None
         self._lookup = _Lookup(self)
+        self._fleet = open_fleet(s, self._raw, self.store, self._gone)
         if self.lookup_mode == "index":
             threading.Thread(target=self._index_loop, name="kvbucket-vllm-index", daemon=True).start()
         log.info("kvbucket vLLM tier on %s (%s, %s lookups, %d bytes per chunk)", self.store.url,
@@ -262,6 +271,11 @@ class KVBucketSecondaryTier(_TierBase):
             return make_offload_key(bytes.fromhex(digest), int(group)) if sep else None
         except ValueError:
             return None
+
+    def _gone(self, names: list[str]) -> None:
+        """Chunks deleted anywhere in the fleet (its thread): no longer known stored here."""
+        keys = [k for k in map(self._key_of, names) if k is not None]
+        self.known.discard(keys)
 
     # -- lookups
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> Any:
@@ -339,6 +353,13 @@ class KVBucketSecondaryTier(_TierBase):
         t0 = time.perf_counter()
         state = self.known.state(keys)
         todo = [(k, c) for k, c, s in zip(keys, chunk_ids, state, strict=True) if s is not True]
+        wanted = len(todo)
+        if self._fleet is not None:  # the fleet's write cap: a refused chunk fails the job
+            kept = self._fleet.admit([self.block_size_bytes] * len(todo))
+            for k, _ in todo[kept:]:
+                name = self.name(k)
+                _repeated.log(logging.WARNING, "kvbucket vLLM tier: chunk %s " + REFUSED, name, item=name)
+            todo = todo[:kept]
         items = [(self.name(k), memoryview(self._chunks[c])) for k, c in todo]
         results = self._split(self.store.put_many, items)
         stored = [k for (k, _), r in zip(todo, results, strict=True) if r.error is None]
@@ -346,11 +367,13 @@ class KVBucketSecondaryTier(_TierBase):
             if r.error is not None:
                 log.warning("kvbucket vLLM tier: chunk %s not stored: %s", self.name(k), r.error)
         self.known.add(stored)
+        if self._fleet is not None:
+            self._fleet.stored([self.name(k) for k in stored], [self.block_size_bytes] * len(stored))
         if self.events is not None and stored:
             with self._lock:
                 self.events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False,
                                                    locality=self.locality))
-        return JobResult(job_id=job_id, success=len(stored) == len(todo),
+        return JobResult(job_id=job_id, success=len(stored) == wanted,
                          transfer_time=time.perf_counter() - t0,
                          transfer_bytes=len(stored) * self.block_size_bytes), []
 
@@ -369,6 +392,8 @@ class KVBucketSecondaryTier(_TierBase):
         loaded = [k for k, g in zip(keys, good, strict=True) if g]
         failed = [k for k, g in zip(keys, good, strict=True) if not g]
         self.known.add(loaded)
+        if self._fleet is not None:
+            self._fleet.accessed([n for n, g in zip(names, good, strict=True) if g])
         self.known.discard(failed)
         self.known.miss(failed)  # e.g. a damaged chunk: not fetched again for every request
         ok = not failed
@@ -438,6 +463,9 @@ class KVBucketSecondaryTier(_TierBase):
         self._stores.shutdown(wait=True)
         if self._io is not None:
             self._io.shutdown(wait=True)
+        if self._fleet is not None:
+            self._fleet.close()  # publishes its last journal
+            self._fleet = None
         self.store.close()
         self._chunks = None  # our view of the CPU tier: vLLM unmaps it after the tiers shut down
         if self._metrics is not None:

@@ -1,8 +1,9 @@
 """One fleet node in its own process, for the multi-process fleet tests and bench_fleet.py.
 
 Run with ``multiprocessing.get_context("spawn")`` (obstore is not fork-safe): each process
-opens its own L2 adapter on the shared prefix, writes its own chunks, keeps reading a hot set
-every node shares, and reports what it saw. Plans are plain dicts so they pickle.
+opens its own L2 adapter on the shared prefix (:func:`run_node`), or joins as an engine tier
+does (:func:`run_engine_node`), writes its own chunks, keeps reading a hot set every node shares,
+and reports what it saw. Plans are plain dicts so they pickle.
 """
 
 from __future__ import annotations
@@ -92,20 +93,93 @@ def run_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
         adapter.close()
 
 
-__all__ = ["chunk", "key", "run_fleet", "run_node"]
+def engine_name(engine: str, i: int, salt: str = "", size: int = 2048) -> str:
+    """Chunk ``i``'s object name in an engine tier's scheme (SGLang page or vLLM chunk)."""
+    from kvbucket.integrations.naming import salt_segment
+
+    model, seg = "org--fleet-model", salt_segment(salt, engine)
+    if engine == "sglang":
+        return f"sglang/{model}/{seg}/tp0of1/layer_first-bfloat16-p16-b{size}/{i:064x}"
+    return f"vllm/{model}/{seg}/anytp-0123456789abcdef/{i:064x}-g0"
+
+
+def run_engine_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None:
+    """A node as an engine tier takes part (:mod:`kvbucket.integrations.engine_fleet`): admit, store
+    through the sealed store, note stored; loads note accessed; forgets what the fleet deletes.
+
+    ``spec``: the tier's fleet keys plus ``root`` (a directory store). ``plan``: ``engine``,
+    ``writes`` (``[salt, first, count]`` runs), ``chunk``, ``batch``, ``pause``, ``hot`` (chunk
+    numbers of this node's first run, read after every batch), ``settle_bytes`` (linger, reading
+    the hot set, until the store's chunks are at most this many bytes; at most ``linger`` s)."""
+    from kvbucket.fleet.layout import is_fleet_name
+    from kvbucket.integrations.engine_fleet import FleetSettings, open_fleet
+    from kvbucket.stores.file import FileStore
+    from kvbucket.stores.sealed import seal_store
+
+    engine, size = plan["engine"], plan["chunk"]
+    raw = FileStore(spec["root"])
+    chunks = seal_store(raw, tier=engine)
+    gone: list[str] = []
+    fleet = open_fleet(FleetSettings.model_validate({k: v for k, v in spec.items() if k != "root"}),
+                       raw, chunks, gone.extend)
+    assert fleet is not None
+    first_salt = plan["writes"][0][0]
+    hot = [engine_name(engine, i, first_salt, size) for i in plan.get("hot", [])]
+    stored = refused = hot_hits = 0
+
+    def read_hot() -> None:
+        nonlocal hot_hits
+        if hot:
+            found = [r.name for r in chunks.get_many(hot) if r.found]
+            fleet.accessed(found)
+            hot_hits += len(found)
+
+    def used() -> int:
+        return sum(i.size for i in chunks.list("") if not is_fleet_name(i.name, ""))
+
+    try:
+        assert fleet.fleet.wait_ready(30)
+        for salt, first, count in plan["writes"]:
+            for i in range(first, first + count, plan.get("batch", 4)):
+                ids = range(i, min(i + plan.get("batch", 4), first + count))
+                kept = fleet.admit([size] * len(ids))
+                refused += len(ids) - kept
+                items = [(engine_name(engine, j, salt, size), chunk(j, size)) for j in list(ids)[:kept]]
+                landed = [r.name for r in chunks.put_many(items) if r.ok] if items else []
+                fleet.stored(landed, [size] * len(landed))
+                stored += len(landed)
+                read_hot()
+                time.sleep(plan.get("pause", 0.0))
+        end = time.monotonic() + plan.get("linger", 20.0)
+        while used() > plan["settle_bytes"] and time.monotonic() < end:
+            read_hot()
+            time.sleep(0.2)
+        out.put({"node": plan.get("name"), "status": fleet.status(), "stored": stored, "refused": refused,
+                 "hot_hits": hot_hits, "gone": len(gone)})
+    except BaseException as e:  # report, never hang the parent
+        out.put({"node": plan.get("name"), "error": f"{type(e).__name__}: {e}"})
+        raise
+    finally:
+        fleet.close()
+        chunks.close()
+
+
+__all__ = ["chunk", "engine_name", "key", "run_engine_node", "run_fleet", "run_node"]
 
 
 def run_fleet(
-    specs: list[dict[str, Any]], plans: list[dict[str, Any]], timeout: float = 120.0
+    specs: list[dict[str, Any]], plans: list[dict[str, Any]], timeout: float = 120.0,
+    target: Any = run_node,
 ) -> list[dict[str, Any]]:
-    """Run one spawned process per (spec, plan) and return the reports of those that were not
-    told to die; raises AssertionError naming what went wrong."""
+    """Run one spawned process per (spec, plan) with ``target`` (:func:`run_node` or
+    :func:`run_engine_node`) and return the reports of those that were not told to die; raises
+    AssertionError naming what went wrong."""
     import multiprocessing as mp
     import queue
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=run_node, args=(s, p, out)) for s, p in zip(specs, plans, strict=True)]
+    procs = [ctx.Process(target=target, args=(s, p, out)) for s, p in zip(specs, plans, strict=True)]
     for p in procs:
         p.start()
     reports: list[dict[str, Any]] = []
