@@ -110,7 +110,8 @@ def run_engine_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> Non
     ``spec``: the tier's fleet keys plus ``root`` (a directory store). ``plan``: ``engine``,
     ``writes`` (``[salt, first, count]`` runs), ``chunk``, ``batch``, ``pause``, ``hot`` (chunk
     numbers of this node's first run, read after every batch), ``settle_bytes`` (linger, reading
-    the hot set, until the store's chunks are at most this many bytes; at most ``linger`` s)."""
+    the hot set, until the store's chunks are at most this many bytes; at most ``linger`` s;
+    then ``after`` s more)."""
     from kvbucket.fleet.layout import is_fleet_name
     from kvbucket.integrations.engine_fleet import FleetSettings, open_fleet
     from kvbucket.stores.file import FileStore
@@ -152,6 +153,10 @@ def run_engine_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> Non
                 time.sleep(plan.get("pause", 0.0))
         end = time.monotonic() + plan.get("linger", 20.0)
         while used() > plan["settle_bytes"] and time.monotonic() < end:
+            read_hot()
+            time.sleep(0.2)
+        end = time.monotonic() + plan.get("after", 0.0)  # hear of the others' last deletes
+        while time.monotonic() < end:
             read_hot()
             time.sleep(0.2)
         out.put({"node": plan.get("name"), "status": fleet.status(), "stored": stored, "refused": refused,
