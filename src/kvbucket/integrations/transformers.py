@@ -43,8 +43,11 @@ import numpy as np
 from kvbucket import metrics
 from kvbucket.backends.base import StorageBackend
 from kvbucket.errors import ConfigError, KVBucketError
+
+# torch and DynamicCache come through transformers_model, whose import says how to install them
 from kvbucket.integrations.transformers_model import (
     DEFAULT_CHUNK_TOKENS,
+    DynamicCache,
     KVChunkLayout,
     UnsupportedModelError,
     as_batch1,
@@ -59,19 +62,10 @@ from kvbucket.integrations.transformers_model import (
     new_dynamic_cache,
     np_view,
     probe_kv_layout,
+    torch,
 )
 from kvbucket.keys import CacheEngineKey
 from kvbucket.threads import DEFAULT_CLOSE_TIMEOUT_SECS
-
-try:
-    import torch
-
-    from transformers import DynamicCache
-except ImportError as e:  # pragma: no cover - depends on installed extras
-    raise ImportError(
-        "kvbucket.integrations.transformers needs torch and transformers: "
-        "pip install 'kvbucket[transformers]'"
-    ) from e
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
