@@ -34,14 +34,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def in_sglang_venv() -> bool:
-    try:
-        import sglang  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pages", type=int, default=256, help="pages per round")
@@ -54,14 +46,9 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where both backends write (default: a temp dir)")
     ap.add_argument("--stores", default="dir", help="kvbucket's stores, comma-separated: dir, hub, s3")
     args = ap.parse_args()
-    if not in_sglang_venv():
-        from kvbucket.testing.engines import reexec_in_engine_venv, store_servers
+    from kvbucket.testing.engines import bench_in_engine_venv
 
-        with tempfile.TemporaryDirectory(prefix="bench-sglang-") as tmp, \
-                store_servers(args.stores.split(","), Path(tmp)) as targets:
-            env = {"KVB_BENCH_TARGETS": json.dumps(targets), "HF_XET_CACHE": f"{tmp}/xet",
-                   "HF_HOME": f"{tmp}/hf"}
-            sys.exit(reexec_in_engine_venv(ROOT, "sglang", sys.argv, env))
+    bench_in_engine_venv(ROOT, "sglang", args.stores, sys.argv)  # returns only inside the sglang venv
     run(args)
 
 
@@ -129,7 +116,9 @@ def run(args: argparse.Namespace) -> None:
         t2 = time.perf_counter()
         return n / (t1 - t0), n / (t2 - t1s)
 
-    targets = json.loads(os.environ.get("KVB_BENCH_TARGETS", "{}")) or {"dir": {}}
+    from kvbucket.testing.engines import BENCH_TARGETS_ENV
+
+    targets = json.loads(os.environ.get(BENCH_TARGETS_ENV, "{}")) or {"dir": {}}
 
     kvb: dict[str, tuple[Any, Any]] = {}
 

@@ -38,14 +38,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def in_vllm_venv() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", type=int, default=256, help="chunks per round")
@@ -56,14 +48,9 @@ def main() -> None:
     ap.add_argument("--stores", default="dir", help="kvbucket's stores, comma-separated: dir, hub, s3")
     ap.add_argument("--tier-options", default="{}", help="JSON: more settings of kvbucket's tier entries")
     args = ap.parse_args()
-    if not in_vllm_venv():
-        from kvbucket.testing.engines import reexec_in_engine_venv, store_servers
+    from kvbucket.testing.engines import bench_in_engine_venv
 
-        with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp, \
-                store_servers(args.stores.split(","), Path(tmp)) as targets:
-            env = {"KVB_BENCH_TARGETS": json.dumps(targets), "HF_XET_CACHE": f"{tmp}/xet",
-                   "HF_HOME": f"{tmp}/hf"}
-            sys.exit(reexec_in_engine_venv(ROOT, "vllm", sys.argv, env))
+    bench_in_engine_venv(ROOT, "vllm", args.stores, sys.argv)  # returns only inside the vllm venv
     run(args)
 
 
@@ -80,7 +67,9 @@ def run(args: argparse.Namespace) -> None:
         base = Path(tmp.name)
     else:
         base = Path(args.dir)
-    targets = json.loads(os.environ.get("KVB_BENCH_TARGETS", "{}")) or {"dir": {}}
+    from kvbucket.testing.engines import BENCH_TARGETS_ENV
+
+    targets = json.loads(os.environ.get(BENCH_TARGETS_ENV, "{}")) or {"dir": {}}
     n, bs = args.chunks, args.chunk_kib * 1024
     batches = [list(range(i, min(n, i + args.batch))) for i in range(0, n, args.batch)]
 

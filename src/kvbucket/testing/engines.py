@@ -9,10 +9,13 @@ environment variable.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -109,3 +112,20 @@ def reexec_in_engine_venv(root: Path, engine: str, argv: list[str], env: dict[st
     venv = engine_venv(root, engine)
     full = {**os.environ, **env, "PYTHONPATH": str(root / "src")}
     return subprocess.call([str(venv / "bin" / "python"), *argv], env=full)
+
+
+#: The environment variable a benchmark re-run in an engine venv finds its store targets in.
+BENCH_TARGETS_ENV = "KVB_BENCH_TARGETS"
+
+
+def bench_in_engine_venv(root: Path, engine: str, stores: str, argv: list[str]) -> None:
+    """For a benchmark script: return when ``engine`` imports here (it runs in the engine's venv);
+    otherwise start the servers of ``stores`` (comma-separated: dir, hub, s3), re-run ``argv`` in
+    the engine's venv with their targets in ``$KVB_BENCH_TARGETS``, and exit with its status."""
+    if importlib.util.find_spec(engine) is not None:
+        return
+    with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-") as tmp, \
+            store_servers(stores.split(","), Path(tmp)) as targets:
+        env = {BENCH_TARGETS_ENV: json.dumps(targets), "HF_XET_CACHE": f"{tmp}/xet", "HF_HOME": f"{tmp}/hf"}
+        code = reexec_in_engine_venv(root, engine, argv, env)
+    sys.exit(code)
