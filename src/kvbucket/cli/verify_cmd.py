@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from kvbucket.batching import batches
 from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store
 from kvbucket.cli.store_cmd import human_size
 from kvbucket.errors import KVBucketError
@@ -42,16 +43,7 @@ SHOWN_BAD = 20
 
 
 def _batches(infos: Sequence[ObjectInfo]) -> Iterator[list[ObjectInfo]]:
-    batch: list[ObjectInfo] = []
-    size = 0
-    for info in infos:
-        if batch and (len(batch) >= BATCH_ITEMS or size + info.size > BATCH_BYTES):
-            yield batch
-            batch, size = [], 0
-        batch.append(info)
-        size += info.size
-    if batch:
-        yield batch
+    return batches(infos, lambda x: x.size, BATCH_ITEMS, BATCH_BYTES)
 
 
 #: compile-cache file -> (size, sha256), from the checksum records in the store

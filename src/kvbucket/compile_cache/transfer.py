@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kvbucket.batching import batches as _batches
 from kvbucket.compile_cache.layout import LOCAL_RESERVED_PREFIX, CacheLayout
 from kvbucket.compile_cache.lookup import config_id, model_path, task_segment
 from kvbucket.errors import InvalidKeyError
@@ -105,18 +106,8 @@ class TransferReport:
 
 def batches(items: Iterable[T], size_of: Callable[[T], int], max_items: int = BATCH_FILES,
             max_bytes: int = BATCH_BYTES) -> Iterator[list[T]]:
-    """Split into batches of at most ``max_items`` items and (unless one item is larger) ``max_bytes``."""
-    batch: list[T] = []
-    nbytes = 0
-    for it in items:
-        n = size_of(it)
-        if batch and (len(batch) >= max_items or nbytes + n > max_bytes):
-            yield batch
-            batch, nbytes = [], 0
-        batch.append(it)
-        nbytes += n
-    if batch:
-        yield batch
+    """:func:`kvbucket.batching.batches` with the compile cache's default bounds."""
+    return _batches(items, size_of, max_items, max_bytes)
 
 
 def list_remote(store: ObjectStore, prefixes: Sequence[str]) -> dict[str, int]:

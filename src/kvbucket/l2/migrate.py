@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvbucket.batching import batches
 from kvbucket.l2.naming import Naming
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.sealed import SealedStore, seal_store
@@ -58,16 +59,7 @@ def plan(store: ObjectStore, naming: Naming, prefix: str = "") -> list[Move]:
 
 
 def _batches(moves: Sequence[Move]) -> Iterator[list[Move]]:
-    batch: list[Move] = []
-    size = 0
-    for m in moves:
-        if batch and (len(batch) >= BATCH_ITEMS or size + m.size > BATCH_BYTES):
-            yield batch
-            batch, size = [], 0
-        batch.append(m)
-        size += m.size
-    if batch:
-        yield batch
+    return batches(moves, lambda x: x.size, BATCH_ITEMS, BATCH_BYTES)
 
 
 def migrate(
