@@ -124,8 +124,9 @@ def test_salt_shares_and_pins_hold_fleet_wide(tmp_path: Path) -> None:
         {"name": "pin", "salt": "gold", "start": 200_000, "count": pinned, "chunk": CHUNK, "batch": 4,
          "linger": SETTLE + 2},
     ]
-    # The write cap (its own tests: test_fleet_connector.py, test_fleet_remote.py) would refuse tenant-b's first stores
-    # while tenant-a's burst has the prefix at capacity; this test is about what eviction keeps.
+    # The write cap (tested in test_fleet_connector.py and test_fleet_remote.py) would refuse
+    # tenant-b's first stores while tenant-a's burst holds the prefix at capacity; this test is
+    # about what eviction keeps.
     reports = run_fleet(root, plans, fleet={"pinned_salts": ("gold",), "write_cap": 3.0})
     held = chunk_bytes(root)
     assert sum(held.values()) <= 1.1 * CAPACITY
