@@ -24,7 +24,10 @@ from kvbucket.testing.s3_server import S3Server
 CHUNK = 32 * 1024
 CAPACITY = 1024 * 1024
 FLEET = {"sync_secs": 0.3, "heartbeat_secs": 0.5, "node_timeout_secs": 5.0, "compact_secs": 1.0,
-         "reconcile_secs": 3.0, "grace_secs": 1.0}
+         "reconcile_secs": 3.0, "grace_secs": 1.0,
+         # 3x capacity is written: a write cap of 1 refused most of it, and some runs then had no
+         # eviction (and no cross-node eviction) to show; the cap has its own tests
+         "write_cap": 3.0}
 SETTLE = 5.0
 HOT = list(range(1_000_000, 1_000_004))
 
