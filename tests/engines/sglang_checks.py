@@ -122,12 +122,12 @@ def test_store_then_load_into_another_host_pool(target: dict[str, Any]) -> None:
     r = backend(target, dst)
     assert r.batch_get_v1(keys, idx2) == [True] * N_PAGES
     assert page_bytes(dst, idx2, N_PAGES) == page_bytes(src, idx, N_PAGES)
-    # Written from the pool's regions (writev), stored as SGLang's flat page: the copying path reads it.
-    flat = r.get(keys[2], dst.get_dummy_flat_data_page())
-    assert flat.view(torch.uint8).numpy().tobytes() == page_bytes(src, idx, N_PAGES)[2]
     stats = r.get_stats()
     assert isinstance(stats, StorageMetrics) and sum(stats.prefetch_pgs) == N_PAGES
     assert sum(b.get_stats().backup_pgs) == N_PAGES
+    # Written from the pool's regions (writev), stored as SGLang's flat page: the copying path reads it.
+    flat = r.get(keys[2], dst.get_dummy_flat_data_page())
+    assert flat.view(torch.uint8).numpy().tobytes() == page_bytes(src, idx, N_PAGES)[2]
 
 
 def test_batch_exists_is_the_longest_stored_prefix(target: dict[str, Any]) -> None:
