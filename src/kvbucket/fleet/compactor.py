@@ -103,7 +103,7 @@ class CompactorMixin:
                 continue
             listed[info.name] = (info.size, info.mtime if info.mtime is not None else start)
         self._count("list", max(1, pages))
-        settled = start - max(self.config.grace_secs, 2 * self.config.sync_secs)
+        settled = start - max(self.config.grace_secs, 2 * self.config.stage_secs)
         with self._lock:
             missing = [n for n, e in self._view.entries.items() if n not in listed and e.stored < settled]
         if missing:
