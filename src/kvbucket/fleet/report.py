@@ -14,7 +14,7 @@ def inspect_fleet(store: ObjectStore, prefix: str = "") -> dict[str, Any] | None
     ``_fleet/`` plus the snapshot and journal GETs."""
     from types import SimpleNamespace
 
-    from kvbucket.integrations.engine_fleet import chunk_salt
+    from kvbucket.integrations.naming import chunk_salt
 
     def engine_chunk(name: str) -> Any:  # the SGLang/vLLM tiers' names (kvbucket's keys parse anyway)
         salt = chunk_salt(name)
