@@ -6,13 +6,13 @@ back. Cost per node: about ``120 / sync_secs`` requests a minute whatever it ser
 
 **Activity-driven** (``coordination_ratio`` r): every data request (a chunk stored or loaded)
 earns the node r of a request; a round is due once the credit pays for it (its journal PUT,
-the compactor's later GET of that journal, and the digest GET: 3), but never sooner than
+the compactor's later GET and DELETE of that journal, and the digest GET: 4), but never sooner than
 ``sync_secs`` after the last. So a busy node spends at most r of its data requests on
 coordination, and its rounds come faster the busier it is. A node in use (it served a request
 or has records to publish) still rounds at least every ``max_sync_secs / 4`` (the *stage*), so
 a chunk is published, folded by the compactor and read by any node in use within
 ``max_sync_secs`` (the last quarter covers the requests themselves). Between two rounds at
-most ``(3 + CREDIT_CAP) / r`` data requests' records wait, so the number of chunks no other
+most ``(4 + CREDIT_CAP) / r`` data requests' records wait, so the number of chunks no other
 node can see yet is bounded as well as the time. A node that served nothing backs off up to
 ``idle_sync_secs``; its first request cuts the wait back to a stage (until that round its view
 may be up to ``idle_sync_secs`` old: lookups then miss, never hit wrongly). The
@@ -31,10 +31,11 @@ from kvbucket.fleet.config import FleetConfig
 
 #: Credit kept (or owed) at most, in requests: a busy spell after a quiet one buys no flurry.
 CREDIT_CAP = 4.0
-#: What a round of a node (not the compactor) costs: its journal PUT, the compactor's GET of
-#: that journal (paid by the writer, so the fleet as a whole stays within the ratio) and the
-#: digest GET. The compactor's round: the listing, the digest PUT and its own journal.
-ROUND_COST = 3.0
+#: What a round of a node (not the compactor) costs: its journal PUT, the compactor's GET and
+#: later DELETE of that journal (paid by the writer, so the fleet as a whole stays within the
+#: ratio) and the digest GET. The compactor's round: the listing, the digest PUT, its own
+#: journal and that journal's DELETE.
+ROUND_COST = 4.0
 
 
 class Pacer:

@@ -392,8 +392,8 @@ class Fleet(CompactorMixin):
             self._buf, self._accessed = [], {}
             seq = self._seq + 1
         journal = Journal(self.node, seq, recs)
-        if not self._is_compactor():
-            self._pace.spend(1)  # the compactor's GET of this journal, paid by its writer
+        # The compactor's GET (unless it is ours) and DELETE of this journal, paid by its writer.
+        self._pace.spend(1 if self._is_compactor() else 2)
         try:
             self._count("put")
             self._store.put(journal_name(self._prefix, self.node, seq), journal.to_bytes())
