@@ -118,10 +118,11 @@ def fleet_run(spec: dict[str, Any], store: ObjectStore, prefix: str, n: int) -> 
 
 #: LMCache's default chunk is 256 tokens: 8 MiB of Llama-3.2-1B's KV in bf16. Coordination
 #: depends on request counts only, so the cost part moves --chunk-kib (default 16 KiB) per request
-#: to reach a serving node's request rate on this 2-core machine. The capacity, 2,048 chunks (16
-#: GiB of 8 MiB ones), holds more than the grace keeps at N = 8, so eviction (not the write cap)
-#: makes room and refused stores do not lower the data rate.
-COST_CAPACITY_CHUNKS = 2048
+#: to reach a serving node's request rate on this 2-core machine. The capacity, 8,192 chunks (64
+#: GiB of 8 MiB ones), is large enough that at N = 8 the write cap's per-round budget
+#: (``2 * capacity / (3N - 2)`` on an empty prefix) exceeds what a node stores in a paced round,
+#: so refused stores do not lower the data rate; eviction starts near the end at N = 8.
+COST_CAPACITY_CHUNKS = 8192
 #: Clock-driven: the defaults. Activity-paced: coordination_ratio (and max_sync_secs) as given.
 MODES = ("clock", "paced")
 
