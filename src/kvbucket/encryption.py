@@ -39,6 +39,7 @@ SINGLE_KEY_ENV = "KVBUCKET_ENCRYPTION_KEY"
 # while it is in a core's L2 cache (decrypting in place, its plaintext goes through a scratch
 # buffer of this size). Measured on 2 MiB chunks: 256 KiB blocks beat 1 MiB ones by ~15%.
 BLOCK = 256 << 10
+SCRATCH_KEEP = 64 << 20  # largest scratch a thread keeps between loads (bigger ones are freed)
 _scratch = threading.local()
 
 
@@ -89,6 +90,7 @@ class Keyring:
                 self._keys[str(tenant)] = ring
         if not self._keys:
             raise ConfigError("the encryption keyring holds no keys")
+        self._aeads: dict[tuple[str, int], Any] = {}
 
     # ---- sources ------------------------------------------------------------------------
     @classmethod
@@ -172,6 +174,18 @@ class Keyring:
         ring = self._ring(tenant)
         return ring is not None and key_id in ring
 
+    def aead(self, tenant: str, key_id: int) -> Any:
+        """The one-shot AES-256-GCM cipher of a key (cached): ``decrypt_into`` releases the GIL
+        and runs ~1.4x faster here than the streaming decryptor (docs/integrity.md, "Cost")."""
+        cached = self._aeads.get((tenant, key_id))
+        if cached is None:
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+            ring = self._ring(tenant)
+            assert ring is not None
+            cached = self._aeads[(tenant, key_id)] = AESGCM(ring[key_id])
+        return cached
+
     def encryptor(self, tenant: str, key_id: int, nonce: bytes, aad: bytes) -> Any:
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -198,6 +212,18 @@ class Keyring:
 
     def __reduce__(self) -> Any:  # never pickled into a child's argv or a log by accident
         raise TypeError("a Keyring cannot be pickled; build it from its source in each process")
+
+
+def scratch(nbytes: int) -> memoryview:
+    """A writable buffer of ``nbytes`` reused by this thread (kept while at most
+    :data:`SCRATCH_KEEP`): local encrypted loads read each object into it (warm in cache, no
+    page faults) and decrypt it from there into the caller's buffer."""
+    buf = getattr(_scratch, "whole", None)
+    if buf is None or len(buf) < nbytes:
+        buf = bytearray(nbytes)
+        if nbytes <= SCRATCH_KEEP:
+            _scratch.whole = buf
+    return memoryview(buf)[:nbytes]
 
 
 def encrypt_into(enc: Any, src: memoryview, dst: memoryview, hasher: Any = None) -> bytes:
@@ -254,5 +280,6 @@ def decrypt_in_place(dec: Any, view: memoryview, hasher: Any = None, tag: bytes 
 
 
 __all__ = [
-    "BLOCK", "DEFAULT_TENANT", "KEY_BYTES", "EncryptionConfig", "Keyring", "decrypt_in_place", "encrypt_into",
+    "BLOCK", "DEFAULT_TENANT", "KEY_BYTES", "SCRATCH_KEEP", "EncryptionConfig", "Keyring", "decrypt_in_place",
+    "encrypt_into", "scratch",
 ]

@@ -568,10 +568,13 @@ def inspect_fleet(store: ObjectStore, prefix: str = "") -> dict[str, Any] | None
     ``_fleet/`` plus the snapshot and journal GETs."""
     from types import SimpleNamespace
 
-    from kvbucket.integrations.engine_fleet import chunk_salt
+    from kvbucket.backends.salt import chunk_salt as backend_salt
+    from kvbucket.integrations.naming import chunk_salt
 
-    def engine_chunk(name: str) -> Any:  # the SGLang/vLLM tiers' names (kvbucket's keys parse anyway)
+    def engine_chunk(name: str) -> Any:  # engine tiers' and storage backends' names (L2 keys parse anyway)
         salt = chunk_salt(name)
+        if salt is None:
+            salt = backend_salt(name, prefix)
         return None if salt is None else SimpleNamespace(cache_salt=salt)
 
     reader = Fleet(store, FleetConfig(node_id="kvbucket-inspect"), prefix=prefix, parse=engine_chunk)
