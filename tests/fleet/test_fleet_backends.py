@@ -265,3 +265,19 @@ def test_the_docs_fleet_yamls_are_engine_configs_with_a_fleet() -> None:
         settings = specs[0].fleet
         assert settings.fleet is not None and settings.max_capacity_gb == 500, doc
         assert not set(specs[0].options) & {"fleet", "max_capacity_gb", "eviction"}, doc
+
+
+def test_kvbucket_stats_shows_the_fleet_usage_of_a_running_process(tmp_path: Path) -> None:
+    from kvbucket.metrics import start_metrics_server
+
+    root = tmp_path / "kv"
+    with build(engine_yaml(root, "stats-node")) as a:
+        a.batched_put([(backend_key(i), backend_chunk(i, CHUNK)) for i in range(2)])
+        url = remote(a).store.url
+        with start_metrics_server(0) as server:
+            out = subprocess.run([sys.executable, "-m", "kvbucket", "stats", "--url", server.url],
+                                 capture_output=True, text=True, timeout=120,
+                                 env={**os.environ, "COLUMNS": "250"})
+    assert out.returncode == 0, out.stderr
+    line = f"fleet on {url} (node stats-node): 64.0 KiB of 2.0 MiB (3%) in 2 chunks, 1 live nodes"
+    assert line in out.stdout, out.stdout
