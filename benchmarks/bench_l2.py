@@ -40,6 +40,7 @@ PLUGIN = {"type": "plugin", "module_path": "kvbucket.integrations.lmcache", "cla
 OPS = ("Store", "Lookup", "Load")
 BENCH_KEYRING_ENV = "KVBUCKET_BENCH_KEYRING"
 INTEGRITY_RUNS: list[tuple[str, dict]] = []  # (backend, every adapter's ops/s), with --integrity
+SERVER_RUNS: list[tuple[str, dict]] = []  # (backend, every adapter's results), with --server-stats
 GOALS = {"Store": 1.0, "Lookup": 1.5, "Load": 1.5}
 
 
@@ -73,7 +74,7 @@ def run_bench(spec: dict[str, Any], env: dict[str, str], args: argparse.Namespac
 
 
 def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argparse.Namespace,
-                    workdir: Path, backend: str = "") -> tuple[dict, dict]:
+                    workdir: Path, backend: str = "", probe: dict | None = None) -> tuple[dict, dict]:
     """Both adapters in one process (a subprocess, so HF_ENDPOINT etc. apply from the start),
     driven by LMCache's own bench runners one round at a time, alternating which goes first.
     Load drift on a shared machine then hits both sides alike. Ops/s from the median round."""
@@ -88,7 +89,8 @@ def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argp
             {"tenants": {"*": {"1": base64.b64encode(os.urandom(32)).decode()}}})}
     job.write_text(json.dumps({"specs": specs, "num_keys": args.num_keys,
                                "random": args.integrity or args.random_payloads,
-                               "data_size": args.data_size_kb * 1024, "rounds": args.rounds}))
+                               "data_size": args.data_size_kb * 1024, "rounds": args.rounds,
+                               "probe": probe if args.server_stats else None}))
     full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **_omp(args), **env}
     proc = subprocess.run([sys.executable, __file__, "--worker", str(job)], capture_output=True, text=True,
                           env=full_env, cwd=workdir, timeout=1800)  # fmt: skip
@@ -98,7 +100,44 @@ def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argp
     out = json.loads(lines[-1][len("RESULT "):])
     if args.integrity:
         INTEGRITY_RUNS.append((backend, out))
+    if args.server_stats:
+        SERVER_RUNS.append((backend, out))
     return out["lmcache"], out["kvbucket"]
+
+
+def _server_sample(probe: dict | None) -> dict[str, float]:
+    """The server's CPU seconds (``cpu``) and request counters now, for per-round deltas.
+
+    SeaweedFS: its Prometheus counters (requests by type; bytes received and sent). The Hub
+    emulator: its stats route (requests per route; ``xorb_upload`` bytes in, ``fetch`` bytes out).
+    """
+    import re
+    import urllib.request
+
+    if not probe:
+        return {}
+    with open(f"/proc/{probe['pid']}/stat") as f:  # utime + stime of all the server's threads
+        fields = f.read().rsplit(")", 1)[1].split()
+    out: dict[str, float] = {"cpu": (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")}
+    req = urllib.request.Request(probe["url"])
+    if probe["kind"] == "hub":
+        req.add_header("X-Emulator-Admin", probe["admin"])
+        with urllib.request.urlopen(req, timeout=30) as r:
+            routes = json.loads(r.read())["routes"]
+        for name, st in routes.items():
+            if name != "control":
+                out[name] = st["requests"]
+        out["xorb_bytes_in"] = routes.get("xorb_upload", {}).get("bytes_in", 0)
+        out["fetch_bytes_out"] = routes.get("fetch", {}).get("bytes_out", 0)
+        return out
+    with urllib.request.urlopen(req, timeout=30) as r:
+        text = r.read().decode()
+    for m in re.finditer(r'^SeaweedFS_s3_request_total\{[^}]*type="(\w+)"[^}]*\} (\S+)$', text, re.M):
+        out[m.group(1)] = out.get(m.group(1), 0) + float(m.group(2))
+    for key, metric in (("bytes_in", "received"), ("bytes_out", "sent")):
+        out[key] = sum(float(v) for v in re.findall(
+            rf"^SeaweedFS_s3_bucket_traffic_{metric}_bytes_total\{{[^}}]*\}} (\S+)$", text, re.M))
+    return out
 
 
 def _worker(job_path: str) -> None:
@@ -150,6 +189,8 @@ def _worker(job_path: str) -> None:
         load_objs[who] = make_memory_objects(buf, n, size, n * size, fill_offset=1)
     durations: dict[str, dict[str, list[float]]] = {w: {op: [] for op in OPS} for w in names}
     cpu_secs: dict[str, dict[str, list[float]]] = {w: {op: [] for op in OPS} for w in names}
+    server: dict[str, dict[str, list[dict[str, float]]]] = {w: {op: [] for op in OPS} for w in names}
+    probe = job.get("probe")
     verified = {w: True for w in names}
     quiet = lambda _msg: None  # noqa: E731
     for op in OPS:
@@ -160,6 +201,7 @@ def _worker(job_path: str) -> None:
                 os.sync()  # earlier rounds' dirty pages are written back now, not during this one
                 if op != "Lookup":
                     fill(who, r)  # untimed; random payloads only with --integrity/--random-payloads
+                srv0 = _server_sample(probe)
                 cpu0 = time.process_time()
                 if op == "Store":
                     res = bench_store(a, 1, n, size, 1, lambda _r, k=keys: [k],
@@ -170,26 +212,30 @@ def _worker(job_path: str) -> None:
                     res = bench_load(a, 1, n, size, 1, lambda _r, k=keys: [k],
                                      lambda _r, w=who: [load_objs[w]], quiet)  # fmt: skip
                 cpu = time.process_time() - cpu0
+                srv1 = _server_sample(probe)
                 if op == "Load":
                     verified[who] &= verify_round_trip(keys, store_objs[who], load_objs[who], quiet)
                 if r > 0:  # the first round warms up
                     ok = res.success_counts and res.success_counts[0] == n and res.round_durations
                     durations[who][op].append(res.round_durations[0] if ok else float("inf"))
                     cpu_secs[who][op].append(cpu if ok else float("inf"))
+                    if probe:
+                        server[who][op].append({k: v - srv0.get(k, 0) for k, v in srv1.items()})
     out = {}
     for who in names:
         out[who] = {"verified": verified[who]}
         for op in OPS:
             med = statistics.median(durations[who][op])
             out[who][op] = {"ops_per_sec_avg": n / med if med > 0 else 0.0,
-                            "round_secs": durations[who][op], "cpu_secs": cpu_secs[who][op]}
+                            "round_secs": durations[who][op], "cpu_secs": cpu_secs[who][op],
+                            "server": server[who][op]}
         adapters[who].close()
     print("RESULT " + json.dumps(out), flush=True)
 
 
 # ---- servers -----------------------------------------------------------------------------------
 @contextlib.contextmanager
-def hub_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
+def hub_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str], dict]]:
     from kvbucket.testing.hub_emulator import HubEmulator
 
     token = "hf_bench_" + os.urandom(8).hex()
@@ -199,12 +245,14 @@ def hub_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
                    "create_bucket_if_missing": True, "download_tmp_dir": str(tmp / "dl-builtin")}
         ours = {"type": "hfbucket", "bucket_handle": "hf://buckets/bench/kvbucket",
                 "create_bucket_if_missing": True, "download_tmp_dir": str(tmp / "dl-kvbucket")}
-        yield builtin, ours, env
+        probe = {"pid": emu.pid, "kind": "hub", "url": f"{emu.endpoint}/_emulator/stats",
+                 "admin": emu.config.admin_key}
+        yield builtin, ours, env, probe
 
 
 @contextlib.contextmanager
-def s3_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
-    from kvbucket.testing.s3_server import DOMAIN, S3Server, SeaweedFS
+def s3_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str], dict]]:
+    from kvbucket.testing.s3_server import DOMAIN, S3Server, SeaweedFS, free_port
 
     class LocalhostSeaweedFS(SeaweedFS):
         """Path-style clients go to ``localhost`` (Host ``localhost``), because SeaweedFS reads every
@@ -215,7 +263,8 @@ def s3_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
             self.server = S3Server(self.server.endpoint_url.replace("127.0.0.1", "localhost"))
             super()._wait_ready()
 
-    weed = LocalhostSeaweedFS(domain_name=f"{DOMAIN},0.0.1")
+    metrics_port = free_port()
+    weed = LocalhostSeaweedFS(domain_name=f"{DOMAIN},0.0.1", extra_args=(f"-metricsPort={metrics_port}",))
     server = weed.start()
     try:
         server.create_bucket("127")
@@ -228,15 +277,17 @@ def s3_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
         # (kvbucket signs bodies over plain HTTP unless told otherwise).
         ours = {"type": "s3", "s3_endpoint": f"{host}/kvbucket", "s3_region": server.region,
                 "disable_tls": True, **creds, "s3_num_io_threads": 64, "s3_unsigned_payload": True}
-        yield builtin, ours, {}
+        assert weed.proc is not None
+        probe = {"pid": weed.proc.pid, "kind": "weed", "url": f"http://127.0.0.1:{metrics_port}/metrics"}
+        yield builtin, ours, {}, probe
     finally:
         weed.stop()
 
 
 @contextlib.contextmanager
-def fs_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str]]]:
+def fs_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str], dict]]:
     yield ({"type": "fs", "base_path": str(tmp / "fs-builtin")},
-           {"type": "fs", "base_path": str(tmp / "fs-kvbucket")}, {})
+           {"type": "fs", "base_path": str(tmp / "fs-kvbucket")}, {}, {})
 
 
 SERVERS = {"hfbucket": hub_servers, "s3": s3_servers, "fs": fs_servers}
@@ -297,6 +348,9 @@ def main() -> int:
                         "of LMCache's one-byte-repeated chunks, which a Hub bucket deduplicates")
     p.add_argument("--object-format", choices=["kvbucket", "lmcache"], default="kvbucket",
                    help="kvbucket's object_format: lmcache writes LMCache's names and raw bytes")
+    p.add_argument("--server-stats", action="store_true",
+                   help="also print, per adapter and operation, the mean client CPU, server CPU and "
+                        "server requests (and bytes) per round, read from the server (interleaved mode)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -309,14 +363,14 @@ def main() -> int:
     try:
         for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
             try:
-                with SERVERS[backend](tmp) as (builtin, ours, env):
+                with SERVERS[backend](tmp) as (builtin, ours, env, probe):
                     if args.num_workers:
                         ours["num_workers"] = args.num_workers
                     if args.object_format != "kvbucket":
                         ours["object_format"] = args.object_format
                     plugin = {**PLUGIN, "adapter_params": ours}
                     if args.mode == "interleaved":
-                        base, mine = run_interleaved(builtin, plugin, env, args, tmp, backend)
+                        base, mine = run_interleaved(builtin, plugin, env, args, tmp, backend, probe)
                     else:
                         # ABBA order on the same server, averaged: a server that slows down (or
                         # warms up) as it fills penalises both sides equally.
@@ -373,7 +427,31 @@ def main() -> int:
               "cores are all busy, CPU is throughput.")
         print(f"{'backend':<9} {'op':<7} {'sealed/unsealed':>25} {'aes/sealed':>19}")
         print("\n".join(cpu_rows))
+    if SERVER_RUNS:
+        _print_server_stats(args.num_keys)
     return 1 if failures else 0
+
+
+def _print_server_stats(num_keys: int) -> None:
+    """Medians over rounds: client CPU, server CPU (ms per round) and server counters per key."""
+    import statistics
+
+    print(f"\nPer round (means; counters per key, {num_keys} keys a round): client CPU = the bench "
+          "process's CPU time,\nserver CPU = the server process's (all threads, from /proc, 10 ms ticks)")
+    print(f"{'backend':<9} {'op':<7} {'adapter':<18} {'client ms':>9} {'server ms':>9}  counters per key")
+    for backend, out in SERVER_RUNS:
+        for op in OPS:
+            for who, res in out.items():
+                rounds = res[op].get("server") or []
+                if not rounds:
+                    continue
+                cpu = [c for c in res[op]["cpu_secs"] if c < float("inf")]
+                client = 1000 * statistics.fmean(cpu) if cpu else float("nan")
+                srv = 1000 * statistics.fmean(r.get("cpu", 0.0) for r in rounds)
+                keys = sorted({k for r in rounds for k in r if k != "cpu"})
+                per = {k: statistics.fmean(r.get(k, 0.0) for r in rounds) / num_keys for k in keys}
+                text = ", ".join(f"{k} {v:.3g}" for k, v in per.items() if v)
+                print(f"{backend:<9} {op:<7} {who:<18} {client:>9.1f} {srv:>9.1f}  {text}")
 
 
 if __name__ == "__main__":

@@ -18,17 +18,13 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvbucket.encryption import EncryptionConfig, Keyring
+from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
-
-if TYPE_CHECKING:
-    from kvbucket.backends.base import StorageBackend
-    from kvbucket.chunks import KVLayout
 
 log = logging.getLogger(__name__)
 
@@ -327,53 +323,15 @@ def _config_error(
     return ConfigError("invalid kvbucket engine config:\n  " + "\n  ".join(lines))
 
 
-def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
-    """The backend stack a config describes: local_cpu -> local_disk -> remote(s).
+def __getattr__(name: str) -> Any:
+    """``kvbucket.config.build_backend``, kept for existing imports (README, seeds): the builder
+    lives in :mod:`kvbucket.backends.build`, imported only when asked for, so this module never
+    imports the backends and the backends may import it."""
+    if name == "build_backend":
+        from kvbucket.backends.build import build_backend
 
-    One tier is returned as itself; several become a :class:`HybridBackend` (write-through,
-    read-through with promotion). ``enable_async_loading`` selects the pipelined remote backend.
-    """
-    from kvbucket.backends.hybrid import HybridBackend
-    from kvbucket.backends.local_cpu import LocalCPUBackend
-    from kvbucket.backends.local_disk import LocalDiskBackend
-    from kvbucket.backends.plugins import open_remote_stores
-    from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
-
-    if layout.chunk_tokens != config.chunk_size:
-        raise ConfigError(
-            f"the KV layout has {layout.chunk_tokens} tokens per chunk but chunk_size is "
-            f"{config.chunk_size}; "
-            f"build the layout with chunk_tokens={config.chunk_size} (layout.with_chunk_tokens(...)) or fix "
-            "chunk_size"
-        )
-    tiers: list[StorageBackend] = []
-    keyring = Keyring.from_setting(config.encryption)  # one keyring (and one error) for every tier
-    try:
-        if config.local_cpu:
-            tiers.append(LocalCPUBackend(config.local_cpu_bytes))
-        if config.local_disk is not None:
-            tiers.append(LocalDiskBackend(config.local_disk, config.local_disk_bytes, encryption=keyring))
-        remote_cls = PipelinedRemoteBackend if config.enable_async_loading else RemoteBackend
-        for _, store in open_remote_stores(config):
-            tiers.append(remote_cls(
-                store,
-                layout,
-                serde=config.remote_serde,
-                save_unfull_chunk=config.save_unfull_chunk,
-                blocking_timeout_secs=config.blocking_timeout_secs,
-                unsealed=config.unsealed,
-                encryption=keyring,
-            ))
-    except BaseException:
-        for t in tiers:
-            t.close()
-        raise
-    if not tiers:
-        raise ConfigError(
-            "the config stores nothing: set local_cpu: true, local_disk (+ max_local_disk_size), remote_url "
-            "or remote_storage_plugins"
-        )
-    return tiers[0] if len(tiers) == 1 else HybridBackend(tiers)
+        return build_backend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["EngineConfig", "build_backend", "env_overrides", "load_engine_config", "read_config_file"]
+__all__ = ["EngineConfig", "env_overrides", "load_engine_config", "read_config_file"]

@@ -400,9 +400,16 @@ class Summary:
     breakers: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: disk tier directory -> chunks skipped because its filesystem was full
     disk_skipped_full: dict[str, float] = field(default_factory=dict)
+    #: (store, node) -> the fleet's usage as that member knows it (kvbucket.fleet.gauges):
+    #: "used", "capacity", "chunks", "live_nodes"
+    fleets: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    #: chunks fleet members evicted, by who wrote them ("self" / "other")
+    fleet_evictions: dict[str, float] = field(default_factory=dict)
 
 
 _BREAKER_NAMES = {0: "closed", 1: "half_open", 2: "open"}
+_FLEET_GAUGES = {"kvbucket_fleet_bytes_used": "used", "kvbucket_fleet_capacity_bytes": "capacity",
+                 "kvbucket_fleet_chunks": "chunks", "kvbucket_fleet_live_nodes": "live_nodes"}
 _READ_OPS = {"get", "batched_get"}
 
 
@@ -419,6 +426,8 @@ def summarize(exposition: str) -> Summary:
     failures: dict[tuple[str, str], float] = {}
     breakers: dict[str, tuple[str, float]] = {}
     disk_full: dict[str, float] = {}
+    fleets: dict[tuple[str, str], dict[str, float]] = {}
+    fleet_evictions: dict[str, float] = {}
 
     def row(kind: str, name: str) -> Row:
         return rows.setdefault((kind, name), Row(kind, name))
@@ -457,6 +466,10 @@ def summarize(exposition: str) -> Summary:
             elif s.name == "kvbucket_store_breaker_rejected_total":
                 state, n = breakers.get(lab["store"], ("closed", 0.0))
                 breakers[lab["store"]] = (state, n + v)
+            elif s.name in _FLEET_GAUGES:
+                fleets.setdefault((lab["store"], lab["node"]), {})[_FLEET_GAUGES[s.name]] = v
+            elif s.name == "kvbucket_fleet_evictions_total":
+                fleet_evictions[lab["writer"]] = fleet_evictions.get(lab["writer"], 0.0) + v
             elif s.name == "kvbucket_disk_skipped_full_total":
                 disk_full[lab["dir"]] = disk_full.get(lab["dir"], 0.0) + v
             elif s.name == "kvbucket_integrity_verified_total":
@@ -465,7 +478,8 @@ def summarize(exposition: str) -> Summary:
                 k = (lab["tier"], lab["reason"])
                 failures[k] = failures.get(k, 0.0) + v
     ordered = sorted(rows.values(), key=lambda r: (r.kind != "tier", r.name))
-    return Summary(ordered, prefix_tokens, prefix_chunks, verified, failures, breakers, disk_full)
+    return Summary(ordered, prefix_tokens, prefix_chunks, verified, failures, breakers, disk_full, fleets,
+                   fleet_evictions)
 
 
 def integrity_totals(registry: CollectorRegistry = REGISTRY) -> tuple[float, float]:

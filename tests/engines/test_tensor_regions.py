@@ -52,7 +52,8 @@ def test_gather_write_scatter_read_round_trip_and_damage_is_a_miss(tmp_path: Pat
     flat = bytearray(page(src, 0).numel() * 2)
     (r,) = store.get_many(["m/p0"], [flat])
     assert r.found and bytes(flat) == page(src, 0).contiguous().view(torch.uint8).numpy().tobytes()
-    got = store.get_many([n for n, _ in items], [Scatter(*views.regions(page(dst, 16 * i))) for i in range(4)])
+    targets = [Scatter(*views.regions(page(dst, 16 * i))) for i in range(4)]
+    got = store.get_many([n for n, _ in items], targets)
     assert all(g.found for g in got) and torch.equal(dst.view(torch.uint8), src.view(torch.uint8))
 
     blob = bytearray(raw.get("m/p2"))

@@ -13,13 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from huggingface_hub.errors import BucketNotFoundError
 
 from kvbucket.errors import AuthError, NotFoundError
-from kvbucket.stores import open_store
+from kvbucket.stores import hub_client, open_store
 from kvbucket.stores.hfbucket import HFBucketStore, store_from_plugin_options
 from kvbucket.stores.hfbucket_config import HFBucketConfig, build_config
+from kvbucket.stores.sealed import seal_store
 from kvbucket.testing.store_tests import StoreTests, payload
 
 FAST = {"retry_backoff_secs": 0.01}
@@ -310,3 +312,46 @@ def test_config_is_the_l2_contract(hub_bucket: Any) -> None:
                        max_capacity_gb=1)
     with HFBucketStore.from_config(cfg) as s:
         assert s.put("x", b"1") == 1 and s.get("x") == b"1"
+
+
+# ---- uploads: kvbucket's hf_xet session asks no global-dedup queries ------------------------
+def _store_objects(hub_bucket: Any, n: int) -> None:
+    rng = np.random.default_rng()
+    items = [(f"k{i}", rng.integers(0, 256, 200_000, dtype=np.uint8)) for i in range(n)]
+    with make_store(hub_bucket.hub, hub_bucket.bucket_id, prefix=f"u-{uuid.uuid4().hex[:6]}") as raw:
+        store = seal_store(raw, tier="test")
+        assert all(r.ok for r in store.put_many(items))
+        outs = [np.zeros_like(d) for _, d in items]
+        got = store.get_many([k for k, _ in items], outs)
+        assert all(r.found for r in got)
+        assert all(np.array_equal(o, d) for o, (_, d) in zip(outs, items, strict=True))
+
+
+def test_uploads_ask_no_global_dedup_queries(hub_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(hub_client._GLOBAL_DEDUP_ENV, raising=False)
+    monkeypatch.setattr(hub_client, "_upload_session", None)  # a session made under this env
+    hub = hub_bucket.hub
+    dedup, xorbs = requests(hub, "dedup"), requests(hub, "xorb_upload")
+    _store_objects(hub_bucket, 6)
+    assert requests(hub, "xorb_upload") > xorbs  # the bytes did go up
+    assert requests(hub, "dedup") == dedup
+
+
+def test_the_environment_turns_global_dedup_queries_back_on(
+    hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(hub_client._GLOBAL_DEDUP_ENV, "true")
+    monkeypatch.setattr(hub_client, "_upload_session", None)
+    hub = hub_bucket.hub
+    dedup = requests(hub, "dedup")
+    _store_objects(hub_bucket, 6)
+    assert requests(hub, "dedup") - dedup >= 6  # hf_xet's own behaviour: one per new object at least
+
+
+def test_the_upload_session_is_made_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub_client, "_upload_session", None)
+    first = hub_client.upload_session()
+    assert hub_client.upload_session() is first
+    pid, _ = hub_client._upload_session  # type: ignore[misc]
+    monkeypatch.setattr(hub_client, "_upload_session", (pid + 1, first))  # as seen from a forked child
+    assert hub_client.upload_session() is not first

@@ -13,10 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 
 from kvbucket.errors import AuthError, SizeMismatchError
+from kvbucket.metrics import integrity_failures
+from kvbucket.stores.base import Scatter
 from kvbucket.stores.s3 import S3Store
 from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.s3_direct import _Transfer
+from kvbucket.stores.sealed import seal_store
 from kvbucket.testing.s3_server import FaultProxy, S3Server
 from kvbucket.testing.tls import make_test_certificates
 
@@ -177,3 +182,40 @@ def test_lookups_are_presigned_heads_and_a_miss_costs_one_request(
     assert store.head("a") == 5
     assert fault_proxy.injected == 1
     assert [t for m, t in fault_proxy.targets if m == "HEAD"][-1].find("X-Amz-Signature=") < 0
+
+
+def test_sealed_loads_are_hashed_as_frames_land_and_a_refetched_body_is_hashed_again(
+    store: S3Store, fault_proxy: FaultProxy
+) -> None:
+    sealed = seal_store(store, tier="s3-direct-test")
+    data = np.random.default_rng(4).integers(0, 256, 1_000_000, dtype=np.uint8)
+    sealed.put("big", data)
+    out = np.zeros_like(data)
+    (r,) = sealed.get_many(["big"], [out])  # ~60 frames: the header's, then the payload's fast path
+    assert r.found and np.array_equal(out, data)
+    fault_proxy.cut(times=1, methods={"GET"})  # half the body, then obstore writes it all again
+    out = np.zeros_like(data)
+    (r,) = sealed.get_many(["big"], [out])
+    assert r.found and np.array_equal(out, data) and fault_proxy.injected == 1
+    # A flipped payload byte is still refused (and removed) after a fast-path load.
+    stored = bytearray(store.get("big"))
+    stored[len(stored) // 2] ^= 1
+    store.put("big", stored)
+    (r,) = sealed.get_many(["big"], [np.zeros_like(data)])
+    assert not r.found and integrity_failures("s3-direct-test", "checksum") == 1
+    assert store.head("big") is None
+
+
+def test_a_sealed_payload_is_written_and_hashed_frame_by_frame() -> None:
+    header, payload = bytearray(64), bytearray(1000)
+    dst = Scatter(header, payload, hasher=xxhash.xxh3_64(), hash_from=64)
+    body = bytes(range(256)) * 4 + bytes(40)  # 64 header bytes + 1000 payload bytes
+    t = _Transfer("u", dst)  # type: ignore[arg-type]  # a Scatter is written like a flat view
+    for line in (b"HTTP/1.1 200 OK\r\n", b"Content-Length: 1064\r\n", b"\r\n"):
+        t.header(line)
+    assert t.write(body[:100]) is None and t.fast is not None  # past the header: the fast path
+    for start in range(100, 1064, 300):
+        assert t.write(body[start : start + 300]) is None
+    assert header == body[:64] and payload == body[64:]
+    assert dst.hashed == 1064 and dst.hasher.intdigest() == xxhash.xxh3_64_intdigest(body[64:])
+    assert t.write(b"x") == 0  # never past the announced length

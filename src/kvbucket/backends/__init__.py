@@ -1,6 +1,7 @@
 """Storage backends (seed 002): chunk tiers keyed by cache keys, stacked by HybridBackend.
 
-``kvbucket.config.build_backend(config, layout)`` builds the stack an engine config describes.
+``kvbucket.backends.build.build_backend(config, layout)`` (also ``kvbucket.config.build_backend``)
+builds the stack an engine config describes.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Write-through: a put goes to every tier, so the slowest (most durable) tier always has what
 was acknowledged. Read-through: a get asks the tiers in order and a hit in a lower tier is
 promoted into every faster tier that missed, so the next read is served from memory.
+A hit is also told to the slower tiers that take hints (``note_accessed(keys)``, duck-typed so
+wrappers such as ``InstrumentedBackend`` pass it on): a remote tier in a fleet then knows the
+chunk is in use although the engine reads it from memory.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from kvbucket.backends.base import (
     DEFAULT_FLUSH_TIMEOUT_SECS,
@@ -32,6 +36,11 @@ from kvbucket.threads import DaemonThreadPool
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 _STRIPES = 256
+
+
+def _status(tier: StorageBackend) -> dict[str, Any]:
+    report = getattr(tier, "report_status", None)
+    return report() if report is not None else {"tier": type(tier).__name__}
 
 
 class TierPutError(KVBucketError):
@@ -174,6 +183,8 @@ class HybridBackend(StorageBackend):
                     promote.append((ks[i], promoted(chunk), gens[i]))
             if promote:
                 self._promote(self.tiers[:t], promote)
+            if len(still) < len(missing):
+                self._tell_slower(t, [ks[i] for i in missing if out[i] is not None])
             missing = still
         self.misses += len(missing)
         return out
@@ -212,6 +223,21 @@ class HybridBackend(StorageBackend):
         finally:
             self._end_writes(names)
         return removed
+
+    def note_accessed(self, keys: Sequence[Key]) -> None:
+        """A tier in front of this stack served ``keys``: every tier hears of it."""
+        for tier in self.tiers:
+            hint = getattr(tier, "note_accessed", None)
+            if hint is not None:
+                hint(keys)
+
+    def report_status(self) -> dict[str, Any]:
+        """Hits per tier, misses, and each tier's own status; ``["fleet"]`` is the first remote
+        tier's fleet view (as the L2 adapter's ``report_status()["fleet"]``), None without one."""
+        tiers = [_status(tier) for tier in self.tiers]
+        fleets = [t["fleet"] for t in tiers if t.get("fleet") is not None]
+        return {"tier": type(self).__name__, "hits": list(self.hits), "misses": self.misses,
+                "tier_skips": list(self.tier_skips), "tiers": tiers, "fleet": fleets[0] if fleets else None}
 
     def list(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -254,6 +280,17 @@ class HybridBackend(StorageBackend):
         _repeated.warning("%s in tier %s failed (%s: %s); answered as a miss", what,
                           type(self.tiers[t]).__name__, type(err).__name__, err,
                           same=f"{what} in tier {t} failed: {type(err).__name__}")
+
+    def _tell_slower(self, t: int, keys: list[str]) -> None:
+        """Tiers behind tier ``t`` hear that it served ``keys`` (a hint: failures are not errors)."""
+        for tier in self.tiers[t + 1 :]:
+            hint = getattr(tier, "note_accessed", None)
+            if hint is None:
+                continue
+            try:
+                hint(keys)
+            except Exception as e:
+                log.debug("access hint to %s failed: %s", type(tier).__name__, e)
 
     def _stripe(self, key: str) -> int:
         return zlib.crc32(key.encode()) % _STRIPES

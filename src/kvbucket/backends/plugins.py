@@ -10,20 +10,29 @@ so kvbucket does not import every client library) or as a callable.
   ``remote_storage_plugin.<instance_name>.`` with that prefix stripped.
 
 Factories validate the keys they get strictly and raise :class:`ConfigError` for unknown ones.
+They never see a tier's fleet keys (``fleet``, ``max_capacity_gb``, ``eviction``,
+:mod:`kvbucket.backends.fleet`): :func:`remote_tier_specs` takes those out first, for any store.
+
+This module reads an :class:`~kvbucket.config.EngineConfig` but never imports it at run time
+(and :mod:`kvbucket.config` imports nothing of ``kvbucket.backends``), so the two cannot form an
+import cycle.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvbucket.backends.fleet import parse_fleet_settings, split_fleet_keys
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.memory import MemoryStore
 
 if TYPE_CHECKING:
     from kvbucket.config import EngineConfig
+    from kvbucket.integrations.engine_fleet import FleetSettings
 
 PLUGIN_KEY_PREFIX = "remote_storage_plugin."
 
@@ -113,33 +122,61 @@ def split_extra_config(engine: EngineConfig) -> tuple[dict[str, Any], dict[str, 
     return url_options, per_instance
 
 
+@dataclass(frozen=True)
+class RemoteTierSpec:
+    """One remote tier an engine config names: its label (the URL or the plugin instance), its
+    store's options (fleet keys removed) and its fleet settings (None: not in a fleet)."""
+
+    label: str
+    options: dict[str, Any]
+    fleet: FleetSettings | None
+    plugin: bool  # a remote_storage_plugins instance, else the remote_url store
+
+
+def remote_tier_specs(engine: EngineConfig) -> list[RemoteTierSpec]:
+    """The remote tiers in config order, every key checked before any store is opened (a bad
+    fleet setting fails at once, naming its key, without a request)."""
+    url_options, per_instance = split_extra_config(engine)
+    specs: list[RemoteTierSpec] = []
+    if engine.remote_url:
+        options, fleet = split_fleet_keys(url_options)
+        specs.append(RemoteTierSpec(engine.remote_url, options, parse_fleet_settings(fleet, ""), False))
+    for instance in engine.remote_storage_plugins:
+        options, fleet = split_fleet_keys(per_instance[instance])
+        where = f"{PLUGIN_KEY_PREFIX}{instance}."
+        specs.append(RemoteTierSpec(instance, options, parse_fleet_settings(fleet, where), True))
+    return specs
+
+
+def open_remote_store(engine: EngineConfig, spec: RemoteTierSpec) -> ObjectStore:
+    """The store of one tier, from its scheme's or plugin type's factory."""
+    if not spec.plugin:
+        scheme = url_scheme(spec.label)
+        factory = URL_SCHEMES.get(scheme)
+        if factory is None:
+            known = ", ".join(f"{s}://" for s in URL_SCHEMES)
+            raise ConfigError(
+                f"remote_url scheme {scheme!r} is not supported; use one of {known} or a directory path"
+            )
+        fn = _resolve(factory, f"the {scheme}:// remote store")
+        return _checked(fn(spec.label, dict(spec.options), engine), scheme)
+    ptype = plugin_type(spec.label)
+    factory = PLUGIN_TYPES.get(ptype)
+    if factory is None:
+        known = ", ".join(sorted(PLUGIN_TYPES))
+        raise ConfigError(
+            f"remote_storage_plugins entry {spec.label!r} has unknown type {ptype!r}; known types: {known}"
+        )
+    fn = _resolve(factory, f"the {ptype} remote storage plugin")
+    return _checked(fn(spec.label, dict(spec.options), engine), spec.label)
+
+
 def open_remote_stores(engine: EngineConfig) -> list[tuple[str, ObjectStore]]:
     """The remote stores an engine config names, as ``(label, store)`` in config order."""
-    url_options, per_instance = split_extra_config(engine)
     opened: list[tuple[str, ObjectStore]] = []
     try:
-        if engine.remote_url:
-            scheme = url_scheme(engine.remote_url)
-            factory = URL_SCHEMES.get(scheme)
-            if factory is None:
-                known = ", ".join(f"{s}://" for s in URL_SCHEMES)
-                raise ConfigError(
-                    f"remote_url scheme {scheme!r} is not supported; use one of {known} or a directory path"
-                )
-            fn = _resolve(factory, f"the {scheme}:// remote store")
-            opened.append((engine.remote_url, _checked(fn(engine.remote_url, url_options, engine), scheme)))
-        for instance in engine.remote_storage_plugins:
-            ptype = plugin_type(instance)
-            factory = PLUGIN_TYPES.get(ptype)
-            if factory is None:
-                known = ", ".join(sorted(PLUGIN_TYPES))
-                raise ConfigError(
-                    f"remote_storage_plugins entry {instance!r} has unknown type {ptype!r}; "
-                    f"known types: {known}"
-                )
-            fn = _resolve(factory, f"the {ptype} remote storage plugin")
-            store = fn(instance, dict(per_instance[instance]), engine)
-            opened.append((instance, _checked(store, instance)))
+        for spec in remote_tier_specs(engine):
+            opened.append((spec.label, open_remote_store(engine, spec)))
     except BaseException:
         for _, store in opened:
             store.close()
@@ -182,12 +219,15 @@ def memory_store_from_remote_url(url: str, extra_config: dict[str, Any], engine:
 __all__ = [
     "PLUGIN_TYPES",
     "URL_SCHEMES",
+    "RemoteTierSpec",
     "file_store_from_remote_url",
     "memory_store_from_remote_url",
+    "open_remote_store",
     "open_remote_stores",
     "plugin_type",
     "register_plugin_type",
     "register_url_scheme",
+    "remote_tier_specs",
     "split_extra_config",
     "url_scheme",
 ]

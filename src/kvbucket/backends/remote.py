@@ -16,6 +16,13 @@ breaker open) is a miss, counted in ``lookup_failures``/``read_failures`` and lo
 kind, never an exception: the engine recomputes. With the breaker open, lookups and reads answer
 at once without touching the store. A put past the timeout gets a :class:`TransientStoreError`
 naming it, and nothing of that call is counted as stored.
+
+With a fleet (``fleet`` settings, :mod:`kvbucket.backends.fleet`) the tier shares one capacity
+with every other node on its prefix: a store past the fleet's write cap fails for that chunk
+(:class:`~kvbucket.backends.fleet.FleetWriteCapError`, never counted), stores, loads and removes
+are noted to the fleet, the tier deletes its share of the fleet-wide victims after each round,
+and chunks deleted anywhere in the fleet leave the size cache (so ``contains`` does not answer
+them from memory). ``close()`` publishes the tier's last journal.
 """
 
 from __future__ import annotations
@@ -27,13 +34,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from kvbucket.backends._putqueue import DEFAULT_FULL_WAIT_SECS, PutQueue
 from kvbucket.backends._queued import QueuedBackend
 from kvbucket.backends.base import Chunk, Key, check_buffers, check_open, put_as_batch
+from kvbucket.backends.fleet import REFUSED, FleetWriteCapError, open_tier_fleet
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import (
     CircuitOpenError,
@@ -48,6 +56,9 @@ from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
 from kvbucket.stores.breaker import breaker_of
 from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
+
+if TYPE_CHECKING:
+    from kvbucket.integrations.engine_fleet import FleetSettings
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)  # one line per kind of failure, with a count
@@ -86,6 +97,7 @@ class RemoteBackend(QueuedBackend):
         owns_store: bool = True,
         unsealed: str = "miss",
         encryption: Any = None,
+        fleet: FleetSettings | None = None,
     ) -> None:
         # Every object is sealed on write and verified on read (kvbucket.stores.sealed); the
         # envelope names the KV layout, so a chunk written for another layout is a miss.
@@ -109,6 +121,10 @@ class RemoteBackend(QueuedBackend):
         # a full queue (slow or hung store) drops a non-blocking put after queue_full_wait_secs
         self._queue = PutQueue("remote", self._apply, queue_size, queue_full_wait_secs)
         self._closed = False
+        # Last: its thread starts at once. It deletes victims through the sealed store and
+        # keeps its own objects (_fleet/...) in the raw one, readable by `kvbucket du`.
+        self._fleet = None if fleet is None else open_tier_fleet(
+            fleet, store, self.store, self.prefix, self._invalidate)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store!r}, full_chunk_bytes={self.layout.full_chunk_bytes})"
@@ -164,6 +180,7 @@ class RemoteBackend(QueuedBackend):
             fetched = self._fetch([ks[i] for i in todo])
             for i, r in zip(todo, fetched, strict=True):
                 out[i] = self._decode(ks[i], r)
+            self._loaded([ks[i] for i in todo if out[i] is not None])
         return out
 
     def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
@@ -190,6 +207,7 @@ class RemoteBackend(QueuedBackend):
                 if not r.found:  # missing, or refused by the integrity check (and removed)
                     self._invalidate([r.name])
                 out[i] = r.found
+            self._loaded([ks[i] for i in todo if out[i]])
         return out
 
     def contains(self, key: Key) -> bool:
@@ -233,6 +251,8 @@ class RemoteBackend(QueuedBackend):
         self._invalidate([name])
         if r.error is not None:
             raise r.error
+        if self._fleet is not None:
+            self._fleet.deleted([name])
         return dropped or h.size is not None or r.size is not None
 
     def list(self) -> list[str]:
@@ -247,8 +267,29 @@ class RemoteBackend(QueuedBackend):
                 continue  # an object kvbucket did not write (or nested deeper): not a chunk
         return self._with_pending(keys)
 
+    def note_accessed(self, keys: Sequence[Key]) -> None:
+        """A faster tier served these keys: the fleet's LRU hears of the use (no request)."""
+        self._loaded([as_key_string(k) for k in keys])
+
+    def report_status(self) -> dict[str, Any]:
+        """The tier's counters and, in a fleet, the fleet's view (``["fleet"]``, as the L2 adapter's
+        ``report_status()``): fleet-wide usage, per-salt bytes, nodes seen, evictions, refusals."""
+        return {
+            "tier": type(self).__name__,
+            "store": self.store.url,
+            "lookup_failures": self.lookup_failures,
+            "read_failures": self.read_failures,
+            "fleet": None if self._fleet is None else self._fleet.status(),
+        }
+
     # ---- internals -----------------------------------------------------------------------
+    def _loaded(self, keys: list[str]) -> None:
+        if self._fleet is not None and keys:
+            self._fleet.accessed([self._name(k) for k in keys])
+
     def _release(self) -> None:
+        if self._fleet is not None:
+            self._fleet.close()  # after the queue drained (QueuedBackend.close): its last journal
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._owns_store:
             self.store.close()
@@ -309,20 +350,31 @@ class RemoteBackend(QueuedBackend):
     def _put_views(self, items: list[tuple[str, memoryview]]) -> list[Exception | None]:
         names = [self._name(k) for k, _ in items]
         payloads = [self.serde.serialize(v) for _, v in items]
+        sizes = [memoryview(p).nbytes for p in payloads]
+        kept = len(items) if self._fleet is None else self._fleet.admit(sizes)  # the fleet's write cap
+        refused: list[Exception | None] = [
+            FleetWriteCapError(f"{k}: {REFUSED}") for k, _ in items[kept:]]
+        names, payloads, sizes = names[:kept], payloads[:kept], sizes[:kept]
+        if not names:
+            return refused
         self._invalidate(names)
         try:
             results = self._call(self.store.put_many, "put", list(zip(names, payloads, strict=True)))
         except StoreError as e:
             self._invalidate(names)
-            return [e] * len(items)
+            return [e] * len(names) + refused
         errors: list[Exception | None] = []
-        for name, payload, r in zip(names, payloads, results, strict=True):
+        landed: list[tuple[str, int]] = []
+        for name, size, r in zip(names, sizes, results, strict=True):
             if r.error is not None:
                 errors.append(r.error)
                 continue
-            self._cache_size(name, memoryview(payload).nbytes)
+            self._cache_size(name, size)
+            landed.append((name, size))
             errors.append(None)
-        return errors
+        if self._fleet is not None and landed:  # only what landed is counted
+            self._fleet.stored([n for n, _ in landed], [z for _, z in landed])
+        return errors + refused
 
     def _read_pending(self, ks: list[str]) -> tuple[list[Chunk | None], list[int]]:
         """Chunks of keys whose put is still queued (they are the newest), and the indexes of the
@@ -489,6 +541,7 @@ class PipelinedRemoteBackend(RemoteBackend):
         finally:
             for fut in net.values():
                 fut.cancel()
+        self._loaded([ks[i] for i in todo if out[i] is not None])
         return out
 
     def _release(self) -> None:

@@ -46,7 +46,7 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
 
     summary = summarize(exposition)
     if not (summary.rows or summary.prefix_tokens or summary.integrity_verified or summary.breakers
-            or summary.disk_skipped_full):
+            or summary.disk_skipped_full or summary.fleets):
         return False
     table = Table(title=title)
     for col, justify in (
@@ -75,6 +75,17 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
             "stored them)",
             markup=False, highlight=False, soft_wrap=True,
         )
+    for (store, node), f in sorted(summary.fleets.items()):
+        cap = f.get("capacity", 0.0)
+        of = f" of {_fmt_bytes(cap)} ({100 * f.get('used', 0.0) / cap:.0f}%)" if cap else " (no capacity)"
+        console.print(
+            f"fleet on {store} (node {node}): {_fmt_bytes(f.get('used', 0.0))}{of} in "
+            f"{f.get('chunks', 0.0):.0f} chunks, {f.get('live_nodes', 0.0):.0f} live nodes",
+            markup=False, highlight=False, soft_wrap=True,
+        )
+    if summary.fleet_evictions:
+        own, other = summary.fleet_evictions.get("self", 0.0), summary.fleet_evictions.get("other", 0.0)
+        console.print(f"fleet evictions: {own:.0f} of this process's chunks, {other:.0f} other nodes'")
     if summary.prefix_tokens:
         hit = summary.prefix_tokens.get("hit", 0.0)
         computed = summary.prefix_tokens.get("computed", 0.0)

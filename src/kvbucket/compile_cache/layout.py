@@ -278,7 +278,7 @@ class TorchLayout(CacheLayout):
     def current_groups(self) -> list[str] | None:
         if self._group:
             return [self._group]
-        from kvbucket.compile_cache.torch_artifacts import torch_group
+        from kvbucket.compile_cache.torch_env import torch_group
 
         return [torch_group()]
 

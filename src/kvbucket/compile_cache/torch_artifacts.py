@@ -9,7 +9,6 @@ group; the user's key and the blob's content hash name the entry, so entries nev
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -19,36 +18,12 @@ import shutil
 from pathlib import Path
 
 from kvbucket.compile_cache.layout import EntryState, TorchLayout
+from kvbucket.compile_cache.torch_env import torch_device, torch_group
 from kvbucket.compile_cache.transfer import TMP_PREFIX
 from kvbucket.errors import ConfigError
 from kvbucket.keys import encode_key
 
 log = logging.getLogger("kvbucket.compile_cache")
-
-
-def torch_device() -> str:
-    """``cpu`` or ``cuda-sm<major><minor>`` (compiled kernels are specific to the architecture)."""
-    import torch
-
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"cuda-sm{major}{minor}"
-    return "cpu"
-
-
-def torch_group(device: str | None = None) -> str:
-    """``torch-<torch version>[-triton<version>]-<device>``, e.g. ``torch-2.13.0+cpu-cpu``."""
-    import torch
-
-    parts = [f"torch-{torch.__version__}"]
-    dev = device or torch_device()
-    if dev != "cpu":
-        with contextlib.suppress(ImportError):
-            import triton
-
-            parts.append(f"triton{triton.__version__}")
-    parts.append(dev)
-    return "-".join(parts)
 
 
 def key_prefix(key: str) -> str:

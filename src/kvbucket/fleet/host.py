@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING, Any
 
+from kvbucket.fleet import gauges
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.fleet.sync import Fleet
 from kvbucket.fleet.view import Change, key_of
@@ -41,6 +42,7 @@ class FleetLink:
             on_ready=self._ready,
         )
         self.fleet.start()
+        gauges.track(self.fleet, sealed.url, adapter._capacity)  # kvbucket stats shows its usage
 
     # ---- adapter -> fleet -----------------------------------------------------------------
     def stored(self, names: Iterable[str], sizes: Iterable[int]) -> None:
@@ -65,6 +67,7 @@ class FleetLink:
         return self.fleet.status()
 
     def close(self) -> None:
+        gauges.forget(self.fleet)
         self.fleet.close()
 
     # ---- fleet -> adapter ---------------------------------------------------------------------

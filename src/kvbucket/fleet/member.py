@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
+from kvbucket.fleet import gauges
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.fleet.sync import Fleet
 from kvbucket.l2.eviction import EvictionConfig
@@ -73,6 +74,7 @@ class StoreFleet:
             on_tick=self._evict,
         )
         self.fleet.start()
+        gauges.track(self.fleet, chunk_store.url, capacity)  # kvbucket stats shows its usage
 
     def admit(self, sizes: list[int]) -> int:
         return self.fleet.admit(sizes)
@@ -90,6 +92,7 @@ class StoreFleet:
         return self.fleet.status()
 
     def close(self) -> None:
+        gauges.forget(self.fleet)
         self.fleet.close()
 
     def _evict(self) -> None:

@@ -16,14 +16,13 @@ clear and pinned as both engines' digests.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, model_validator
 
 from kvbucket.fleet.config import FleetConfig
-from kvbucket.integrations.naming import salt_segment
+from kvbucket.integrations.naming import chunk_salt, salt_segment
 from kvbucket.l2.config import GIB
 from kvbucket.l2.eviction import EvictionConfig
 
@@ -32,10 +31,6 @@ if TYPE_CHECKING:
     from kvbucket.stores.base import ObjectStore
 
 ENGINES = ("sglang", "vllm")
-# <prefix>/<model>/<salt>/ then at least two more segments (SGLang: shard/layout/page hash;
-# vLLM: <parallel>-<digest>/<block hash>-g<group>); "_fleet/..." never matches.
-_NAME_RE = re.compile(r"^[^/]+/[^/]+/(nosalt|salt-[0-9a-f]{24})/[^/]+/[^/].*$")
-
 REFUSED = ("not stored: the store is at its fleet write cap (max_capacity_gb * fleet.write_cap; "
            "eviction makes room, see docs/fleet.md)")
 
@@ -54,15 +49,6 @@ class FleetSettings(BaseModel):
                 "max_capacity_gb and eviction need a \"fleet\" object: the tier keeps no index of its "
                 "own; the fleet counts the whole store (e.g. \"fleet\": {}, see docs/fleet.md)")
         return self
-
-
-def chunk_salt(name: str) -> str | None:
-    """The fleet's salt of an SGLang page or vLLM chunk name ("" unsalted), None for other names."""
-    m = _NAME_RE.match(name)
-    if m is None:
-        return None
-    seg = m.group(1)
-    return "" if seg == "nosalt" else seg
 
 
 def pinned_segments(salts: Iterable[str]) -> tuple[str, ...]:

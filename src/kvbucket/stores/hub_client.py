@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +53,37 @@ _REQUEST_THREADS = 64  # requests in flight at once per bucket client (threads s
 _TOKEN_SAFETY_SECS = 60
 
 T = TypeVar("T")
+
+# hf_xet setting: ask the CAS server, for the first chunk of every uploaded object, whether
+# another upload already stored it (global deduplication).
+_GLOBAL_DEDUP = "deduplication.global_dedup_query_enabled"
+_GLOBAL_DEDUP_ENV = "HF_XET_DEDUPLICATION_GLOBAL_DEDUP_QUERY_ENABLED"
+_upload_session: tuple[int, Any] | None = None  # (pid, hf_xet.XetSession)
+_upload_session_lock = threading.Lock()
+
+
+def upload_session() -> Any:
+    """kvbucket's hf_xet session for uploads: huggingface_hub's, without global-dedup queries.
+
+    Why: hf_xet asks the CAS server about the first chunk of every object it uploads, one
+    request per object. A sealed chunk's first Xet chunk holds its envelope header, which holds
+    the digest of the object's name, so that chunk can only be known if this very object was
+    stored before (which the adapters' indexes already know): the query is a round trip per
+    object that finds nothing. Chunks already in the local shard cache are deduplicated as
+    before. ``HF_XET_DEDUPLICATION_GLOBAL_DEDUP_QUERY_ENABLED`` set in the environment wins.
+    A session is process-wide and is made again in a forked child (as huggingface_hub does).
+    """
+    global _upload_session
+    pid = os.getpid()
+    with _upload_session_lock:
+        if _upload_session is None or _upload_session[0] != pid:
+            from hf_xet import XetConfig, XetSession
+
+            config = XetConfig()
+            if _GLOBAL_DEDUP_ENV not in os.environ:
+                config = config.with_config(_GLOBAL_DEDUP, False)
+            _upload_session = (pid, XetSession(config=config))
+        return _upload_session[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,10 +395,10 @@ class HubBucketClient:
         what it uploaded is never added.
         """
         from hf_xet import SKIP_SHA256
-        from huggingface_hub.utils._xet import get_xet_session, xet_headers_without_auth
+        from huggingface_hub.utils._xet import xet_headers_without_auth
 
         token, exp, cas_url = self._xet_write_token(deadline)
-        session = get_xet_session()
+        session = upload_session()
 
         started: list[Any] = []
 

@@ -17,22 +17,18 @@ Without the fixtures, :class:`SeaweedFS` and :class:`FaultProxy` work as context
 from __future__ import annotations
 
 import contextlib
-import http.client
 import itertools
 import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +36,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from kvbucket.testing.children import dies_with_parent
+from kvbucket.testing.fault_proxy import CUT, HANG_UP, TRICKLE, Fault, FaultProxy
 
 ACCESS_KEY = "kvbucket-test-key"
 SECRET_KEY = "kvbucket-test-secret-0123456789"
@@ -304,265 +301,6 @@ class SeaweedFS:
         self.stop()
 
 
-# ---- fault injection + virtual-host routing -----------------------------------------------
-
-_HOP_BY_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-    "proxy-authorization",
-    "proxy-authenticate",
-}
-
-
-@dataclass
-class Fault:
-    """``times`` answers of ``status`` with S3 error ``code``.
-
-    Special statuses: 0 drops the connection unanswered; ``CUT`` forwards the request but sends
-    only the first half of the body (with the full Content-Length) and hangs up; ``HANG_UP``
-    forwards it whole and then closes the connection without saying so, as a server does with
-    an idle keep-alive connection; ``TRICKLE`` forwards it and sends the answer's headers at
-    once, then its body one byte every ``delay`` seconds (a slow transfer, not a hung server).
-    """
-
-    status: int
-    code: str
-    times: int
-    methods: frozenset[str] | None = None
-    delay: float = 0.0
-    path_contains: str | None = None
-
-
-CUT = -1
-HANG_UP = -2
-TRICKLE = -3
-
-
-class FaultProxy:
-    """A loopback HTTP relay to ``127.0.0.1:target_port`` that can fail requests on purpose.
-
-    It accepts origin-form requests (use its URL as the S3 endpoint) and absolute-form requests
-    (use it as the client's HTTP proxy: then any host name, e.g. ``b.s3.kvbucket.test:PORT``, is
-    sent to the target with its Host header intact, which makes virtual-hosted addressing testable
-    without DNS). Requests are forwarded unchanged, so signatures still verify upstream.
-    """
-
-    def __init__(self, target_port: int, tls: tuple[str, str] | None = None) -> None:
-        """``tls``: (certificate PEM file, key PEM file) to serve HTTPS instead of HTTP."""
-        self.target_port = target_port
-        self.tls = tls
-        self.faults: list[Fault] = []
-        self.requests = 0
-        self.injected = 0
-        self.hosts: list[str] = []
-        self.targets: list[tuple[str, str]] = []  # (method, request target) of every request
-        self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        assert self._httpd is not None
-        return int(self._httpd.server_address[1])
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
-
-    def fail(
-        self,
-        status: int,
-        code: str = "SlowDown",
-        times: int = 1,
-        methods: set[str] | None = None,
-        delay: float = 0.0,
-        path_contains: str | None = None,
-    ) -> None:
-        """Answer the next ``times`` matching requests with ``status``/``code`` (after ``delay``)."""
-        with self._lock:
-            self.faults.append(
-                Fault(status, code, times, frozenset(methods) if methods else None, delay, path_contains)
-            )
-
-    def drop(self, times: int = 1, methods: set[str] | None = None) -> None:
-        self.fail(0, "", times, methods)
-
-    def cut(self, times: int = 1, methods: set[str] | None = None) -> None:
-        """Send only half of the next ``times`` bodies, then hang up."""
-        self.fail(CUT, "", times, methods)
-
-    def hang_up_after(self, times: int = 1, methods: set[str] | None = None) -> None:
-        """Answer the next ``times`` requests in full, then close their connections silently."""
-        self.fail(HANG_UP, "", times, methods)
-
-    def trickle(self, per_byte_secs: float, times: int = 1, methods: set[str] | None = None,
-                path_contains: str | None = None) -> None:
-        """Send the next ``times`` bodies one byte every ``per_byte_secs`` (headers at once)."""
-        with self._lock:
-            self.faults.append(Fault(TRICKLE, "", times, frozenset(methods) if methods else None,
-                                     per_byte_secs, path_contains))
-
-    def clear(self) -> None:
-        with self._lock:
-            self.faults.clear()
-
-    def _take(self, method: str, path: str) -> Fault | None:
-        with self._lock:
-            self.requests += 1
-            for f in self.faults:
-                if (
-                    f.times > 0
-                    and (f.methods is None or method in f.methods)
-                    and (f.path_contains is None or f.path_contains in path)
-                ):
-                    f.times -= 1
-                    self.injected += 1
-                    return f
-            return None
-
-    def start(self) -> FaultProxy:
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _body(self) -> bytes:
-                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    out = bytearray()
-                    while True:
-                        size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                        if size == 0:
-                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                                pass
-                            return bytes(out)
-                        out += self.rfile.read(size)
-                        self.rfile.readline()
-                n = int(self.headers.get("Content-Length") or 0)
-                return self.rfile.read(n) if n else b""
-
-            def _handle(self) -> None:
-                body = self._body()
-                with proxy._lock:
-                    proxy.hosts.append(self.headers.get("Host", ""))
-                    proxy.targets.append((self.command, self.path))
-                fault = proxy._take(self.command, self.path)
-                if fault is not None and fault.status not in (CUT, HANG_UP, TRICKLE):
-                    if fault.delay:
-                        time.sleep(fault.delay)
-                    if fault.status == 0:
-                        self.close_connection = True
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                        return
-                    xml = (
-                        f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{fault.code}</Code>'
-                        f"<Message>injected by FaultProxy</Message></Error>"
-                    ).encode()
-                    self.send_response(fault.status)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(xml)))
-                    if fault.status in (429, 503):
-                        self.send_header("Retry-After", "0")
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(xml)
-                    return
-                path = self.path
-                if "://" in path:
-                    parts = urlsplit(path)
-                    path = parts.path + (f"?{parts.query}" if parts.query else "")
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-                headers["Content-Length"] = str(len(body))
-                if self.command in ("GET", "HEAD", "DELETE") and not body:
-                    headers.pop("Content-Length")
-                conn = http.client.HTTPConnection("127.0.0.1", proxy.target_port, timeout=60)
-                try:
-                    conn.putrequest(self.command, path, skip_host=True, skip_accept_encoding=True)
-                    for k, v in headers.items():
-                        conn.putheader(k, v)
-                    conn.endheaders(body or None)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                finally:
-                    conn.close()
-                self.send_response(resp.status, resp.reason)
-                length_sent = False
-                for k, v in resp.getheaders():
-                    if k.lower() in _HOP_BY_HOP:
-                        continue
-                    if k.lower() == "content-length":
-                        if self.command != "HEAD":
-                            continue
-                        length_sent = True
-                    self.send_header(k, v)
-                if self.command != "HEAD":
-                    self.send_header("Content-Length", str(len(data)))
-                elif not length_sent:
-                    self.send_header("Content-Length", "0")
-                self.end_headers()
-                if fault is not None and fault.status == CUT:
-                    self.wfile.write(data[: len(data) // 2])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                if fault is not None and fault.status == TRICKLE and self.command != "HEAD":
-                    self.wfile.flush()
-                    for i in range(len(data)):
-                        self.wfile.write(data[i : i + 1])
-                        self.wfile.flush()
-                        time.sleep(fault.delay)
-                    return
-                if self.command != "HEAD" and data:
-                    self.wfile.write(data)
-                if fault is not None and fault.status == HANG_UP:
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            request_queue_size = 128
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                pass  # clients that timed out on purpose hang up mid-answer
-
-        self._httpd = Server(("127.0.0.1", 0), Handler)
-        if self.tls is not None:
-            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ctx.load_cert_chain(*self.tls)
-            self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="kvbucket-fault-proxy", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
 # ---- pytest fixtures -----------------------------------------------------------------------
 
 _bucket_ids = itertools.count()
@@ -617,4 +355,8 @@ def fault_proxy(seaweedfs: S3Server) -> Iterator[FaultProxy]:
         yield proxy
 
 
-__all__ = ["ACCESS_KEY", "DOMAIN", "REGION", "SECRET_KEY", "FaultProxy", "S3Server", "SeaweedFS", "free_port"]
+# FaultProxy and its fault kinds live in fault_proxy.py; importable from here as before.
+__all__ = [
+    "ACCESS_KEY", "CUT", "DOMAIN", "HANG_UP", "REGION", "SECRET_KEY", "TRICKLE", "Fault", "FaultProxy",
+    "S3Server", "SeaweedFS", "free_port",
+]

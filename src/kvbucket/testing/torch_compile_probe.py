@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     if mode == "inductor-dir":
         import os
 
-        from kvbucket.compile_cache.torch_artifacts import torch_group
+        from kvbucket.compile_cache.torch_env import torch_group
 
         kw: dict[str, object] = {"layout": DirectoryLayout(f"inductor-{torch_group()}", depth=2),
                                  "cache_dir": os.environ["TORCHINDUCTOR_CACHE_DIR"]}

@@ -1,0 +1,80 @@
+"""``build_backend``: the backend stack an engine config describes (local_cpu -> local_disk ->
+remote(s)).
+
+It lives here, next to the tiers it builds, rather than in :mod:`kvbucket.config`: the config
+module only describes settings and imports nothing of ``kvbucket.backends``, while the backends
+read the config (an import in one direction only). ``from kvbucket.config import build_backend``
+still works: :mod:`kvbucket.config` hands this function out lazily, on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvbucket.backends.base import StorageBackend
+from kvbucket.backends.hybrid import HybridBackend
+from kvbucket.backends.local_cpu import LocalCPUBackend
+from kvbucket.backends.local_disk import LocalDiskBackend
+from kvbucket.backends.plugins import open_remote_store, remote_tier_specs
+from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
+from kvbucket.encryption import Keyring
+from kvbucket.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvbucket.chunks import KVLayout
+    from kvbucket.config import EngineConfig
+
+
+def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
+    """The backend stack a config describes: local_cpu -> local_disk -> remote(s).
+
+    One tier is returned as itself; several become a :class:`HybridBackend` (write-through,
+    read-through with promotion). ``enable_async_loading`` selects the pipelined remote backend.
+    A remote tier with fleet keys (``fleet``, ``max_capacity_gb``, ``eviction``) joins its
+    prefix's fleet (docs/fleet.md); every key is checked before anything is opened.
+    """
+    if layout.chunk_tokens != config.chunk_size:
+        raise ConfigError(
+            f"the KV layout has {layout.chunk_tokens} tokens per chunk but chunk_size is "
+            f"{config.chunk_size}; "
+            f"build the layout with chunk_tokens={config.chunk_size} (layout.with_chunk_tokens(...)) or fix "
+            "chunk_size"
+        )
+    remotes = remote_tier_specs(config)
+    tiers: list[StorageBackend] = []
+    keyring = Keyring.from_setting(config.encryption)  # one keyring (and one error) for every tier
+    try:
+        if config.local_cpu:
+            tiers.append(LocalCPUBackend(config.local_cpu_bytes))
+        if config.local_disk is not None:
+            tiers.append(LocalDiskBackend(config.local_disk, config.local_disk_bytes, encryption=keyring))
+        remote_cls = PipelinedRemoteBackend if config.enable_async_loading else RemoteBackend
+        for spec in remotes:
+            store = open_remote_store(config, spec)
+            try:
+                tiers.append(remote_cls(
+                    store,
+                    layout,
+                    serde=config.remote_serde,
+                    save_unfull_chunk=config.save_unfull_chunk,
+                    blocking_timeout_secs=config.blocking_timeout_secs,
+                    unsealed=config.unsealed,
+                    encryption=keyring,
+                    fleet=spec.fleet,
+                ))
+            except BaseException:
+                store.close()
+                raise
+    except BaseException:
+        for t in tiers:
+            t.close()
+        raise
+    if not tiers:
+        raise ConfigError(
+            "the config stores nothing: set local_cpu: true, local_disk (+ max_local_disk_size), remote_url "
+            "or remote_storage_plugins"
+        )
+    return tiers[0] if len(tiers) == 1 else HybridBackend(tiers)
+
+
+__all__ = ["build_backend"]
