@@ -281,7 +281,8 @@ def test_fleet_refuses_over_capacity_and_evicts_what_was_not_read(target: dict[s
     idx = fill(pool, N_PAGES, seed=11)
     keys = page_keys(11)
     size = len(page_bytes(pool, idx, 1)[0])
-    fleet = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "grace_secs": 1.0}
+    fleet = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "grace_secs": 1.0,
+             "write_cap": 1.0}  # the cap at the capacity itself: the 5th page is refused
     b = backend(sub, pool, fleet=fleet, max_capacity_gb=4 * size / 1024**3)
     assert b._fleet is not None and b._fleet.fleet.wait_ready(30)
     assert b.batch_set_v1(keys, idx) == [True] * 4 + [False] * 2
