@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python benchmarks/bench_fleet.py                      # S3 and the emulator, N = 1 2 4 8
     PYTHONPATH=src python benchmarks/bench_fleet.py --stores s3 --nodes 1,4 --startup-chunks 100000
-    PYTHONPATH=src python benchmarks/bench_fleet.py --parts cost --cost-secs 60 --rate 2
+    PYTHONPATH=src python benchmarks/bench_fleet.py --parts cost --stores s3 --nodes 2,4,8 --rate 30
 
 Three parts (``--parts capacity,cost,startup``):
 
@@ -13,13 +13,15 @@ hot set after every batch of 4 stores, then linger 6 s. The parent lists the pre
 rate, and per node per minute the fleet's coordination requests vs its data requests (one
 request per chunk stored or loaded; lookups are answered from the index).
 
-Cost: the fleet's defaults (``sync_secs`` 5 or ``--sync-secs``, ``compact_secs`` 60, ``heartbeat_secs`` 30) at
-LMCache's default chunk size: 256 tokens of Llama-3.2-1B's KV in bf16 (16 layers x 2 (K, V) x
-8 KV heads x 64 dims x 2 bytes x 256 tokens = 8 MiB). Each of N nodes makes ``--rate`` data
-requests per second for ``--cost-secs`` (half 8 MiB stores, half loads of a shared hot chunk)
-into a 1 GiB prefix (so eviction runs too). Reported per node per minute: coordination
-requests (mean over the nodes, and the compactor's), data requests, their ratio, and the data
-rate at which the mean coordination would be 1%.
+Cost: N nodes, each making ``--rate`` data requests per second (default 30: 1,800 chunk requests
+a minute, a serving node at LMCache's 256-token chunks; see docs/fleet.md "Request cost"): per
+0.2 s, 3 chunk stores and 3 loads of a shared hot set. Two modes (``--modes``): clock-driven
+(``sync_secs`` 5, the other settings default) and activity-paced (``coordination_ratio`` 0.01,
+``max_sync_secs`` 60). The fleet's own counters (``coordination_requests``, ``data_requests``) are
+read at ``--warm-secs`` and at the end of the writes: reported per node per minute over that
+window, the compactor's and the other nodes' mean, the other nodes' coordination / data, and
+the whole fleet's (the compactor reads and deletes every journal). Chunks are ``--chunk-kib``
+(16 KiB) objects: the request counts, not the bytes, are what is measured.
 
 Warm start: K chunks (tiny objects) in a prefix that a fleet node has compacted; then one new
 adapter starts with the fleet (snapshot + journals) and one without (a full listing): store
@@ -114,26 +116,36 @@ def fleet_run(spec: dict[str, Any], store: ObjectStore, prefix: str, n: int) -> 
     }
 
 
-COST_CHUNK = 8 * 1024 * 1024  # 256 tokens of Llama-3.2-1B (bf16)
-COST_CAPACITY = 1024**3
+#: LMCache's default chunk is 256 tokens: 8 MiB of Llama-3.2-1B's KV in bf16. Coordination
+#: depends on request counts only, so the cost part moves --chunk-kib (default 16 KiB) per request
+#: to reach a serving node's request rate on this 2-core machine. The capacity, 8,192 chunks (64
+#: GiB of 8 MiB ones), is large enough that at N = 8 the write cap's per-round budget
+#: (``2 * capacity / (3N - 2)`` on an empty prefix) exceeds what a node stores in a paced round,
+#: so refused stores do not lower the data rate; eviction starts near the end at N = 8.
+COST_CAPACITY_CHUNKS = 8192
+#: Clock-driven: the defaults. Activity-paced: coordination_ratio (and max_sync_secs) as given.
+MODES = ("clock", "paced")
 
 
-def cost_run(spec: dict[str, Any], n: int, rate: float, secs: float, sync: float) -> dict[str, float]:
-    """N nodes at a steady ``rate`` data requests/s each (one store + one hot load per period)."""
-    spec = {**spec, "max_capacity_gb": COST_CAPACITY / 1024**3, "full_chunk_bytes": COST_CHUNK}
+def cost_run(spec: dict[str, Any], n: int, rate: float, secs: float, fleet: dict[str, Any],
+             chunk: int, warm: float) -> dict[str, float]:
+    """N nodes at a steady ``rate`` data requests/s each (per period: 3 stores and 3 loads of a
+    shared hot set), counted by the fleet's own counters from ``warm`` s to the end."""
+    spec = {**spec, "max_capacity_gb": COST_CAPACITY_CHUNKS * chunk / 1024**3, "full_chunk_bytes": chunk}
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    hot = [2_000_000]
-    seed = {"name": "seed", "start": hot[0], "count": 1, "chunk": COST_CHUNK, "batch": 1}
-    p = ctx.Process(target=run_node, args=({**spec, "fleet": {"node_id": "seed"}}, seed, out))
+    hot = [2_000_000 + i for i in range(3)]
+    seed = {"name": "seed", "start": hot[0], "count": len(hot), "chunk": chunk, "batch": len(hot)}
+    p = ctx.Process(target=run_node, args=({**spec, "fleet": {**fleet, "node_id": "seed"}}, seed, out))
     p.start()
     out.get(timeout=300)
     p.join()
-    period = 2.0 / rate
-    plans = [{"name": f"n{i}", "start": i * 100_000, "count": int(secs / period), "chunk": COST_CHUNK,
-              "batch": 1, "hot": hot, "period": period} for i in range(n)]
-    procs = [ctx.Process(target=run_node, args=({**spec, "fleet": {"node_id": pl["name"], "sync_secs": sync}},
-                                                pl, out)) for pl in plans]
+    batch = 3
+    period = (batch + len(hot)) / rate
+    plans = [{"name": f"n{i}", "start": i * 1_000_000, "count": batch * int(secs / period), "chunk": chunk,
+              "batch": batch, "hot": hot, "period": period, "warm": warm} for i in range(n)]
+    procs = [ctx.Process(target=run_node, args=({**spec, "fleet": {**fleet, "node_id": pl["name"]}}, pl, out))
+             for pl in plans]
     for pr in procs:
         pr.start()
     reports = []
@@ -147,10 +159,20 @@ def cost_run(spec: dict[str, Any], n: int, rate: float, secs: float, sync: float
     errors = [r["error"] for r in reports if "error" in r]
     if errors or len(reports) < n:
         raise RuntimeError(f"nodes failed: {errors or 'timeout'}")
-    coord = [r["status"]["fleet"]["coordination_requests"] / (r["run_secs"] / 60) for r in reports]
-    data = [r["data_requests"] / (r["run_secs"] / 60) for r in reports]
+
+    def window(r: dict[str, Any], what: str) -> float:
+        w, end = r["warm_fleet"], r["status"]["fleet"]
+        return (end[what] - w[what]) / ((r["write_secs"] - w["at"]) / 60)
+
+    coord = [window(r, "coordination_requests") for r in reports]
+    data = [window(r, "data_requests") for r in reports]
     lead = max(range(n), key=lambda i: reports[i]["status"]["fleet"].get("digests_written", 0))
-    return {"coord": statistics.mean(coord), "coord_max": coord[lead], "data": statistics.mean(data),
+    others = [c for i, c in enumerate(coord) if i != lead]
+    other_data = [d for i, d in enumerate(data) if i != lead]
+    return {"coord": statistics.mean(coord), "compactor": coord[lead],
+            "other": statistics.mean(others) if others else float("nan"),
+            "other_ratio": sum(others) / sum(other_data) if others else float("nan"),
+            "data": statistics.mean(data), "fleet_ratio": sum(coord) / sum(data),
             "refused": sum(r["status"].get("refused_full", 0) for r in reports),
             "hit_rate": sum(r["hot_hits"] for r in reports) / max(1, sum(r["hot_reads"] for r in reports))}
 
@@ -223,9 +245,14 @@ def main() -> None:
     ap.add_argument("--stores", default="s3,hub")
     ap.add_argument("--nodes", default="1,2,4,8")
     ap.add_argument("--parts", default="capacity,cost,startup")
-    ap.add_argument("--rate", type=float, default=2.0, help="data requests per second per node (cost)")
-    ap.add_argument("--cost-secs", type=float, default=60.0)
+    ap.add_argument("--rate", type=float, default=30.0, help="data requests per second per node (cost)")
+    ap.add_argument("--cost-secs", type=float, default=75.0)
+    ap.add_argument("--warm-secs", type=float, default=20.0, help="cost: counted from this second on")
+    ap.add_argument("--chunk-kib", type=int, default=16, help="cost: KiB per chunk request")
     ap.add_argument("--sync-secs", type=float, default=5.0, help="the fleet's sync_secs in the cost part")
+    ap.add_argument("--modes", default="clock,paced", help="cost: clock-driven and/or activity-paced")
+    ap.add_argument("--ratio", type=float, default=0.01, help="cost: coordination_ratio when paced")
+    ap.add_argument("--max-sync-secs", type=float, default=60.0, help="cost: max_sync_secs when paced")
     ap.add_argument("--startup-chunks", type=int, default=100_000)
     ap.add_argument("--hub-startup-chunks", type=int, default=10_000)
     args = ap.parse_args()
@@ -238,7 +265,7 @@ def main() -> None:
                 if "capacity" in parts:
                     capacity_part(name, make, nodes)
                 if "cost" in parts:
-                    cost_part(name, make, nodes, args.rate, args.cost_secs, args.sync_secs)
+                    cost_part(name, make, nodes, args)
                 k = args.startup_chunks if name == "s3" else args.hub_startup_chunks
                 if "startup" in parts and k:
                     _, store = make("unused")
@@ -270,18 +297,26 @@ def capacity_part(name: str, make: Maker, nodes: list[int]) -> None:
         store.close()
 
 
-def cost_part(name: str, make: Maker, nodes: list[int], rate: float, secs: float, sync: float) -> None:
-    print(f"\n== {name}: cost at sync_secs {sync:g} (other settings default), 8 MiB chunks, {rate:g} data "
-          f"requests/s per node, {secs:.0f} s, 1 GiB capacity")
-    print(f"{'N':>3} {'coord/node/min':>15} {'compactor':>10} {'data/node/min':>14} {'coord/data':>10} "
-          f"{'1% at data/min':>15} {'hot hits':>9} {'refused':>8}")
-    for n in nodes:
-        spec, store = make(f"cost-{n}-{uuid.uuid4().hex[:6]}")
-        r = cost_run(spec, n, rate, secs, sync)
-        print(f"{n:>3} {r['coord']:>15.1f} {r['coord_max']:>10.1f} {r['data']:>14.0f} "
-              f"{r['coord'] / r['data']:>9.1%} {100 * r['coord']:>15.0f} {r['hit_rate']:>8.0%} "
-              f"{r['refused']:>8}", flush=True)
-        store.close()
+def cost_part(name: str, make: Maker, nodes: list[int], args: argparse.Namespace) -> None:
+    chunk = args.chunk_kib * 1024
+    print(f"\n== {name}: cost, {args.rate:g} data requests/s per node (half stores, half loads), "
+          f"{args.chunk_kib} KiB chunks, capacity {COST_CAPACITY_CHUNKS} chunks, counted from "
+          f"{args.warm_secs:g} s to {args.cost_secs:g} s")
+    print(f"{'mode':<55} {'N':>2} {'coord/node/min':>14} {'compactor':>9} {'other':>6} {'data/node/min':>13} "
+          f"{'other/data':>10} {'fleet/data':>10} {'hot hits':>8} {'refused':>7}")
+    modes = {"clock": {"sync_secs": args.sync_secs},
+             "paced": {"sync_secs": args.sync_secs, "coordination_ratio": args.ratio,
+                       "max_sync_secs": args.max_sync_secs}}
+    for mode in args.modes.split(","):
+        fleet = modes[mode]
+        label = ", ".join(f"{k} {v:g}" for k, v in fleet.items())
+        for n in nodes:
+            spec, store = make(f"cost-{mode}-{n}-{uuid.uuid4().hex[:6]}")
+            r = cost_run(spec, n, args.rate, args.cost_secs, fleet, chunk, args.warm_secs)
+            print(f"{label:<55} {n:>2} {r['coord']:>14.1f} {r['compactor']:>9.1f} {r['other']:>6.1f} "
+                  f"{r['data']:>13.0f} {r['other_ratio']:>10.2%} {r['fleet_ratio']:>10.2%} "
+                  f"{r['hit_rate']:>8.0%} {r['refused']:>7}", flush=True)
+            store.close()
 
 
 if __name__ == "__main__":

@@ -160,6 +160,7 @@ def test_a_store_past_the_write_cap_fails_and_is_not_counted(tmp_path: Path) -> 
     root = tmp_path / "kv"
     data = engine_yaml(root, "a")
     data["extra_config"]["max_capacity_gb"] = 8 * CHUNK / 1024**3
+    data["extra_config"]["fleet"]["write_cap"] = 1.0  # refuse past the capacity (the default is 2.0)
     with build(data) as backend:
         assert remote(backend)._fleet is not None and remote(backend)._fleet.fleet.wait_ready(10)
         items = [(backend_key(i), backend_chunk(i, CHUNK)) for i in range(12)]

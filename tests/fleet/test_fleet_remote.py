@@ -17,7 +17,7 @@ from kvbucket.stores.s3 import S3Store
 from kvbucket.stores.s3_config import S3Config
 from kvbucket.stores.sealed import seal_store
 from kvbucket.testing import l2 as t
-from kvbucket.testing.fleet_node import chunk, key, run_fleet
+from kvbucket.testing.fleet_node import check_paced, chunk, key, paced_fleet, run_fleet
 from kvbucket.testing.hub_fixtures import HubBucket
 from kvbucket.testing.s3_server import S3Server
 
@@ -80,3 +80,21 @@ def test_fleet_on_the_hub_emulator(hub_bucket: HubBucket) -> None:
             "endpoint": hub_bucket.hub.endpoint}
     cfg = HFBucketConfig(bucket_handle=handle, token=base["token"], endpoint=base["endpoint"])
     fleet_round(base, lambda: chunks_of(HFBucketStore(cfg)))
+
+
+#: Activity-paced (coordination_ratio) on the remote stores: a chunk visible within 8 s, at most
+#: 5% of data requests spent on coordination once busy; rounds take longer there than on fs.
+PACED = {"sync_secs": 0.5, "coordination_ratio": 0.05, "max_sync_secs": 8.0, "idle_sync_secs": 5.0,
+         "heartbeat_secs": 2.5, "node_timeout_secs": 12.0, "compact_secs": 5.0, "reconcile_secs": 30.0,
+         "grace_secs": 1.0}
+
+
+def test_activity_paced_fleet_on_s3(seaweedfs: S3Server, s3_bucket: str) -> None:
+    cfg = seaweedfs.config(s3_bucket, "paced")
+    check_paced(paced_fleet({"type": "s3", **cfg}, PACED), PACED)
+
+
+def test_activity_paced_fleet_on_the_hub_emulator(hub_bucket: HubBucket) -> None:
+    base = {"type": "hfbucket", "bucket_handle": f"hf://buckets/{hub_bucket.bucket_id}/paced",
+            "token": hub_bucket.hub.write_token, "endpoint": hub_bucket.hub.endpoint}
+    check_paced(paced_fleet(base, PACED, tick=0.2, store_every=1.0), PACED)

@@ -137,3 +137,79 @@ def test_digest_rows_rebuild_the_compactors_changes() -> None:
     assert reader.bytes_by_salt() == compactor.bytes_by_salt() == {"": 40, "t": 20}
     assert reader.entries[f"{P}/{seg(2)}"].accessed == 7.0
     assert reader.apply_delta(compactor.delta_body()) == []  # idempotent
+
+
+def test_pacing_settings_are_validated_with_what_to_fix() -> None:
+    base = {"type": "fs", "base_path": "/tmp/x"}
+    cfg = parse_l2_config({**base, "fleet": {"coordination_ratio": 0.01, "max_sync_secs": 40}}).fleet
+    assert cfg is not None and cfg.stage_secs == 10 and cfg.idle_secs == 40 and cfg.visibility_secs == 40
+    default = FleetConfig(coordination_ratio=0.01)
+    assert default.visibility_secs == 60 and default.stage_secs == 15 and default.write_cap == 2.0
+    assert FleetConfig().coordination_ratio is None and FleetConfig().stage_secs == 5  # clock-driven
+    for bad, why in [
+        ({"max_sync_secs": 30}, "max_sync_secs applies only with coordination_ratio"),
+        ({"coordination_ratio": 0.01, "max_sync_secs": 10}, r"at least 4 \* sync_secs"),
+        ({"coordination_ratio": 0.01, "max_sync_secs": 80}, "2/3 of node_timeout_secs"),
+        ({"coordination_ratio": 0.01, "idle_sync_secs": 10}, r"max_sync_secs / 4"),
+        ({"coordination_ratio": 0}, "coordination_ratio"),
+        ({"coordination_ratio": 1.5}, "coordination_ratio"),
+        ({"coordination_ratio": "0.01"}, "coordination_ratio"),  # strict JSON: a number
+    ]:
+        with pytest.raises(ConfigError, match=why):
+            parse_l2_config({**base, "fleet": bad})
+
+
+def test_pacer_rounds_by_credit_within_the_stage_and_backs_off_when_idle() -> None:
+    import threading
+    import time
+
+    from kvbucket.fleet.pacing import CREDIT_CAP, ROUND_COST, Pacer
+
+    cfg = FleetConfig(sync_secs=0.05, coordination_ratio=0.1, max_sync_secs=40.0, idle_sync_secs=20.0,
+                      node_timeout_secs=90.0)
+    pace = Pacer(cfg, threading.Event())
+    assert pace.interval == cfg.stage_secs == 10.0
+
+    def waited(last: float) -> float:
+        t0 = time.monotonic()
+        assert not pace.wait(last)
+        return time.monotonic() - t0
+
+    # Not enough credit: the round waits (here cut short by earning the rest from another thread).
+    pace.earn(int(ROUND_COST / 0.1) - 1)
+    assert pace.credit < ROUND_COST
+    timer = threading.Timer(0.2, pace.earn, args=(1,))
+    timer.start()
+    assert 0.15 < waited(time.monotonic()) < 2.0  # credit paid for the round, not the 10 s stage
+    active = pace.begin_round()
+    pace.spend(2)  # what the round cost by its counters (its journal's reads were prepaid)
+    pace.spend(2)
+    assert active and pace.credit == pytest.approx(0.0)
+    pace.end_round(active=active, news=False, busy=False, compactor=False)
+    assert pace.interval == 10.0
+    # Credit is capped: a busy spell buys no flurry of rounds later, and debt is bounded too.
+    pace.earn(10_000)
+    assert pace.credit == CREDIT_CAP
+    pace.spend(100)
+    assert pace.credit == -CREDIT_CAP
+    # A node that served nothing doubles its wait up to idle_sync_secs; the compactor keeps the stage.
+    pace.begin_round()
+    for want in (20.0, 20.0):
+        pace.end_round(active=False, news=True, busy=False, compactor=False)  # digest news alone: idle
+        assert pace.interval == want
+    pace.end_round(active=False, news=False, busy=False, compactor=True)
+    assert pace.interval == 10.0
+    pace.end_round(active=False, news=False, busy=False, compactor=False)
+    assert pace.interval == 20.0
+    # Its first request after a long idle wait ends the wait once a stage has passed.
+    last = time.monotonic() - 15.0
+    threading.Timer(0.1, pace.earn, args=(1,)).start()
+    assert waited(last) < 2.0
+    # Clock-driven: news keeps sync_secs, no credit is kept.
+    clock = Pacer(FleetConfig(sync_secs=0.05, idle_sync_secs=1.0), threading.Event())
+    clock.earn(1000)
+    assert clock.credit == 0.0
+    clock.end_round(active=False, news=False, busy=False, compactor=False)
+    assert clock.interval == 0.1
+    clock.end_round(active=False, news=True, busy=False, compactor=False)
+    assert clock.interval == 0.05

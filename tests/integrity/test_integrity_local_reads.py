@@ -7,6 +7,7 @@ neighbours."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kvbucket import envelope as env
-from kvbucket.encryption import Keyring
+from kvbucket.encryption import HANDOFF_MIN, Handoff, Keyring
+from kvbucket.stores import sealed as sealed_mod
 from kvbucket.stores.base import ItemResult
 from kvbucket.stores.file import HASH_STEP, FileStore
 from kvbucket.stores.sealed import SealedStore
@@ -113,3 +115,47 @@ def test_get_each_hands_over_each_object_before_reading_the_next(tmp_path: Path)
     results = raw.get_each([name(i) for i in range(4)], [shared] * 4, after)
     assert seen == blobs
     assert [r.data for r in results] == [0, 1, 2, 3]
+
+
+BIG = [HANDOFF_MIN + 3, HANDOFF_MIN, HANDOFF_MIN + 5, HANDOFF_MIN + 1, HANDOFF_MIN]
+
+
+@pytest.mark.parametrize("spare", [True, False], ids=["handed-off", "in-line"])
+def test_large_encrypted_objects_decrypted_while_the_next_is_read(tmp_path: Path, spare: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Large objects alternate between two scratch buffers and are decrypted by a helper thread
+    # while the next one is read: every buffer still gets its own bytes, and a damaged object
+    # and a foreign one (their failures raised on the helper) are misses for the right reason.
+    monkeypatch.setattr(sealed_mod, "spare_cores", lambda: spare)
+    rng = np.random.default_rng(5)
+    data = [rng.integers(0, 256, n, dtype=np.uint8) for n in BIG]
+    sealed(tmp_path, KEY_A).put_many([(name(i), d) for i, d in enumerate(data)])
+    sealed(tmp_path, KEY_B).put_many([(name(3), data[3])])
+    raw = FileStore(tmp_path)
+    stored = bytearray(raw.get(name(2)) or b"")
+    stored[-env.TAG_SIZE - 9] ^= 0x80  # near the end: found only by the whole-object check
+    raw.put(name(2), stored)
+    bufs = [np.zeros(len(d), dtype=np.uint8) for d in data]
+    checksum, decrypt = failures("checksum"), failures("decrypt")
+    results = sealed(tmp_path, KEY_A).get_many([name(i) for i in range(len(data))], bufs)
+    assert [r.found for r in results] == [True, True, False, False, True]
+    assert results[2].error is None and results[3].error is None
+    assert (failures("checksum"), failures("decrypt")) == (checksum + 1, decrypt + 1)
+    assert not raw.exists(name(2)) and not raw.exists(name(3))
+    for i in (0, 1, 4):
+        assert bufs[i].tobytes() == data[i].tobytes()
+
+
+def test_handoff_runs_the_call_once_here_or_on_the_helper() -> None:
+    for _ in range(50):
+        ran: list[str] = []
+        handoff = Handoff(lambda ran=ran: ran.append(threading.current_thread().name))
+        here = handoff.finish()
+        assert len(ran) == 1  # exactly once, and done when finish returns
+        assert here == (ran[0] == threading.current_thread().name)
+
+    def fail() -> None:
+        raise env.EnvelopeError("decrypt", "x: refused")
+
+    with pytest.raises(env.EnvelopeError):
+        Handoff(fail).finish()  # raised where it ran, re-raised here either way

@@ -79,11 +79,13 @@ class CompactorMixin:
         # Journals are deleted one generation late: a node that has not loaded the new snapshot
         # yet still finds everything through the previous one.
         old = [name for n, js in listing.journals.items() for seq, name in js if seq <= prev.get(n, 0)]
-        snaps = sorted(listing.snapshots, reverse=True)[KEEP_SNAPSHOTS - 1 :]
-        old += [name for _, _, name in snaps]
         if old:
-            self._count("delete", len(old))
-            self._store.delete_many(old)
+            self._count("delete", len(old), prepaid=True)  # paid by the journals' writers
+        snaps = [name for _, _, name in sorted(listing.snapshots, reverse=True)[KEEP_SNAPSHOTS - 1 :]]
+        if snaps:
+            self._count("delete", len(snaps))
+        if old or snaps:
+            self._store.delete_many(old + snaps)
 
     def _reconcile(self: Any) -> list[Change]:
         """Compare the view with a full listing of the prefix; publish the differences.
@@ -103,7 +105,7 @@ class CompactorMixin:
                 continue
             listed[info.name] = (info.size, info.mtime if info.mtime is not None else start)
         self._count("list", max(1, pages))
-        settled = start - max(self.config.grace_secs, 2 * self.config.sync_secs)
+        settled = start - max(self.config.grace_secs, 2 * self.config.stage_secs)
         with self._lock:
             missing = [n for n, e in self._view.entries.items() if n not in listed and e.stored < settled]
         if missing:

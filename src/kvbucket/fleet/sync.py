@@ -1,6 +1,7 @@
 """One node's side of the fleet protocol: publish what it did, fold in what the others did.
 
-A :class:`Fleet` runs one daemon thread. Every round (``sync_secs``; longer while idle) it
+A :class:`Fleet` runs one daemon thread. Every round (when :mod:`.pacing` says: by the clock or
+by the node's own data requests) it
 
 1. writes the node's buffered records (stores, deletes, accesses) as ONE journal object, if any;
 2. on most nodes: reads the digest ``_fleet/d`` with one conditional GET (unchanged: no body)
@@ -44,6 +45,7 @@ from kvbucket.fleet.layout import (
     parse_name,
     snapshot_name,
 )
+from kvbucket.fleet.pacing import Pacer
 from kvbucket.fleet.view import Change, FleetView
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.eviction import EvictionConfig
@@ -118,6 +120,7 @@ class Fleet(CompactorMixin):
         self._seen: dict[str, float] = {}
         self._last_heartbeat = 0.0
         self._last_journal = 0.0
+        self._rounds_journals = 0  # journals_written at the end of the last round
         # The digest: the version last read (None: read it next round) and the compactor's
         # listing time it holds; what this node last wrote, when it is the compactor.
         self._digest_tag: str | None = None
@@ -126,10 +129,9 @@ class Fleet(CompactorMixin):
         self._digest_live: tuple[str, ...] = ()
         #: Every node's access hints up to about this time are in the view (see _horizon).
         self._known_at = 0.0
-        self._interval = config.sync_secs
         self._budget: float | None = None  # bytes this node may still add before its next round
         self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._pace = Pacer(config, self._stop)
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats: dict[str, int] = {
@@ -143,6 +145,7 @@ class Fleet(CompactorMixin):
             "reconciles": 0,
             "listing_rounds": 0,
             "coordination_requests": 0,
+            "data_requests": 0,
             "remote_stores_seen": 0,
             "remote_deletes_seen": 0,
             "evicted_own": 0,
@@ -155,22 +158,34 @@ class Fleet(CompactorMixin):
 
     # ---- what the host tells us (cheap, any thread) -------------------------------------------
     def note_stored(self, names: Iterable[str], sizes: Iterable[int]) -> None:
+        """Chunks stored (one data request each)."""
         now = time.time()
+        n = 0
         with self._lock:
             for name, size in zip(names, sizes, strict=True):
+                n += 1
                 rec = ("s", self._view.seg(name), int(size), now)
                 if self._view.apply(self.node, rec) is not None or name in self._view.entries:
                     self._buf.append(rec)
-        self._hurry()
+            self._served(n)
 
     def note_accessed(self, names: Iterable[str]) -> None:
+        """Chunks found for a load (one data request each)."""
         now = time.time()
+        n = 0
         with self._lock:
             for name in names:
+                n += 1
                 entry = self._view.entries.get(name)
                 if entry is not None:
                     entry.accessed = now
                     self._accessed[name] = now
+            self._served(n)
+
+    def _served(self, n: int) -> None:
+        if n:
+            self.stats["data_requests"] += n
+            self._pace.earn(n)
 
     def note_deleted(self, names: Iterable[str], *, evicted: bool = False) -> None:
         now = time.time()
@@ -185,12 +200,7 @@ class Fleet(CompactorMixin):
                 self._view.apply(self.node, rec)
                 self._accessed.pop(name, None)
                 self._buf.append(rec)
-        self._hurry()
-
-    def _hurry(self) -> None:
-        """News to publish: an idle node's long wait shrinks back to ``sync_secs``."""
-        if self._interval > self.config.sync_secs:
-            self._wake.set()
+        self._pace.hurry()
 
     # ---- what the host asks ----------------------------------------------------------------------
     def admit(self, sizes: list[int]) -> int:
@@ -219,9 +229,9 @@ class Fleet(CompactorMixin):
             self._budget = max(0.0, headroom) / (1 + WRITE_LAG_ROUNDS * (len(self.live_nodes()) - 1))
 
     def _horizon(self) -> float:
-        """Accesses anywhere before this are in the view: the knowledge time less one round
-        (a node journals its hints at its next round)."""
-        return self._known_at - self.config.sync_secs
+        """Accesses anywhere before this are in the view: the knowledge time less one stage
+        (a node in use journals its hints within a stage)."""
+        return self._known_at - self.config.stage_secs
 
     def victims(self, busy: Container[str]) -> list[str]:
         with self._lock:
@@ -258,7 +268,8 @@ class Fleet(CompactorMixin):
                 "live_nodes": self.live_nodes(),
                 "compactor": self._is_compactor(),
                 "snapshot_generation": self._snap[0],
-                "sync_interval_secs": self._interval,
+                "sync_interval_secs": self._pace.interval,
+                "coordination_credit": round(self._pace.credit, 2),
                 "ready": self._ready.is_set(),
                 "last_error": self.last_error,
                 **self.stats,
@@ -275,7 +286,7 @@ class Fleet(CompactorMixin):
     def close(self, timeout: float = 10.0) -> None:
         """Stop the thread and publish what is still buffered (one last journal)."""
         self._stop.set()
-        self._wake.set()
+        self._pace.wake()
         if self._thread is not None:
             self._thread.join(timeout)
         with contextlib.suppress(Exception):
@@ -291,8 +302,9 @@ class Fleet(CompactorMixin):
             self._ready.set()
             self._on_ready()
         last = time.monotonic()
-        while not self._sleep(last):
+        while not self._pace.wait(last):
             last = time.monotonic()
+            active = self._pace.begin_round()
             try:
                 news = self.sync_once()
             except Exception as e:
@@ -300,29 +312,22 @@ class Fleet(CompactorMixin):
                 news = True
             with self._lock:  # over the watermark: keep the pace until eviction is done
                 busy = self._eviction.triggered(self._view.bytes_used, self._capacity)
-            idle = min(2 * self._interval, self.config.idle_secs)
-            self._interval = self.config.sync_secs if news or busy else idle
-
-    def _sleep(self, last: float) -> bool:
-        """Wait for the next round (True: stop). News cuts an idle wait to ``sync_secs``."""
-        end = last + self._interval
-        while not self._stop.is_set():
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            if self._wake.wait(left):
-                self._wake.clear()
-                end = min(end, last + self.config.sync_secs)
-        return True
+            published = self.stats["journals_written"] > self._rounds_journals
+            self._rounds_journals = self.stats["journals_written"]
+            self._pace.end_round(active=active or published, news=news, busy=busy,
+                                 compactor=self._is_compactor())
 
     def _error(self, what: str, e: BaseException) -> None:
         self.stats["sync_errors"] += 1
         self.last_error = f"{what}: {type(e).__name__}: {e}"
         log.warning("fleet %s failed on node %s: %s", what, self.node, self.last_error)
 
-    def _count(self, verb: str, n: int = 1) -> None:
+    def _count(self, verb: str, n: int = 1, *, prepaid: bool = False) -> None:
+        """``prepaid``: the writers paid for these (journal reads; see :mod:`.pacing`)."""
         self.stats["coordination_requests"] += n
         FLEET_REQUESTS.labels(verb).inc(n)
+        if not prepaid:
+            self._pace.spend(n)
 
     # ---- one round ------------------------------------------------------------------------------------
     def _warm_start(self) -> None:
@@ -342,7 +347,7 @@ class Fleet(CompactorMixin):
         self._deliver(changes)
 
     def sync_once(self) -> bool:
-        """One round (the thread calls it every ``sync_secs``; tests may call it directly).
+        """One round (the thread calls it when :mod:`.pacing` says; tests may call it directly).
         Returns whether anything was published or learned (else the next wait grows)."""
         flushed = self._flush()
         news = flushed
@@ -387,6 +392,8 @@ class Fleet(CompactorMixin):
             self._buf, self._accessed = [], {}
             seq = self._seq + 1
         journal = Journal(self.node, seq, recs)
+        # The compactor's GET (unless it is ours) and DELETE of this journal, paid by its writer.
+        self._pace.spend(1 if self._is_compactor() else 2)
         try:
             self._count("put")
             self._store.put(journal_name(self._prefix, self.node, seq), journal.to_bytes())
@@ -416,8 +423,8 @@ class Fleet(CompactorMixin):
             if self._digest_t < stale:
                 return None
             self.stats["digests_unchanged"] += 1
-            # Unchanged: the compactor, listing every sync_secs, found no new journal meanwhile.
-            self._known_at = max(self._known_at, self._digest_t, started - 2 * self.config.sync_secs)
+            # Unchanged: the compactor, listing every stage, found no new journal meanwhile.
+            self._known_at = max(self._known_at, self._digest_t, started - 2 * self.config.stage_secs)
             return [], False
         body = decode("digest", rev.data)
         t = float(body["t"])
@@ -482,7 +489,7 @@ class Fleet(CompactorMixin):
                 todo += [(node, seq, name) for seq, name in sorted(js) if seq > done]
         if not todo:
             return changes
-        self._count("get", len(todo))
+        self._count("get", len(todo), prepaid=True)
         results = self._store.get_many([name for _, _, name in todo])
         with self._lock:
             for (node, seq, _), r in zip(todo, results, strict=True):
@@ -561,32 +568,5 @@ class Fleet(CompactorMixin):
 
 __all__ = ["FLEET_EVICTIONS", "Fleet", "inspect_fleet"]
 
-
-def inspect_fleet(store: ObjectStore, prefix: str = "") -> dict[str, Any] | None:
-    """The fleet's picture of a prefix, read-only (for ``kvbucket du``): None when no fleet
-    ever wrote there. Costs the digest and snapshot GETs; without a fresh digest, one listing of
-    ``_fleet/`` plus the snapshot and journal GETs."""
-    from types import SimpleNamespace
-
-    from kvbucket.backends.salt import chunk_salt as backend_salt
-    from kvbucket.integrations.naming import chunk_salt
-
-    def engine_chunk(name: str) -> Any:  # engine tiers' and storage backends' names (L2 keys parse anyway)
-        salt = chunk_salt(name)
-        if salt is None:
-            salt = backend_salt(name, prefix)
-        return None if salt is None else SimpleNamespace(cache_salt=salt)
-
-    reader = Fleet(store, FleetConfig(node_id="kvbucket-inspect"), prefix=prefix, parse=engine_chunk)
-    if reader._read_digest() is None:
-        listing = reader._list()
-        if not listing.snapshots and not listing.journals:
-            return None
-        reader._fold(listing)
-    status = reader.status()
-    status["nodes"].pop(reader.node, None)
-    status["live_nodes"] = [n for n in status["live_nodes"] if n != reader.node]
-    internal = ("node", "ready", "evicted_own", "evicted_cross_node", "compactor", "sync_interval_secs")
-    for field_name in internal:
-        status.pop(field_name, None)
-    return status
+# Read-only status for `kvbucket du` (kept importable from here).
+from kvbucket.fleet.report import inspect_fleet  # noqa: E402
