@@ -213,3 +213,36 @@ def test_pacer_rounds_by_credit_within_the_stage_and_backs_off_when_idle() -> No
     assert clock.interval == 0.1
     clock.end_round(active=False, news=True, busy=False, compactor=False)
     assert clock.interval == 0.05
+
+
+def test_every_fleet_member_takes_the_pacing_settings() -> None:
+    """L2 adapters, LMCache's non-MP connector, the engine tiers and the storage backends' remote
+    tier all parse the same FleetConfig and run the same Fleet thread (its Pacer)."""
+    from kvbucket.backends.fleet import parse_fleet_settings
+    from kvbucket.fleet.member import StoreFleet
+    from kvbucket.integrations.engine_fleet import FleetSettings
+    from kvbucket.integrations.lmcache import connector_config_from_extra
+    from kvbucket.stores.memory import MemoryStore
+
+    paced = {"coordination_ratio": 0.01, "max_sync_secs": 40.0}
+    want = FleetConfig(**paced)
+    assert parse_l2_config({"type": "fs", "base_path": "/tmp/x", "fleet": paced}).fleet == want
+    conn = connector_config_from_extra({"remote_storage_plugin.kv.bucket_handle": "file:///tmp/x",
+                                        "remote_storage_plugin.kv.fleet": paced}, "kv")
+    assert conn.fleet == want
+    tier = FleetSettings.model_validate({"fleet": paced})
+    assert tier.fleet == want
+    backend = parse_fleet_settings({"fleet": paced}, "")
+    assert backend is not None and backend.fleet == want
+    with pytest.raises(ConfigError, match="max_sync_secs"):
+        parse_fleet_settings({"fleet": {"max_sync_secs": 40.0}}, "")
+    store = MemoryStore("pace")
+    member = StoreFleet(store, store, want, capacity=0, eviction=EvictionConfig(eviction_policy="noop"),
+                        parse_key_string=lambda name: name)
+    try:
+        assert member.fleet._pace.ratio == 0.01 and member.fleet._pace.stage == 10.0
+        member.stored(["a"], [1])
+        member.accessed(["a", "b"])
+        assert member.status()["data_requests"] == 3
+    finally:
+        member.close()

@@ -36,29 +36,35 @@ from typing import Any
 from kvbucket.errors import ConfigError, InvalidKeyError, NoSpaceError, NotFoundError, StoreError
 from kvbucket.stores.base import (
     Buffer,
+    Gather,
     ItemResult,
     ObjectInfo,
     ObjectStore,
     Scatter,
     check_buffer_size,
-    check_name,
+)
+from kvbucket.stores.file_paths import (
+    DIR_FLAGS,
+    DIR_MODE,
+    MISSING_ERRNOS,
+    O_BINARY,
+    O_CLOEXEC,
+    O_DIRECTORY,
+    O_NOFOLLOW,
+    lstat_below,
+    open_dir,
+    open_object,
+    parents,
+    valid_name,
+    why_not_a_dir,
 )
 
 TMP_DIR_NAME = ".kvbucket-tmp"
 DEFAULT_STALE_TMP_SECS = 15 * 60
 FILE_MODE = 0o600
-DIR_MODE = 0o700
-# errnos that mean "this name is not a regular file here": missing, a parent is a file, or the
-# final component is a symlink opened with O_NOFOLLOW.
-_MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
-_O_BINARY = getattr(os, "O_BINARY", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_DIR_FLAGS = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | _O_BINARY | _O_NOFOLLOW | _O_CLOEXEC
 _RENAME_ATTEMPTS = 16
 _NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+_IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
 # Bytes per read when the destination hashes what lands (sealed loads): small enough to stay
 # in a core's L2 until hashed, large enough that the per-read overhead stays small. Measured on
 # 2 MiB chunks from the page cache: 256 KiB steps 0.82 of an unhashed read, one read 0.70.
@@ -74,13 +80,15 @@ def _store_error(action: str, name: str, e: OSError) -> StoreError:
 
 def _os_error_result(action: str, name: str, e: OSError) -> ItemResult:
     """A batch item's result for an OS error: absent when the name is not a file here, else an error."""
-    if e.errno in _MISSING_ERRNOS:
+    if e.errno in MISSING_ERRNOS:
         return ItemResult(name)
     return ItemResult(name, error=_store_error(action, name, e))
 
 
 class FileStore(ObjectStore):
     """Objects as files under ``root``. Thread- and process-safe for concurrent writers."""
+
+    gathers = True  # put_many takes a Gather (written with writev)
 
     def __init__(
         self,
@@ -144,10 +152,8 @@ class FileStore(ObjectStore):
                     )
         return checked
 
-    # Every path below the root is resolved one component at a time, relative to the directory
-    # opened just before it, with O_NOFOLLOW: a symlink (or a directory swapped for one mid-call)
-    # anywhere inside the store is never followed, so no verb can reach outside the root. The
-    # root itself is the configured path and may be reached through symlinks.
+    # Every path below the root is walked relative to the root's fd without following symlinks
+    # (kvbucket.stores.file_paths), so no verb can reach outside the root.
     def _root(self) -> int:
         """The root directory's fd: opened once, reopened when the directory was removed (and
         maybe recreated) behind the store's back. Callers never close it: ``*at`` calls relative
@@ -159,7 +165,7 @@ class FileStore(ObjectStore):
                     return fd
         with self._root_lock:
             if self._root_fd == fd:  # not reopened by another thread meanwhile
-                new = os.open(self._root_str, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+                new = os.open(self._root_str, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
                 if fd >= 0:
                     self._old_root_fds.append(fd)  # another thread may still use it: closed at exit
                 self._root_fd = new
@@ -171,28 +177,9 @@ class FileStore(ObjectStore):
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    @contextlib.contextmanager
-    def _parents(self, root_fd: int, name: str, created: list[str] | None = None) -> Iterator[list[int]]:
-        """The fds of the root and of every directory above ``name``'s last component.
-
-        ``fds[i]`` is the directory holding segment ``i`` of the name. Missing directories raise
-        ``FileNotFoundError``, unless ``created`` is given: then they are made (0700) and their
-        relative paths appended to it. A component that is a file or a symlink raises
-        ``NotADirectoryError``/``ELOOP``.
-        """
-        fds = [root_fd]
-        try:
-            segs = name.split("/")[:-1]
-            for i, seg in enumerate(segs):
-                fds.append(_open_dir(fds[-1], seg, created, "/".join(segs[: i + 1])))
-            yield fds
-        finally:
-            for fd in fds[1:]:
-                os.close(fd)
-
     def _open_tmp(self, root_fd: int) -> int:
         try:
-            return _open_dir(root_fd, TMP_DIR_NAME, [], TMP_DIR_NAME)
+            return open_dir(root_fd, TMP_DIR_NAME, [], TMP_DIR_NAME)
         except OSError as e:
             raise (NoSpaceError if e.errno in _NO_SPACE_ERRNOS else StoreError)(
                 f"cannot write to store directory {self._root_str!r}: creating {TMP_DIR_NAME} "
@@ -203,14 +190,17 @@ class FileStore(ObjectStore):
         if not rel_dir:
             os.fsync(root_fd)
             return
-        with self._parents(root_fd, rel_dir + "/x") as fds:
+        with parents(root_fd, rel_dir + "/x") as fds:
             os.fsync(fds[-1])
 
     # ---- the protocol -------------------------------------------------------------------
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
         names = self._check([n for n, _ in items])
-        views = []
+        views: list[memoryview | Gather] = []
         for n, d in items:
+            if isinstance(d, Gather):  # header + regions: one writev, no joined copy
+                views.append(d)
+                continue
             try:
                 v = memoryview(d)
             except TypeError:
@@ -231,7 +221,7 @@ class FileStore(ObjectStore):
             os.close(tmp_fd)
 
     def _put_all(
-        self, root_fd: int, tmp_fd: int, names: list[str], views: list[memoryview]
+        self, root_fd: int, tmp_fd: int, names: list[str], views: list[memoryview | Gather]
     ) -> list[ItemResult]:
         results: list[ItemResult] = []
         to_sync: dict[str, list[int]] = {}  # directory -> indexes of the items waiting on its fsync
@@ -254,17 +244,20 @@ class FileStore(ObjectStore):
                     results[i] = ItemResult(names[i], error=_store_error("make durable", names[i], e))
         return results
 
-    def _put_one(self, root_fd: int, tmp_fd: int, name: str, view: memoryview) -> list[str]:
+    def _put_one(self, root_fd: int, tmp_fd: int, name: str, view: memoryview | Gather) -> list[str]:
         """Write one object atomically; return the directories (relative) whose fsync makes it durable."""
         tmp = uuid.uuid4().hex
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_BINARY | _O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_BINARY | O_CLOEXEC
         fd = os.open(tmp, flags, FILE_MODE, dir_fd=tmp_fd)
         try:
             try:
                 written = 0
                 total = view.nbytes
                 while written < total:  # os.write may write less than asked (large sizes, signals)
-                    written += os.write(fd, view[written:])
+                    if isinstance(view, Gather):
+                        written += os.writev(fd, view.views_from(written)[:_IOV_MAX])
+                    else:
+                        written += os.write(fd, view[written:])
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -276,7 +269,7 @@ class FileStore(ObjectStore):
                     if "/" not in name:  # the common case (chunk names): no directory to walk
                         os.replace(tmp, leaf, src_dir_fd=tmp_fd, dst_dir_fd=root_fd)
                     else:
-                        with self._parents(root_fd, name, created) as fds:
+                        with parents(root_fd, name, created) as fds:
                             os.replace(tmp, leaf, src_dir_fd=tmp_fd, dst_dir_fd=fds[-1])
                     break
                 except FileNotFoundError:
@@ -291,7 +284,7 @@ class FileStore(ObjectStore):
                 except OSError as e:
                     if e.errno not in (errno.ENOTDIR, errno.ELOOP):
                         raise
-                    raise NotADirectoryError(errno.ENOTDIR, self._why_not_a_dir(root_fd, name)) from None
+                    raise NotADirectoryError(errno.ENOTDIR, why_not_a_dir(root_fd, name)) from None
             if not self.fsync:
                 return []
             parent = name.rsplit("/", 1)[0] if "/" in name else ""
@@ -300,28 +293,6 @@ class FileStore(ObjectStore):
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=tmp_fd)
             raise
-
-    @staticmethod
-    def _why_not_a_dir(root_fd: int, name: str) -> str:
-        """Which leading part of ``name`` stopped a put: an object, or a symlink (never followed)."""
-        segs = name.split("/")[:-1]
-        fd = os.dup(root_fd)
-        try:
-            for seg in segs:
-                st = os.stat(seg, dir_fd=fd, follow_symlinks=False)
-                if stat.S_ISLNK(st.st_mode):
-                    return (f"{seg!r}, a leading part of this name, is a symlink; kvbucket never follows "
-                            "links inside a store (remove it)")
-                if not stat.S_ISDIR(st.st_mode):
-                    break
-                nfd = os.open(seg, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = nfd
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        return "a leading part of this name is an object, so it cannot be a directory"
 
     def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
         return self.get_each(names, out)
@@ -360,7 +331,7 @@ class FileStore(ObjectStore):
         try:
             return self._root() if names else -1
         except OSError as e:
-            if e.errno not in _MISSING_ERRNOS:
+            if e.errno not in MISSING_ERRNOS:
                 raise StoreError(
                     f"could not {action} in store directory {self._root_str!r}: {e.strerror}"
                 ) from None
@@ -370,13 +341,9 @@ class FileStore(ObjectStore):
         try:
             if root_fd < 0:
                 raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
-            if "/" not in name:  # the common case (chunk names): no directory to walk
-                fd = os.open(name, _READ_FLAGS, dir_fd=root_fd)
-            else:
-                with self._parents(root_fd, name) as fds:
-                    fd = os.open(name.rsplit("/", 1)[-1], _READ_FLAGS, dir_fd=fds[-1])
+            fd = open_object(root_fd, name)
         except OSError as e:
-            if e.errno in _MISSING_ERRNOS:
+            if e.errno in MISSING_ERRNOS:
                 return ItemResult(name)
             raise
         try:
@@ -426,8 +393,7 @@ class FileStore(ObjectStore):
             try:
                 if root_fd < 0:
                     raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
-                with self._parents(root_fd, name) as fds:
-                    fd = os.open(name.rsplit("/", 1)[-1], _READ_FLAGS, dir_fd=fds[-1])
+                fd = open_object(root_fd, name)
             except OSError:
                 out.append(None)
                 continue
@@ -439,21 +405,13 @@ class FileStore(ObjectStore):
                 os.close(fd)
         return out
 
-    def _lstat(self, root_fd: int, name: str) -> os.stat_result:
-        if root_fd < 0:
-            raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
-        if "/" not in name:
-            return os.stat(name, dir_fd=root_fd, follow_symlinks=False)
-        with self._parents(root_fd, name) as fds:
-            return os.stat(name.rsplit("/", 1)[-1], dir_fd=fds[-1], follow_symlinks=False)
-
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._check(names)
         results = []
         root_fd = self._root_for("stat", names)
         for n in names:
             try:
-                st = self._lstat(root_fd, n)
+                st = lstat_below(root_fd, n)
             except OSError as e:
                 results.append(_os_error_result("stat", n, e))
                 continue
@@ -477,7 +435,7 @@ class FileStore(ObjectStore):
 
     def _delete_one(self, root_fd: int, name: str) -> int | None:
         segs = name.split("/")
-        with self._parents(root_fd, name) as fds:
+        with parents(root_fd, name) as fds:
             st = os.stat(segs[-1], dir_fd=fds[-1], follow_symlinks=False)
             if not stat.S_ISREG(st.st_mode):
                 return None  # nothing we own lives under this name
@@ -504,9 +462,9 @@ class FileStore(ObjectStore):
 
     def _list(self, prefix: str) -> Iterator[ObjectInfo]:
         try:  # a listing's own fd of the root: its scandir must not share an offset
-            root_fd = os.open(".", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC, dir_fd=self._root())
+            root_fd = os.open(".", os.O_RDONLY | O_DIRECTORY | O_CLOEXEC, dir_fd=self._root())
         except OSError as e:
-            if e.errno in _MISSING_ERRNOS:
+            if e.errno in MISSING_ERRNOS:
                 return
             raise
         try:
@@ -527,9 +485,9 @@ class FileStore(ObjectStore):
                 sub = name + "/"
                 if sub.startswith(prefix) or prefix.startswith(sub):
                     try:
-                        sub_fd = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+                        sub_fd = os.open(entry.name, DIR_FLAGS, dir_fd=dir_fd)
                     except OSError as e:
-                        if e.errno in _MISSING_ERRNOS:
+                        if e.errno in MISSING_ERRNOS:
                             continue  # removed, or swapped for a symlink, since the scan
                         raise
                     try:
@@ -543,7 +501,7 @@ class FileStore(ObjectStore):
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # deleted since the scan
-            if not stat.S_ISREG(st.st_mode) or not _valid_name(name):
+            if not stat.S_ISREG(st.st_mode) or not valid_name(name):
                 continue
             yield ObjectInfo(name, st.st_size, st.st_mtime)
 
@@ -562,7 +520,7 @@ class FileStore(ObjectStore):
         cutoff = time.time() - older_than_secs
         removed = 0
         try:
-            tmp_fd = os.open(TMP_DIR_NAME, _DIR_FLAGS, dir_fd=self._root())  # a symlink is not followed
+            tmp_fd = os.open(TMP_DIR_NAME, DIR_FLAGS, dir_fd=self._root())  # a symlink is not followed
         except OSError:
             return 0  # no temp dir yet (or not one we made)
         try:
@@ -579,31 +537,6 @@ class FileStore(ObjectStore):
         finally:
             os.close(tmp_fd)
         return removed
-
-
-def _open_dir(parent_fd: int, seg: str, created: list[str] | None, rel: str) -> int:
-    """Open directory ``seg`` of ``parent_fd`` without following a symlink; with ``created``,
-    make it first when missing (and record ``rel`` there)."""
-    try:
-        return os.open(seg, _DIR_FLAGS, dir_fd=parent_fd)
-    except FileNotFoundError:
-        if created is None:
-            raise
-    try:
-        os.mkdir(seg, DIR_MODE, dir_fd=parent_fd)
-        created.append(rel)
-    except FileExistsError:
-        pass  # made by a concurrent writer just now
-    return os.open(seg, _DIR_FLAGS, dir_fd=parent_fd)
-
-
-def _valid_name(name: str) -> bool:
-    try:
-        check_name(name)
-        name.encode("utf-8")  # undecodable file names come back as surrogates: not ours
-    except (InvalidKeyError, UnicodeEncodeError):
-        return False
-    return True
 
 
 _TRUE = {"1", "true", "yes", "on"}
