@@ -8,8 +8,10 @@ the generic path (``batch_set`` of ``get_data_page`` tensors; ``batch_get`` into
 ``batch_get_v1`` over host indices, ``"interface_v1": 1``). Batches of 128 pages
 (SGLang's ``STORAGE_BATCH_SIZE``). Prints pages/s and the ratio kvbucket / file (goal >= 1.0x).
 Every timed phase starts after ``os.sync()`` (the page cache's writeback of the previous phase
-would otherwise land in it, whichever backend that is), rounds flip the backends' order, and the
-ratio is the median of per-round ratios.
+would otherwise land in it, whichever backend that is); within a phase the backends take turns
+batch by batch, the order flipped every batch, so they see the same machine (on this VM the cost
+of a buffered write swings 10x within seconds with the kernel's supply of free memory); the ratio
+is the median of per-round ratios.
 
 Runs inside the SGLang venv (``engines/venv.sh sglang``); started with another Python it builds
 or reuses that venv, starts the servers ``--stores`` asks for (Hub emulator in its own process,
@@ -73,8 +75,8 @@ def run(args: argparse.Namespace) -> None:
                                     page_size=ps, layout="layer_first", pin_memory=False, device="cpu",
                                     device_capacity_tokens=tokens, start_layer=0, end_layer=args.layers)
 
-    src, dst = host(), host()
-    src_idx, dst_idx = src.alloc(tokens), dst.alloc(tokens)
+    src = host()
+    src_idx = src.alloc(tokens)
     src.kv_buffer.copy_(torch.randn(src.kv_buffer.shape).to(torch.bfloat16))
     page_mb = src.get_data_page(0).numel() * 2 / 2**20
     if args.dir is None:  # a temp dir of our own, removed at the end
@@ -89,88 +91,72 @@ def run(args: argparse.Namespace) -> None:
                                     is_page_first_layout=False, model_name="bench/model", extra_config=extra)
 
     B = 128
-
-    # One backend of each kind for the whole run, as SGLang keeps one for the server's life: warm
-    # staging memory after the first round (a fresh backend per round paid its buffers' page
-    # faults inside the timed reads, and how much depended on whether huge pages were free).
-    file_backend = StorageBackendFactory.create_backend(
-        "file", config({"file_storage_path": str(base / "file")}), src)
-
-    def file_round(r: int) -> tuple[float, float]:
-        b = file_backend
-        keys = [f"r{r}-p{i}" for i in range(n)]
-        os.sync()  # the previous phase's writeback must not land in this one's time
-        t0 = time.perf_counter()
-        for i in range(0, n, B):
-            data = [src.get_data_page(int(src_idx[j * ps])) for j in range(i, min(n, i + B))]
-            assert b.batch_set(keys[i : i + B], data)
-        t1 = time.perf_counter()
-        os.sync()
-        t1s = time.perf_counter()
-        for i in range(0, n, B):
-            ks = keys[i : i + B]
-            got = b.batch_get(ks, [dst.get_dummy_flat_data_page() for _ in ks])
-            for j, page in enumerate(got):
-                assert page is not None
-                dst.set_from_flat_data_page(int(dst_idx[(i + j) * ps]), page)
-        t2 = time.perf_counter()
-        return n / (t1 - t0), n / (t2 - t1s)
-
     from kvbucket.testing.engines import BENCH_TARGETS_ENV
 
     targets = json.loads(os.environ.get(BENCH_TARGETS_ENV, "{}")) or {"dir": {}}
-
+    names = ["file", *(f"kvbucket-{t}" for t in targets)]
+    # One destination pool per backend (their batches interleave), one backend of each kind for
+    # the whole run, as SGLang keeps one for the server's life.
+    dsts = {name: host() for name in names}
+    dst_idx = {name: dsts[name].alloc(tokens) for name in names}
+    file_backend = StorageBackendFactory.create_backend(
+        "file", config({"file_storage_path": str(base / "file")}), src)
     kvb: dict[str, tuple[Any, Any]] = {}
+    for t, spec in targets.items():  # a writer on the source pool, a reader on its own destination
+        url = str(base / "kvb") if t == "dir" else spec["url"]
+        extra = {"backend_name": "kvbucket", "module_path": "kvbucket.integrations.sglang",
+                 "class_name": "KVBucketHiCacheStorage", "interface_v1": 1, "store_url": url,
+                 "store_options": spec.get("options", {}), "prefix": "bench"}
+        w = StorageBackendFactory.create_backend("dynamic", config(extra), src)
+        w.register_mem_pool_host(src)
+        rd = StorageBackendFactory.create_backend("dynamic", config(extra), dsts[f"kvbucket-{t}"])
+        rd.register_mem_pool_host(dsts[f"kvbucket-{t}"])
+        kvb[f"kvbucket-{t}"] = (w, rd)
 
-    def kvb_backends(name: str) -> tuple[Any, Any]:
-        """A writer on the source pool and a reader on the destination pool (another instance: the
-        reads come from the store), made once per target."""
-        if name not in kvb:
-            t = targets[name]
-            url = str(base / "kvb") if name == "dir" else t["url"]
-            extra = {"backend_name": "kvbucket", "module_path": "kvbucket.integrations.sglang",
-                     "class_name": "KVBucketHiCacheStorage", "interface_v1": 1, "store_url": url,
-                     "store_options": t.get("options", {}), "prefix": "bench"}
-            w = StorageBackendFactory.create_backend("dynamic", config(extra), src)
-            w.register_mem_pool_host(src)
-            rd = StorageBackendFactory.create_backend("dynamic", config(extra), dst)
-            rd.register_mem_pool_host(dst)
-            kvb[name] = (w, rd)
-        return kvb[name]
+    def set_batch(name: str, keys: list[str], i: int) -> None:
+        if name == "file":  # SGLang's generic path: one flat page tensor per key
+            data = [src.get_data_page(int(src_idx[j * ps])) for j in range(i, min(n, i + B))]
+            assert file_backend.batch_set(keys[i : i + B], data)
+        else:  # the zero-copy v1 path over host indices
+            assert all(kvb[name][0].batch_set_v1(keys[i : i + B], src_idx[i * ps : (i + B) * ps]))
 
-    def kvb_round(r: int, name: str) -> tuple[float, float]:
-        w, rd = kvb_backends(name)
-        keys = [f"r{r}-p{i}" for i in range(n)]
-        os.sync()
-        t0 = time.perf_counter()
-        for i in range(0, n, B):
-            assert all(w.batch_set_v1(keys[i : i + B], src_idx[i * ps : (i + B) * ps]))
-        t1 = time.perf_counter()
-        os.sync()
-        t1s = time.perf_counter()
-        for i in range(0, n, B):
-            assert all(rd.batch_get_v1(keys[i : i + B], dst_idx[i * ps : (i + B) * ps]))
-        t2 = time.perf_counter()
-        return n / (t1 - t0), n / (t2 - t1s)
+    def get_batch(name: str, keys: list[str], i: int) -> None:
+        dst, idx = dsts[name], dst_idx[name]
+        ks = keys[i : i + B]
+        if name == "file":  # into dummy pages, then set_from_flat_data_page (SGLang's generic path)
+            got = file_backend.batch_get(ks, [dst.get_dummy_flat_data_page() for _ in ks])
+            for j, page in enumerate(got):
+                assert page is not None
+                dst.set_from_flat_data_page(int(idx[(i + j) * ps]), page)
+        else:
+            assert all(kvb[name][1].batch_get_v1(ks, idx[i * ps : (i + B) * ps]))
 
-    def check_and_reset() -> None:
+    def check_and_reset(name: str) -> None:
+        dst, idx = dsts[name], dst_idx[name]
         for i in range(n):
             a = src.get_data_page(int(src_idx[i * ps])).view(torch.uint8)
-            b = dst.get_data_page(int(dst_idx[i * ps])).view(torch.uint8)
-            assert torch.equal(a, b), "a page read back differs"
+            b = dst.get_data_page(int(idx[i * ps])).view(torch.uint8)
+            assert torch.equal(a, b), f"a page {name} read back differs"
         dst.kv_buffer.zero_()
 
-    res: dict[str, list[tuple[float, float]]] = {"file": [], **{f"kvbucket-{t}": [] for t in targets}}
-    for r in range(args.rounds):  # interleaved, the order flipped each round: all see the same load
+    res: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for r in range(args.rounds):
         if r:  # new bytes each round: Xet (Hub) would dedup a page it uploaded the round before
             src.kv_buffer.copy_(torch.randn(src.kv_buffer.shape).to(torch.bfloat16))
-        order = ["file", *targets]
-        for name in order if r % 2 == 0 else order[::-1]:
-            if name == "file":
-                res["file"].append(file_round(r))
-            else:
-                res[f"kvbucket-{name}"].append(kvb_round(r, name))
-            check_and_reset()
+        keys = [f"r{r}-p{i}" for i in range(n)]
+        spent = {name: [0.0, 0.0] for name in names}
+        for phase, op in enumerate((set_batch, get_batch)):
+            os.sync()  # the previous phase's writeback must not land in this one's time
+            # Batch by batch, every backend in turn, the order flipped each batch: all see the same
+            # machine (the page cache's supply of free memory swings within seconds here).
+            for b_no, i in enumerate(range(0, n, B)):
+                for name in names if (r + b_no) % 2 == 0 else names[::-1]:
+                    t0 = time.perf_counter()
+                    op(name, keys, i)
+                    spent[name][phase] += time.perf_counter() - t0
+        for name in names:
+            res[name].append((n / spent[name][0], n / spent[name][1]))
+            check_and_reset(name)
     for w, rd in kvb.values():
         w.close()
         rd.close()

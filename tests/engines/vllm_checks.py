@@ -247,7 +247,8 @@ def test_fleet_refuses_over_capacity_and_evicts(target: dict[str, Any]) -> None:
     eviction (down to 60%) deletes, and the tier forgets what it deleted; closing publishes the
     fleet's journal."""
     sub = {**target, "url": f"{target['url']}/fleet-{uuid.uuid4().hex[:8]}"}  # a fleet of its own
-    fleet = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "grace_secs": 1.0}
+    fleet = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "grace_secs": 1.0,
+             "write_cap": 1.0}  # the cap at the capacity itself: the 5th chunk is refused
     e = engine(sub, fleet=fleet, max_capacity_gb=4 * BLOCK_BYTES / 1024**3)
     tier = e.tier
     assert tier.block_size_bytes == BLOCK_BYTES

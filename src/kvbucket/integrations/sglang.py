@@ -45,7 +45,9 @@ from kvbucket.errors import ConfigError
 from kvbucket.integrations.engine_fleet import REFUSED, FleetSettings, open_fleet
 from kvbucket.integrations.naming import path_segment as _segment
 from kvbucket.integrations.naming import salt_segment as _salt_segment
+from kvbucket.integrations.tensor_regions import StorageViews
 from kvbucket.log_once import RepeatedLog
+from kvbucket.stores.base import Gather, Scatter
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)
@@ -157,6 +159,10 @@ class KVBucketHiCacheStorage(_Base):
         self._stage_lock = threading.Lock()
         self._staging: Any = None
         self._get_staging: Any = None
+        self._views = StorageViews()
+        # Pages move between the host pool and the store as the pool's own regions (writev /
+        # readv, no staging copy); encryption needs one contiguous buffer, so it stages.
+        self._in_place = self.store.keyring is None
         self._stats = {"get_pages": [], "set_pages": [], "get_bw": [], "set_bw": []}
         # Fleet members forget pages deleted anywhere in the fleet (else a page evicted elsewhere
         # would be "known" here: a lookup hit, then a miss at load, and never written again).
@@ -190,8 +196,8 @@ class KVBucketHiCacheStorage(_Base):
 
     # -- tensors <-> bytes
     def _stage(self, pages: list[tuple[str, Any]]) -> list[tuple[str, memoryview]]:
-        """Pack the pages' bytes into the reused staging buffer (a page of a layer-first pool is
-        many strided regions; copying them into warm memory is what writes cost most)."""
+        """Pack the pages' bytes into the reused staging buffer (for pages that cannot be written
+        from their regions: not on the CPU, or too many regions)."""
         import torch
 
         sizes = [t.numel() * t.element_size() for _, t in pages]
@@ -246,9 +252,11 @@ class KVBucketHiCacheStorage(_Base):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Load ``keys`` into the host pool at ``host_indices``; a page that fails is a miss (False).
 
-        A page that is one contiguous region of the pool (e.g. MLA ``page_first_direct``) is read
-        straight into it; others are read into one staging buffer and copied with SGLang's own
-        ``set_from_flat_data_page``.
+        Each page is read straight into its regions of the pool (one ``readv`` on a directory)
+        and verified there. A page that fails its check answers False; SGLang loads only the
+        pages before the first False and frees the slots of the rest, so bytes that failed are
+        never used. Encrypted stores (and pages of more than ``MAX_REGIONS`` regions) are read
+        into one staging buffer and copied with SGLang's own ``set_from_flat_data_page``.
         """
         if not self._check_indices("batch_get_v1", keys, host_indices):
             return [False] * len(keys)
@@ -259,7 +267,8 @@ class KVBucketHiCacheStorage(_Base):
         idx = host_indices.tolist()
         starts = [int(idx[i * self.page_size]) for i in range(len(keys))]
         views = [self._page_tensor(s) for s in starts]
-        direct = [v.is_contiguous() and v.device.type == "cpu" for v in views]
+        regions = [self._views.regions(v) if self._in_place else None for v in views]
+        direct = [r is not None for r in regions]
         page_bytes = views[0].numel() * views[0].element_size() if views else 0
         n_staged = len(keys) - sum(direct)
         with self._lock:  # reuse warm memory between calls (each get gets its own while in use)
@@ -270,9 +279,9 @@ class KVBucketHiCacheStorage(_Base):
         out: list[Any] = []
         slots: list[int | None] = []
         j = 0
-        for v, d in zip(views, direct, strict=True):
-            if d:
-                out.append(memoryview(v.reshape(-1).view(torch.uint8).numpy()))
+        for reg in regions:
+            if reg is not None:
+                out.append(reg[0] if len(reg) == 1 else Scatter(*reg))
                 slots.append(None)
             else:
                 out.append(memoryview(staging[j]))
@@ -366,18 +375,30 @@ class KVBucketHiCacheStorage(_Base):
             if not todo:
                 return ok
         t0 = time.perf_counter()
-        with self._stage_lock:  # one reused staging buffer: no fresh allocation per page
-            items = self._stage([(pages[i][0], pages[i][1]) for i in todo])
+        items: list[tuple[str, Any]] = []
+        staged: list[int] = []
+        for k, i in enumerate(todo):  # the pool's own regions, written with no copy (writev)
+            reg = self._views.regions(pages[i][1].detach())
+            items.append((pages[i][0], Gather(*reg) if reg is not None else None))
+            if reg is None:
+                staged.append(k)
+        if not staged:
             results = self.store.put_many(items)
+        else:
+            with self._stage_lock:  # one reused staging buffer: no fresh allocation per page
+                packed = self._stage([pages[todo[k]] for k in staged])
+                for k, item in zip(staged, packed, strict=True):
+                    items[k] = item
+                results = self.store.put_many(items)
         for i, r in zip(todo, results, strict=True):
             ok[i] = r.error is None
             if r.error is not None:
                 log.warning("kvbucket HiCache: page %s not stored: %s", pages[i][0], r.error)
-        stored = [items[k] for k, r in enumerate(results) if r.error is None]
+        stored = [(items[k][0], r.size or 0) for k, r in enumerate(results) if r.error is None]
         self._remember([n for n, _ in stored])
         if self._fleet is not None:
-            self._fleet.stored([n for n, _ in stored], [b.nbytes for _, b in stored])
-        self._record("set", len(stored), sum(b.nbytes for _, b in stored), time.perf_counter() - t0)
+            self._fleet.stored([n for n, _ in stored], [size for _, size in stored])
+        self._record("set", len(stored), sum(size for _, size in stored), time.perf_counter() - t0)
         return ok
 
     # -- housekeeping

@@ -226,6 +226,50 @@ class Scatter:
         return out
 
 
+class Gather:
+    """A write source made of several buffers, stored as their concatenation (a gather write).
+
+    The sealing layer passes the envelope header and a caller's regions (e.g. the strided pages
+    of an engine's host KV pool) as one ``Gather`` to stores whose ``gathers`` attribute is true
+    (a directory: one ``writev``, no copy into a staging buffer); other stores get the joined
+    bytes (:meth:`join`).
+    """
+
+    __slots__ = ("nbytes", "parts")
+
+    def __init__(self, *parts: Buffer) -> None:
+        views = []
+        for p in parts:
+            v = p if type(p) is memoryview else memoryview(p)
+            if not v.c_contiguous:
+                raise ValueError("a gather-write part is not a contiguous buffer")
+            views.append(v.cast("B") if v.format != "B" or v.ndim != 1 else v)
+        self.parts: tuple[memoryview, ...] = tuple(views)
+        self.nbytes = sum(v.nbytes for v in views)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def views_from(self, offset: int) -> list[memoryview]:
+        """The views covering bytes ``offset..`` (for ``os.writev`` after a short write)."""
+        out, start = [], 0
+        for part in self.parts:
+            end = start + part.nbytes
+            if end > offset and part.nbytes:
+                out.append(part[max(0, offset - start) :])
+            start = end
+        return out
+
+    def join(self) -> bytearray:
+        """The parts' bytes in one buffer (one copy)."""
+        out = bytearray(self.nbytes)
+        pos = 0
+        for part in self.parts:
+            out[pos : pos + part.nbytes] = part
+            pos += part.nbytes
+        return out
+
+
 def check_buffer_size(name: str, size: int, buffer: Buffer) -> Any:
     """Return a writable byte view of ``buffer`` when it holds exactly ``size`` bytes.
 
@@ -364,6 +408,7 @@ def raise_first_error(results: Sequence[ItemResult]) -> None:
 
 __all__ = [
     "Buffer",
+    "Gather",
     "ItemResult",
     "ObjectInfo",
     "ObjectStore",

@@ -44,7 +44,7 @@ from kvbucket.encryption import (
 )
 from kvbucket.errors import ConfigError, SizeMismatchError, StoreError
 from kvbucket.keys import decode_key
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, Scatter
+from kvbucket.stores.base import Buffer, Gather, ItemResult, ObjectInfo, ObjectStore, Scatter
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +127,20 @@ class SealedStore(ObjectStore):
         return f"SealedStore({self.inner!r}, tier={self.tier!r}{crypt})"
 
     # ---- write --------------------------------------------------------------------------
-    def seal(self, name: str, data: Buffer) -> np.ndarray:
-        """The envelope bytes of ``data`` stored under ``name`` (one copy of the payload)."""
+    def seal(self, name: str, data: Buffer | Gather) -> np.ndarray | Gather:
+        """The envelope bytes of ``data`` stored under ``name`` (one copy of the payload).
+
+        A :class:`Gather` (a caller's regions, e.g. an engine's strided KV page) is hashed where it
+        lies and, for a store that ``gathers`` (a directory), returned as header + regions with no
+        copy; other stores (and encryption) get it joined.
+        """
+        if isinstance(data, Gather):
+            if self.keyring is None and getattr(self.inner, "gathers", False):
+                h = xxhash.xxh3_64()
+                for part in data.parts:
+                    h.update(part)
+                return Gather(env.pack_header(data.nbytes, h.intdigest(), name, self.identity), *data.parts)
+            data = data.join()
         view = as_view(data)
         n = view.nbytes
         if self.keyring is None:
@@ -158,11 +170,11 @@ class SealedStore(ObjectStore):
                                                 key_id=kid, nonce=nonce)
         return blob
 
-    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+    def put_many(self, items: Sequence[tuple[str, Buffer | Gather]]) -> list[ItemResult]:
         names = self._names([n for n, _ in items])
         results: list[ItemResult | None] = [None] * len(names)
         todo: list[int] = []
-        blobs: list[tuple[str, Buffer]] = []
+        blobs: list[tuple[str, Buffer | Gather]] = []
         sizes: list[int] = []
         for i, (name, (_, data)) in enumerate(zip(names, items, strict=True)):
             try:
@@ -207,7 +219,7 @@ class SealedStore(ObjectStore):
                 else:
                     assert out is not None
                     self._open_scattered(name, dst)
-                    final.append(ItemResult(name, size=dst.parts[1].nbytes, data=out[i]))
+                    final.append(ItemResult(name, size=dst.nbytes - self.overhead, data=out[i]))
             except env.EnvelopeError as e:
                 if e.reason == "unsealed" and self.unsealed == "accept" and dst is None:
                     final.append(r)
@@ -345,11 +357,15 @@ class SealedStore(ObjectStore):
         Plain payloads are hashed as they land in order (in cache, one pass); encrypted ones are
         hashed block by block as they are decrypted (:func:`decrypt_in_place`), so no hasher here.
         """
+        parts = buf.parts if isinstance(buf, Scatter) else (buf,)  # a caller's regions: read in place
+        if len(parts) != 1 and self.keyring is not None:
+            raise StoreError(f"the buffer given for {name!r} has {len(parts)} regions; an encrypted "
+                             "store reads into one contiguous buffer")
         try:
             if self.keyring is None:
-                return Scatter(bytearray(env.HEADER_SIZE), buf, hasher=xxhash.xxh3_64(),
+                return Scatter(bytearray(env.HEADER_SIZE), *parts, hasher=xxhash.xxh3_64(),
                                hash_from=env.HEADER_SIZE)
-            return Scatter(bytearray(env.HEADER_SIZE), buf, bytearray(env.TAG_SIZE))
+            return Scatter(bytearray(env.HEADER_SIZE), parts[0], bytearray(env.TAG_SIZE))
         except (ValueError, TypeError) as e:
             raise StoreError(f"the buffer given for {name!r} cannot be read into: {e}") from None
 
@@ -372,9 +388,9 @@ class SealedStore(ObjectStore):
         """Verify (and decrypt) an object read into ``dst``; raise :class:`EnvelopeError`."""
         parts = dst.parts
         header = self._check_header(parts[0], name)
-        view = parts[1]
-        encrypted = len(parts) == 3
-        stored = view.nbytes + (env.TAG_SIZE if encrypted else 0)
+        view = parts[1]  # the payload (of an unencrypted read: its first region)
+        encrypted = self.keyring is not None
+        stored = dst.nbytes - env.HEADER_SIZE
         if header.payload_len != stored:
             raise env.EnvelopeError(
                 "length", f"{name}: the header says {header.payload_len} payload bytes, {stored} were read"
@@ -386,7 +402,10 @@ class SealedStore(ObjectStore):
         # not land in order (unordered downloads) is hashed now, and a rewritten range (a retried
         # transfer) voids the running hash: the whole payload is hashed again.
         if dst.rewritten:
-            digest = xxhash.xxh3_64_intdigest(view)
+            h = xxhash.xxh3_64()
+            for region in parts[1:]:
+                h.update(region)
+            digest = h.intdigest()
         else:
             if dst.hashed < dst.nbytes:
                 dst.landed(dst.hashed, dst.nbytes)
@@ -445,7 +464,7 @@ class SealedStore(ObjectStore):
             if r.error is not None or r.size is None:
                 final[i] = r
                 continue
-            n = as_view(out[i]).nbytes
+            n = len(out[i]) if isinstance(out[i], Scatter) else as_view(out[i]).nbytes
             view = memoryview(r.data)
             view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
             try:
