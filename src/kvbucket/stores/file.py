@@ -366,8 +366,10 @@ class FileStore(ObjectStore):
                     # hashed right after it lands, while it is still in this core's L2: a 2 MiB
                     # load then costs the read plus a hash from cache, not a second pass over
                     # memory (docs/integrity.md, "Cost"). Unhashed ones are read in one readv.
-                    stop = got + HASH_STEP if view.hasher is not None and size - got > _LAST_STEP else size
-                    k = os.readv(fd, view.views_range(got, stop))
+                    if view.hasher is not None and size - got > _LAST_STEP:
+                        k = os.readv(fd, view.views_range(got, got + HASH_STEP))
+                    else:
+                        k = os.readv(fd, view.views_from(got))
                     view.landed(got, got + k)
                 else:
                     k = os.readv(fd, [view[got:]])
