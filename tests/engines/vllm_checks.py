@@ -31,6 +31,7 @@ from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     CanonicalKVCacheTensor,
     LookupResult,
+    Medium,
 )
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
@@ -246,13 +247,8 @@ def test_fleet_refuses_over_capacity_and_evicts(target: dict[str, Any]) -> None:
     """The fleet keys through vLLM's factory: chunks past the shared capacity fail their store job;
     eviction (down to 60%) deletes, and the tier forgets what it deleted; closing publishes the
     fleet's journal."""
-    sub = {**target, "url": f"{target['url']}/fleet-{uuid.uuid4().hex[:8]}"}  # a fleet of its own
-    fleet = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "grace_secs": 1.0,
-             "write_cap": 1.0}  # the cap at the capacity itself: the 5th chunk is refused
-    e = engine(sub, fleet=fleet, max_capacity_gb=4 * BLOCK_BYTES / 1024**3)
+    e, sub = fleet_engine(target)
     tier = e.tier
-    assert tier.block_size_bytes == BLOCK_BYTES
-    assert tier._fleet is not None and tier._fleet.fleet.wait_ready(30)
     jobs: list[Any] = []
     inner = tier.get_finished_jobs
 
@@ -268,16 +264,72 @@ def test_fleet_refuses_over_capacity_and_evicts(target: dict[str, Any]) -> None:
     names = [tier.name(k) for k in keys]
     assert sum(r.found for r in tier.store.head_many(names)) == 4
     assert tier._fleet.status()["refused_chunks"] == 2
+    left = wait_evicted(tier, names)
+    assert sum(left) == 2 and tier._fleet.status()["evicted_own"] == 2
+    assert tier.known.state(keys) == [True if f else None for f in left]  # deleted: no longer known
+    assert list(tier.take_events()) == []  # KV events off (the default): none
+    e.close()
+    with open_store(sub["url"], **sub.get("options", {})) as store:
+        assert any(i.name.startswith("_fleet/") for i in store.list(""))
+
+
+def test_fleet_deletions_emit_removed_events(target: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With vLLM's KV events on, each chunk the fleet deletes that the tier reported stored is one
+    removed event (medium STORAGE, vLLM's keys) from the manager's take_events(), as vLLM's CPU
+    tier reports its evictions; refused chunks (never reported) and other namespaces' names get none."""
+    real = vllm_engine.OffloadingConfig  # Engine turns vLLM's KV events off; this check needs them on
+    monkeypatch.setattr(vllm_engine, "OffloadingConfig",
+                        lambda **kw: real(**{**kw, "enable_kv_cache_events": True}))
+    e, _ = fleet_engine(target, enable_kv_events=True)
+    tier = e.tier
+    assert tier.events is not None
+
+    def tier_events() -> list[Any]:  # the primary (CPU) tier's own events have medium CPU
+        return [ev for ev in e.m.take_events() if ev.medium == Medium.STORAGE]
+
+    keys = offload_keys(13)
+    e.store(keys, kv_data(e, 13))
+    names = [tier.name(k) for k in keys]
+    stored = [k for k, r in zip(keys, tier.store.head_many(names), strict=True) if r.found]
+    assert len(stored) == 4  # two refused by the write cap
+    left = wait_evicted(tier, names)
+    gone = [k for k, f in zip(keys, left, strict=True) if k in stored and not f]
+    assert len(gone) == 2
+    events = tier_events()
+    assert all(ev.locality == tier.locality for ev in events)
+    assert sorted(k for ev in events if not ev.removed for k in ev.keys) == sorted(stored)
+    removed = [k for ev in events if ev.removed for k in ev.keys]
+    assert sorted(removed) == sorted(gone)  # each deleted chunk exactly once; refused ones never
+    flags = [ev.removed for ev in events]
+    assert flags == sorted(flags)  # every chunk reported stored before its removal
+    kept = [n for n, f in zip(names, left, strict=True) if f]
+    # the fleet repeating a deletion, refused chunks, and another namespace's chunk of the same
+    # block hash as a kept one: no event
+    other = f"other/ns/{kept[0].rpartition('/')[2]}"
+    tier._gone([n for n, f in zip(names, left, strict=True) if not f] + [other])
+    assert tier_events() == []
+    e.close()
+
+
+def fleet_engine(target: dict[str, Any], **tier: Any) -> tuple[Engine, dict[str, Any]]:
+    """An engine in a fleet of its own (a fresh sub-store), capacity 4 chunks, write cap 1.0 (the
+    5th chunk is refused; main's default cap is 2.0); returns it and its target."""
+    sub = {**target, "url": f"{target['url']}/fleet-{uuid.uuid4().hex[:8]}"}
+    fleet = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "grace_secs": 1.0,
+             "write_cap": 1.0}
+    e = engine(sub, fleet=fleet, max_capacity_gb=4 * BLOCK_BYTES / 1024**3, **tier)
+    assert e.tier.block_size_bytes == BLOCK_BYTES
+    assert e.tier._fleet is not None and e.tier._fleet.fleet.wait_ready(30)
+    return e, sub
+
+
+def wait_evicted(tier: KVBucketSecondaryTier, names: list[str]) -> list[bool]:
+    """Wait until eviction (down to 60% of 4 chunks) deleted; returns which names are still stored."""
     deadline = time.monotonic() + 30
     while tier._fleet.status()["bytes_used"] > 2.4 * tier.block_size_bytes:
         assert time.monotonic() < deadline, tier._fleet.status()
         time.sleep(0.05)
-    left = [r.found for r in tier.store.head_many(names)]
-    assert sum(left) == 2 and tier._fleet.status()["evicted_own"] == 2
-    assert tier.known.state(keys) == [True if f else None for f in left]  # deleted: no longer known
-    e.close()
-    with open_store(sub["url"], **sub.get("options", {})) as store:
-        assert any(i.name.startswith("_fleet/") for i in store.list(""))
+    return [r.found for r in tier.store.head_many(names)]
 
 
 def connector(target: dict[str, Any], tmp: Path) -> Any:

@@ -34,7 +34,8 @@ there the tier answers from a listing of its namespace, refreshed every ``index_
 
 With ``fleet`` (and ``max_capacity_gb``, ``eviction``) the engines on one store share one
 capacity, fleet-wide eviction, ``max_age_secs`` and pins (:mod:`kvbucket.integrations.engine_fleet`);
-a chunk the fleet refuses fails its store job, like a full disk.
+a chunk the fleet refuses fails its store job, like a full disk. With ``enable_kv_events``, a chunk
+the fleet deletes that this tier reported stored gets one removed event.
 
 This module imports without vLLM (kvbucket does not depend on it); creating the tier needs it.
 """
@@ -120,7 +121,8 @@ class VLLMTierSettings(FleetSettings):
     load_threads: int = Field(4, ge=1, description="concurrent load (promotion) jobs")
     store_threads: int = Field(2, ge=1, description="concurrent store (cascade) jobs")
     io_threads: int = Field(4, ge=1, description="directory stores: threads sharing one job's objects")
-    enable_kv_events: bool = Field(False, description="emit vLLM BlockStored events for chunks stored here")
+    enable_kv_events: bool = Field(False, description="emit vLLM KV events: BlockStored for chunks stored "
+                                   "here, BlockRemoved when the fleet deletes one of them")
     locality: Literal["LOCAL", "REMOTE"] | None = Field(None, description="vLLM's locality of this tier")
     metrics_port: int | None = Field(None, ge=0, le=65535,
                                      description="serve kvbucket's Prometheus metrics from the scheduler")
@@ -248,6 +250,7 @@ class KVBucketSecondaryTier(_TierBase):
         local = "://" not in s.store_url or s.store_url.startswith("file://")
         self._io = DaemonThreadPool(s.io_threads, thread_name_prefix="kvbucket-vllm-io") if local else None
         self._lock = threading.Lock()
+        self._reported: set[bytes] = set()  # keys of stored events, until their removed event
         self._inflight: set[Future[Any]] = set()
         self._done: list[tuple[Any, list[Any]]] = []  # (JobResult, keys that failed to load)
         self._stop = threading.Event()
@@ -273,9 +276,20 @@ class KVBucketSecondaryTier(_TierBase):
             return None
 
     def _gone(self, names: list[str]) -> None:
-        """Chunks deleted anywhere in the fleet (its thread): no longer known stored here."""
-        keys = [k for k in map(self._key_of, names) if k is not None]
+        """Chunks deleted anywhere in the fleet (its thread): no longer known stored here, and a
+        removed event for each one this tier reported stored (vLLM's CPU tier emits one per
+        eviction), so KV-event consumers stop routing to chunks that are gone."""
+        mine = self.namespace + "/"  # the fleet may hold other engines' and namespaces' chunks
+        keys = [k for n in names if n.startswith(mine) and (k := self._key_of(n)) is not None]
         self.known.discard(keys)
+        if self.events is None:
+            return
+        with self._lock:
+            removed = [k for k in dict.fromkeys(keys) if k in self._reported]
+            self._reported.difference_update(removed)
+            if removed:
+                self.events.append(OffloadingEvent(keys=removed, medium=self.medium, removed=True,
+                                                   locality=self.locality))
 
     # -- lookups
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> Any:
@@ -367,12 +381,13 @@ class KVBucketSecondaryTier(_TierBase):
             if r.error is not None:
                 log.warning("kvbucket vLLM tier: chunk %s not stored: %s", self.name(k), r.error)
         self.known.add(stored)
-        if self._fleet is not None:
-            self._fleet.stored([self.name(k) for k in stored], [self.block_size_bytes] * len(stored))
-        if self.events is not None and stored:
+        if self.events is not None and stored:  # before the fleet hears of them: it may delete them
             with self._lock:
+                self._reported.update(stored)
                 self.events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False,
                                                    locality=self.locality))
+        if self._fleet is not None:
+            self._fleet.stored([self.name(k) for k in stored], [self.block_size_bytes] * len(stored))
         return JobResult(job_id=job_id, success=len(stored) == wanted,
                          transfer_time=time.perf_counter() - t0,
                          transfer_bytes=len(stored) * self.block_size_bytes), []
