@@ -171,11 +171,15 @@ class FileStore(ObjectStore):
                 self._root_fd = new
             return self._root_fd
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        # ``os.close`` bound at definition and no module globals used: at interpreter exit
+        # (e.g. after ``gc.freeze()``) this may run when the module's globals are already None.
         for fd in [getattr(self, "_root_fd", -1), *getattr(self, "_old_root_fds", ())]:
             if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                try:  # noqa: SIM105 (contextlib may be None at interpreter exit)
+                    _close(fd)
+                except OSError:
+                    pass
 
     def _open_tmp(self, root_fd: int) -> int:
         try:
