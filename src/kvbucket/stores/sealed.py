@@ -226,14 +226,7 @@ class SealedStore(ObjectStore):
                     continue
                 bad.append((name, e))
                 final.append(ItemResult(name))
-        if sized:
-            self._classify_sizes(names, out, sized, final, bad)  # type: ignore[arg-type]
-        if bad:
-            self._refuse(bad)
-        ok = sum(1 for r in final if r.found)
-        if ok:
-            self._verified.inc(ok)
-        return final
+        return self._conclude(names, out, sized, final, bad)  # type: ignore[arg-type]
 
     def _get_decrypting(self, names: list[str], out: Sequence[Buffer | None]) -> list[ItemResult]:
         """Encrypted loads from a store that reads object by object (a directory: ``get_each``).
@@ -323,14 +316,7 @@ class SealedStore(ObjectStore):
             settle(1)
         for i, r in late.items():
             final[i] = r
-        if sized:
-            self._classify_sizes(names, out, sized, final, bad)
-        if bad:
-            self._refuse(bad)
-        ok = sum(1 for r in final if r.found)
-        if ok:
-            self._verified.inc(ok)
-        return final
+        return self._conclude(names, out, sized, final, bad)
 
     def _decrypt_into(self, name: str, header: env.Header, payload: memoryview, dst: memoryview) -> None:
         """Decrypt ``payload`` (ciphertext + tag, as stored) into ``dst`` with the one-shot
@@ -450,6 +436,18 @@ class SealedStore(ObjectStore):
             raise env.EnvelopeError("checksum", f"{name}: the payload's checksum does not match")
         if not authentic:
             raise env.EnvelopeError("decrypt", f"{name}: decryption failed (wrong key or tampered)")
+
+    def _conclude(self, names: list[str], out: Sequence[Buffer | None], sized: list[int],
+                  final: list[ItemResult], bad: list[tuple[str, env.EnvelopeError]]) -> list[ItemResult]:
+        """End of every verified load: classify size mismatches, refuse the bad, count the good."""
+        if sized:
+            self._classify_sizes(names, out, sized, final, bad)
+        if bad:
+            self._refuse(bad)
+        ok = sum(1 for r in final if r.found)
+        if ok:
+            self._verified.inc(ok)
+        return final
 
     def _classify_sizes(
         self, names: list[str], out: Sequence[Buffer | None], idxs: list[int], final: list[ItemResult],
