@@ -540,6 +540,8 @@ class Fleet(CompactorMixin):
                 if mine is not None and e.accessed > mine.accessed:
                     mine.accessed = e.accessed
             changes = view.diff(self._view)
+            for ch in changes:  # other nodes' stores and deletes, learned through the snapshot
+                self.stats["remote_stores_seen" if ch[1] is not None else "remote_deletes_seen"] += 1
             self._view = view
             for n, seq in marks.items():
                 self._applied[n] = max(self._applied.get(n, 0), seq)
