@@ -71,8 +71,12 @@ class CompactorMixin:
             raise
         self.stats["snapshots_written"] += 1
         with self._lock:
+            # Journals this snapshot holds are forgotten one generation late, like their objects
+            # below: nodes starting together each write a first snapshot, and the larger
+            # (gen, node) wins, so this one may be replaced by one that lacks them; a node that
+            # then loads it re-applies them (its own included) instead of losing those records.
             for n, js in self._pending.items():
-                for seq in [s for s in js if s <= marks.get(n, 0)]:
+                for seq in [s for s in js if s <= prev.get(n, 0)]:
                     del js[seq]
             self._prev_marks, self._snap_marks = prev, marks
             self._snap, self._snap_time = (gen, self.node), now
