@@ -213,7 +213,9 @@ def run_paced_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None
         warm: dict[str, Any] | None = None
         next_store = t0 + plan.get("store_from", 0.0)
         k = 0
+        stall, last = 0.0, t0
         while (now := time.monotonic()) < t0 + plan["secs"]:
+            stall, last = max(stall, now - last), now
             if warm is None and now >= t0 + plan.get("warm", 0.0):
                 warm = counters()
             if not plan.get("idle"):
@@ -229,7 +231,9 @@ def run_paced_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> None
             k += 1
             time.sleep(max(0.0, t0 + k * tick - time.monotonic()))
         out.put({"node": plan.get("name"), "warm": warm, "end": counters(), "stored_at": stored_at,
-                 "seen_at": seen_at, "ended": time.time(), "status": adapter.report_status()})
+                 "seen_at": seen_at, "ended": time.time(), "status": adapter.report_status(),
+                 "stall": max(stall, time.monotonic() - last), "hot_hits_at_end": sum(t.lookup(adapter, hot))
+                 if hot and not plan.get("idle") else None})
     except BaseException as e:  # report, never hang the parent
         out.put({"node": plan.get("name"), "error": f"{type(e).__name__}: {e}"})
         raise
@@ -264,7 +268,8 @@ def paced_fleet(spec: dict[str, Any], fleet: dict[str, Any], *, chunk_bytes: int
     due = [i for i, at in stored.items() if at <= ended - bound]
     nodes = {n: {"coordination": r["end"]["coordination_requests"] - r["warm"]["coordination_requests"],
                  "data": r["end"]["data_requests"] - r["warm"]["data_requests"],
-                 "interval": r["end"]["sync_interval_secs"], "compactor": r["status"]["fleet"]["compactor"]}
+                 "interval": r["end"]["sync_interval_secs"], "compactor": r["status"]["fleet"]["compactor"],
+                 "stall": round(r["stall"], 2), "hot_hits_at_end": r["hot_hits_at_end"]}
              for n, r in reports.items()}
     return {"nodes": nodes, "lags": sorted(seen[i] - stored[i] for i in due if i in seen),
             "unseen": [i for i in due if i not in seen], "stored": len(stored), "window": secs - warm}
@@ -283,7 +288,8 @@ def check_paced(r: dict[str, Any], fleet: dict[str, Any]) -> None:
     assert r["stored"] >= 5 and not r["unseen"], r["unseen"]
     assert r["lags"] and max(r["lags"]) <= bound, r["lags"]
     busy = [n for n in ("a-compactor", "w", "r") if n in nodes]
-    assert nodes["a-compactor"]["compactor"] and all(nodes[n]["data"] > 0 for n in busy)
+    # "stall": the longest step of a node's loop (a load that hung shows here).
+    assert nodes["a-compactor"]["compactor"] and all(nodes[n]["data"] > 0 for n in busy), nodes
     # (b) a busy node other than the compactor stays within the ratio by its own counters; the
     # compactor reads and deletes the others' journals (paid by their writers), so the busy
     # fleet as a whole stays within it too.
