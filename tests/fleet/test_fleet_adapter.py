@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.keys import key_to_name
@@ -11,7 +10,7 @@ from kvbucket.l2 import EvictionConfig, ObjectStoreL2Adapter
 from kvbucket.stores.memory import MemoryStore
 from kvbucket.testing import l2 as t
 from kvbucket.testing.counting_store import CountingStore
-from kvbucket.testing.fleet_node import chunk, key
+from kvbucket.testing.fleet_node import chunk, key, until
 
 CHUNK = 1024
 FAST = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 5.0, "compact_secs": 0.5,
@@ -25,13 +24,6 @@ def node(store, name: str, capacity: int = 0, **fleet: object) -> ObjectStoreL2A
                                 eviction=eviction, fleet=cfg)
 
 
-def until(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def test_a_chunk_stored_on_one_node_is_a_hit_on_another_without_heads() -> None:

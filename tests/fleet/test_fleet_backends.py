@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from kvbucket.fleet.sync import inspect_fleet
 from kvbucket.keys import key_to_name
 from kvbucket.stores.file import FileStore
 from kvbucket.testing.fleet_backend_node import LAYOUT, backend_chunk, backend_key, chunk_bytes
+from kvbucket.testing.fleet_node import until
 
 LAYOUT_ = KVLayout(**LAYOUT)
 CHUNK = LAYOUT_.full_chunk_bytes
@@ -57,13 +57,6 @@ def remote(backend: HybridBackend) -> RemoteBackend:
     return tier
 
 
-def wait_for(cond: Callable[[], bool], secs: float = 15.0) -> bool:
-    end = time.monotonic() + secs
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
 # ---- configuration ---------------------------------------------------------------------------------
@@ -184,12 +177,12 @@ def test_a_chunk_deleted_by_another_node_is_forgotten(tmp_path: Path) -> None:
     with build(engine_yaml(root, "a")) as a, build(engine_yaml(root, "b")) as b:
         k = backend_key(7)
         a.put(k, backend_chunk(7, CHUNK))
-        assert wait_for(lambda: remote(b).report_status()["fleet"]["chunks"] == 1)
+        assert until(lambda: remote(b).report_status()["fleet"]["chunks"] == 1, 15.0)
         assert remote(b).contains(k)  # b's size cache now holds it (30 s TTL)
         assert a.remove(k)
         # b hears of the delete through the fleet and drops it from its cache, so contains asks
         # the store again instead of answering a stale hit for 30 s.
-        assert wait_for(lambda: remote(b).report_status()["fleet"]["remote_deletes_seen"] >= 1)
+        assert until(lambda: remote(b).report_status()["fleet"]["remote_deletes_seen"] >= 1, 15.0)
         assert not remote(b).contains(k)
 
 
@@ -203,7 +196,7 @@ def test_max_age_and_pins_hold_across_nodes(tmp_path: Path) -> None:
             a.put(backend_key(i), backend_chunk(i, CHUNK))
         a.put(backend_key(50, "gold"), backend_chunk(50, CHUNK))
     with build({**engine_yaml(root, "b"), "extra_config": {"fleet": {**fleet, "node_id": "b"}}}) as b:
-        assert wait_for(lambda: set(chunk_bytes(remote(b))) == {key_to_name(backend_key(50, "gold"))}, 20)
+        assert until(lambda: set(chunk_bytes(remote(b))) == {key_to_name(backend_key(50, "gold"))}, 20)
         status = b.report_status()["fleet"]
         assert status["evicted_cross_node"] == 4 and status["bytes_by_cache_salt"] == {"gold": CHUNK}
 

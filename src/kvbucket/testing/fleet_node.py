@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvbucket.keys import ObjectKey
@@ -305,8 +306,28 @@ def check_paced(r: dict[str, Any], fleet: dict[str, Any]) -> None:
     assert idle["coordination"] <= 3 * (r["window"] / fleet["idle_sync_secs"] + 1) < 2 * stage_rounds, idle
 
 
-__all__ = ["check_paced", "chunk", "engine_name", "key", "paced_fleet", "run_engine_node", "run_fleet",
-           "run_node", "run_paced_node"]
+def until(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """Poll ``cond`` until it holds or ``timeout`` seconds pass (fleet news arrives in rounds)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+__all__ = [
+    "check_paced",
+    "chunk",
+    "engine_name",
+    "key",
+    "paced_fleet",
+    "run_engine_node",
+    "run_fleet",
+    "run_node",
+    "run_paced_node",
+    "until",
+]
 
 
 def run_fleet(
