@@ -62,6 +62,6 @@ def test_a_lookup_miss_still_finds_a_missing_bucket(seaweedfs: S3Server, fault_p
     from kvbucket.errors import NotFoundError
 
     fault_proxy.latency = 0.05
-    with fresh_store(seaweedfs, "no-such-bucket-rt", fault_proxy) as store:
-        with pytest.raises(NotFoundError, match="does not exist"):
-            store.head_many(["a", "b"])
+    with fresh_store(seaweedfs, "no-such-bucket-rt", fault_proxy) as store, \
+            pytest.raises(NotFoundError, match="does not exist"):
+        store.head_many(["a", "b"])
