@@ -7,12 +7,14 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from . import zerocopy
+from .core import Emulator
 from .faults import Fault
 from .wire import (
     _READ_WINDOW,
@@ -42,9 +44,6 @@ from .xet import (
     verify_xorb_file,
 )
 from .xet import MAX_XORB_BYTES as _MAX_XORB
-
-if TYPE_CHECKING:
-    from .app import Emulator
 
 log = logging.getLogger("kvbucket.emulator")
 
@@ -304,7 +303,7 @@ class CasRoutes:
         self.emu.stats["fetch"].bytes_out += end - start
         return resp
 
-    async def stream_range(self, rec: FileRecord, start: int, end: int) -> Any:
+    async def stream_range(self, rec: FileRecord, start: int, end: int) -> AsyncIterator[bytes]:
         """Yield the file's bytes [start, end), reading and decoding only the chunks that overlap.
 
         Chunks are read in windows of at most ~8 MiB of stored bytes, so a small range read of a

@@ -6,12 +6,14 @@ import hashlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 from urllib.parse import unquote
 
 from aiohttp import web
 
 from .auth import Caller
+from .core import Emulator
 from .faults import Fault
 from .state import BucketRow, FileRow, now_iso
 from .wire import (
@@ -29,11 +31,10 @@ from .wire import (
     raw_segments,
     read_json,
 )  # fmt: skip
-from .xet import EMPTY_FILE_HASH_HEX, is_hex_hash
+from .xet import EMPTY_FILE_HASH_HEX, FileRecord, is_hex_hash
 
-if TYPE_CHECKING:
-    from .app import Emulator
-    from .cas_routes import CasRoutes
+# the bytes [start, end) of a stored file, decoded (``CasRoutes.stream_range``)
+RangeReader = Callable[[FileRecord, int, int], AsyncIterator[bytes]]
 
 log = logging.getLogger("kvbucket.emulator")
 
@@ -49,9 +50,10 @@ def _anonymous_refused(what: str) -> HubError:
 
 
 class HubRoutes:
-    def __init__(self, emu: Emulator) -> None:
+    def __init__(self, emu: Emulator, read_range: RangeReader) -> None:
         self.emu = emu
         self.state = emu.state
+        self.read_range = read_range
 
     def caller(self, request: web.Request) -> Caller:
         c = self.emu.auth.caller(request.headers.get("Authorization"))
@@ -396,7 +398,7 @@ class HubRoutes:
         await resp.prepare(request)
         fault: Fault | None = request.get(FAULT)
         sent = 0
-        async for piece in self.emu_cas.stream_range(rec, start, end):
+        async for piece in self.read_range(rec, start, end):
             await resp.write(piece)
             sent += len(piece)
             if fault is not None and fault.drop and request.transport is not None:
@@ -405,8 +407,6 @@ class HubRoutes:
         self.emu.stats["resolve"].bytes_out += sent
         await resp.write_eof()
         return resp
-
-    emu_cas: CasRoutes
 
 
 _CREATED = "2025-01-01T00:00:00.000Z"
