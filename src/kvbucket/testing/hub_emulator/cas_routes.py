@@ -157,7 +157,7 @@ class CasRoutes:
         return shard.files
 
     async def upload_shard(self, request: web.Request) -> web.StreamResponse:
-        self.token(request, write=True)
+        bucket_id, _ = self.token(request, write=True)
         if request.content_length is not None and request.content_length > MAX_SHARD_BYTES:
             raise HubError(413, f"shard body over {MAX_SHARD_BYTES} bytes")
         data = bytes(await read_body(request, MAX_SHARD_BYTES))
@@ -166,7 +166,7 @@ class CasRoutes:
         except XetFormatError as e:
             log.warning("refused shard: %s", e)
             raise HubError(400, f"shard refused: {e}", "InvalidShard") from None
-        await self.emu.cpu(self.state.put_reconstructions, files)
+        await self.emu.cpu(self.state.put_reconstructions, files, bucket_id)
         if request.path.startswith("/cas/v2/"):
             frames = [
                 {"type": "validating", "verified": len(files), "total": len(files)},

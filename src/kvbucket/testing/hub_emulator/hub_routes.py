@@ -313,13 +313,29 @@ class HubRoutes:
             if xet != EMPTY_FILE_HASH_HEX and not self.state.bucket_has_hash(src, xet):
                 raise HubError(404, f"no file with hash {xet} in source bucket {src!r}")
         rec = self.state.get_reconstruction(xet)
-        if rec is None:
+        if rec is None or (kind == "addFile" and not self._may_add(caller, xet)):
+            # the same answer for a hash one may not use: the reply never says what others store
             raise HubError(400, f"unknown xetHash {xet}: upload its xorbs and shard to the CAS first")
         ctype = op.get("contentType")
         self.state.put_file(
             bucket_id,
             FileRow(path, xet, rec.size, mtime, now, ctype if isinstance(ctype, str) else None),
         )
+
+    def _may_add(self, caller: Caller, xet: str) -> bool:
+        """Content ``caller`` uploaded (through a bucket it can read) or can already read.
+
+        Otherwise anyone who learnt the hash of another user's private file could add it to
+        their own bucket and read it. Content from elsewhere is copied with ``copyFile``,
+        which names its source bucket (as the Hub's client does).
+        """
+        if xet == EMPTY_FILE_HASH_HEX:
+            return True
+        for bucket_id in self.state.buckets_reaching(xet):
+            row = self.state.get_bucket(bucket_id)
+            if row is not None and caller.can_read(bucket_id.split("/", 1)[0], row.private):
+                return True
+        return False
 
     def xet_token(self, request: web.Request, bucket_id: str, scope: str) -> web.StreamResponse:
         self.bucket(request, bucket_id, write=scope == "write")
