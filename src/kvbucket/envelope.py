@@ -56,8 +56,11 @@ REASONS = (
     "checksum",  # the payload's bytes changed
     "name",  # the object was written under another name (copied, renamed, swapped)
     "identity",  # written by a writer of another model/layout
-    "key",  # encrypted with a key not in this reader's keyring (or not encrypted when it must be)
-    "decrypt",  # authentication of the ciphertext failed (wrong tenant key, tampering)
+    "no_keyring",  # encrypted, and this reader has no keyring
+    "key",  # encrypted under a key id this reader's keyring lacks (retired, another tenant's)
+    "plaintext",  # a plaintext envelope while this reader's encryption is on
+    "decrypt",  # authentication of the ciphertext failed (another tenant's key, tampering)
+    "lmcache",  # LMCache's raw format (kvbucket.l2.naming) while this reader's encryption is on
 )
 
 

@@ -54,7 +54,7 @@ def test_verify_reports_and_deletes_bad_objects(tmp_path: Path) -> None:
     assert raw.head(key_to_name(key(1))) == full  # nothing removed without --delete-bad
 
     proc = kvbucket("verify", f"file://{tmp_path}", "--delete-bad")
-    assert proc.returncode == 1 and "removed 2 of 2 corrupt or foreign objects" in proc.stdout
+    assert proc.returncode == 1 and "removed 2 of 2 damaged objects" in proc.stdout
     assert raw.head(key_to_name(key(1))) is None and raw.head(key_to_name(key(2))) is None
     assert raw.exists("legacy-object")  # legacy objects are reported, never removed
 

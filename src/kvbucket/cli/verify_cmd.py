@@ -3,17 +3,21 @@
 Each object is read whole and classified (:func:`kvbucket.stores.sealed.inspect_object`):
 
 - ``good``: a kvbucket envelope whose header, length and checksum verify;
-- ``corrupt``: damaged (checksum, truncated, wrong length, damaged header, unknown version);
-- ``foreign``: intact but not this object's (written under another name; with a keyring, sealed
-  under a key the ring does not hold or that fails to authenticate);
+- ``corrupt``: damaged (checksum, truncated, wrong length, damaged header);
+- ``foreign``: intact but not this object's, or not readable here (written under another name,
+  for another layout, in a newer format; with a keyring, sealed under a key the ring does not
+  hold or that fails to authenticate);
 - ``legacy``: no envelope (written before sealing, or by another program such as LMCache).
 
 Compile-cache objects keep the compiler's own files, verified by sha256 instead of an envelope:
 a pack against the digest in its name, a file listed in its entry's checksum record against the
 record (see :mod:`kvbucket.compile_cache.sums`); they are ``good`` or ``corrupt`` like chunks.
 
-Exit status 1 when anything is corrupt or foreign, 2 for unusable input, 0 otherwise. Legacy
-objects are reported, never deleted (they may belong to another program).
+Exit status 1 when anything is corrupt or foreign, 2 for unusable input, 0 otherwise.
+``--delete-bad`` removes what the one rule of :mod:`kvbucket.stores.refusals` removes: objects
+whose own bytes prove them damaged (corrupt ones, and ones written under another name). Legacy
+objects and objects this run cannot open (another layout, format or key) are reported, never
+deleted: they may be valid for another reader.
 """
 
 from __future__ import annotations
@@ -113,7 +117,9 @@ def register(app: typer.Typer) -> None:
             "URL the tier writes to, since envelopes bind object names relative to it.",
         ),
         delete_bad: bool = typer.Option(
-            False, "--delete-bad", help="Remove corrupt and foreign objects (legacy objects are kept)."
+            False, "--delete-bad",
+            help="Remove damaged objects: corrupt ones and ones written under another name (legacy "
+            "objects and ones of another layout, format or key are kept).",
         ),
         prefix: str = typer.Option("", "--prefix", help="Only objects whose name starts with this."),
         keyring_file: Path = typer.Option(
@@ -125,6 +131,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check every object's kvbucket envelope; exit status 1 when any is corrupt or foreign."""
         from kvbucket.encryption import Keyring
+        from kvbucket.stores.refusals import removable
 
         console = Console()
         try:
@@ -137,7 +144,7 @@ def register(app: typer.Typer) -> None:
                           TimeRemainingColumn(), console=console, transient=True) as progress:
                 totals, bad = scan(store, infos, keyring, progress)
             removed = 0
-            to_remove = [name for name, status, _ in bad if status in ("corrupt", "foreign")]
+            to_remove = [name for name, _, reason in bad if removable(reason)]
             if delete_bad and to_remove:
                 for i in range(0, len(to_remove), 1000):
                     results = store.delete_many(to_remove[i : i + 1000])
@@ -155,6 +162,6 @@ def register(app: typer.Typer) -> None:
         if len(bad) > SHOWN_BAD:
             console.print(f"... and {len(bad) - SHOWN_BAD} more", markup=False)
         if delete_bad:
-            console.print(f"removed {removed} of {len(to_remove)} corrupt or foreign objects", markup=False)
-        if to_remove:
+            console.print(f"removed {removed} of {len(to_remove)} damaged objects", markup=False)
+        if any(status in ("corrupt", "foreign") for _, status, _ in bad):
             raise typer.Exit(1)
