@@ -177,6 +177,21 @@ class EnvelopeOpener:
             raise env.EnvelopeError("decrypt", f"{name}: decryption failed (wrong key or tampered)")
 
 
+def written_under(name: str, data: Buffer) -> str | None:
+    """The trailing part of ``name`` (whole ``/`` components dropped from its front) whose digest
+    the envelope in ``data`` holds: the name it was written under, relative to a root below the
+    one it was listed from. None when no such part (or no intact envelope) is found."""
+    digest = env.written_digest(memoryview(data)[: env.HEADER_SIZE])
+    if digest is None:
+        return None
+    parts = name.split("/")
+    for i in range(1, len(parts)):
+        below = "/".join(parts[i:])
+        if env.name_digest(below) == digest:
+            return below
+    return None
+
+
 def inspect_object(name: str, data: Buffer, keyring: Keyring | None = None,
                    tenant_of: Callable[[str], str] = tenant_of_name) -> tuple[str, str | None]:
     """Classify one stored object for ``kvbucket verify``: (good|corrupt|foreign|legacy, reason).
@@ -207,4 +222,4 @@ def inspect_object(name: str, data: Buffer, keyring: Keyring | None = None,
     return "good", None
 
 
-__all__ = ["EnvelopeOpener", "inspect_object", "tenant_of_name"]
+__all__ = ["EnvelopeOpener", "inspect_object", "tenant_of_name", "written_under"]
