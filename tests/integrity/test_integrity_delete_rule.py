@@ -172,3 +172,41 @@ def test_writing_lmcaches_format_with_encryption_on_is_refused(tmp_path: Path) -
             "encryption": {"keyring_file": _keyring_file(tmp_path)}}
     with pytest.raises(ConfigError, match="cannot be encrypted"):
         open_l2_adapter(spec)
+
+
+def test_a_fleet_node_that_cannot_open_a_chunk_does_not_report_it_deleted(tmp_path: Path) -> None:
+    """The L2 load path told the fleet of a deletion on every miss of an indexed chunk: a node
+    without a keyring would have dropped the writer's chunks from every node's view."""
+    from kvbucket.fleet.config import FleetConfig
+    from kvbucket.l2 import ObjectStoreL2Adapter
+    from kvbucket.stores.memory import MemoryStore
+    from kvbucket.testing import l2 as t
+    from kvbucket.testing.fleet_node import chunk, until
+    from kvbucket.testing.fleet_node import key as l2_key
+
+    fast = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 5.0, "compact_secs": 0.5,
+            "grace_secs": 0.0}
+    size = 1024
+    shared = MemoryStore("fleet")
+
+    def node(name: str, encryption: Keyring | None) -> ObjectStoreL2Adapter:
+        return ObjectStoreL2Adapter(shared, owns_store=False, full_chunk_bytes=size, encryption=encryption,
+                                    fleet=FleetConfig(node_id=name, **fast))
+
+    a = node("a", Keyring({"*": {1: KEYS["a1"]}}))
+    b = node("b", None)  # no keyring
+    try:
+        assert a.wait_until_rebuilt(10) and b.wait_until_rebuilt(10)
+        keys = [l2_key(i) for i in range(3)]
+        assert t.store(a, keys, [chunk(i, size) for i in range(3)]).success
+        assert until(lambda: b.get_usage().bytes_used == 3 * size)
+        before = failures("l2", "no_keyring")
+        assert t.load(b, keys, [bytearray(size) for _ in keys]) == [False] * 3
+        assert failures("l2", "no_keyring") == before + 3
+        fleet = b.report_status()["fleet"]
+        assert (fleet["chunks"], fleet["bytes_used"]) == (3, 3 * size)  # the fleet's view still holds them
+        bufs = [bytearray(size) for _ in keys]
+        assert t.load(a, keys, bufs) == [True] * 3 and bufs[2] == chunk(2, size)
+    finally:
+        a.close()
+        b.close()
