@@ -31,8 +31,9 @@ from aiohttp import web
 from kvbucket.errors import ConfigError
 from kvbucket.testing.children import dies_with_parent
 
-from .app import Emulator, build_app
+from .app import build_app
 from .auth import Auth, TokenSpec, parse_org
+from .core import Emulator
 from .faults import FaultPlan, FaultRule
 from .state import State
 
