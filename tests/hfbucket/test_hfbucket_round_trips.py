@@ -31,7 +31,8 @@ def _store(hub_bucket: Any, **options: Any) -> HFBucketStore:
 
 
 @pytest.mark.parametrize(("count", "size"), [(64, 64 << 10), (16, 256 << 10)])
-def test_lookup_and_load_take_a_constant_number_of_round_trips(hub_bucket: Any, count: int, size: int) -> None:
+def test_lookup_and_load_take_a_constant_number_of_round_trips(hub_bucket: Any, count: int, size: int
+                                                               ) -> None:
     hub = hub_bucket.hub
     names = [f"c{i:03d}" for i in range(count)]
     data = [os.urandom(size) for _ in names]

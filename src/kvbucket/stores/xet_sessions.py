@@ -60,12 +60,16 @@ def download_session(concurrency: int) -> Any:
             from hf_xet import XetConfig, XetSession
 
             config = XetConfig()
+            # Shared by every store of the process (and by reads a deadline abandoned that are
+            # still winding down): room for several stores' full batches at once; each store
+            # bounds its own loads with its thread pool (load_concurrency).
+            room = max(256, 4 * concurrency)
             wanted = {
                 "client.enable_adaptive_concurrency": False,
-                "client.ac_initial_download_concurrency": concurrency,
-                "client.ac_max_download_concurrency": max(concurrency, 64),
+                "client.ac_initial_download_concurrency": room,
+                "client.ac_max_download_concurrency": room,
                 "client.max_idle_connections": max(concurrency, 16),
-                "data.max_concurrent_file_downloads": concurrency,
+                "data.max_concurrent_file_downloads": room,
             }
             fixed = "HF_XET_FIXED_DOWNLOAD_CONCURRENCY" in os.environ  # hf_xet's own override
             for key, value in wanted.items():
