@@ -65,6 +65,7 @@ class LoadPath:
         ok = [False] * n
         gone_keys: list[ObjectKey] = []
         gone_sizes: list[int] = []
+        gone_names: list[str] = []
         try:
             cands = [self._names.names(k) for k in keys]
             with st.lock:
@@ -91,13 +92,18 @@ class LoadPath:
                             if size:
                                 gone_keys.append(keys[i])
                                 gone_sizes.append(size)
-                                if self._fleet is not None:
-                                    self._fleet.deleted([name])
+                                gone_names.append(name)
                             if r + 1 < len(order[i]):
                                 retry.append(i)
                         else:
                             self._stats.last_error = str(res.error)
                 todo, r = retry, r + 1
+            if gone_names and self._fleet is not None:
+                # A miss tells the fleet of a deletion only when the object is gone: one this
+                # reader refused and kept (no keyring, another key; docs/integrity.md, "What a
+                # reader may delete") is still there, and still counted, for the nodes that read it.
+                heads = await self._runner.sliced(self._store.head_many, gone_names)
+                self._fleet.deleted([h.name for h in heads if h.ok and h.size is None])
         except Exception as e:
             log.exception("load task %d failed", tid)
             self._stats.last_error = f"{type(e).__name__}: {e}"
