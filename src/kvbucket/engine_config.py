@@ -1,4 +1,5 @@
-"""Typed configuration: the LMCache-style engine config (seeds 001 and 004).
+"""Typed configuration: the LMCache-style engine config (seeds 001 and 004). Users import it from
+:mod:`kvbucket.config`; the backends read it from here, below them.
 
 ``EngineConfig`` takes the same keys as LMCache's YAML files, so an LMCache user's file works
 as it is. It is loaded from YAML or JSON and overridden by ``KVBUCKET_<KEY>`` environment
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kvbucket.config")  # the name users import this from
 
 ENV_PREFIX = "KVBUCKET_"
 CONFIG_FILE_ENV = "KVBUCKET_CONFIG_FILE"
@@ -323,15 +324,13 @@ def _config_error(
     return ConfigError("invalid kvbucket engine config:\n  " + "\n  ".join(lines))
 
 
-def __getattr__(name: str) -> Any:
-    """``kvbucket.config.build_backend``, kept for existing imports (README, seeds): the builder
-    lives in :mod:`kvbucket.backends.build`, imported only when asked for, so this module never
-    imports the backends and the backends may import it."""
-    if name == "build_backend":
-        from kvbucket.backends.build import build_backend
-
-        return build_backend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["EngineConfig", "env_overrides", "load_engine_config", "read_config_file"]
+__all__ = [
+    "CONFIG_FILE_ENV",
+    "ENV_PREFIX",
+    "GB",
+    "LMCACHE_ONLY_KEYS",
+    "EngineConfig",
+    "env_overrides",
+    "load_engine_config",
+    "read_config_file",
+]
