@@ -44,11 +44,11 @@ URL_SCHEMES: dict[str, Factory] = {
     "file": "kvbucket.backends.plugins:file_store_from_remote_url",
     "memory": "kvbucket.backends.plugins:memory_store_from_remote_url",
     "s3": "kvbucket.stores.s3:store_from_remote_url",
-    "hf": "kvbucket.stores.hfbucket:store_from_remote_url",
+    "hf": "kvbucket.stores.hfbucket_open:store_from_remote_url",
 }
 
 PLUGIN_TYPES: dict[str, Factory] = {
-    "hfbucket": "kvbucket.stores.hfbucket:store_from_plugin_options",
+    "hfbucket": "kvbucket.stores.hfbucket_open:store_from_plugin_options",
 }
 
 
