@@ -67,7 +67,10 @@ def salt_of(name: str, prefix: str) -> str | None:
     parts = seg.split("@")
     if len(parts) not in (3, 4) or not _HEX_RE.match(parts[1]) or not _HEX_RE.match(parts[2]):
         return None
-    return unquote(parts[3], errors="strict") if len(parts) == 4 else ""
+    try:
+        return unquote(parts[3], errors="strict") if len(parts) == 4 else ""
+    except UnicodeDecodeError:  # not an encoded salt: not a chunk (names come from the bucket)
+        return None
 
 
 def key_of(name: str, prefix: str) -> ObjectKey | None:
@@ -108,7 +111,10 @@ class FleetView:
         """The salt of a chunk's name (kvbucket's or, through ``parse``, LMCache's), or None."""
         salt = salt_of(name, self.prefix)
         if salt is None and self.parse is not None:
-            key = self.parse(name)
+            try:
+                key = self.parse(name)
+            except ValueError:  # a name from the bucket that no parser expected: not a chunk
+                return None
             return None if key is None else key.cache_salt
         return salt
 
