@@ -61,6 +61,7 @@ def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
                     unsealed=config.unsealed,
                     encryption=keyring,
                     fleet=spec.fleet,
+                    read_ahead=spec.read_ahead,
                 ))
             except BaseException:
                 store.close()

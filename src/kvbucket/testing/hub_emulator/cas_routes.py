@@ -7,12 +7,14 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from . import zerocopy
+from .core import Emulator
 from .faults import Fault
 from .wire import (
     _READ_WINDOW,
@@ -42,9 +44,6 @@ from .xet import (
     verify_xorb_file,
 )
 from .xet import MAX_XORB_BYTES as _MAX_XORB
-
-if TYPE_CHECKING:
-    from .app import Emulator
 
 log = logging.getLogger("kvbucket.emulator")
 
@@ -158,7 +157,7 @@ class CasRoutes:
         return shard.files
 
     async def upload_shard(self, request: web.Request) -> web.StreamResponse:
-        self.token(request, write=True)
+        bucket_id, _ = self.token(request, write=True)
         if request.content_length is not None and request.content_length > MAX_SHARD_BYTES:
             raise HubError(413, f"shard body over {MAX_SHARD_BYTES} bytes")
         data = bytes(await read_body(request, MAX_SHARD_BYTES))
@@ -167,7 +166,7 @@ class CasRoutes:
         except XetFormatError as e:
             log.warning("refused shard: %s", e)
             raise HubError(400, f"shard refused: {e}", "InvalidShard") from None
-        await self.emu.cpu(self.state.put_reconstructions, files)
+        await self.emu.cpu(self.state.put_reconstructions, files, bucket_id)
         if request.path.startswith("/cas/v2/"):
             frames = [
                 {"type": "validating", "verified": len(files), "total": len(files)},
@@ -304,7 +303,7 @@ class CasRoutes:
         self.emu.stats["fetch"].bytes_out += end - start
         return resp
 
-    async def stream_range(self, rec: FileRecord, start: int, end: int) -> Any:
+    async def stream_range(self, rec: FileRecord, start: int, end: int) -> AsyncIterator[bytes]:
         """Yield the file's bytes [start, end), reading and decoding only the chunks that overlap.
 
         Chunks are read in windows of at most ~8 MiB of stored bytes, so a small range read of a

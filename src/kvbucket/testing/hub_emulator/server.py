@@ -31,8 +31,9 @@ from aiohttp import web
 from kvbucket.errors import ConfigError
 from kvbucket.testing.children import dies_with_parent
 
-from .app import Emulator, build_app
+from .app import build_app
 from .auth import Auth, TokenSpec, parse_org
+from .core import Emulator
 from .faults import FaultPlan, FaultRule
 from .state import State
 
@@ -311,6 +312,15 @@ class HubEmulator:
         """Request counts and bytes per route, plus the server's CPU time (see docs/emulator.md)."""
         req = urllib.request.Request(f"{self.endpoint}/_emulator/stats")
         req.add_header("X-Emulator-Admin", self.config.admin_key)  # needed when tokens are configured
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    def requests(self, *, clear: bool = False) -> list[dict[str, Any]]:
+        """The request log: ``{route, start, end}`` per request served (server's monotonic clock),
+        for ``request_log.sequential_round_trips``; ``clear=True`` empties it after reading."""
+        url = f"{self.endpoint}/_emulator/requests"
+        req = urllib.request.Request(url, method="DELETE" if clear else "GET")
+        req.add_header("X-Emulator-Admin", self.config.admin_key)
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 

@@ -35,6 +35,9 @@ CREATE INDEX IF NOT EXISTS files_by_hash ON files (xet_hash, bucket);
 CREATE TABLE IF NOT EXISTS xorbs (
     hash TEXT PRIMARY KEY, offsets BLOB NOT NULL, lens BLOB NOT NULL, chunk_hashes BLOB NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS uploads (
+    file_hash TEXT NOT NULL, bucket TEXT NOT NULL, PRIMARY KEY (file_hash, bucket)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS reconstructions (
     file_hash TEXT PRIMARY KEY, size INTEGER NOT NULL, segments TEXT NOT NULL
 ) WITHOUT ROWID;
@@ -177,6 +180,7 @@ class State:
         with self._lock:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM files WHERE bucket = ?", (bucket_id,))
+            self._db.execute("DELETE FROM uploads WHERE bucket = ?", (bucket_id,))
             self._db.execute("DELETE FROM buckets WHERE id = ?", (bucket_id,))
             self._db.execute("COMMIT")
 
@@ -187,6 +191,7 @@ class State:
                 return False
             self._db.execute("UPDATE buckets SET id = ? WHERE id = ?", (dst, src))
             self._db.execute("UPDATE files SET bucket = ? WHERE bucket = ?", (dst, src))
+            self._db.execute("UPDATE uploads SET bucket = ? WHERE bucket = ?", (dst, src))
         return True
 
     # -- files -----------------------------------------------------------------------------
@@ -245,11 +250,30 @@ class State:
             ).fetchone()
         return row is not None
 
+    def buckets_reaching(self, xet_hash: str) -> list[str]:
+        """The buckets through which ``xet_hash`` was uploaded or is held: who may add it by hash.
+
+        Why: the CAS is shared by all users, so knowing a file's hash must not be a way to read
+        it. An ``addFile`` by hash is for content the caller uploaded, or can already read.
+        """
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT bucket FROM uploads WHERE file_hash = ?"
+                " UNION SELECT bucket FROM files WHERE xet_hash = ?",
+                (xet_hash, xet_hash),
+            ).fetchall()
+        return [r[0] for r in rows]
+
     # -- reconstructions -------------------------------------------------------------------
-    def put_reconstructions(self, records: list[FileRecord]) -> None:
+    def put_reconstructions(self, records: list[FileRecord], bucket_id: str) -> None:
+        """Store the files of an accepted shard, uploaded with a Xet write token of ``bucket_id``."""
         with self._lock:
             self._db.execute("BEGIN")
             for rec in records:
+                self._db.execute(
+                    "INSERT OR IGNORE INTO uploads (file_hash, bucket) VALUES (?, ?)",
+                    (rec.hash_hex, bucket_id),
+                )
                 segs = [[s.xorb_hex, s.unpacked_bytes, s.chunk_start, s.chunk_end] for s in rec.segments]
                 self._db.execute(
                     "INSERT OR REPLACE INTO reconstructions (file_hash, size, segments) VALUES (?, ?, ?)",
