@@ -18,14 +18,23 @@ import re
 import zlib
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import unquote
 
 from kvbucket.errors import InvalidKeyError
 from kvbucket.fleet.layout import Record
 from kvbucket.keys import ObjectKey
-from kvbucket.l2.eviction import EvictionConfig
 
 TOMBSTONE_SECS = 900.0
+
+
+class Eviction(Protocol):
+    """What the eviction choice asks of :class:`kvbucket.l2.eviction.EvictionConfig` (this module
+    imports nothing of :mod:`kvbucket.l2`, whose adapter imports it)."""
+
+    def triggered(self, used: int, capacity: int) -> bool: ...
+
+    def target_bytes(self, capacity: int) -> int: ...
 _FOREIGN_RE = re.compile(r"[^A-Za-z0-9_@~%-]")  # a character the key encoding never writes
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 
@@ -258,7 +267,7 @@ class FleetView:
         self,
         *,
         capacity: int,
-        eviction: EvictionConfig,
+        eviction: Eviction,
         now: float,
         grace: float,
         max_age: float | None,
