@@ -18,9 +18,11 @@ from kvbucket.stores.hfbucket import HFBucketStore
 from kvbucket.stores.hfbucket_config import build_config
 from kvbucket.testing.hub_emulator.request_log import count_routes, sequential_round_trips
 
-# Added to every request. Large next to a loaded machine's scheduling delays (the whole suite on
-# two cores), so that requests sent together are never counted as waiting for one another.
-LATENCY_S = 0.2
+# Added to every request. Large next to a loaded machine's delays: the fixture's emulator runs in
+# this process, so its event loop shares the GIL with the store's 64 load threads, and on a busy
+# machine it recorded some of 64 requests sent together after others had ended (0.2 s was not
+# enough when the suite ran on two cores next to other jobs).
+LATENCY_S = 0.5
 
 
 def _store(hub_bucket: Any, **options: Any) -> HFBucketStore:
