@@ -113,7 +113,7 @@ def open_stores(kind: str, tmp: Path, hub_latency_ms: float = 0.0) -> Iterator[
     elif kind == "hf":
         from huggingface_hub import HfApi
 
-        from kvbucket.stores.hfbucket import open_hfbucket_store
+        from kvbucket.stores.hfbucket_open import open_hfbucket_store
         from kvbucket.testing import HubEmulator
         from kvbucket.testing.hub_fixtures import isolate_hf_env, restore_env
 

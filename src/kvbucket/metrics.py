@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvbucket.backends.base import DEFAULT_FLUSH_TIMEOUT_SECS, Chunk, FlushResult, Key, StorageBackend
 from kvbucket.errors import NoSpaceError
+from kvbucket.stores import prefetch as _prefetch
 from kvbucket.stores import sealed as _sealed
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
 
@@ -101,6 +102,9 @@ PREFIX_SECONDS = Histogram(
 # cannot import this module: backends import it); re-exported here with the others.
 INTEGRITY_FAILURES = _sealed.INTEGRITY_FAILURES
 INTEGRITY_VERIFIED = _sealed.INTEGRITY_VERIFIED
+# Read-ahead counters (kvbucket.stores.prefetch): prefetched / used / wasted bytes, held bytes.
+READ_AHEAD_BYTES = _prefetch.READ_AHEAD_BYTES
+READ_AHEAD_HELD = _prefetch.READ_AHEAD_HELD
 
 
 def _nbytes(chunk: Any) -> int:
@@ -522,6 +526,8 @@ __all__ = [
     "PREFIX_CHUNKS",
     "PREFIX_SECONDS",
     "PREFIX_TOKENS",
+    "READ_AHEAD_BYTES",
+    "READ_AHEAD_HELD",
     "STORE_BREAKER_OPENS",
     "STORE_BREAKER_REJECTED",
     "STORE_BREAKER_STATE",

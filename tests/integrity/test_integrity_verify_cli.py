@@ -54,7 +54,7 @@ def test_verify_reports_and_deletes_bad_objects(tmp_path: Path) -> None:
     assert raw.head(key_to_name(key(1))) == full  # nothing removed without --delete-bad
 
     proc = kvbucket("verify", f"file://{tmp_path}", "--delete-bad")
-    assert proc.returncode == 1 and "removed 2 of 2 corrupt or foreign objects" in proc.stdout
+    assert proc.returncode == 1 and "removed 2 of 2 damaged objects" in proc.stdout
     assert raw.head(key_to_name(key(1))) is None and raw.head(key_to_name(key(2))) is None
     assert raw.exists("legacy-object")  # legacy objects are reported, never removed
 
@@ -62,6 +62,36 @@ def test_verify_reports_and_deletes_bad_objects(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with RemoteBackend(FileStore(tmp_path), LAYOUT) as b:
         assert sorted(b.list()) == sorted(key(i).to_string() for i in (0, 3, 4))
+
+
+def test_verify_on_the_parent_of_a_tiers_directory_says_so_and_removes_nothing(tmp_path: Path) -> None:
+    """Issue 24 item 10: every good chunk was reported "foreign (name)" and deleted (7 of 7)."""
+    tier = FileStore(tmp_path / "remote")
+    with RemoteBackend(tier, LAYOUT) as b:
+        b.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in range(7)])
+    proc = kvbucket("verify", str(tmp_path), "--delete-bad")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert table_rows(proc.stdout)["foreign"] == "7", proc.stdout
+    assert "hint: the URL looks wrong: 7 of 7 objects written under another name verify under a " \
+           "directory below it (7 under 'remote/')" in proc.stdout, proc.stdout
+    assert f"kvbucket verify {tmp_path}/remote" in proc.stdout
+    assert "removed 0 of 0 damaged objects (none written under another name" in proc.stdout
+    assert len(list(tier.list())) == 7
+    proc = kvbucket("verify", f"file://{tmp_path}/remote")  # the URL the hint gives
+    assert proc.returncode == 0 and table_rows(proc.stdout)["good"] == "7", proc.stdout
+
+
+def test_verify_keeps_misnamed_objects_when_most_are(tmp_path: Path) -> None:
+    """Most objects under other names (no root below fits): the URL, not the objects, is wrong."""
+    with RemoteBackend(FileStore(tmp_path), LAYOUT) as b:
+        b.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in range(3)])
+    raw = FileStore(tmp_path)
+    for i in range(2):
+        raw.put(f"renamed-{i}", raw.get(key_to_name(key(i))) or b"")
+        raw.delete(key_to_name(key(i)))
+    proc = kvbucket("verify", str(tmp_path), "--delete-bad")
+    assert proc.returncode == 1 and "hint: the URL looks wrong: 2 of 3 objects" in proc.stdout, proc.stdout
+    assert raw.exists("renamed-0") and raw.exists("renamed-1")
 
 
 def test_verify_bad_input_is_exit_2(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from kvbucket.stores.s3 import S3Store
 from kvbucket.stores.s3_config import S3Config
 from kvbucket.testing.s3_server import FaultProxy, S3Server
 
-LATENCY = 0.15
+LATENCY = 0.4  # longer than the spread of 64 connections accepted on a busy machine
 
 
 def fresh_store(server: S3Server, bucket: str, proxy: FaultProxy, **overrides: object) -> S3Store:

@@ -91,6 +91,7 @@ def make_middleware(emu: Emulator) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         t0 = time.perf_counter()
+        started = time.monotonic()
         name = route_name(request.method, request.path)
         st = emu.stats[name]
         st.requests += 1
@@ -128,6 +129,8 @@ def make_middleware(emu: Emulator) -> Any:
                 return await _drop_mid_body(request, resp)
             return _count(emu, st, resp)
         finally:
+            if name != "control":
+                emu.requests.record(name, started)
             if log.isEnabledFor(logging.DEBUG):
                 ms = (time.perf_counter() - t0) * 1e3
                 log.debug(
@@ -176,6 +179,13 @@ class ControlRoutes:
         if not self.emu.auth.open:  # with users configured, what they do is not for anyone to read
             self._admin(request, "the stats route")
         return web.json_response(self.emu.snapshot())
+
+    async def requests(self, request: web.Request) -> web.StreamResponse:
+        self._admin(request, "the request log")
+        entries = self.emu.requests.entries()
+        if request.method == "DELETE":
+            self.emu.requests.clear()
+        return web.json_response(entries)
 
     async def health(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"ok": True})
@@ -232,6 +242,7 @@ def build_app(emu: Emulator) -> web.Application:
     r.add_post("/v1/telemetry", _empty_ok)  # hf_xet posts telemetry here, outside the CAS URL
     r.add_get("/_emulator/stats", ctl.stats)
     r.add_get("/_emulator/health", ctl.health)
+    r.add_route("*", "/_emulator/requests", ctl.requests)
     r.add_route("*", "/_emulator/faults", ctl.faults)
     r.add_route("*", "/{tail:.*}", not_found)
     return app

@@ -18,6 +18,7 @@ from typing import Any
 from . import zerocopy
 from .auth import Auth
 from .faults import FaultPlan
+from .request_log import RequestLog
 from .state import State
 from .wire import BODY_TIMEOUT_S
 
@@ -49,6 +50,7 @@ class Emulator:
         self.admin_key = admin_key
         self.stats: dict[str, RouteStats] = defaultdict(RouteStats)
         self.statuses: dict[str, int] = defaultdict(int)
+        self.requests = RequestLog()  # (route, start, end) of each request: round trips, server-side
         self.pool = ThreadPoolExecutor(
             max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="emu"
         )

@@ -331,6 +331,15 @@ class HubEmulator:
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 
+    def requests(self, *, clear: bool = False) -> list[dict[str, Any]]:
+        """The request log: ``{route, start, end}`` per request served (server's monotonic clock),
+        for ``request_log.sequential_round_trips``; ``clear=True`` empties it after reading."""
+        url = f"{self.endpoint}/_emulator/requests"
+        req = urllib.request.Request(url, method="DELETE" if clear else "GET")
+        req.add_header("X-Emulator-Admin", self.config.admin_key)
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
     def start(self) -> HubEmulator:
         if self._server is not None:
             raise RuntimeError("the emulator is already running")
