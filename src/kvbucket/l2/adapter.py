@@ -34,7 +34,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvbucket.fleet.view import key_of
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
 from kvbucket.l2.core import L2Listener, Listeners, NameCache, Stats
@@ -239,6 +238,10 @@ class ObjectStoreL2Adapter(L2Adapter):
     # ---- the fleet's callbacks (from its thread) -------------------------------------------------
     def _apply_fleet_changes(self, changes: list[Change]) -> None:
         """Mirror what other nodes stored and deleted into the index, then tell the listener."""
+        # Imported here, as FleetLink is: kvbucket.fleet's modules import kvbucket.l2.eviction,
+        # whose package __init__ imports this module.
+        from kvbucket.fleet.view import key_of
+
         st = self._state
         added: list[tuple[ObjectKey, int]] = []
         gone: list[tuple[ObjectKey, int]] = []
