@@ -150,9 +150,10 @@ def section(name: str, r: dict[str, Any]) -> list[str]:
         out.append("")
     figs = r.get("figures", {})
     if figs:
-        out += [_row(["figure", "value"]), _row(["---"] * 2)]
-        out += [_row([f.get("label"), f"{fmt(f.get('value'))} {f.get('unit', '')}".strip()])
-                for f in figs.values()]
+        goals = any(f.get("goal") for f in figs.values())
+        out += [_row(["figure", "value", *(["goal"] if goals else [])]), _row(["---"] * (2 + goals))]
+        out += [_row([f.get("label"), f"{fmt(f.get('value'))} {f.get('unit', '')}".strip(),
+                      *([f.get("goal") or ""] if goals else [])]) for f in figs.values()]
         out.append("")
     params = r.get("params", {})
     if params:
