@@ -256,8 +256,8 @@ def draw(data: dict[str, Any], path: Path) -> None:
         for y, v in zip(ys, vals, strict=True):
             ax.text(v, y, f" {v:.2f} s", va="center")
         ax.set_xlabel("time to first token, seconds (lower is better)")
-        ax.set_title(f"Time to first token, {data['prompt_tokens']:,}-token prompt "
-                     f"({data['date'][:10]})", loc="left")
+        ax.set_title(f"Time to first token, {data['prompt_tokens']:,}-token prompt, {data['layers']}-layer "
+                     f"model ({data['date'][:10]})", loc="left")
         ax.set_xlim(0, max(vals) * 1.2)
     else:
         vals = [b["ratio"] for b in bars]
