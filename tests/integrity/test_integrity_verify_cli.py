@@ -129,6 +129,7 @@ def test_kvbucket_stats_shows_integrity_counts(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("integrity:"))
     assert "objects verified on load" in line and "remote checksum" in line
+    assert "removed as damaged" in line and summary.integrity_removed["remote"] >= 1
 
 
 def test_verify_checks_a_compile_cache_by_its_sha256s(tmp_path: Path) -> None:
