@@ -223,6 +223,14 @@ def _command(argv: list[str]) -> str:
     """The command line as a user would type it from the repo root."""
     if not argv:
         return ""
+    argv = list(argv)
+    for i, a in enumerate(argv):  # where the results went is not part of what was measured
+        if a == "--results-dir":
+            del argv[i : i + 2]
+            break
+        if a.startswith("--results-dir="):
+            del argv[i]
+            break
     script = Path(argv[0])
     try:
         shown = str(script.resolve().relative_to(BENCH_DIR.parent))

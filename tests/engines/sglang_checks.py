@@ -320,3 +320,43 @@ def test_fleet_refuses_over_capacity_and_evicts_what_was_not_read(target: dict[s
     assert status["refused_chunks"] == 2 and status["evicted_own"] == 2
     b.close()
     assert any(i.name.startswith("_fleet/") for i in fresh._raw.list(""))
+
+
+def _store_gets() -> float:
+    """Objects the sglang tier's store has been asked to read (kvbucket's store counter)."""
+    from prometheus_client import REGISTRY
+
+    return sum(REGISTRY.get_sample_value("kvbucket_store_objects_total",
+                                         {"store": "sglang", "op": "get", "result": r}) or 0.0
+               for r in ("hit", "miss", "error"))
+
+
+def _read_ahead(outcome: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("kvbucket_read_ahead_bytes_total",
+                                     {"store": "sglang", "outcome": outcome}) or 0.0
+
+
+def test_batch_exists_reads_ahead_for_batch_get_v1(target: dict[str, Any]) -> None:
+    """A batch_exists hit starts the pages' load; SGLang's batch_get_v1 then takes them without
+    asking the store again (read-ahead; docs/read-ahead.md). Off: batch_exists reads nothing."""
+    src = host_pool()
+    idx = fill(src, N_PAGES, seed=11)
+    keys = page_keys(11)
+    assert all(backend(target, src).batch_set_v1(keys, idx))
+    dst = host_pool()
+    idx2 = dst.alloc(N_PAGES * PAGE)
+    r = backend(target, dst)
+    used = _read_ahead("used")
+    assert r.batch_exists(keys) == N_PAGES
+    assert r.store.settle()
+    gets = _store_gets()
+    assert r.batch_get_v1(keys, idx2) == [True] * N_PAGES
+    assert _store_gets() == gets  # every page came from the read-ahead: no request
+    assert page_bytes(dst, idx2, N_PAGES) == page_bytes(src, idx, N_PAGES)
+    assert _read_ahead("used") - used == N_PAGES * len(page_bytes(src, idx, 1)[0])
+    off = backend(target, host_pool(), read_ahead=False)
+    gets = _store_gets()
+    assert off.batch_exists(keys) == N_PAGES
+    assert _store_gets() == gets  # off: a lookup reads nothing

@@ -15,9 +15,8 @@ They never see a tier's fleet keys (``fleet``, ``max_capacity_gb``, ``eviction``
 ``read_ahead_ttl_secs``, :mod:`kvbucket.stores.prefetch`): :func:`remote_tier_specs` takes those
 out first, for any store.
 
-This module reads an :class:`~kvbucket.config.EngineConfig` but never imports it at run time
-(and :mod:`kvbucket.config` imports nothing of ``kvbucket.backends``), so the two cannot form an
-import cycle.
+This module reads an :class:`~kvbucket.engine_config.EngineConfig` (the settings module below
+the backends), never :mod:`kvbucket.config` (which hands out ``build_backend`` from above them).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from kvbucket.stores.memory import MemoryStore
 from kvbucket.stores.prefetch_config import ReadAheadSettings, split_read_ahead_keys
 
 if TYPE_CHECKING:
-    from kvbucket.config import EngineConfig
+    from kvbucket.engine_config import EngineConfig
     from kvbucket.integrations.engine_fleet import FleetSettings
 
 PLUGIN_KEY_PREFIX = "remote_storage_plugin."
@@ -45,11 +44,11 @@ URL_SCHEMES: dict[str, Factory] = {
     "file": "kvbucket.backends.plugins:file_store_from_remote_url",
     "memory": "kvbucket.backends.plugins:memory_store_from_remote_url",
     "s3": "kvbucket.stores.s3:store_from_remote_url",
-    "hf": "kvbucket.stores.hfbucket:store_from_remote_url",
+    "hf": "kvbucket.stores.hfbucket_open:store_from_remote_url",
 }
 
 PLUGIN_TYPES: dict[str, Factory] = {
-    "hfbucket": "kvbucket.stores.hfbucket:store_from_plugin_options",
+    "hfbucket": "kvbucket.stores.hfbucket_open:store_from_plugin_options",
 }
 
 

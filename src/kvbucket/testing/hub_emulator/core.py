@@ -18,7 +18,9 @@ from typing import Any
 from . import zerocopy
 from .auth import Auth
 from .faults import FaultPlan
+from .request_log import RequestLog
 from .state import State
+from .wire import BODY_TIMEOUT_S
 
 
 @dataclass
@@ -38,14 +40,17 @@ class Emulator:
         faults: FaultPlan | None = None,
         admin_key: str = "",
         zero_copy: bool = True,
+        body_timeout_s: float = BODY_TIMEOUT_S,
     ) -> None:
         self.state = state
+        self.body_timeout_s = body_timeout_s
         self.zero_copy = zero_copy and zerocopy.supported(state.xorb_dir)
         self.auth = auth
         self.faults = faults or FaultPlan()
         self.admin_key = admin_key
         self.stats: dict[str, RouteStats] = defaultdict(RouteStats)
         self.statuses: dict[str, int] = defaultdict(int)
+        self.requests = RequestLog()  # (route, start, end) of each request: round trips, server-side
         self.pool = ThreadPoolExecutor(
             max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="emu"
         )
