@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 #: kvbucket modules that need an extra, and the extra that must provide their imports
 MODULE_EXTRAS = {
-    "kvbucket/integrations/lmcache.py": "lmcache",
+    "kvbucket/integrations/lmcache": "lmcache",  # a package: every module in it
     "kvbucket/encryption.py": "encryption",
     "kvbucket/integrations/transformers.py": "transformers",
     "kvbucket/integrations/transformers_model.py": "transformers",
@@ -147,7 +147,11 @@ def test_each_extra_declares_what_its_integrations_import() -> None:
     src = ROOT / "src"
     for rel, extra in MODULE_EXTRAS.items():
         missing = {}
-        for mod in _third_party_imports(src / rel):
+        files = sorted((src / rel).rglob("*.py")) if (src / rel).is_dir() else [src / rel]
+        assert files and all(f.is_file() for f in files), f"{rel}: moved? update MODULE_EXTRAS"
+        imports = set().union(*(_third_party_imports(f) for f in files))
+        assert extra != "lmcache" or "lmcache" in imports, f"{rel} no longer imports lmcache?"
+        for mod in imports:
             if mod in ENGINES:
                 continue
             dists = _distributions(mod)

@@ -20,7 +20,17 @@ from .cas_routes import CasRoutes
 from .core import Emulator, RouteStats
 from .faults import Fault, FaultRule
 from .hub_routes import HubRoutes
-from .wire import FAULT, HubError, error_response, read_json
+from .state import is_disk_full
+from .wire import (
+    BODY_TIMEOUT,
+    FAULT,
+    MAX_SMALL_BODY,
+    HubError,
+    disk_full,
+    error_response,
+    read_body,
+    read_json,
+)
 from .xet import MAX_XORB_BYTES as _MAX_XORB
 
 log = logging.getLogger("kvbucket.emulator")
@@ -103,11 +113,18 @@ def make_middleware(emu: Emulator) -> Any:
                 resp = await handler(request)
             except HubError as e:
                 resp = error_response(e.status, e.message, e.code)
+                if e.close:
+                    resp.force_close()
             except web.HTTPException:
                 raise
-            except Exception:
-                log.exception("internal error on %s %s", request.method, name)
-                resp = error_response(500, f"internal emulator error on {name}; see the server log")
+            except Exception as e:
+                if is_disk_full(e):
+                    log.error("disk full on %s %s: %s", request.method, name, e)
+                    err = disk_full(f"this {name} request")
+                    resp = error_response(err.status, err.message, err.code)
+                else:
+                    log.exception("internal error on %s %s", request.method, name)
+                    resp = error_response(500, f"internal emulator error on {name}; see the server log")
             if fault is not None and fault.drop and isinstance(resp, web.Response) and resp.body:
                 return await _drop_mid_body(request, resp)
             return _count(emu, st, resp)
@@ -203,6 +220,7 @@ async def not_found(request: web.Request) -> web.StreamResponse:
 
 def build_app(emu: Emulator) -> web.Application:
     app = web.Application(middlewares=[make_middleware(emu)], client_max_size=_MAX_XORB + 1024 * 1024)
+    app[BODY_TIMEOUT] = emu.body_timeout_s
     cas = CasRoutes(emu)
     hub, ctl = HubRoutes(emu, cas.stream_range), ControlRoutes(emu)
     app[HUB] = hub
@@ -231,7 +249,7 @@ def build_app(emu: Emulator) -> web.Application:
 
 
 async def _empty_ok(request: web.Request) -> web.StreamResponse:
-    await request.read()
+    await read_body(request, MAX_SMALL_BODY)
     return web.json_response({})
 
 

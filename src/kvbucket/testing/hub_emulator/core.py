@@ -20,6 +20,7 @@ from .auth import Auth
 from .faults import FaultPlan
 from .request_log import RequestLog
 from .state import State
+from .wire import BODY_TIMEOUT_S
 
 
 @dataclass
@@ -39,8 +40,10 @@ class Emulator:
         faults: FaultPlan | None = None,
         admin_key: str = "",
         zero_copy: bool = True,
+        body_timeout_s: float = BODY_TIMEOUT_S,
     ) -> None:
         self.state = state
+        self.body_timeout_s = body_timeout_s
         self.zero_copy = zero_copy and zerocopy.supported(state.xorb_dir)
         self.auth = auth
         self.faults = faults or FaultPlan()

@@ -29,6 +29,7 @@ from .wire import (
     origin,
     parse_range,
     raw_segments,
+    read_body,
     read_json,
 )  # fmt: skip
 from .xet import EMPTY_FILE_HASH_HEX, FileRecord, is_hex_hash
@@ -256,9 +257,7 @@ class HubRoutes:
 
     async def batch(self, request: web.Request, bucket_id: str) -> web.StreamResponse:
         _, caller = self.bucket(request, bucket_id, write=True)
-        if request.content_length is not None and request.content_length > MAX_JSON_BYTES:
-            raise HubError(413, f"batch body over {MAX_JSON_BYTES} bytes")
-        lines = [ln for ln in (await request.read()).split(b"\n") if ln.strip()]
+        lines = [ln for ln in (await read_body(request, MAX_JSON_BYTES)).split(b"\n") if ln.strip()]
         if len(lines) > MAX_BATCH_LINES:
             raise HubError(400, f"at most {MAX_BATCH_LINES} operations per batch request, got {len(lines)}")
         fault: Fault | None = request.get(FAULT)

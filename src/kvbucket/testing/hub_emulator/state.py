@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import functools
 import json
 import os
@@ -93,8 +94,28 @@ def preallocate(fd: int, size: int) -> None:
     """
     if size <= 0 or not hasattr(os, "posix_fallocate"):
         return
-    with contextlib.suppress(OSError):  # a file system without fallocate: write as before
+    try:
         os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if is_disk_full(e):  # a full disk: say so before any byte is written
+            raise
+        # a file system without fallocate: write as before
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Did ``exc`` come from a full disk (or quota), in a file write or in SQLite?"""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(exc, sqlite3.OperationalError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code == getattr(sqlite3, "SQLITE_FULL", 13) or "disk is full" in str(exc)
+    return False
 
 
 def _pack(values: Iterable[int]) -> bytes:
@@ -346,11 +367,12 @@ class State:
         final.parent.mkdir(exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
         try:
-            preallocate(fd, len(data))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                preallocate(fd, len(data))
+                write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, final)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
