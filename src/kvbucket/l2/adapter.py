@@ -50,6 +50,8 @@ from kvbucket.l2.tasks import TaskRunner
 from kvbucket.log_once import flush_all
 from kvbucket.stores.base import Buffer, ObjectStore, check_prefix
 from kvbucket.stores.breaker import breaker_of
+from kvbucket.stores.prefetch import PrefetchStore, with_read_ahead
+from kvbucket.stores.prefetch_config import ReadAheadSettings
 from kvbucket.stores.sealed import seal_store
 
 if TYPE_CHECKING:
@@ -81,10 +83,12 @@ class ObjectStoreL2Adapter(L2Adapter):
         unsealed: str = "miss",
         encryption: Any = None,
         fleet: FleetConfig | None = None,
+        read_ahead: ReadAheadSettings | None = None,
     ) -> None:
         """``fleet``: share capacity, eviction and visibility with every other node on this
         prefix through the store (see :mod:`kvbucket.fleet`); usage is then rebuilt from the
-        fleet's snapshot and journals instead of a listing."""
+        fleet's snapshot and journals instead of a listing. ``read_ahead``: a lookup hit starts
+        its load (:mod:`kvbucket.stores.prefetch`; None: off)."""
         if num_workers < 1:
             raise ValueError("num_workers must be at least 1")
         self._prefix = check_prefix(prefix)
@@ -97,6 +101,9 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._store = route_formats(
             seal_store(store, tier="l2", unsealed=unsealed, encryption=encryption), self._naming
         )
+        # Every path goes through the read-ahead buffer (when on): lookups start loads, loads take
+        # them, and stores and deletes drop what they replace or remove.
+        self._io = with_read_ahead(self._store, read_ahead, label="l2")
         # A per-process working dir (LMCache's download session dir), removed on close.
         self._work_dir = work_dir
         self._owns_store = owns_store
@@ -115,7 +122,7 @@ class ObjectStoreL2Adapter(L2Adapter):
             from kvbucket.fleet.host import FleetLink
 
             self._fleet = FleetLink(
-                self._store,
+                self._io,
                 fleet,
                 parse=self._naming.parse,
                 prefix=self._prefix,
@@ -126,7 +133,7 @@ class ObjectStoreL2Adapter(L2Adapter):
                 on_ready=self._fleet_ready,
             )
         parts = (
-            self._state, self._names, self._runner, self._store, self._stats, self._listeners, self._fleet
+            self._state, self._names, self._runner, self._io, self._stats, self._listeners, self._fleet
         )
         self._removal = RemovalPath(
             *parts, eviction=eviction, capacity=capacity, delete_timeout=delete_timeout_secs
@@ -137,7 +144,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         )
         self._loads = LoadPath(*parts)
         self._inventory = InventoryPath(
-            self._state, self._naming, self._runner, self._store, self._stats, self._fleet,
+            self._state, self._naming, self._runner, self._io, self._stats, self._fleet,
             capacity=capacity, eviction=eviction,
         )
         if self._fleet is not None:
@@ -149,6 +156,11 @@ class ObjectStoreL2Adapter(L2Adapter):
     @property
     def store(self) -> ObjectStore:
         return self._store
+
+    @property
+    def read_ahead_store(self) -> PrefetchStore | None:
+        """The read-ahead buffer lookups fill and loads take from (None: read-ahead is off)."""
+        return self._io if isinstance(self._io, PrefetchStore) else None
 
     @property
     def naming(self) -> Naming:
@@ -288,6 +300,8 @@ class ObjectStoreL2Adapter(L2Adapter):
         flush_all()  # the counts of repeated failures
         for done in (self._stores.done, self._lookups.done, self._loads.done):
             done.close()
+        if isinstance(self._io, PrefetchStore):
+            self._io.stop()
         if self._owns_store:
             self._store.close()
         if self._work_dir is not None:  # LMCache removes its session dir on close

@@ -8,6 +8,8 @@ index does not know are misses at once, in the caller's thread (no request, no h
 the full size, known from ``full_chunk_bytes`` or from the layout passed with a lookup (LMCache's
 ``MemoryLayoutDesc``, per object group), or, with neither, a non-empty object. Accessed keys are
 told to the listener right after the lookup's signal, as LMCache's hfbucket and s3 adapters do.
+Hits start their loads before the signal (read-ahead, :mod:`kvbucket.stores.prefetch`), so
+LMCache's ``load`` that follows finds the bytes landed or on their way.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from kvbucket.l2.state import KeyState
 from kvbucket.l2.tasks import Completions, TaskRunner
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.breaker import CircuitBreaker
+from kvbucket.stores.prefetch import read_ahead
 
 if TYPE_CHECKING:
     from kvbucket.fleet.host import FleetLink
@@ -64,6 +67,7 @@ class LookupPath:
         except InvalidKeyError:
             cands = None  # the task reports it (as misses) from the loop
         accessed: list[ObjectKey] = []
+        ahead: list[tuple[str, int]] = []  # (name, size) of hits: their loads start now
         tid = self._runner.new_id()
         with st.lock:
             if st.full_fixed is None:
@@ -77,11 +81,11 @@ class LookupPath:
             elif cands is not None:
                 # Every key answered by the index (or a fresh remembered miss): no I/O is needed,
                 # so answer now instead of paying a hop through the loop thread.
-                done = self._from_index(keys, cands, accessed, unknown_misses=False)
+                done = self._from_index(keys, cands, accessed, unknown_misses=False, ahead=ahead)
                 if done is None and self._breaker is not None and self._breaker.refusing():
                     # The store's breaker is open: what the index does not know is a miss now, with
                     # no request and no hop through the loop thread (the engine recomputes).
-                    done = self._lock_hits(keys, cands, accessed)
+                    done = self._lock_hits(keys, cands, accessed, ahead)
                     unasked = len(keys) - sum(done)
                     self._stats["breaker_misses"] += unasked
                     self._breaker.count_rejected("head", unasked)
@@ -89,13 +93,17 @@ class LookupPath:
                 self._runner.schedule(self._run(tid, keys))
         if done is not None:
             self._stats["lookups"] += 1
-            self._finish(tid, done, accessed)
+            self._finish(tid, done, accessed, ahead)
         return tid
 
-    def _finish(self, tid: L2TaskId, hits: list[bool], accessed: list[ObjectKey]) -> None:
-        """Publish and signal the result, then tell the listener of the hits: LMCache's hfbucket
-        and s3 adapters call ``_notify_keys_accessed`` right after the lookup signal, which keeps
-        LMCache's listeners and event bus off the lookup's latency."""
+    def _finish(self, tid: L2TaskId, hits: list[bool], accessed: list[ObjectKey],
+                ahead: list[tuple[str, int]]) -> None:
+        """Start the hits' loads (read-ahead, before the signal: a load that follows at once finds
+        them on their way), publish and signal the result, then tell the listener of the hits:
+        LMCache's hfbucket and s3 adapters call ``_notify_keys_accessed`` right after the lookup
+        signal, which keeps LMCache's listeners and event bus off the lookup's latency."""
+        if ahead:
+            read_ahead(self._store, [n for n, _ in ahead], [z for _, z in ahead])
         self.done.publish(tid, hits)
         self._listeners.accessed(accessed)
 
@@ -106,6 +114,7 @@ class LookupPath:
         accessed: list[ObjectKey],
         *,
         unknown_misses: bool,
+        ahead: list[tuple[str, int]] | None = None,
     ) -> list[bool] | None:
         """The answer from the index, hits locked and touched (call with the state's lock).
 
@@ -143,15 +152,18 @@ class LookupPath:
             touch(name)
             accessed.append(keys[i])
             hit_names.append(name)
+            if ahead is not None:
+                ahead.append((name, size))
         if self._fleet is not None and hit_names:
             self._fleet.accessed(hit_names)
         return hits
 
     def _lock_hits(
-        self, keys: list[ObjectKey], cands: list[tuple[str, ...]], accessed: list[ObjectKey]
+        self, keys: list[ObjectKey], cands: list[tuple[str, ...]], accessed: list[ObjectKey],
+        ahead: list[tuple[str, int]] | None = None,
     ) -> list[bool]:
         """Hits among indexed names, locked and touched; every other key a miss (call with the lock)."""
-        hits = self._from_index(keys, cands, accessed, unknown_misses=True)
+        hits = self._from_index(keys, cands, accessed, unknown_misses=True, ahead=ahead)
         assert hits is not None
         return hits
 
@@ -178,6 +190,7 @@ class LookupPath:
         n = len(keys)
         hits = [False] * n
         accessed: list[ObjectKey] = []
+        ahead: list[tuple[str, int]] = []
         try:
             cands = [self._names.names(k) for k in keys]
             found: list[ObjectKey] = []
@@ -206,9 +219,9 @@ class LookupPath:
                             st.missing[name] = expiry
             self._listeners.stored(found, found_sizes)
             with st.lock:
-                hits = self._lock_hits(keys, cands, accessed)
+                hits = self._lock_hits(keys, cands, accessed, ahead)
         except Exception as e:
             log.exception("lookup task %d failed", tid)
             self._stats.last_error = f"{type(e).__name__}: {e}"
         self._stats["lookups"] += 1
-        self._finish(tid, hits, accessed)
+        self._finish(tid, hits, accessed, ahead)

@@ -29,6 +29,7 @@ from kvbucket.l2.registry import build_store, make_work_dir, naming_for
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore
 from kvbucket.stores.hfbucket_config import lenient_bool
+from kvbucket.stores.prefetch import read_ahead, with_read_ahead
 from kvbucket.stores.sealed import seal_store
 
 if TYPE_CHECKING:
@@ -173,7 +174,10 @@ class KVBucketConnector(RemoteConnector):
         sealed = seal_store(
             raw, tier="connector", unsealed=self._cfg.unsealed, encryption=self._cfg.encryption
         )
-        self.store = route_formats(sealed, self.naming)
+        # A lookup hit starts its load (read-ahead, kvbucket.stores.prefetch); every verb goes
+        # through the buffer, so a store or delete drops what it replaces.
+        self.store = with_read_ahead(route_formats(sealed, self.naming), self._cfg.read_ahead_settings(),
+                                     label="connector")
         self._fleet: StoreFleet | None = None
         if self._cfg.fleet is not None:
             from kvbucket.fleet.member import StoreFleet
@@ -253,18 +257,20 @@ class KVBucketConnector(RemoteConnector):
         return await asyncio.to_thread(self.exists_sync, key)
 
     def exists_sync(self, key: Any) -> bool:
-        return self._found([key])[0][0][1] == self.full_chunk_size_bytes
+        return self.batched_contains([key]) == 1
 
     def support_batched_contains(self) -> bool:
         return True
 
     def batched_contains(self, keys: builtins.list[Any]) -> int:
-        hits = 0
-        for _, size in self._found(keys)[0]:
+        """The number of leading keys stored as full chunks; their loads start now (read-ahead)."""
+        hits: builtins.list[str] = []
+        for name, size in self._found(keys)[0]:
             if size != self.full_chunk_size_bytes:
                 break
-            hits += 1
-        return hits
+            hits.append(name)
+        read_ahead(self.store, hits, [self.full_chunk_size_bytes] * len(hits))
+        return len(hits)
 
     async def batched_async_contains(
         self, lookup_id: str, keys: builtins.list[Any], pin: bool = False
