@@ -442,7 +442,9 @@ def main() -> int:
                HF_HUB_DISABLE_PROGRESS_BARS="1", LMCACHE_LOG_LEVEL="WARNING", OMP_NUM_THREADS="1")
     env.pop("HF_TOKEN", None)
     payloads = "constant" if args.constant_payloads else "random"
-    res = Results("bench_latency", variant="constant" if args.constant_payloads else None, params=vars(args),
+    parts = [args.backends.replace(",", "+")] if args.backends != "hub,s3" else []
+    parts += ["constant"] if args.constant_payloads else []
+    res = Results("bench_latency", variant="-".join(parts) or None, params=vars(args),
                   title="Lookup + load at wide-area latency, fresh processes",
                   notes=f"{payloads} payloads; requests and round trips counted at the server")
     wanted = {s for s in args.sides.split(",") if s}
