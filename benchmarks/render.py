@@ -150,9 +150,10 @@ def section(name: str, r: dict[str, Any]) -> list[str]:
         out.append("")
     figs = r.get("figures", {})
     if figs:
-        out += [_row(["figure", "value"]), _row(["---"] * 2)]
-        out += [_row([f.get("label"), f"{fmt(f.get('value'))} {f.get('unit', '')}".strip()])
-                for f in figs.values()]
+        goals = any(f.get("goal") for f in figs.values())
+        out += [_row(["figure", "value", *(["goal"] if goals else [])]), _row(["---"] * (2 + goals))]
+        out += [_row([f.get("label"), f"{fmt(f.get('value'))} {f.get('unit', '')}".strip(),
+                      *([f.get("goal") or ""] if goals else [])]) for f in figs.values()]
         out.append("")
     params = r.get("params", {})
     if params:
@@ -255,8 +256,8 @@ def draw(data: dict[str, Any], path: Path) -> None:
         for y, v in zip(ys, vals, strict=True):
             ax.text(v, y, f" {v:.2f} s", va="center")
         ax.set_xlabel("time to first token, seconds (lower is better)")
-        ax.set_title(f"Time to first token, {data['prompt_tokens']:,}-token prompt "
-                     f"({data['date'][:10]})", loc="left")
+        ax.set_title(f"Time to first token, {data['prompt_tokens']:,}-token prompt, {data['layers']}-layer "
+                     f"model ({data['date'][:10]})", loc="left")
         ax.set_xlim(0, max(vals) * 1.2)
     else:
         vals = [b["ratio"] for b in bars]

@@ -193,13 +193,17 @@ def _tmp_files(data_dir: Path) -> list[Path]:
 
 # -- item 8: stalled bodies never hold the workers that other users need ---------------------------
 def _store_and_read(api: Any, bucket_id: str) -> float:
-    """One user's store (a random 4 MiB object through huggingface_hub + hf_xet) and read back."""
+    """One user's store (a random 4 MiB object through huggingface_hub + hf_xet), then its
+    paths-info and a ``resolve`` read of it (what waited 60 s behind two stalls before)."""
     data = os.urandom(4 * MiB)
     t0 = time.perf_counter()
     name = f"o-{uuid.uuid4().hex[:8]}"
     api.batch_bucket_files(bucket_id, add=[(data, name)])
     (info,) = api.get_bucket_paths_info(bucket_id, [name])
     assert info.size == len(data)
+    url = f"{api.endpoint}/buckets/{bucket_id}/resolve/{name}"
+    r = httpx2.get(url, headers={"Authorization": f"Bearer {api.token}", "Range": "bytes=1000-1999"})
+    assert r.status_code == 206 and r.content == data[1000:2000]
     return time.perf_counter() - t0
 
 

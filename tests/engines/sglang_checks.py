@@ -272,6 +272,27 @@ def test_a_damaged_page_is_a_miss(target: dict[str, Any]) -> None:
     assert r.batch_exists(keys) == 1  # and this worker no longer counts it as stored
 
 
+def test_a_page_this_worker_cannot_open_is_left_for_its_writer(target: dict[str, Any], tmp_path: Any) -> None:
+    """A worker without the writer's keyring misses, and removes nothing (docs/integrity.md,
+    "What a reader may delete"): the writer still loads every page."""
+    import base64
+
+    keyring = tmp_path / "keys.json"
+    keyring.write_text(json.dumps({"tenants": {"*": {"1": base64.b64encode(os.urandom(32)).decode()}}}))
+    enc = {"keyring_file": str(keyring)}
+    pool = host_pool()
+    idx = fill(pool, 2, seed=12)
+    keys = page_keys(12, n_pages=2)
+    assert all(backend(target, pool, encryption=enc).batch_set_v1(keys, idx))
+    dst = host_pool()
+    idx2 = dst.alloc(2 * PAGE)
+    assert backend(target, dst).batch_get_v1(keys, idx2) == [False, False]  # no keyring: misses
+    dst = host_pool()
+    idx3 = dst.alloc(2 * PAGE)
+    assert backend(target, dst, encryption=enc).batch_get_v1(keys, idx3) == [True, True]
+    assert page_bytes(dst, idx3, 2) == page_bytes(pool, idx, 2)
+
+
 def test_fleet_refuses_over_capacity_and_evicts_what_was_not_read(target: dict[str, Any]) -> None:
     """The fleet keys through SGLang's factory: a page past the shared capacity is a failed set;
     eviction (down to 60%) takes the pages not read since; the worker forgets what it deleted;

@@ -218,6 +218,36 @@ def test_a_damaged_chunk_is_a_miss(target: dict[str, Any]) -> None:
     b.close()
 
 
+def test_a_chunk_this_engine_cannot_open_is_left_for_its_writer(target: dict[str, Any],
+                                                                tmp_path: Path) -> None:
+    """An engine holding another tenant's key (same key id, so its lookups hit) misses on load,
+    and removes nothing (docs/integrity.md, "What a reader may delete"): the writer still loads
+    every chunk."""
+    import base64
+
+    rings = {}
+    for who in ("writer", "other"):
+        path = tmp_path / f"{who}.json"
+        path.write_text(json.dumps({"tenants": {"*": {"1": base64.b64encode(os.urandom(32)).decode()}}}))
+        rings[who] = {"keyring_file": str(path)}
+    enc = rings["writer"]
+    a = engine(target, encryption=enc)
+    keys = offload_keys(8, n=3)
+    kv = kv_data(a, 8, n=3)
+    a.store(keys, kv)
+    a.close()
+    b = engine(target, encryption=rings["other"])
+    hits, _ = b.load(keys)
+    assert hits == 0
+    names = [b.tier.name(k) for k in keys]
+    assert all(r.found for r in b.tier._raw.head_many(names))  # still there
+    b.close()
+    c = engine(target, encryption=enc)
+    hits, got = c.load(keys)
+    assert hits == 3 and torch.equal(got, kv)
+    c.close()
+
+
 def test_the_documented_configs_load(target: dict[str, Any]) -> None:
     """docs/vllm.md's --kv-transfer-config examples, through vLLM's own config and factories;
     each tier entry (its store swapped for the test's) moves a chunk."""

@@ -94,6 +94,31 @@ def test_verify_keeps_misnamed_objects_when_most_are(tmp_path: Path) -> None:
     assert raw.exists("renamed-0") and raw.exists("renamed-1")
 
 
+def test_verify_delete_bad_keeps_chunks_of_a_key_it_lacks(tmp_path: Path) -> None:
+    """--delete-bad removes damage only: a chunk under another tenant's key is reported foreign
+    (decrypt) and kept for the tenant whose key opens it (docs/integrity.md, the delete rule)."""
+    import base64
+    import json
+
+    from kvbucket.encryption import Keyring
+
+    keys = {who: os.urandom(32) for who in ("a", "b")}
+    with RemoteBackend(FileStore(tmp_path / "kv"), LAYOUT, encryption=Keyring({"*": {1: keys["a"]}})) as b:
+        b.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in range(2)])
+    raw = FileStore(tmp_path / "kv")
+    damaged = bytearray(raw.get(key_to_name(key(1))) or b"")
+    damaged[HEADER_SIZE + 3] ^= 1
+    raw.put(key_to_name(key(1)), damaged)
+    ring_b = tmp_path / "b.json"
+    ring_b.write_text(json.dumps({"tenants": {"*": {"1": base64.b64encode(keys["b"]).decode()}}}))
+    proc = kvbucket("verify", str(tmp_path / "kv"), "--keyring-file", str(ring_b), "--delete-bad")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"foreign (decrypt): {key_to_name(key(0))}" in proc.stdout
+    assert f"corrupt (checksum): {key_to_name(key(1))}" in proc.stdout
+    assert "removed 1 of 1 damaged objects" in proc.stdout
+    assert raw.exists(key_to_name(key(0))) and not raw.exists(key_to_name(key(1)))
+
+
 def test_verify_bad_input_is_exit_2(tmp_path: Path) -> None:
     proc = kvbucket("verify", str(tmp_path / "missing"))
     assert proc.returncode == 2 and "error:" in proc.stderr
@@ -129,6 +154,7 @@ def test_kvbucket_stats_shows_integrity_counts(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("integrity:"))
     assert "objects verified on load" in line and "remote checksum" in line
+    assert "removed as damaged" in line and summary.integrity_removed["remote"] >= 1
 
 
 def test_verify_checks_a_compile_cache_by_its_sha256s(tmp_path: Path) -> None:
