@@ -50,11 +50,13 @@ class Liveness:
         with self._lock:
             self._bump(node, self._clock())
 
-    def observe_listing(self, listing: Listing) -> set[str]:
+    def observe_listing(self, listing: Listing, reference: float | None = None) -> set[str]:
         """Note every node's progress in this listing of ``_fleet/``; returns the journals not
-        listed the previous time (empty on the first listing: their age is unknown)."""
+        listed the previous time (empty on the first listing: their age is unknown).
+        ``reference``: what a node first seen is as old as it is older than (default: the newest
+        object listed; ``kvbucket du``, looking once, gives its wall clock)."""
         now = self._clock()
-        newest = max(listing.seen.values(), default=0.0)
+        newest = max(listing.seen.values(), default=0.0) if reference is None else reference
         fresh: set[str] = set()
         with self._lock:
             first = not self._seqs and not self._beats

@@ -33,12 +33,17 @@ class Reader:
         self.writer = ""  # the node that wrote the digest last read
         self._asked: float | None = None  # this node's clock at the previous digest request
 
-    def read_digest(self) -> tuple[list[Change], bool] | None:
+    def read_digest(self, *, once: bool = False) -> tuple[list[Change], bool] | None:
         """The compactor's digest through one conditional GET: (changes, whether they are news),
         or None when there is none, it does not parse, or its writer made no progress for
-        ``node_timeout_secs`` on this node's clock (then this round takes the listing path)."""
+        ``node_timeout_secs`` on this node's clock (then this round takes the listing path).
+
+        ``once``: a single look from outside the fleet (``kvbucket du``), with no history to
+        judge by: a digest written longer than ``node_timeout_secs`` ago by this machine's
+        clock is stale (a dead fleet's), and ages count from its writing. Only for display."""
         st, started = self._state, time.time()
-        asked, self._asked = self._asked, started
+        asked = self._asked if self.tag is not None else None  # None: a full read, maybe of an old one
+        self._asked = started
         self._count("get")
         name = digest_name(st.prefix)
         rev = self._store.get_if_changed(name, self.tag)
@@ -61,8 +66,14 @@ class Reader:
         self.tag, self.t, self.writer = rev.tag, body["t"], body["node"]
         # A digest that changed is its writer's progress; its ages are the others' (its clock's
         # durations, not its timestamps). Older writers send only timestamps ("seen").
-        self._liveness.saw(self.writer)
         ages = body["ages"] or {n: max(0.0, started - t) for n, t in body["seen"].items()}
+        if once:
+            written = max(0.0, started - body.get("w", self.t))
+            if written > self.config.node_timeout_secs:
+                return None
+            ages = {n: a + written for n, a in ages.items()}
+        else:
+            self._liveness.saw(self.writer)
         self._liveness.observe_ages(ages)
         if "w" in body:
             self._peers.clock_of(self.writer, body["w"], asked, time.time())

@@ -388,19 +388,20 @@ class Fleet:
     def read_only(self) -> bool:
         """Read the fleet's picture without writing anything (``kvbucket du``): the digest, else
         one listing and what it names. False when no fleet ever wrote here."""
-        if self._reader.read_digest() is not None:
+        if self._reader.read_digest(once=True) is not None:
             return True
-        listing = self._list()
+        listing = self._list(reference=time.time())
         if not listing.snapshots and not listing.journals:
             return False
         self._fold(listing)
         return True
 
-    def _list(self) -> Listing:
-        """List ``_fleet/`` (one page while it holds < 1000 objects) and note who progressed."""
+    def _list(self, reference: float | None = None) -> Listing:
+        """List ``_fleet/`` (one page while it holds < 1000 objects) and note who progressed
+        (``reference``: see :meth:`.peers.Liveness.observe_listing`)."""
         out = list_fleet(self._store, self._prefix)
         self._count("list", out.pages)
-        self._fresh = self._liveness.observe_listing(out)
+        self._fresh = self._liveness.observe_listing(out, reference)
         self._since, self._listed_at = self._listed_at, out.at
         return out
 
