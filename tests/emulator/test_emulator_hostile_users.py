@@ -12,6 +12,7 @@ import json
 import os
 import select
 import socket
+import sqlite3
 import statistics
 import threading
 import time
@@ -26,6 +27,7 @@ import pytest
 
 from kvbucket.testing import HubEmulator
 from kvbucket.testing.fleet_node import until
+from kvbucket.testing.hub_emulator.state import State
 from kvbucket.testing.hub_fixtures import MEMBER_USER, ORG, OTHER_USER, HubBucket, RunningHub
 
 MiB = 1024 * 1024
@@ -193,13 +195,17 @@ def _tmp_files(data_dir: Path) -> list[Path]:
 
 # -- item 8: stalled bodies never hold the workers that other users need ---------------------------
 def _store_and_read(api: Any, bucket_id: str) -> float:
-    """One user's store (a random 4 MiB object through huggingface_hub + hf_xet) and read back."""
+    """One user's store (a random 4 MiB object through huggingface_hub + hf_xet), then its
+    paths-info and a ``resolve`` read of it (what waited 60 s behind two stalls before)."""
     data = os.urandom(4 * MiB)
     t0 = time.perf_counter()
     name = f"o-{uuid.uuid4().hex[:8]}"
     api.batch_bucket_files(bucket_id, add=[(data, name)])
     (info,) = api.get_bucket_paths_info(bucket_id, [name])
     assert info.size == len(data)
+    url = f"{api.endpoint}/buckets/{bucket_id}/resolve/{name}"
+    r = httpx2.get(url, headers={"Authorization": f"Bearer {api.token}", "Range": "bytes=1000-1999"})
+    assert r.status_code == 206 and r.content == data[1000:2000]
     return time.perf_counter() - t0
 
 
@@ -338,7 +344,7 @@ def full_disk(hub_emulator: RunningHub, monkeypatch: pytest.MonkeyPatch) -> Iter
     not Path("/proc/self/fd").is_dir(), reason="needs /proc to aim the ENOSPC at the xorb store"
 )
 def test_full_disk_fails_the_upload_at_once_and_keeps_what_is_stored(
-    hub_bucket: HubBucket, full_disk: Callable[[bool], None], tmp_path: Path
+    hub_bucket: HubBucket, full_disk: Callable[[bool], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hub, api, bucket = hub_bucket.hub, hub_bucket.api, hub_bucket.bucket_id
     kept = os.urandom(3 * MiB)
@@ -354,6 +360,19 @@ def test_full_disk_fails_the_upload_at_once_and_keeps_what_is_stored(
             api.batch_bucket_files(bucket, add=[(os.urandom(size), f"new-{size}.bin")])
         assert xorb_uploads() - before == 1, f"{e.value}: the client retried"
     full_disk(False)
+
+    def index_full(*args: Any) -> None:  # SQLite's own answer when the disk fills under it
+        raise sqlite3.OperationalError("database or disk is full")
+
+    def shard_uploads() -> int:
+        return int(hub.stats()["routes"].get("shard_upload", {}).get("requests", 0))
+
+    before = shard_uploads()
+    with monkeypatch.context() as m:
+        m.setattr(State, "put_reconstructions", index_full)
+        with pytest.raises(Exception, match="413"):
+            api.batch_bucket_files(bucket, add=[(os.urandom(200_000), "indexed.bin")])
+    assert shard_uploads() - before == 1
 
     assert _tmp_files(hub.data_dir) == []
     assert [f.path for f in api.list_bucket_tree(bucket)] == ["kept.bin"]

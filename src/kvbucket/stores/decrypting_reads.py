@@ -8,18 +8,32 @@ docs/integrity.md, "Cost", says what it saves and what was measured.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from kvbucket import envelope as env
 from kvbucket.encryption import HANDOFF_MIN, Handoff, scratch, spare_cores
 from kvbucket.errors import SizeMismatchError, StoreError
 from kvbucket.stores.base import Buffer, ItemResult, Scatter
 
-if TYPE_CHECKING:
-    from kvbucket.stores.sealed import SealedStore
+
+class SealedReads(Protocol):
+    """What this path uses of :class:`~kvbucket.stores.sealed.SealedStore`, which imports this
+    module (typed here, so the import runs one way)."""
+
+    inner: Any  # an ObjectStore with get_each (FileStore)
+    unsealed: str
+
+    def _open_whole(self, name: str, data: Buffer) -> ItemResult: ...
+
+    def _check_header(self, head: memoryview, name: str) -> env.Header: ...
+
+    def _decrypt_into(self, name: str, header: env.Header, payload: memoryview, dst: memoryview) -> None: ...
+
+    def _conclude(self, names: list[str], out: Sequence[Buffer | None], sized: list[int],
+                  final: list[ItemResult], bad: list[tuple[str, env.EnvelopeError]]) -> list[ItemResult]: ...
 
 
-def get_decrypting(store: SealedStore, names: list[str], out: Sequence[Buffer | None]) -> list[ItemResult]:
+def get_decrypting(store: SealedReads, names: list[str], out: Sequence[Buffer | None]) -> list[ItemResult]:
     """Encrypted loads from a store that reads object by object (a directory: ``get_each``).
 
     Each object (header, ciphertext and tag) is read into a scratch buffer reused for the
