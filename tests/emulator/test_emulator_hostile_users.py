@@ -251,6 +251,15 @@ def test_stalled_and_trickling_bodies_time_out(tmp_path: Path) -> None:
         assert [_status(s) for s in socks] == [408, 408, 408, 408]
         for s in socks:
             s.close()
+        # a trickle: a byte every 50 ms never goes a second without one, but falls behind the
+        # minimum rate (what it announced would otherwise buy it 30 s at that rate)
+        sock = _stall(emu.endpoint, xorb, xet, 8 * MiB, 1000)  # the zero-copy path (announced >= 1 MiB)
+        while not _answered(sock):
+            with contextlib.suppress(ConnectionError):
+                sock.send(b"x")
+            time.sleep(0.05)
+        assert _status(sock) == 408
+        sock.close()
         # a chunked body that stops sending
         sock = _connect(emu.endpoint)
         sock.sendall(
@@ -260,7 +269,7 @@ def test_stalled_and_trickling_bodies_time_out(tmp_path: Path) -> None:
         assert _status(sock) == 408
         sock.close()
         assert _tmp_files(emu.data_dir) == []
-        assert emu.stats()["statuses"]["408"] == 5
+        assert emu.stats()["statuses"]["408"] == 6
 
 
 # -- item 9: request bodies are bounded whatever the transfer encoding ----------------------------
