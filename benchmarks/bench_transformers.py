@@ -186,7 +186,7 @@ def _hub(root: Path, latencies: list[float]) -> Any:
     sets the latency every Hub and CAS request gets (``None``: leave it) and opens a fresh store."""
     from huggingface_hub import HfApi
 
-    from kvbucket.stores.hfbucket import open_hfbucket_store
+    from kvbucket.stores import open_store
     from kvbucket.testing import HubEmulator
     from kvbucket.testing.hub_fixtures import isolate_hf_env, restore_env
 
@@ -201,7 +201,7 @@ def _hub(root: Path, latencies: list[float]) -> Any:
                     emu.faults.reset()
                     if latency_ms:
                         emu.faults.add("*", latency_s=latency_ms / 1000)
-                return open_hfbucket_store("hf://buckets/bench/kv/tf", endpoint=emu.endpoint, token=token,
+                return open_store("hf://buckets/bench/kv/tf", endpoint=emu.endpoint, token=token,
                                            token_env="")
 
             yield open_store
