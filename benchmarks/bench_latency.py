@@ -71,8 +71,8 @@ def digest(data: Any) -> str:
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one side's store (``mode=store``) or lookup + load (``mode=load``); return figures."""
     side, n, size = spec["side"], spec["n"], spec["size"]
-    fn = {"kvbucket": _kv_hub, "download_bucket_files": _hf_download, "lmcache-hfbucket": _lmcache,
-          "kvbucket-s3": _kv_s3, "lmcache-s3": _lmcache, "boto3": _boto3}[side]
+    fn = {"kvbucket": _kv_hub, "kvbucket-before": _kv_hub, "download_bucket_files": _hf_download,
+          "lmcache-hfbucket": _lmcache, "kvbucket-s3": _kv_s3, "lmcache-s3": _lmcache, "boto3": _boto3}[side]
     return fn(spec, n, size)
 
 
@@ -249,6 +249,8 @@ def _boto3(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
 
 
 def run_child(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    if spec.get("src"):  # kvbucket-before: another checkout's sources first on the path
+        env = dict(env, PYTHONPATH=spec["src"] + os.pathsep + env.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
                          capture_output=True, text=True, timeout=900)
     for line in out.stdout.splitlines():
@@ -262,10 +264,11 @@ class HubTarget:
     """The emulator: its latency rule and its request log."""
 
     kind = "hub"
-    sides = HUB_SIDES
 
-    def __init__(self, emu: Any) -> None:
+    def __init__(self, emu: Any, before_src: str | None) -> None:
         self.emu = emu
+        self.before_src = before_src
+        self.sides = HUB_SIDES + (("kvbucket-before",) if before_src else ())
 
     def set_latency(self, ms: float) -> None:
         self.emu.faults.reset()
@@ -287,12 +290,13 @@ class HubTarget:
             return {"side": side, "endpoint": ep, "adapter": {
                 "type": "hfbucket", "bucket_handle": f"hf://buckets/me/lm-{shape}", "token": TOKEN,
                 "create_bucket_if_missing": True, "download_tmp_dir": "/dev/shm/bench-latency-lm"}}
-        # kvbucket and download_bucket_files read the same objects
+        # kvbucket (now and before) and download_bucket_files read the same objects
         return {"side": side, "endpoint": ep, "handle": f"hf://buckets/me/kv-{shape}/p",
-                "bucket_id": f"me/kv-{shape}", "prefix": "p"}
+                "bucket_id": f"me/kv-{shape}", "prefix": "p",
+                "src": self.before_src if side == "kvbucket-before" else None}
 
     def store_side(self, side: str) -> str | None:
-        return {"download_bucket_files": None}.get(side, side)
+        return {"download_bucket_files": None, "kvbucket-before": None}.get(side, side)
 
 
 class S3Target:
@@ -337,16 +341,16 @@ class S3Target:
 
 
 @contextlib.contextmanager
-def hub_target(env: dict[str, str]) -> Iterator[HubTarget]:
+def hub_target(env: dict[str, str], args: argparse.Namespace) -> Iterator[HubTarget]:
     from kvbucket.testing.hub_emulator import HubEmulator
 
     with HubEmulator(tokens={"me": (TOKEN, "write")}, subprocess=True) as emu:
         env.update({"HF_ENDPOINT": emu.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"})
-        yield HubTarget(emu)
+        yield HubTarget(emu, args.before_src)
 
 
 @contextlib.contextmanager
-def s3_target(env: dict[str, str]) -> Iterator[S3Target]:
+def s3_target(env: dict[str, str], args: argparse.Namespace) -> Iterator[S3Target]:
     from kvbucket.testing.fault_proxy import FaultProxy
     from kvbucket.testing.s3_server import DOMAIN, S3Server, SeaweedFS
 
@@ -421,6 +425,9 @@ def main() -> int:
     p.add_argument("--latencies-ms", default="0,20,50")
     p.add_argument("--rounds", type=int, default=2, help="fresh-process measurements per side and setting")
     p.add_argument("--sides", default="", help="only these sides (comma-separated); default all")
+    p.add_argument("--before-src", default=None,
+                   help="also measure HFBucketStore from this src/ directory (e.g. a checkout of an older "
+                        "commit) as side kvbucket-before: before/after in the same run")
     p.add_argument("--constant-payloads", action="store_true",
                    help="one repeated byte value per chunk (the dedup case; labelled in the output)")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -435,7 +442,9 @@ def main() -> int:
                HF_HUB_DISABLE_PROGRESS_BARS="1", LMCACHE_LOG_LEVEL="WARNING", OMP_NUM_THREADS="1")
     env.pop("HF_TOKEN", None)
     payloads = "constant" if args.constant_payloads else "random"
-    res = Results("bench_latency", variant="constant" if args.constant_payloads else None, params=vars(args),
+    parts = [args.backends.replace(",", "+")] if args.backends != "hub,s3" else []
+    parts += ["constant"] if args.constant_payloads else []
+    res = Results("bench_latency", variant="-".join(parts) or None, params=vars(args),
                   title="Lookup + load at wide-area latency, fresh processes",
                   notes=f"{payloads} payloads; requests and round trips counted at the server")
     wanted = {s for s in args.sides.split(",") if s}
@@ -443,7 +452,7 @@ def main() -> int:
     print(f"payloads: {payloads}; load average at start: {os.getloadavg()}")
     try:
         for backend in [b for b in args.backends.split(",") if b]:
-            with TARGETS[backend](env) as target:
+            with TARGETS[backend](env, args) as target:
                 sides = [s for s in target.sides if not wanted or s in wanted]
                 for shape in [s for s in args.shapes.split(",") if s]:
                     n, size = parse_shape(shape)

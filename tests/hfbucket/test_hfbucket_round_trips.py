@@ -122,3 +122,49 @@ def test_reconstructions_expire_and_refused_fetch_urls_are_asked_for_again(hub_b
         assert [bytes(r.data) for r in store.get_many(names[:1]) if r.data is not None] == data[:1]
         routes = count_routes(hub.emulator.requests(clear=True))
         assert routes == {"fetch": 2, "reconstruction": 1}, routes
+
+
+def test_compressed_and_deduplicated_objects_are_read_without_hf_xet(hub_bucket: Any) -> None:
+    """LZ4 and byte-grouped chunks (text, small integers), chunks shared between objects and
+    within one, objects spanning several xorbs: all decoded by kvbucket's reader (hf_xet's stream,
+    the fallback, is never opened), every byte checked."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    block = os.urandom(300_000)
+    objects = {
+        "text": b"the quick brown fox jumps over the lazy dog\n" * 50_000,
+        "ints": rng.integers(0, 1000, 400_000, dtype=np.int32).tobytes(),  # byte grouping helps
+        "zeros": bytes(3 << 20),
+        "repeats": block * 5,  # the same chunks several times in one object
+        "shared": os.urandom(100_000) + block + os.urandom(100_000),  # chunks another object holds
+        "big": os.urandom(70 << 20),  # past one 64 MiB xorb
+        "tiny": b"x",
+    }
+    with _store(hub_bucket) as store:
+        assert all(r.ok for r in store.put_many(list(objects.items())))
+    with _store(hub_bucket) as store:
+        got = store.get_many(list(objects))
+        assert {r.name: bytes(r.data) for r in got if r.data is not None} == objects
+        assert store._client._download_group is None  # no object needed hf_xet's stream
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_transparently(hub_bucket: Any) -> None:
+    """Connections stay open between batches; one the server closed meanwhile (its idle timeout)
+    is replaced on the spot, not counted as a failed read (no retry, no backoff)."""
+    import socket
+
+    hub = hub_bucket.hub
+    names = [f"k{i}" for i in range(8)]
+    data = [os.urandom(50_000) for _ in names]
+    with _store(hub_bucket) as store:
+        assert all(r.ok for r in store.put_many(list(zip(names, data, strict=True))))
+        assert [bytes(r.data) for r in store.get_many(names) if r.data is not None] == data
+        idle = [c for q in store._client._reader._conns._idle.values() for c in list(q.queue)]
+        assert idle  # kept for the next batch
+        for conn in idle:  # as a server ending idle keep-alive connections does
+            assert conn.sock is not None
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        hub.emulator.requests(clear=True)
+        assert [bytes(r.data) for r in store.get_many(names) if r.data is not None] == data
+        assert count_routes(hub.emulator.requests(clear=True)) == {"fetch": 8}  # no paths-info: no retry
