@@ -147,3 +147,24 @@ def test_compressed_and_deduplicated_objects_are_read_without_hf_xet(hub_bucket:
         got = store.get_many(list(objects))
         assert {r.name: bytes(r.data) for r in got if r.data is not None} == objects
         assert store._client._download_group is None  # no object needed hf_xet's stream
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_transparently(hub_bucket: Any) -> None:
+    """Connections stay open between batches; one the server closed meanwhile (its idle timeout)
+    is replaced on the spot, not counted as a failed read (no retry, no backoff)."""
+    import socket
+
+    hub = hub_bucket.hub
+    names = [f"k{i}" for i in range(8)]
+    data = [os.urandom(50_000) for _ in names]
+    with _store(hub_bucket) as store:
+        assert all(r.ok for r in store.put_many(list(zip(names, data, strict=True))))
+        assert [bytes(r.data) for r in store.get_many(names) if r.data is not None] == data
+        idle = [c for q in store._client._reader._conns._idle.values() for c in list(q.queue)]
+        assert idle  # kept for the next batch
+        for conn in idle:  # as a server ending idle keep-alive connections does
+            assert conn.sock is not None
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        hub.emulator.requests(clear=True)
+        assert [bytes(r.data) for r in store.get_many(names) if r.data is not None] == data
+        assert count_routes(hub.emulator.requests(clear=True)) == {"fetch": 8}  # no paths-info: no retry

@@ -132,18 +132,42 @@ class _Connections:
         self._lock = threading.Lock()
         self._size = size
 
-    def get(self, scheme: str, netloc: str, timeout: float) -> http.client.HTTPConnection:
+    def get(self, scheme: str, netloc: str, timeout: float, fresh: bool = False
+            ) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection, and whether it is a reused one (which the server may have closed)."""
         with self._lock:
             q = self._idle.setdefault((scheme, netloc), queue.LifoQueue())
+        if not fresh:
+            try:
+                conn = q.get_nowait()
+                conn.timeout = timeout
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                return conn, True
+            except queue.Empty:
+                pass
+        cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        return cls(netloc, timeout=timeout), False
+
+    def send(self, scheme: str, netloc: str, timeout: float, target: str, headers: dict[str, str]
+             ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Send a GET and read its status line; a kept-alive connection the server closed
+        meanwhile (its idle timeout) is replaced once, transparently."""
+        conn, reused = self.get(scheme, netloc, timeout)
         try:
-            conn = q.get_nowait()
-            conn.timeout = timeout
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout)
-            return conn
-        except queue.Empty:
-            cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-            return cls(netloc, timeout=timeout)
+            conn.request("GET", target, headers=headers)
+            return conn, conn.getresponse()
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            conn.close()
+            if not reused:
+                raise
+        conn, _ = self.get(scheme, netloc, timeout, fresh=True)
+        try:
+            conn.request("GET", target, headers=headers)
+            return conn, conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
 
     def put(self, scheme: str, netloc: str, conn: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -236,11 +260,11 @@ class XetReader:
         parts = urlsplit(url)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         timeout = self._timeout if deadline is None else max(0.001, min(self._timeout, left(deadline)))
-        conn = self._conns.get(parts.scheme, parts.netloc, timeout)
         reusable = False
+        conn: http.client.HTTPConnection | None = None
         try:
-            conn.request("GET", target, headers={**self._headers, **headers})
-            resp = conn.getresponse()
+            conn, resp = self._conns.send(parts.scheme, parts.netloc, timeout, target,
+                                          {**self._headers, **headers})
             body = resp.read()
             reusable = not resp.will_close
             return resp.status, body
@@ -248,9 +272,9 @@ class XetReader:
             why = f"{type(e).__name__}: {e}"
             raise TransientStoreError(f"asking the storage for a reconstruction failed: {why}") from None
         finally:
-            if reusable:
+            if conn is not None and reusable:
                 self._conns.put(parts.scheme, parts.netloc, conn)
-            else:
+            elif conn is not None:
                 conn.close()
 
     def forget(self, h: str) -> None:
@@ -285,11 +309,11 @@ class XetReader:
         parts = urlsplit(f.url)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         timeout = max(0.001, min(self._timeout, left(deadline)))
-        conn = self._conns.get(parts.scheme, parts.netloc, timeout)
         reusable = False
+        conn: http.client.HTTPConnection | None = None
         try:
-            conn.request("GET", target, headers={**self._headers, "Range": f"bytes={f.first}-{f.last}"})
-            resp = conn.getresponse()
+            conn, resp = self._conns.send(parts.scheme, parts.netloc, timeout, target,
+                                          {**self._headers, "Range": f"bytes={f.first}-{f.last}"})
             if resp.status in (401, 403):
                 resp.read()
                 raise _Refused()
@@ -303,9 +327,9 @@ class XetReader:
         except (OSError, http.client.HTTPException) as e:
             raise TransientStoreError(f"fetching an object's bytes failed: {type(e).__name__}: {e}") from None
         finally:
-            if reusable:
+            if conn is not None and reusable:
                 self._conns.put(parts.scheme, parts.netloc, conn)
-            else:
+            elif conn is not None:
                 conn.close()
 
     @staticmethod
