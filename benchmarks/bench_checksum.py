@@ -13,11 +13,16 @@ printed), blake3 single-threaded (``blake3``).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import Results, add_argument
 
 
 def _rate(fn: Callable[[], object], nbytes: int, repeat: int) -> float:
@@ -39,7 +44,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=float, default=2.0)
     ap.add_argument("--repeat", type=int, default=7)
+    add_argument(ap)
     args = ap.parse_args()
+    res = Results("bench_checksum", params=vars(args), title="Checksums of a KV chunk against memcpy")
     size = int(args.mib * 2**20)
     buf = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
     dst = np.empty_like(buf)
@@ -64,6 +71,10 @@ def main() -> None:
     print(f"{'case':<24} {'GiB/s':>8} {'vs memcpy':>10}   ({args.mib:g} MiB buffer, median of {args.repeat})")
     for name, r in rates.items():
         print(f"{name:<24} {r:8.2f} {r / base:10.2f}")
+        if name != "memcpy":
+            res.compare(name, f"{name}, {args.mib:g} MiB", ours=r, ours_name=name, peer=base,
+                        peer_name="memcpy", unit="GiB/s")
+    res.write(args.results_dir)
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ def open_stores(kind: str, tmp: Path, hub_latency_ms: float = 0.0) -> Iterator[
     elif kind == "hf":
         from huggingface_hub import HfApi
 
-        from kvbucket.stores.hfbucket import open_hfbucket_store
+        from kvbucket.stores.hfbucket_open import open_hfbucket_store
         from kvbucket.testing import HubEmulator
         from kvbucket.testing.hub_fixtures import isolate_hf_env, restore_env
 
@@ -227,7 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch", action="store_true", help="also measure torch.compile cold vs warm")
     ap.add_argument("--tmp", default=None, help="where to put the caches and file stores (default: the "
                     "system temp dir); fetch ends with creating every file, whose cost is the file system's")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from results import Results, add_argument
+
+    add_argument(ap)
     args = ap.parse_args(argv)
+    res = Results("bench_compile_cache", params=vars(args),
+                  title="Compile cache: kvbucket's packs against a file-by-file baseline")
     tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-cc-", dir=args.tmp))
     try:
         src = tmp / "src-cache"
@@ -248,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             by = {r.case: r for r in rows}
             for r in rows:
+                res.run(store=r.store, case=r.case, seconds=r.seconds, store_calls=r.calls,
+                        object_requests=r.objects, http_requests=r.http)
                 http = "-" if r.http is None else str(r.http)
                 print(f"{r.store:6} {r.case:20} {r.seconds:9.3f} {r.calls:12d} {r.objects:12d} {http:>10}")
                 if r.routes:
@@ -266,11 +274,21 @@ def main(argv: list[str] | None = None) -> int:
                     nd = (n.http or 0) - n.routes.get("dedup", 0)
                     line += f" (x{nd / max(kd, 1):.1f} without hf_xet's dedup probes)"
                 print(line)
+                what = f"{kind}: {phase} {label}".strip()
+                res.compare(f"{kind} {mine} time", f"{what} time", ours=k.seconds,
+                            peer=n.seconds, peer_name=f"naive {phase}", unit="s", higher_is_better=False)
+                res.compare(f"{kind} {mine} requests", f"{what} object requests", ours=k.objects,
+                            peer=n.objects, peer_name=f"naive {phase}", unit="requests",
+                            higher_is_better=False, goal=">= 10")
         if args.torch:
             for mode in ("artifacts", "inductor-dir"):
                 cold, warm = torch_ratio(tmp, args.repeat, mode)
                 print(f"torch.compile small MLP [{mode}]: cold {cold:.2f} s, warm (fetch + load + compile) "
                       f"{warm:.2f} s, cold/warm x{cold / warm:.1f}")
+                res.compare(f"torch {mode}", f"torch.compile, small MLP [{mode}]", ours=warm,
+                            ours_name="warm (fetch + load + compile)", peer=cold, peer_name="cold compile",
+                            unit="s", higher_is_better=False)
+        res.write(args.results_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

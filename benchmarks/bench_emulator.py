@@ -85,7 +85,13 @@ def main() -> None:
     ap.add_argument("--objects", type=int, default=64)
     ap.add_argument("--mib", type=float, default=2.0)
     ap.add_argument("--paths", type=int, default=1000)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from results import Results, add_argument
+
+    add_argument(ap)
     args = ap.parse_args()
+    res = Results("bench_emulator", params=vars(args),
+                  title="The Hub emulator's CPU against the client's (huggingface_hub + hf_xet)")
 
     work = Path(tempfile.mkdtemp(prefix="kvbucket-bench-"))
     os.environ["HF_HOME"] = str(work / "hf")
@@ -159,6 +165,17 @@ def main() -> None:
     worst = max(srv_up / cli_up, srv_down / cli_down)
     verdict = "met" if worst < 1 / 3 else "NOT met"
     print(f"goal: emulator CPU under 1/3 of the client's; worst ratio {worst:.2f}: {verdict}")
+    for op, srv, cli in (("upload", srv_up, cli_up), ("download", srv_down, cli_down)):
+        res.compare(f"{op} cpu", f"{op}: CPU seconds per GiB ({args.objects} x {args.mib:g} MiB)", ours=srv,
+                    ours_name="emulator", peer=cli, peer_name="client (huggingface_hub + hf_xet)",
+                    unit="s/GiB", higher_is_better=False, goal=">= 3 (emulator under 1/3 of the client)")
+    for op, emu, rawr in (("upload", emu_up, raw["up"]), ("download", emu_down, raw["down"])):
+        res.compare(f"{op} throughput", f"{op} throughput", ours=emu / mib, ours_name="emulator",
+                    peer=rawr / mib, peer_name="raw loopback aiohttp", unit="MiB/s")
+    res.figure("paths_info_1", statistics.median(one) * 1e3, "ms", label="paths-info, 1 path (median)")
+    res.figure("paths_info_n", statistics.median(many) * 1e3, "ms",
+               label=f"paths-info, {args.paths} paths (median)")
+    res.write(args.results_dir)
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import queue
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -255,7 +257,13 @@ def main() -> None:
     ap.add_argument("--max-sync-secs", type=float, default=60.0, help="cost: max_sync_secs when paced")
     ap.add_argument("--startup-chunks", type=int, default=100_000)
     ap.add_argument("--hub-startup-chunks", type=int, default=10_000)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from results import Results, add_argument
+
+    add_argument(ap)
     args = ap.parse_args()
+    res = Results("bench_fleet", params=vars(args),
+                  title="A fleet on one prefix: capacity, coordination cost, warm start")
     parts = set(args.parts.split(","))
     nodes = [int(x) for x in args.nodes.split(",") if x]
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,9 +271,9 @@ def main() -> None:
             make, close = (s3_target if name == "s3" else hub_target)(Path(tmp) / name)
             try:
                 if "capacity" in parts:
-                    capacity_part(name, make, nodes)
+                    capacity_part(name, make, nodes, res)
                 if "cost" in parts:
-                    cost_part(name, make, nodes, args)
+                    cost_part(name, make, nodes, args, res)
                 k = args.startup_chunks if name == "s3" else args.hub_startup_chunks
                 if "startup" in parts and k:
                     _, store = make("unused")
@@ -274,15 +282,21 @@ def main() -> None:
                           f"{w['listing_secs']:.1f} s; fleet {w['fleet_requests']:.0f} requests "
                           f"{w['fleet_secs']:.1f} s; "
                           f"{w['listing_requests'] / w['fleet_requests']:.0f}x fewer requests", flush=True)
+                    res.compare(f"{name} warm start", f"{name}: warm start with {k:,} chunks, requests",
+                                ours=w["fleet_requests"], ours_name="fleet snapshot",
+                                peer=w["listing_requests"], peer_name="full listing", unit="requests",
+                                higher_is_better=False, goal=">= 10",
+                                seconds=w["fleet_secs"], peer_seconds=w["listing_secs"])
                     store.close()
             finally:
                 close()
+    res.write(args.results_dir)
 
 
 Maker = Callable[[str], tuple[dict[str, Any], ObjectStore]]
 
 
-def capacity_part(name: str, make: Maker, nodes: list[int]) -> None:
+def capacity_part(name: str, make: Maker, nodes: list[int], res: Any) -> None:
     print(f"\n== {name}: capacity {CAPACITY // 1024} KiB, {CHUNK // 1024} KiB chunks, 3x written")
     print(f"{'N':>3} {'settled':>8} {'peak':>6} {'hot hits':>9} {'coord/node/min':>15} "
           f"{'data/node/min':>14} {'coord/data':>10} {'x-node evictions':>17} {'refused':>8}")
@@ -294,10 +308,14 @@ def capacity_part(name: str, make: Maker, nodes: list[int]) -> None:
               f"{r['coord_per_min']:>15.0f} {r['data_per_min']:>14.0f} "
               f"{r['coord_per_min'] / r['data_per_min']:>9.1%} {r['cross_node_evictions']:>17} "
               f"{r['refused']:>8}", flush=True)
+        res.run(part="capacity", store=name, nodes=n, **r)
+        res.figure(f"{name} capacity {n}", r["settled"], "x capacity", peak=r["peak"], hit_rate=r["hit_rate"],
+                   label=f"{name}: bytes held after settling, {n} node(s) (peak {r['peak']:.2f}x)",
+                   goal="<= 1.1")
         store.close()
 
 
-def cost_part(name: str, make: Maker, nodes: list[int], args: argparse.Namespace) -> None:
+def cost_part(name: str, make: Maker, nodes: list[int], args: argparse.Namespace, res: Any) -> None:
     chunk = args.chunk_kib * 1024
     print(f"\n== {name}: cost, {args.rate:g} data requests/s per node (half stores, half loads), "
           f"{args.chunk_kib} KiB chunks, capacity {COST_CAPACITY_CHUNKS} chunks, counted from "
@@ -316,6 +334,9 @@ def cost_part(name: str, make: Maker, nodes: list[int], args: argparse.Namespace
             print(f"{label:<55} {n:>2} {r['coord']:>14.1f} {r['compactor']:>9.1f} {r['other']:>6.1f} "
                   f"{r['data']:>13.0f} {r['other_ratio']:>10.2%} {r['fleet_ratio']:>10.2%} "
                   f"{r['hit_rate']:>8.0%} {r['refused']:>7}", flush=True)
+            res.run(part="cost", store=name, mode=mode, nodes=n, **r)
+            res.figure(f"{name} cost {mode} {n}", r["fleet_ratio"] * 100, "% of data requests",
+                       label=f"{name}: coordination requests, {mode} ({label}), {n} nodes", goal="<= 1%")
             store.close()
 
 

@@ -47,6 +47,9 @@ from kvbucket.stores.hfbucket import HFBucketStore  # noqa: E402
 from kvbucket.stores.hfbucket_config import HFBucketConfig  # noqa: E402
 from kvbucket.testing import HubEmulator  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import Results, add_argument  # noqa: E402
+
 TOKEN = "hf_bench_write_token_0001"
 OPS = ("store", "lookup cold", "lookup warm", "load")
 MODEL = "bench-model"
@@ -269,7 +272,10 @@ def main() -> int:
     ap.add_argument("--baseline", choices=("adapter", "connector"), default="adapter",
                     help="LMCache's MP HFBucketL2Adapter or its non-MP HFBucketConnector")
     ap.add_argument("--in-process-server", action="store_true", help="run the emulator in this process")
+    add_argument(ap)
     args = ap.parse_args()
+    res = Results("bench_hfbucket", variant=None if args.baseline == "adapter" else "connector",
+                  params=vars(args), title="HFBucketStore vs LMCache 0.5.6's hfbucket adapter, Hub emulator")
     size = int(args.chunk_mib * 1024 * 1024)
     extra = max(0, args.lookup_keys - args.chunks)
     rng = np.random.default_rng()
@@ -339,6 +345,17 @@ def main() -> int:
         mark = "" if goal is None else ("  ok" if ratio >= goal else f"  < goal {goal}")
         met = met and (goal is None or ratio >= goal)
         print(f"{op:<13}{a:>10.3f}{b:>11.3f}{ra:>14}{rb:>14}{ratio:>7.2f}x{cpu_ratio:>10.2f}x{mark}")
+        amount, unit = (args.lookup_keys, "keys/s") if op.startswith("lookup") else (mib, "MiB/s")
+        res.compare(op, f"{op} ({args.chunks} x {args.chunk_mib:g} MiB)" if unit == "MiB/s" else
+                    f"{op} ({args.lookup_keys:,} keys)", ours=amount / b, peer=amount / a,
+                    peer_name=f"LMCache {baseline}", unit=unit, ratio=ratio, cpu_ratio=cpu_ratio,
+                    goal=None if goal is None else f">= {goal}",
+                    ratios=[lw / kw for (lw, _), (kw, _) in zip(lm_t[op], kv_t[op], strict=True)])
+    for i in range(len(kv_t["load"])):
+        sides = (("kvbucket", kv_t), ("lmcache", lm_t))
+        res.run(round=i + 1, **{f"{who} {op} {m}": t[op][i][j] for who, t in sides
+                               for op in OPS for j, m in enumerate(("wall_s", "cpu_s"))})
+    res.write(args.results_dir)
     print("\nratio = LMCache wall time / kvbucket wall time (medians); CPU ratio = the same for CPU seconds "
           "(client + emulator).\ngoal: load and cold lookup >= 1.5x, store >= 1.0x; load avg "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs during the run")

@@ -352,10 +352,17 @@ def main() -> int:
                    help="also print, per adapter and operation, the mean client CPU, server CPU and "
                         "server requests (and bytes) per round, read from the server (interleaved mode)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    from results import Results, add_argument  # benchmarks/results.py (this script's directory)
+
+    add_argument(p)
     args = p.parse_args()
     if args.worker:
         _worker(args.worker)
         return 0
+    params = {k: v for k, v in vars(args).items() if k != "worker"}
+    res = Results("bench_l2", variant=_variant(args), params=params,
+                  title="L2 adapters in LMCache's own bench runner: kvbucket's plugin vs LMCache's built-in")
+    pairs: list[tuple[str, dict, dict]] = []
 
     tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-l2-"))
     rows: list[tuple[str, str, float, float]] = []
@@ -383,6 +390,7 @@ def main() -> int:
                 print(f"[{backend}] could not run: {e}", file=sys.stderr)
                 failures += 1
                 continue
+            pairs.append((backend, base, mine))
             for op in OPS:
                 rows.append((backend, op, base[op]["ops_per_sec_avg"], mine[op]["ops_per_sec_avg"]))
             if not (base["verified"] and mine["verified"]):
@@ -429,7 +437,39 @@ def main() -> int:
         print("\n".join(cpu_rows))
     if SERVER_RUNS:
         _print_server_stats(args.num_keys)
+    _record(res, args, pairs)
+    res.write(args.results_dir)
     return 1 if failures else 0
+
+
+def _variant(args: argparse.Namespace) -> str | None:
+    """A results file per setting (``bench_l2-s3-random``), so that one setting's run does not
+    replace another's; the default setting writes ``bench_l2.json``."""
+    parts = []
+    if args.backends.replace(" ", "") != "hfbucket,s3,fs":
+        parts.append(args.backends.replace(" ", "").replace(",", "+"))
+    if args.data_size_kb != 256:
+        parts.append(f"{args.data_size_kb}k")
+    parts += [flag for flag, on in (("random", args.random_payloads and not args.integrity),
+                                    ("lmcache-format", args.object_format == "lmcache"),
+                                    ("integrity", args.integrity), ("cli", args.mode == "cli")) if on]
+    return "-".join(parts) or None
+
+
+def _record(res: Any, args: argparse.Namespace, pairs: list[tuple[str, dict, dict]]) -> None:
+    """Ops/s of both adapters per backend and operation, with per-round ratios when interleaved."""
+    shape = f"{args.num_keys} x {args.data_size_kb} KiB"
+    for backend, base, mine in pairs:
+        for op in OPS:
+            b, m = base[op], mine[op]
+            rb, rm = b.get("round_secs", []), m.get("round_secs", [])
+            for i, (tb, tm) in enumerate(zip(rb, rm, strict=False)):
+                res.run(backend=backend, op=op, round=i + 1, lmcache_s=tb, kvbucket_s=tm)
+            res.compare(f"{backend} {op.lower()}", f"{backend} {op.lower()} ({shape})",
+                        ours=m["ops_per_sec_avg"], peer=b["ops_per_sec_avg"],
+                        peer_name=f"LMCache {backend} adapter", unit="keys/s", goal=f">= {GOALS[op]}",
+                        verified=bool(base["verified"] and mine["verified"]),
+                        ratios=[tb / tm for tb, tm in zip(rb, rm, strict=False) if 0 < tm < float("inf")])
 
 
 def _print_server_stats(num_keys: int) -> None:

@@ -44,6 +44,7 @@ from kvbucket.chunks import KVLayout
 from kvbucket.stores.file import FileStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import Results, add_argument
 from unsealed import Unsealed
 
 MIB = 1024 * 1024
@@ -250,6 +251,33 @@ def report(cases: list[Case], total_bytes: int) -> str:
     return "\n".join(lines)
 
 
+def record(res: Results, cases: list[Case], total_bytes: int) -> None:
+    """Per-repetition GiB/s of every case, and each tier's median put/get against its ceiling."""
+    def rate(secs: list[float]) -> float:
+        return total_bytes / statistics.median(secs) / GIB
+
+    by_name = {c.name: c for c in cases}
+    for c in cases:
+        for i, (p, g) in enumerate(zip(c.put_secs, c.get_secs, strict=True)):
+            res.run(case=c.name, repetition=i, put_gibs=total_bytes / p / GIB, get_gibs=total_bytes / g / GIB)
+    for c in cases:
+        if c.baseline is None:
+            continue
+        b = by_name[c.baseline]
+        goal = ">= 0.5" if c.baseline == MEMCPY else ">= 0.7"
+        for op, ours, peer in (("put", c.put_secs, b.put_secs), ("get", c.get_secs, b.get_secs)):
+            res.compare(f"{c.name} {op}", f"{c.name} {op}", ours=rate(ours), peer=rate(peer),
+                        peer_name=c.baseline, ours_name=c.name, unit="GiB/s", goal=goal,
+                        ratios=[q / t for q, t in zip(peer, ours, strict=True) if t > 0])
+    if "LocalDiskBackend" in by_name and UNSEALED_DISK in by_name:
+        on, off = by_name["LocalDiskBackend"], by_name[UNSEALED_DISK]
+        for op, a, b2 in (("get", on.get_secs, off.get_secs), ("put", on.put_secs, off.put_secs)):
+            res.compare(f"verification {op}", f"disk tier {op}, verification on vs off",
+                        ours=rate(a), peer=rate(b2), peer_name="LocalDiskBackend (unsealed)",
+                        ours_name="LocalDiskBackend (sealed)", unit="GiB/s", goal=">= 0.95",
+                        ratios=[q / t for q, t in zip(b2, a, strict=True) if t > 0])
+
+
 def _paired(base: list[float], secs: list[float]) -> str:
     """Median (and range) of the per-repetition throughput ratios: both cases ran in the same
     repetition, one after the other, so drift between repetitions cancels."""
@@ -264,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--fsync", action="store_true", help="fsync every file (ceiling and stores alike)")
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: the system temp dir)")
+    add_argument(ap)
     args = ap.parse_args(argv)
+    res = Results("bench_local", params=vars(args),
+                  title="Local tiers against this machine's memcpy and plain-file ceilings")
 
     size = int(args.chunk_mib * MIB)
     rng = np.random.default_rng(0)
@@ -280,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
         )
         print(report(cases, total))
+        record(res, cases, total)
+        res.write(args.results_dir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

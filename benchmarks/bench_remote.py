@@ -12,8 +12,10 @@ the same chunks; the table gives GiB/s and the ratio to the plain backend.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -25,6 +27,9 @@ from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.stores.base import Buffer, ItemResult
 from kvbucket.stores.file import FileStore
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import Results, add_argument
 
 MIB = 1024 * 1024
 
@@ -45,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-mib", type=float, default=2.0)
     ap.add_argument("--rtt-ms", type=float, default=5.0)
     ap.add_argument("--repeat", type=int, default=5)
+    add_argument(ap)
     args = ap.parse_args(argv)
+    res = Results("bench_remote", params=vars(args),
+                  title="Pipelined remote reads against plain remote reads, a store with per-object latency")
     size = int(args.chunk_mib * MIB)
     layout = KVLayout(1, 1, 1, "uint8", chunk_tokens=size // 2)
     LatencyStore.rtt = args.rtt_ms / 1000
@@ -79,6 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         for name, s in secs.items():
             m = statistics.median(s)
             print(f"{name:<26} {total / m / 2**30:>10.2f} {base / m:>8.2f}")
+            for i, t in enumerate(s):
+                res.run(case=name, repetition=i, get_gibs=total / t / 2**30)
+        piped = secs["PipelinedRemoteBackend"]
+        shape = f"{args.chunks} x {args.chunk_mib:g} MiB, {args.rtt_ms:g} ms per object"
+        res.compare("get", f"batched_get ({shape})",
+                    ours=total / statistics.median(piped) / 2**30, ours_name="PipelinedRemoteBackend",
+                    peer=total / base / 2**30, peer_name="RemoteBackend", unit="GiB/s",
+                    ratios=[b / t for b, t in zip(secs["RemoteBackend"], piped, strict=True)])
+        res.write(args.results_dir)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -39,6 +39,9 @@ from kvbucket.stores.s3 import S3Store
 from kvbucket.stores.s3_config import S3Config
 from kvbucket.testing.s3_server import SeaweedFS
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import Results, add_argument
+
 BUCKET = "127"
 MiB = 1024 * 1024
 
@@ -344,7 +347,10 @@ def main() -> int:
         default=0,
         help="SeaweedFS -s3.cacheCapacityMB (in-memory GET cache; 0 = off, its default)",
     )
+    add_argument(ap)
     args = ap.parse_args()
+    res = Results("bench_s3", params=vars(args),
+                  title="S3Store vs LMCache 0.5.6's S3 adapter (awscrt) and boto3, SeaweedFS")
 
     # LMCache's client allocates and fills torch tensors; torch's OpenMP workers then spin-wait,
     # taking a core from the server and the clients on a small machine. Same for every client.
@@ -475,7 +481,42 @@ def main() -> int:
                 f"{'met' if load_ratio >= goal_load else 'NOT met'}), store x{store_ratio:.2f} "
                 f"(goal >= 1.0: {'met' if store_ratio >= 1.0 else 'NOT met'}), lookup x{lookup_ratio:.2f}"
             )
+    record(res, args, results, chosen, total)
+    res.write(args.results_dir)
     return 0
+
+
+Rounds = dict[str, dict[str, list[tuple[float, float, float]]]]  # client -> op -> (wall, cpu, server cpu)
+
+
+def record(res: Results, args: argparse.Namespace, results: Rounds, chosen: list[str], total: int) -> None:
+    """Per-round (wall, client CPU, server CPU) of every client; kvbucket against each peer."""
+    for cname in chosen:
+        for op, samples in results[cname].items():
+            for i, (wall, cpu, scpu) in enumerate(samples):
+                res.run(client=cname, op=op, round=i + 1, wall_s=wall, cpu_s=cpu, server_cpu_s=scpu)
+    if "kvbucket" not in chosen:
+        return
+    k = results["kvbucket"]
+    mib = total / MiB
+    shape = f"{args.chunks} x {args.chunk_mib:g} MiB"
+    for other, goal_load in (("lmcache", 1.3), ("boto3", 1.5)):
+        if other not in chosen:
+            continue
+        o = results[other]
+        for op, label, amount, unit, goal in (
+            ("load", f"load ({shape})", mib, "MiB/s", goal_load),
+            ("store", f"store ({shape})", mib, "MiB/s", 1.0),
+            ("lookup", f"lookup ({args.lookups:,} keys)", args.lookups, "keys/s", None),
+        ):
+            kw = statistics.median(x[0] for x in k[op])
+            ow = statistics.median(x[0] for x in o[op])
+            res.compare(f"{op} vs {other}", label, ours=amount / kw, peer=amount / ow,
+                        peer_name=CLIENTS[other].name, unit=unit,
+                        goal=None if goal is None else f">= {goal}",
+                        cpu_s=statistics.median(x[1] for x in k[op]),
+                        peer_cpu_s=statistics.median(x[1] for x in o[op]),
+                        ratios=[b[0] / a[0] for a, b in zip(k[op], o[op], strict=True)])
 
 
 if __name__ == "__main__":

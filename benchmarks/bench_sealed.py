@@ -35,6 +35,7 @@ from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.sealed import SealedStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import Results, add_argument
 from unsealed import Unsealed
 
 KINDS = ("unsealed", "sealed", "aes")
@@ -124,7 +125,10 @@ def main() -> int:
     ap.add_argument("--kib", type=int, default=256)
     ap.add_argument("--num-keys", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=120)
+    add_argument(ap)
     args = ap.parse_args()
+    res = Results("bench_sealed", params=vars(args),
+                  title="What sealing and AES-256-GCM cost a load (get_many into caller buffers)")
     print(f"get_many of {args.num_keys} x {args.kib} KiB into caller buffers, {args.rounds} rounds; "
           "throughput ratios per round: median [quartiles]")
     print(f"{'backend':<9} {'ms/round unsealed':>18} {'sealed/unsealed':>17} {'aes/sealed':>17} "
@@ -140,6 +144,17 @@ def main() -> int:
                   f"{_paired(c['unsealed'], c['sealed']):>20} "
                   f"{_paired(c['sealed'], c['aes']):>17}",
                   flush=True)
+            nbytes = args.num_keys * args.kib * 1024 / 2**20
+            for ours, peer, what in (("sealed", "unsealed", "verified"), ("aes", "sealed", "AES-256-GCM")):
+                res.compare(f"{backend} {ours}", f"{backend} load, {what} ({args.num_keys} x {args.kib} KiB)",
+                            ours=nbytes / statistics.median(w[ours]), ours_name=ours,
+                            peer=nbytes / statistics.median(w[peer]), peer_name=peer, unit="MiB/s",
+                            goal=">= 0.95" if ours == "sealed" else ">= 0.8",
+                            ratios=[b / t for b, t in zip(w[peer], w[ours], strict=True) if t > 0])
+            for i in range(len(w["sealed"])):
+                res.run(backend=backend, round=i + 1, **{f"{k} wall_s": w[k][i] for k in KINDS},
+                        **{f"{k} cpu_s": c[k][i] for k in KINDS})
+    res.write(args.results_dir)
     return 0
 
 

@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import Results, add_argument
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,6 +50,7 @@ def main() -> None:
     ap.add_argument("--verbose", action="store_true", help="print every round's figures")
     ap.add_argument("--dir", default=None, help="where both backends write (default: a temp dir)")
     ap.add_argument("--stores", default="dir", help="kvbucket's stores, comma-separated: dir, hub, s3")
+    add_argument(ap)
     args = ap.parse_args()
     from kvbucket.testing.engines import bench_in_engine_venv
 
@@ -188,6 +192,19 @@ def run(args: argparse.Namespace) -> None:
         rg = statistics.median(k[1] / f[1] for k, f in pairs)
         print(f"  ratio kvbucket/file on the same disk, median of per-round ratios: set {rs:.2f}x  "
               f"get {rg:.2f}x  (goal >= 1.0x)")
+    out = Results("bench_sglang", params=vars(args),
+                  title="SGLang HiCache L3: kvbucket's backend against SGLang's file backend")
+    for k, rounds in res.items():
+        for i, (st, gt) in enumerate(rounds):
+            out.run(backend=k, round=i + 1, set_pages_s=st, get_pages_s=gt)
+        if k == "file":
+            continue
+        for j, op in enumerate(("set", "get")):
+            out.compare(f"{k} {op}", f"{op} ({k}, {page_mb:.2f} MiB pages)", ours=med[k][j], ours_name=k,
+                        peer=med["file"][j], peer_name="SGLang file backend (disk)", unit="pages/s",
+                        goal=">= 1.0" if k == "kvbucket-dir" else None,
+                        ratios=[a[j] / b[j] for a, b in zip(rounds, res["file"], strict=True) if b[j]])
+    out.write(args.results_dir)
 
 
 if __name__ == "__main__":

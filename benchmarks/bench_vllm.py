@@ -35,6 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import Results, add_argument
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,6 +50,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the disk tiers write (default: a temp dir)")
     ap.add_argument("--stores", default="dir", help="kvbucket's stores, comma-separated: dir, hub, s3")
     ap.add_argument("--tier-options", default="{}", help="JSON: more settings of kvbucket's tier entries")
+    add_argument(ap)
     args = ap.parse_args()
     from kvbucket.testing.engines import bench_in_engine_venv
 
@@ -113,6 +117,19 @@ def run(args: argparse.Namespace) -> None:
     for k, (s, g) in med.items():
         ratio = "" if k == "vllm-fs" else f"   vs vllm-fs (disk): store {s / fs:.2f}x load {g / fg:.2f}x"
         print(f"  {k:15s} store {s:8.1f} chunks/s   load {g:8.1f} chunks/s{ratio}")
+    out = Results("bench_vllm", params=vars(args),
+                  title="vLLM offloading: kvbucket's secondary tier against vLLM's own fs tier")
+    for k, rounds in res.items():
+        for i, (s, g) in enumerate(rounds):
+            out.run(tier=k, round=i + 1, store_chunks_s=s, load_chunks_s=g)
+        if k == "vllm-fs":
+            continue
+        base = res["vllm-fs"]
+        for j, op in enumerate(("store", "load")):
+            out.compare(f"{k} {op}", f"{op} ({k}, {args.chunk_kib} KiB chunks)", ours=med[k][j], ours_name=k,
+                        peer=med["vllm-fs"][j], peer_name="vLLM fs tier (disk)", unit="chunks/s",
+                        ratios=[a[j] / b[j] for a, b in zip(rounds, base, strict=True) if b[j]])
+    out.write(args.results_dir)
 
 
 def drop_cached(base: Path) -> None:

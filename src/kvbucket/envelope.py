@@ -56,8 +56,11 @@ REASONS = (
     "checksum",  # the payload's bytes changed
     "name",  # the object was written under another name (copied, renamed, swapped)
     "identity",  # written by a writer of another model/layout
-    "key",  # encrypted with a key not in this reader's keyring (or not encrypted when it must be)
-    "decrypt",  # authentication of the ciphertext failed (wrong tenant key, tampering)
+    "no_keyring",  # encrypted, and this reader has no keyring
+    "key",  # encrypted under a key id this reader's keyring lacks (retired, another tenant's)
+    "plaintext",  # a plaintext envelope while this reader's encryption is on
+    "decrypt",  # authentication of the ciphertext failed (another tenant's key, tampering)
+    "lmcache",  # LMCache's raw format (kvbucket.l2.naming) while this reader's encryption is on
 )
 
 
@@ -149,6 +152,17 @@ def parse_header(head: Any, name: str) -> Header:
     return Header(version, flags, kind, plen, csum, ndig, ident, key_id, nonce)
 
 
+def written_digest(head: Any) -> bytes | None:
+    """The name digest an intact header holds (whatever name it is read under); None otherwise."""
+    view = memoryview(head)
+    if view.nbytes < HEADER_SIZE or bytes(view[:4]) != MAGIC:
+        return None
+    (check,) = struct.unpack_from("<I", view, HEADER_SIZE - 4)
+    if check != xxhash.xxh3_64_intdigest(view[: HEADER_SIZE - 4]) & 0xFFFFFFFF:
+        return None
+    return bytes(_HEADER.unpack_from(view)[7])
+
+
 def check_identity(header: Header, identity: bytes, name: str) -> None:
     """Refuse a chunk whose writer's identity differs from the reader's (both known)."""
     if identity != NO_IDENTITY and header.identity != NO_IDENTITY and header.identity != identity:
@@ -194,4 +208,5 @@ __all__ = [
     "name_digest",
     "pack_header",
     "parse_header",
+    "written_digest",
 ]

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvbucket.backends.base import DEFAULT_FLUSH_TIMEOUT_SECS, Chunk, FlushResult, Key, StorageBackend
 from kvbucket.errors import NoSpaceError
+from kvbucket.stores import prefetch as _prefetch
 from kvbucket.stores import sealed as _sealed
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
 
@@ -101,6 +102,10 @@ PREFIX_SECONDS = Histogram(
 # cannot import this module: backends import it); re-exported here with the others.
 INTEGRITY_FAILURES = _sealed.INTEGRITY_FAILURES
 INTEGRITY_VERIFIED = _sealed.INTEGRITY_VERIFIED
+INTEGRITY_REMOVED = _sealed.INTEGRITY_REMOVED
+# Read-ahead counters (kvbucket.stores.prefetch): prefetched / used / wasted bytes, held bytes.
+READ_AHEAD_BYTES = _prefetch.READ_AHEAD_BYTES
+READ_AHEAD_HELD = _prefetch.READ_AHEAD_HELD
 
 
 def _nbytes(chunk: Any) -> int:
@@ -405,6 +410,8 @@ class Summary:
     fleets: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     #: chunks fleet members evicted, by who wrote them ("self" / "other")
     fleet_evictions: dict[str, float] = field(default_factory=dict)
+    #: refused objects removed from their store (damaged), by tier; the rest were kept
+    integrity_removed: dict[str, float] = field(default_factory=dict)
 
 
 _BREAKER_NAMES = {0: "closed", 1: "half_open", 2: "open"}
@@ -424,6 +431,7 @@ def summarize(exposition: str) -> Summary:
     prefix_chunks: dict[str, float] = {}
     verified: dict[str, float] = {}
     failures: dict[tuple[str, str], float] = {}
+    removed: dict[str, float] = {}
     breakers: dict[str, tuple[str, float]] = {}
     disk_full: dict[str, float] = {}
     fleets: dict[tuple[str, str], dict[str, float]] = {}
@@ -477,9 +485,11 @@ def summarize(exposition: str) -> Summary:
             elif s.name == "kvbucket_integrity_failures_total":
                 k = (lab["tier"], lab["reason"])
                 failures[k] = failures.get(k, 0.0) + v
+            elif s.name == "kvbucket_integrity_removed_total":
+                removed[lab["tier"]] = removed.get(lab["tier"], 0.0) + v
     ordered = sorted(rows.values(), key=lambda r: (r.kind != "tier", r.name))
     return Summary(ordered, prefix_tokens, prefix_chunks, verified, failures, breakers, disk_full, fleets,
-                   fleet_evictions)
+                   fleet_evictions, removed)
 
 
 def integrity_totals(registry: CollectorRegistry = REGISTRY) -> tuple[float, float]:
@@ -522,6 +532,8 @@ __all__ = [
     "PREFIX_CHUNKS",
     "PREFIX_SECONDS",
     "PREFIX_TOKENS",
+    "READ_AHEAD_BYTES",
+    "READ_AHEAD_HELD",
     "STORE_BREAKER_OPENS",
     "STORE_BREAKER_REJECTED",
     "STORE_BREAKER_STATE",

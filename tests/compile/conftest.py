@@ -27,7 +27,7 @@ def _open(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> ObjectSt
         bucket = request.getfixturevalue("s3_bucket")
         return S3Store(S3Config.parse(server.config(bucket, "compile-cache")))
     if kind == "hf":
-        from kvbucket.stores.hfbucket import open_hfbucket_store
+        from kvbucket.stores.hfbucket_open import open_hfbucket_store
 
         bucket = request.getfixturevalue("hub_bucket")
         return open_hfbucket_store(f"hf://buckets/{bucket.bucket_id}/compile-cache",

@@ -30,7 +30,7 @@ def _open(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> ObjectSt
         return MemoryStore("cpack")
     if kind == "file":
         return FileStore(tmp_path / "bucket")
-    from kvbucket.stores.hfbucket import open_hfbucket_store
+    from kvbucket.stores.hfbucket_open import open_hfbucket_store
 
     bucket = request.getfixturevalue("hub_bucket")
     return open_hfbucket_store(f"hf://buckets/{bucket.bucket_id}/cc", endpoint=bucket.hub.endpoint,

@@ -272,6 +272,27 @@ def test_a_damaged_page_is_a_miss(target: dict[str, Any]) -> None:
     assert r.batch_exists(keys) == 1  # and this worker no longer counts it as stored
 
 
+def test_a_page_this_worker_cannot_open_is_left_for_its_writer(target: dict[str, Any], tmp_path: Any) -> None:
+    """A worker without the writer's keyring misses, and removes nothing (docs/integrity.md,
+    "What a reader may delete"): the writer still loads every page."""
+    import base64
+
+    keyring = tmp_path / "keys.json"
+    keyring.write_text(json.dumps({"tenants": {"*": {"1": base64.b64encode(os.urandom(32)).decode()}}}))
+    enc = {"keyring_file": str(keyring)}
+    pool = host_pool()
+    idx = fill(pool, 2, seed=12)
+    keys = page_keys(12, n_pages=2)
+    assert all(backend(target, pool, encryption=enc).batch_set_v1(keys, idx))
+    dst = host_pool()
+    idx2 = dst.alloc(2 * PAGE)
+    assert backend(target, dst).batch_get_v1(keys, idx2) == [False, False]  # no keyring: misses
+    dst = host_pool()
+    idx3 = dst.alloc(2 * PAGE)
+    assert backend(target, dst, encryption=enc).batch_get_v1(keys, idx3) == [True, True]
+    assert page_bytes(dst, idx3, 2) == page_bytes(pool, idx, 2)
+
+
 def test_fleet_refuses_over_capacity_and_evicts_what_was_not_read(target: dict[str, Any]) -> None:
     """The fleet keys through SGLang's factory: a page past the shared capacity is a failed set;
     eviction (down to 60%) takes the pages not read since; the worker forgets what it deleted;
@@ -299,3 +320,43 @@ def test_fleet_refuses_over_capacity_and_evicts_what_was_not_read(target: dict[s
     assert status["refused_chunks"] == 2 and status["evicted_own"] == 2
     b.close()
     assert any(i.name.startswith("_fleet/") for i in fresh._raw.list(""))
+
+
+def _store_gets() -> float:
+    """Objects the sglang tier's store has been asked to read (kvbucket's store counter)."""
+    from prometheus_client import REGISTRY
+
+    return sum(REGISTRY.get_sample_value("kvbucket_store_objects_total",
+                                         {"store": "sglang", "op": "get", "result": r}) or 0.0
+               for r in ("hit", "miss", "error"))
+
+
+def _read_ahead(outcome: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("kvbucket_read_ahead_bytes_total",
+                                     {"store": "sglang", "outcome": outcome}) or 0.0
+
+
+def test_batch_exists_reads_ahead_for_batch_get_v1(target: dict[str, Any]) -> None:
+    """A batch_exists hit starts the pages' load; SGLang's batch_get_v1 then takes them without
+    asking the store again (read-ahead; docs/read-ahead.md). Off: batch_exists reads nothing."""
+    src = host_pool()
+    idx = fill(src, N_PAGES, seed=11)
+    keys = page_keys(11)
+    assert all(backend(target, src).batch_set_v1(keys, idx))
+    dst = host_pool()
+    idx2 = dst.alloc(N_PAGES * PAGE)
+    r = backend(target, dst)
+    used = _read_ahead("used")
+    assert r.batch_exists(keys) == N_PAGES
+    assert r.store.settle()
+    gets = _store_gets()
+    assert r.batch_get_v1(keys, idx2) == [True] * N_PAGES
+    assert _store_gets() == gets  # every page came from the read-ahead: no request
+    assert page_bytes(dst, idx2, N_PAGES) == page_bytes(src, idx, N_PAGES)
+    assert _read_ahead("used") - used == N_PAGES * len(page_bytes(src, idx, 1)[0])
+    off = backend(target, host_pool(), read_ahead=False)
+    gets = _store_gets()
+    assert off.batch_exists(keys) == N_PAGES
+    assert _store_gets() == gets  # off: a lookup reads nothing

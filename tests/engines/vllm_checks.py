@@ -218,6 +218,36 @@ def test_a_damaged_chunk_is_a_miss(target: dict[str, Any]) -> None:
     b.close()
 
 
+def test_a_chunk_this_engine_cannot_open_is_left_for_its_writer(target: dict[str, Any],
+                                                                tmp_path: Path) -> None:
+    """An engine holding another tenant's key (same key id, so its lookups hit) misses on load,
+    and removes nothing (docs/integrity.md, "What a reader may delete"): the writer still loads
+    every chunk."""
+    import base64
+
+    rings = {}
+    for who in ("writer", "other"):
+        path = tmp_path / f"{who}.json"
+        path.write_text(json.dumps({"tenants": {"*": {"1": base64.b64encode(os.urandom(32)).decode()}}}))
+        rings[who] = {"keyring_file": str(path)}
+    enc = rings["writer"]
+    a = engine(target, encryption=enc)
+    keys = offload_keys(8, n=3)
+    kv = kv_data(a, 8, n=3)
+    a.store(keys, kv)
+    a.close()
+    b = engine(target, encryption=rings["other"])
+    hits, _ = b.load(keys)
+    assert hits == 0
+    names = [b.tier.name(k) for k in keys]
+    assert all(r.found for r in b.tier._raw.head_many(names))  # still there
+    b.close()
+    c = engine(target, encryption=enc)
+    hits, got = c.load(keys)
+    assert hits == 3 and torch.equal(got, kv)
+    c.close()
+
+
 def test_the_documented_configs_load(target: dict[str, Any]) -> None:
     """docs/vllm.md's --kv-transfer-config examples, through vLLM's own config and factories;
     each tier entry (its store swapped for the test's) moves a chunk."""
@@ -445,3 +475,39 @@ def test_the_gpu_worker_needs_cuda(target: dict[str, Any]) -> None:
         e.spec.create_worker(kv)
     assert "gpu_tensor.is_cuda" in str(err.traceback[-1].statement)
     e.close()
+
+
+def _tier_metric(name: str, labels: dict[str, str]) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _tier_gets() -> float:
+    return sum(_tier_metric("kvbucket_store_objects_total", {"store": "vllm", "op": "get", "result": r})
+               for r in ("hit", "miss", "error"))
+
+
+def test_a_lookup_hit_reads_ahead_for_the_load_job(target: dict[str, Any]) -> None:
+    """The tier's lookup hit starts the chunks' load; the promotion job vLLM submits next takes
+    them from the read-ahead: every chunk read from the store once, and the bytes counted used."""
+    a = engine(target)
+    keys = offload_keys(21)
+    kv = kv_data(a, 21)
+    a.store(keys, kv)
+    a.close()
+    used = _tier_metric("kvbucket_read_ahead_bytes_total", {"store": "vllm", "outcome": "used"})
+    gets = _tier_gets()
+    b = engine(target)
+    hits, got = b.load(keys)
+    assert hits == N and torch.equal(got, kv)
+    assert _tier_gets() - gets == N  # read once (by the read-ahead), not again by the load job
+    assert _tier_metric("kvbucket_read_ahead_bytes_total",
+                        {"store": "vllm", "outcome": "used"}) - used == N * b.tier.block_size_bytes
+    b.close()
+    off = engine(target, read_ahead=False)
+    used = _tier_metric("kvbucket_read_ahead_bytes_total", {"store": "vllm", "outcome": "used"})
+    hits, got = off.load(keys)
+    assert hits == N and torch.equal(got, kv)
+    assert _tier_metric("kvbucket_read_ahead_bytes_total", {"store": "vllm", "outcome": "used"}) == used
+    off.close()

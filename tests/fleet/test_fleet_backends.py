@@ -26,7 +26,7 @@ from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.config import EngineConfig, build_backend, load_engine_config
 from kvbucket.errors import ConfigError
-from kvbucket.fleet.sync import inspect_fleet
+from kvbucket.fleet.report import inspect_fleet
 from kvbucket.keys import key_to_name
 from kvbucket.stores.file import FileStore
 from kvbucket.testing.fleet_backend_node import LAYOUT, backend_chunk, backend_key, chunk_bytes
@@ -138,8 +138,8 @@ def test_a_remote_url_capacity_without_fleet_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_builder_is_not_imported_by_the_config_module() -> None:
-    """kvbucket.config never imports kvbucket.backends (the backends import the config); the
-    builder is handed out lazily for ``from kvbucket.config import build_backend``."""
+    """Importing kvbucket.config imports no backend (the backends read kvbucket.engine_config);
+    the builder is handed out lazily for ``from kvbucket.config import build_backend``."""
     code = ("import sys, kvbucket.config as c; "
             "assert not [m for m in sys.modules if m.startswith('kvbucket.backends')], sorted(sys.modules); "
             "from kvbucket.config import build_backend; "

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvbucket.errors import ConfigError
-from kvbucket.fleet.sync import inspect_fleet
+from kvbucket.fleet.report import inspect_fleet
 from kvbucket.integrations import engine_fleet, naming
 from kvbucket.integrations.sglang import SGLangStorageSettings
 from kvbucket.integrations.vllm import VLLMTierSettings

@@ -79,6 +79,31 @@ def test_three_processes_writing_3x_capacity_settle_under_it_and_keep_the_hot_se
     assert sum(r["stored"] for r in reports) == 3 * per_node - refused
 
 
+def test_two_processes_with_a_garbage_file_under_fleet_settle_under_capacity(tmp_path: Path) -> None:
+    """Issue 24 item 6: one 13-byte stray file where a snapshot would be (generation 0, and one at a
+    high generation) made every round fail on every node: no eviction, stores refused. Now it is
+    skipped and quarantined, and the fleet settles as it does without it (SETTLE)."""
+    root = tmp_path / "kv"
+    hot = list(range(1_000_000, 1_000_004))
+    seed_hot(root, hot)
+    with FileStore(root) as s:
+        s.put("_fleet/s/0-n9", b"not a fleet!\n")
+        s.put("_fleet/s/999999999-zz", b"not a fleet!\n")
+    per_node = 3 * CAPACITY // CHUNK // 2  # 3x capacity offered by the two
+    plans = [{"name": f"n{i}", "start": i * 10_000, "count": per_node, "chunk": CHUNK, "batch": 4,
+              "hot": hot, "pause": 0.05, "linger": SETTLE} for i in range(2)]
+    reports = run_fleet(root, plans)
+    total = sum(chunk_bytes(root).values())
+    fleets = [r["status"]["fleet"] for r in reports]
+    print({f["node"]: (f["sync_errors"], f.get("quarantined"), f["refused_chunks"], f["evicted_own"],
+                       f["evicted_cross_node"]) for f in fleets})
+    assert total <= 1.1 * CAPACITY, f"{total / CAPACITY:.2f}x capacity after settling"
+    assert all(f["sync_errors"] == 0 and f["last_error"] is None for f in fleets), fleets
+    assert sum(f["quarantined"] for f in fleets) >= 1
+    assert all(r["hot_hits"] == r["hot_reads"] > 0 for r in reports)
+    assert sum(r["status"]["evicted_keys"] for r in reports) > 0
+
+
 def test_a_node_killed_mid_eviction_leaves_a_consistent_prefix(tmp_path: Path) -> None:
     root = tmp_path / "kv"
     per_node = CAPACITY // CHUNK

@@ -18,9 +18,10 @@ import pytest
 from huggingface_hub.errors import BucketNotFoundError
 
 from kvbucket.errors import AuthError, NotFoundError
-from kvbucket.stores import hub_client, open_store
-from kvbucket.stores.hfbucket import HFBucketStore, store_from_plugin_options
+from kvbucket.stores import open_store, xet_sessions
+from kvbucket.stores.hfbucket import HFBucketStore
 from kvbucket.stores.hfbucket_config import HFBucketConfig, build_config
+from kvbucket.stores.hfbucket_open import store_from_plugin_options
 from kvbucket.stores.sealed import seal_store
 from kvbucket.testing.store_tests import StoreTests, payload
 
@@ -328,8 +329,8 @@ def _store_objects(hub_bucket: Any, n: int) -> None:
 
 
 def test_uploads_ask_no_global_dedup_queries(hub_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(hub_client._GLOBAL_DEDUP_ENV, raising=False)
-    monkeypatch.setattr(hub_client, "_upload_session", None)  # a session made under this env
+    monkeypatch.delenv(xet_sessions._GLOBAL_DEDUP_ENV, raising=False)
+    monkeypatch.setattr(xet_sessions, "_upload_session", None)  # a session made under this env
     hub = hub_bucket.hub
     dedup, xorbs = requests(hub, "dedup"), requests(hub, "xorb_upload")
     _store_objects(hub_bucket, 6)
@@ -340,8 +341,8 @@ def test_uploads_ask_no_global_dedup_queries(hub_bucket: Any, monkeypatch: pytes
 def test_the_environment_turns_global_dedup_queries_back_on(
     hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(hub_client._GLOBAL_DEDUP_ENV, "true")
-    monkeypatch.setattr(hub_client, "_upload_session", None)
+    monkeypatch.setenv(xet_sessions._GLOBAL_DEDUP_ENV, "true")
+    monkeypatch.setattr(xet_sessions, "_upload_session", None)
     hub = hub_bucket.hub
     dedup = requests(hub, "dedup")
     _store_objects(hub_bucket, 6)
@@ -349,9 +350,9 @@ def test_the_environment_turns_global_dedup_queries_back_on(
 
 
 def test_the_upload_session_is_made_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hub_client, "_upload_session", None)
-    first = hub_client.upload_session()
-    assert hub_client.upload_session() is first
-    pid, _ = hub_client._upload_session  # type: ignore[misc]
-    monkeypatch.setattr(hub_client, "_upload_session", (pid + 1, first))  # as seen from a forked child
-    assert hub_client.upload_session() is not first
+    monkeypatch.setattr(xet_sessions, "_upload_session", None)
+    first = xet_sessions.upload_session()
+    assert xet_sessions.upload_session() is first
+    pid, _ = xet_sessions._upload_session  # type: ignore[misc]
+    monkeypatch.setattr(xet_sessions, "_upload_session", (pid + 1, first))  # as seen from a forked child
+    assert xet_sessions.upload_session() is not first

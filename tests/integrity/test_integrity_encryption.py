@@ -71,7 +71,9 @@ def test_wrong_tenant_key_is_a_miss_not_an_error(tmp_path: Path, caplog: pytest.
         assert reader.batched_get([key(i, "a") for i in range(3)]) == [None, None, None]
     assert failures("decrypt") == before + 3
     assert all(r.levelno <= logging.WARNING for r in caplog.records)
-    assert not FileStore(tmp_path).exists(key_to_name(key(0, "a")))  # removed, to be rewritten
+    with RemoteBackend(FileStore(tmp_path), LAYOUT, encryption=ring(a={1: "a1"})) as writer:
+        # not damage: kept for the tenant whose key opens it (docs/integrity.md, the delete rule)
+        assert bytes(writer.get(key(0, "a"))) == chunk_bytes(LAYOUT, 0)
 
 
 def test_other_tenants_chunk_under_this_name_is_a_miss(tmp_path: Path) -> None:

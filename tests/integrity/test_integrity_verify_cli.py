@@ -54,7 +54,7 @@ def test_verify_reports_and_deletes_bad_objects(tmp_path: Path) -> None:
     assert raw.head(key_to_name(key(1))) == full  # nothing removed without --delete-bad
 
     proc = kvbucket("verify", f"file://{tmp_path}", "--delete-bad")
-    assert proc.returncode == 1 and "removed 2 of 2 corrupt or foreign objects" in proc.stdout
+    assert proc.returncode == 1 and "removed 2 of 2 damaged objects" in proc.stdout
     assert raw.head(key_to_name(key(1))) is None and raw.head(key_to_name(key(2))) is None
     assert raw.exists("legacy-object")  # legacy objects are reported, never removed
 
@@ -62,6 +62,61 @@ def test_verify_reports_and_deletes_bad_objects(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with RemoteBackend(FileStore(tmp_path), LAYOUT) as b:
         assert sorted(b.list()) == sorted(key(i).to_string() for i in (0, 3, 4))
+
+
+def test_verify_on_the_parent_of_a_tiers_directory_says_so_and_removes_nothing(tmp_path: Path) -> None:
+    """Issue 24 item 10: every good chunk was reported "foreign (name)" and deleted (7 of 7)."""
+    tier = FileStore(tmp_path / "remote")
+    with RemoteBackend(tier, LAYOUT) as b:
+        b.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in range(7)])
+    proc = kvbucket("verify", str(tmp_path), "--delete-bad")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert table_rows(proc.stdout)["foreign"] == "7", proc.stdout
+    assert "hint: the URL looks wrong: 7 of 7 objects written under another name verify under a " \
+           "directory below it (7 under 'remote/')" in proc.stdout, proc.stdout
+    assert f"kvbucket verify {tmp_path}/remote" in proc.stdout
+    assert "removed 0 of 0 damaged objects (none written under another name" in proc.stdout
+    assert len(list(tier.list())) == 7
+    proc = kvbucket("verify", f"file://{tmp_path}/remote")  # the URL the hint gives
+    assert proc.returncode == 0 and table_rows(proc.stdout)["good"] == "7", proc.stdout
+
+
+def test_verify_keeps_misnamed_objects_when_most_are(tmp_path: Path) -> None:
+    """Most objects under other names (no root below fits): the URL, not the objects, is wrong."""
+    with RemoteBackend(FileStore(tmp_path), LAYOUT) as b:
+        b.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in range(3)])
+    raw = FileStore(tmp_path)
+    for i in range(2):
+        raw.put(f"renamed-{i}", raw.get(key_to_name(key(i))) or b"")
+        raw.delete(key_to_name(key(i)))
+    proc = kvbucket("verify", str(tmp_path), "--delete-bad")
+    assert proc.returncode == 1 and "hint: the URL looks wrong: 2 of 3 objects" in proc.stdout, proc.stdout
+    assert raw.exists("renamed-0") and raw.exists("renamed-1")
+
+
+def test_verify_delete_bad_keeps_chunks_of_a_key_it_lacks(tmp_path: Path) -> None:
+    """--delete-bad removes damage only: a chunk under another tenant's key is reported foreign
+    (decrypt) and kept for the tenant whose key opens it (docs/integrity.md, the delete rule)."""
+    import base64
+    import json
+
+    from kvbucket.encryption import Keyring
+
+    keys = {who: os.urandom(32) for who in ("a", "b")}
+    with RemoteBackend(FileStore(tmp_path / "kv"), LAYOUT, encryption=Keyring({"*": {1: keys["a"]}})) as b:
+        b.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in range(2)])
+    raw = FileStore(tmp_path / "kv")
+    damaged = bytearray(raw.get(key_to_name(key(1))) or b"")
+    damaged[HEADER_SIZE + 3] ^= 1
+    raw.put(key_to_name(key(1)), damaged)
+    ring_b = tmp_path / "b.json"
+    ring_b.write_text(json.dumps({"tenants": {"*": {"1": base64.b64encode(keys["b"]).decode()}}}))
+    proc = kvbucket("verify", str(tmp_path / "kv"), "--keyring-file", str(ring_b), "--delete-bad")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"foreign (decrypt): {key_to_name(key(0))}" in proc.stdout
+    assert f"corrupt (checksum): {key_to_name(key(1))}" in proc.stdout
+    assert "removed 1 of 1 damaged objects" in proc.stdout
+    assert raw.exists(key_to_name(key(0))) and not raw.exists(key_to_name(key(1)))
 
 
 def test_verify_bad_input_is_exit_2(tmp_path: Path) -> None:
@@ -99,6 +154,7 @@ def test_kvbucket_stats_shows_integrity_counts(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("integrity:"))
     assert "objects verified on load" in line and "remote checksum" in line
+    assert "removed as damaged" in line and summary.integrity_removed["remote"] >= 1
 
 
 def test_verify_checks_a_compile_cache_by_its_sha256s(tmp_path: Path) -> None:

@@ -1,10 +1,10 @@
 """``build_backend``: the backend stack an engine config describes (local_cpu -> local_disk ->
 remote(s)).
 
-It lives here, next to the tiers it builds, rather than in :mod:`kvbucket.config`: the config
-module only describes settings and imports nothing of ``kvbucket.backends``, while the backends
-read the config (an import in one direction only). ``from kvbucket.config import build_backend``
-still works: :mod:`kvbucket.config` hands this function out lazily, on first use.
+It lives here, next to the tiers it builds, and reads the settings from
+:mod:`kvbucket.engine_config` (below the backends). ``from kvbucket.config import build_backend``
+still works: :mod:`kvbucket.config`, the module users import from, hands this function out on
+first use, so the imports run one way (config -> backends.build -> engine_config).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kvbucket.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvbucket.chunks import KVLayout
-    from kvbucket.config import EngineConfig
+    from kvbucket.engine_config import EngineConfig
 
 
 def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
@@ -61,6 +61,7 @@ def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
                     unsealed=config.unsealed,
                     encryption=keyring,
                     fleet=spec.fleet,
+                    read_ahead=spec.read_ahead,
                 ))
             except BaseException:
                 store.close()

@@ -68,7 +68,7 @@ class LocalDiskBackend(BoundedLocalTier):
         raw = path if isinstance(path, ObjectStore) else FileStore(path, fsync=fsync)
         # The directory is this tier's alone (a lock file), so objects without an envelope
         # (written before sealing) are removed, not kept as misses forever.
-        self.store = seal_store(raw, tier="disk", encryption=encryption, delete_unsealed=True)
+        self.store = seal_store(raw, tier="disk", encryption=encryption, private=True)
         self._dir_lock = self._lock_directory()
         self.max_bytes = max_bytes
         self.used_bytes = 0

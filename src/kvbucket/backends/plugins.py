@@ -11,27 +11,29 @@ so kvbucket does not import every client library) or as a callable.
 
 Factories validate the keys they get strictly and raise :class:`ConfigError` for unknown ones.
 They never see a tier's fleet keys (``fleet``, ``max_capacity_gb``, ``eviction``,
-:mod:`kvbucket.backends.fleet`): :func:`remote_tier_specs` takes those out first, for any store.
+:mod:`kvbucket.backends.fleet`) or read-ahead keys (``read_ahead``, ``read_ahead_max_gb``,
+``read_ahead_ttl_secs``, :mod:`kvbucket.stores.prefetch`): :func:`remote_tier_specs` takes those
+out first, for any store.
 
-This module reads an :class:`~kvbucket.config.EngineConfig` but never imports it at run time
-(and :mod:`kvbucket.config` imports nothing of ``kvbucket.backends``), so the two cannot form an
-import cycle.
+This module reads an :class:`~kvbucket.engine_config.EngineConfig` (the settings module below
+the backends), never :mod:`kvbucket.config` (which hands out ``build_backend`` from above them).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvbucket.backends.fleet import parse_fleet_settings, split_fleet_keys
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.prefetch_config import ReadAheadSettings, split_read_ahead_keys
 
 if TYPE_CHECKING:
-    from kvbucket.config import EngineConfig
+    from kvbucket.engine_config import EngineConfig
     from kvbucket.integrations.engine_fleet import FleetSettings
 
 PLUGIN_KEY_PREFIX = "remote_storage_plugin."
@@ -42,11 +44,11 @@ URL_SCHEMES: dict[str, Factory] = {
     "file": "kvbucket.backends.plugins:file_store_from_remote_url",
     "memory": "kvbucket.backends.plugins:memory_store_from_remote_url",
     "s3": "kvbucket.stores.s3:store_from_remote_url",
-    "hf": "kvbucket.stores.hfbucket:store_from_remote_url",
+    "hf": "kvbucket.stores.hfbucket_open:store_from_remote_url",
 }
 
 PLUGIN_TYPES: dict[str, Factory] = {
-    "hfbucket": "kvbucket.stores.hfbucket:store_from_plugin_options",
+    "hfbucket": "kvbucket.stores.hfbucket_open:store_from_plugin_options",
 }
 
 
@@ -131,6 +133,7 @@ class RemoteTierSpec:
     options: dict[str, Any]
     fleet: FleetSettings | None
     plugin: bool  # a remote_storage_plugins instance, else the remote_url store
+    read_ahead: ReadAheadSettings = field(default_factory=ReadAheadSettings)  # its read_ahead* keys
 
 
 def remote_tier_specs(engine: EngineConfig) -> list[RemoteTierSpec]:
@@ -140,11 +143,14 @@ def remote_tier_specs(engine: EngineConfig) -> list[RemoteTierSpec]:
     specs: list[RemoteTierSpec] = []
     if engine.remote_url:
         options, fleet = split_fleet_keys(url_options)
-        specs.append(RemoteTierSpec(engine.remote_url, options, parse_fleet_settings(fleet, ""), False))
+        options, ahead = split_read_ahead_keys(options)
+        fleet_settings = parse_fleet_settings(fleet, "")
+        specs.append(RemoteTierSpec(engine.remote_url, options, fleet_settings, False, ahead))
     for instance in engine.remote_storage_plugins:
         options, fleet = split_fleet_keys(per_instance[instance])
         where = f"{PLUGIN_KEY_PREFIX}{instance}."
-        specs.append(RemoteTierSpec(instance, options, parse_fleet_settings(fleet, where), True))
+        options, ahead = split_read_ahead_keys(options, where)
+        specs.append(RemoteTierSpec(instance, options, parse_fleet_settings(fleet, where), True, ahead))
     return specs
 
 

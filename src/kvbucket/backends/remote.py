@@ -54,6 +54,8 @@ from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
 from kvbucket.stores.breaker import breaker_of
+from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
+from kvbucket.stores.prefetch_config import ReadAheadSettings
 from kvbucket.stores.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
@@ -98,11 +100,15 @@ class RemoteBackend(QueuedBackend):
         unsealed: str = "miss",
         encryption: Any = None,
         fleet: FleetSettings | None = None,
+        read_ahead: ReadAheadSettings | None = None,
     ) -> None:
         # Every object is sealed on write and verified on read (kvbucket.stores.sealed); the
-        # envelope names the KV layout, so a chunk written for another layout is a miss.
+        # envelope names the KV layout, so a chunk written for another layout is a miss. A
+        # lookup hit starts its load behind that check (kvbucket.stores.prefetch).
         self.store = seal_store(store, tier="remote", identity=layout_identity(layout), unsealed=unsealed,
                                 encryption=encryption)
+        # Loads read through this (the sealed store itself, or a read-ahead buffer in front of it).
+        self.reads = with_read_ahead(self.store, read_ahead, label="remote")
         self.layout = layout
         self.serde = get_serde(serde)
         self.save_unfull_chunk = save_unfull_chunk
@@ -197,7 +203,7 @@ class RemoteBackend(QueuedBackend):
                 self._log_bad(ks[i], f"the caller's buffer is {as_view(buffers[i]).nbytes} bytes")
         if todo:
             names = [self._name(ks[i]) for i in todo]
-            results = self._call_items(self.store.get_many, "get", names, [buffers[i] for i in todo])
+            results = self._call_items(self.reads.get_many, "get", names, [buffers[i] for i in todo])
             for i, r in zip(todo, results, strict=True):
                 if r.error is not None:
                     if isinstance(r.error, SizeMismatchError):
@@ -224,21 +230,27 @@ class RemoteBackend(QueuedBackend):
         ks = [as_key_string(k) for k in keys]
         out = [False] * len(ks)
         ask: list[int] = []
+        hits: list[tuple[str, int]] = []  # (name, size) of stored hits: their loads start now
         for i, k in enumerate(ks):
-            if self._queue.pending(k) is not None or self._cached_size(self._name(k)) is not None:
+            if self._queue.pending(k) is not None:
                 out[i] = True
+            elif (size := self._cached_size(name := self._name(k))) is not None:
+                out[i] = True
+                hits.append((name, size))
             else:
                 ask.append(i)
-        if not ask:
-            return out
-        names = [self._name(ks[i]) for i in ask]
-        results = self._call_items(self.store.head_many, "head", names)
-        for i, r in zip(ask, results, strict=True):
-            if r.error is not None:
-                self._lookup_failed(1, r.error)
-            elif r.size is not None and self._size_ok(r.size):
-                self._cache_size(r.name, r.size)
-                out[i] = True
+        if ask:
+            names = [self._name(ks[i]) for i in ask]
+            results = self._call_items(self.store.head_many, "head", names)
+            for i, r in zip(ask, results, strict=True):
+                if r.error is not None:
+                    self._lookup_failed(1, r.error)
+                elif r.size is not None and self._size_ok(r.size):
+                    self._cache_size(r.name, r.size)
+                    out[i] = True
+                    hits.append((r.name, r.size))
+        if hits:
+            read_ahead(self.reads, [n for n, _ in hits], [z for _, z in hits])
         return out
 
     def remove(self, key: Key) -> bool:
@@ -291,6 +303,8 @@ class RemoteBackend(QueuedBackend):
         if self._fleet is not None:
             self._fleet.close()  # after the queue drained (QueuedBackend.close): its last journal
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if isinstance(self.reads, PrefetchStore):  # the read-ahead buffer is this tier's own
+            self.reads.stop()
         if self._owns_store:
             self.store.close()
 
@@ -395,11 +409,11 @@ class RemoteBackend(QueuedBackend):
 
     def _get_raw(self, names: list[str]) -> list[ItemResult]:
         if self.save_unfull_chunk or not self.serde.size_preserving:
-            return self.store.get_many(names)
+            return self.reads.get_many(names)
         full = self.layout.full_chunk_bytes
         # Exactly-full-size buffers: a wrong-sized object fails with SizeMismatchError per item
         # and is never copied. np.empty does not touch the pages until the store writes them.
-        return self.store.get_many(names, [np.empty(full, dtype=np.uint8) for _ in names])
+        return self.reads.get_many(names, [np.empty(full, dtype=np.uint8) for _ in names])
 
     def _decode(self, key: str, r: ItemResult) -> Chunk | None:
         chunk = self._decode_one(key, r)
@@ -476,9 +490,12 @@ class RemoteBackend(QueuedBackend):
                 self._exists.popitem(last=False)
 
     def _invalidate(self, names: Iterable[str]) -> None:
+        names = list(names)
         with self._exists_lock:
             for n in names:
                 self._exists.pop(n, None)
+        if isinstance(self.reads, PrefetchStore):  # written, removed, deleted by the fleet, or gone
+            self.reads.forget(names)
 
 
 class PipelinedRemoteBackend(RemoteBackend):

@@ -1,6 +1,6 @@
 """Which salt a storage backend's chunk belongs to, as the fleet counts it (per-salt fair shares,
 ``pinned_salts``). Apart from :mod:`kvbucket.backends.fleet` so ``kvbucket du``
-(:func:`kvbucket.fleet.sync.inspect_fleet`) reads backend names without importing fleet code back.
+(:func:`kvbucket.fleet.report.inspect_fleet`) reads backend names without importing fleet code back.
 
 Chunk names are kvbucket's encodings of :class:`~kvbucket.keys.CacheEngineKey` strings; the salt
 is the key's ``cache_salt`` request tag (LMCache's ``lmcache.tag.cache_salt``, written

@@ -100,9 +100,11 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
         refused = sum(summary.integrity_failures.values())
         failures = sorted(summary.integrity_failures.items())
         why = ", ".join(f"{tier} {reason} {n:.0f}" for (tier, reason), n in failures)
+        removed = sum(summary.integrity_removed.values())
+        kept = f"; {removed:.0f} removed as damaged, {refused - removed:.0f} kept" if refused else ""
         console.print(
             f"integrity: {verified:.0f} objects verified on load, {refused:.0f} refused"
-            + (f" ({why})" if why else ""),
+            + (f" ({why})" if why else "") + kept,
             markup=False, highlight=False, soft_wrap=True,  # one line, however many reasons
         )
     return True

@@ -127,7 +127,7 @@ def register(app: typer.Typer) -> None:
 
 def _fleet_status(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
     """The fleet's index of ``prefix`` (docs/fleet.md), or None when no fleet uses it."""
-    from kvbucket.fleet.sync import inspect_fleet
+    from kvbucket.fleet.report import inspect_fleet
     from kvbucket.stores.base import check_prefix
 
     try:

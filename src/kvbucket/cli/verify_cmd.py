@@ -3,22 +3,30 @@
 Each object is read whole and classified (:func:`kvbucket.stores.sealed.inspect_object`):
 
 - ``good``: a kvbucket envelope whose header, length and checksum verify;
-- ``corrupt``: damaged (checksum, truncated, wrong length, damaged header, unknown version);
-- ``foreign``: intact but not this object's (written under another name; with a keyring, sealed
-  under a key the ring does not hold or that fails to authenticate);
+- ``corrupt``: damaged (checksum, truncated, wrong length, damaged header);
+- ``foreign``: intact but not this object's, or not readable here (written under another name,
+  for another layout, in a newer format; with a keyring, sealed under a key the ring does not
+  hold or that fails to authenticate);
 - ``legacy``: no envelope (written before sealing, or by another program such as LMCache).
 
 Compile-cache objects keep the compiler's own files, verified by sha256 instead of an envelope:
 a pack against the digest in its name, a file listed in its entry's checksum record against the
 record (see :mod:`kvbucket.compile_cache.sums`); they are ``good`` or ``corrupt`` like chunks.
 
-Exit status 1 when anything is corrupt or foreign, 2 for unusable input, 0 otherwise. Legacy
-objects are reported, never deleted (they may belong to another program).
+Exit status 1 when anything is corrupt or foreign, 2 for unusable input, 0 otherwise.
+``--delete-bad`` removes what the one rule of :mod:`kvbucket.stores.refusals` removes: objects
+whose own bytes prove them damaged (corrupt ones, and ones written under another name). Legacy
+objects and objects this run cannot open (another layout, format or key) are reported, never
+deleted: they may be valid for another reader. A name proves damage only relative to the right
+root: when misnamed objects verify under a directory below the URL, or most objects are
+misnamed, the URL is said to look wrong (with the one to give) and none of them is removed.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,12 +89,43 @@ def classify(name: str, data: Any, size: int, keyring: Keyring | None, sums: Sum
     return inspect_object(name, data, keyring)
 
 
-def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | None, progress: Progress | None
-         ) -> tuple[dict[str, list[int]], list[tuple[str, str, str]]]:
-    """Counts and bytes per status, and (name, status, reason) of every object not good."""
-    totals = {s: [0, 0] for s in STATUSES}
+@dataclass
+class Scan:
+    """What ``verify`` found: counts and bytes per status, (name, status, reason) of every object
+    not good, and the roots below the URL that objects written under another name verify at."""
+
+    totals: dict[str, list[int]]
+    bad: list[tuple[str, str, str]] = field(default_factory=list)
+    below: Counter[str] = field(default_factory=Counter)  # root (relative to the URL) -> objects
+
+    def wrong_url(self, url: str) -> str | None:
+        """Why the URL looks wrong (names bound to another root), with the fix; None if it does not.
+
+        Objects written under another name prove damage only relative to the right root: when
+        some verify under a root below the URL, or most enveloped objects are misnamed, the URL
+        is the likelier culprit and none of them is removed.
+        """
+        misnamed = sum(1 for _, _, reason in self.bad if reason == "name")
+        enveloped = sum(self.totals[s][0] for s in ("good", "corrupt", "foreign"))
+        if self.below:
+            root, n = self.below.most_common(1)[0]
+            return (f"the URL looks wrong: {sum(self.below.values())} of {misnamed} objects written under "
+                    f"another name verify under a directory below it ({n} under {root + '/'!r}). Give the "
+                    f"URL the tier writes to, e.g. kvbucket verify {url.rstrip('/')}/{root}")
+        if misnamed and 2 * misnamed > enveloped:
+            return (f"the URL looks wrong: {misnamed} of {enveloped} objects were written under other "
+                    "names. Give the URL the tier writes to (envelopes bind names relative to it)")
+        return None
+
+
+def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | None,
+         progress: Progress | None) -> Scan:
+    """Read and classify every object of ``infos``."""
+    from kvbucket.stores.envelope_open import written_under
+
+    out = Scan({s: [0, 0] for s in STATUSES})
+    totals, bad = out.totals, out.bad
     sums = compile_cache_sums(store, infos)
-    bad: list[tuple[str, str, str]] = []
     task = progress.add_task("verifying", total=sum(i.size for i in infos)) if progress else None
     for batch in _batches(infos):
         for info, r in zip(batch, store.get_many([i.name for i in batch]), strict=True):
@@ -99,9 +138,11 @@ def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | Non
             totals[status][1] += int(r.size or 0)
             if status != "good":
                 bad.append((info.name, status, reason or ""))
+            if reason == "name" and (below := written_under(info.name, r.data)) is not None:
+                out.below[info.name[: -len(below) - 1]] += 1
         if progress is not None and task is not None:
             progress.advance(task, sum(i.size for i in batch))
-    return totals, bad
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -113,7 +154,9 @@ def register(app: typer.Typer) -> None:
             "URL the tier writes to, since envelopes bind object names relative to it.",
         ),
         delete_bad: bool = typer.Option(
-            False, "--delete-bad", help="Remove corrupt and foreign objects (legacy objects are kept)."
+            False, "--delete-bad",
+            help="Remove damaged objects: corrupt ones and ones written under another name (legacy "
+            "objects and ones of another layout, format or key are kept).",
         ),
         prefix: str = typer.Option("", "--prefix", help="Only objects whose name starts with this."),
         keyring_file: Path = typer.Option(
@@ -125,6 +168,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check every object's kvbucket envelope; exit status 1 when any is corrupt or foreign."""
         from kvbucket.encryption import Keyring
+        from kvbucket.stores.refusals import removable
 
         console = Console()
         try:
@@ -135,9 +179,12 @@ def register(app: typer.Typer) -> None:
             infos = list(store.list(prefix))
             with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                           TimeRemainingColumn(), console=console, transient=True) as progress:
-                totals, bad = scan(store, infos, keyring, progress)
+                found = scan(store, infos, keyring, progress)
+            totals, bad = found.totals, found.bad
+            wrong_url = found.wrong_url(url)
             removed = 0
-            to_remove = [name for name, status, _ in bad if status in ("corrupt", "foreign")]
+            to_remove = [name for name, _, reason in bad
+                         if removable(reason) and not (reason == "name" and wrong_url)]
             if delete_bad and to_remove:
                 for i in range(0, len(to_remove), 1000):
                     results = store.delete_many(to_remove[i : i + 1000])
@@ -154,7 +201,10 @@ def register(app: typer.Typer) -> None:
             console.print(f"{status} ({reason}): {name}", markup=False, highlight=False)
         if len(bad) > SHOWN_BAD:
             console.print(f"... and {len(bad) - SHOWN_BAD} more", markup=False)
+        if wrong_url:
+            console.print(f"hint: {wrong_url}", markup=False, highlight=False, soft_wrap=True)
         if delete_bad:
-            console.print(f"removed {removed} of {len(to_remove)} corrupt or foreign objects", markup=False)
-        if to_remove:
+            kept = " (none written under another name: the URL looks wrong)" if wrong_url else ""
+            console.print(f"removed {removed} of {len(to_remove)} damaged objects{kept}", markup=False)
+        if any(status in ("corrupt", "foreign") for _, status, _ in bad):
             raise typer.Exit(1)

@@ -14,13 +14,10 @@ A mixin of :class:`kvbucket.fleet.sync.Fleet`, split out to keep each file reada
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kvbucket.fleet.layout import digest_name, encode, is_fleet_name, snapshot_name
+from kvbucket.fleet.layout import Listing, digest_name, encode, is_fleet_name, snapshot_name
 from kvbucket.fleet.view import Change
-
-if TYPE_CHECKING:
-    from kvbucket.fleet.sync import _Listing
 
 KEEP_SNAPSHOTS = 2
 #: A snapshot is written early once this many chunks changed since the last one, so the
@@ -51,12 +48,12 @@ class CompactorMixin:
     def _compact_due(self: Any, now: float) -> bool:
         return now - self._snap_time >= self.config.compact_secs or len(self._view.touched) > DIGEST_MAX_ROWS
 
-    def _compact(self: Any, listing: _Listing) -> None:
+    def _compact(self: Any, listing: Listing) -> None:
         self._flush()
         now = time.time()
         with self._lock:
             self._view.prune_tombs(now)
-            gen = max(self._snap[0], max((g for g, _, _ in listing.snapshots), default=-1)) + 1
+            gen = max(self._snap[0], max((g for g, *_ in listing.snapshots), default=-1)) + 1
             marks = dict(self._applied)
             body = {"gen": gen, "node": self.node, "t": now, "marks": marks, "reconciled": self._reconciled,
                     **self._view.to_body()}
@@ -85,7 +82,11 @@ class CompactorMixin:
         old = [name for n, js in listing.journals.items() for seq, name in js if seq <= prev.get(n, 0)]
         if old:
             self._count("delete", len(old), prepaid=True)  # paid by the journals' writers
-        snaps = [name for _, _, name in sorted(listing.snapshots, reverse=True)[KEEP_SNAPSHOTS - 1 :]]
+        # Keep the newest good snapshot besides this one; older ones go, good or bad (the listing
+        # is from before this one: a bad one at a higher generation goes at the next compaction).
+        good = [(g, n) for g, n, name, _ in listing.snapshots if not self._quarantine.holds(name, None)]
+        keep = sorted(good, reverse=True)[: KEEP_SNAPSHOTS - 1]
+        snaps = [name for g, n, name, _ in listing.snapshots if keep and (g, n) < keep[-1]]
         if snaps:
             self._count("delete", len(snaps))
         if old or snaps:

@@ -1,50 +1,65 @@
-"""How an L2 adapter takes part in a fleet, through a narrow interface.
+"""How a chunk tier (the L2 adapter) takes part in a fleet, through a narrow interface.
 
-The adapter tells :class:`FleetLink` what it stored, accessed and deleted, and asks it for
-eviction victims; the link mirrors what the other nodes did into the adapter's
-:class:`~kvbucket.l2.accounting.KeyIndex` (so ``get_usage()`` and lookups see the whole fleet)
-and wakes the adapter's eviction after every sync round.
+The tier tells :class:`FleetLink` what it stored, accessed and deleted, and asks it for eviction
+victims; the link hands what the other nodes did to ``on_changes`` (the tier mirrors it into its
+index, so usage and lookups see the whole fleet), calls ``on_tick`` after every sync round (the
+tier's eviction) and ``on_ready`` once the fleet's view is complete. The link knows nothing of
+the tier beyond these callbacks, so this module imports nothing of :mod:`kvbucket.l2`.
 
-Lock order: the adapter's lock may be held while calling into the fleet (which takes its own
-lock); the fleet never calls back while holding its lock, so the two cannot deadlock.
+Lock order: the tier's lock may be held while calling into the fleet (which takes its own lock);
+the fleet never calls back while holding its lock, so the two cannot deadlock.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Container, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Container, Iterable
+from typing import Any
 
 from kvbucket.fleet import gauges
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.fleet.sync import Fleet
-from kvbucket.fleet.view import Change, key_of
+from kvbucket.fleet.view import Change
 from kvbucket.keys import ObjectKey
-
-if TYPE_CHECKING:
-    from kvbucket.l2.adapter import ObjectStoreL2Adapter
+from kvbucket.l2.eviction import EvictionConfig
+from kvbucket.stores.base import ObjectStore
 
 
 class FleetLink:
-    def __init__(self, adapter: ObjectStoreL2Adapter, config: FleetConfig) -> None:
-        self._adapter = adapter
-        sealed = adapter.store  # chunks are sealed (kvbucket.stores.sealed); fleet objects are not
+    def __init__(
+        self,
+        chunk_store: ObjectStore,
+        config: FleetConfig,
+        *,
+        parse: Callable[[str], ObjectKey | None],
+        prefix: str,
+        capacity: int,
+        eviction: EvictionConfig | None,
+        on_changes: Callable[[list[Change]], None],
+        on_tick: Callable[[], None],
+        on_ready: Callable[[], None],
+    ) -> None:
+        """``chunk_store``: the tier's (sealed) store; fleet objects go to the store it wraps.
+        Call :meth:`start` once the tier can take the callbacks."""
+        self._url = chunk_store.url
+        self._capacity = capacity
         self.fleet = Fleet(
-            getattr(sealed, "inner", sealed),
+            getattr(chunk_store, "inner", chunk_store),  # chunks are sealed; fleet objects are not
             config,
-            chunk_store=sealed,
-            parse=adapter.naming.parse,
-            prefix=adapter._prefix,
-            capacity=adapter._capacity,
-            eviction=adapter._eviction,
-            on_changes=self._apply,
-            on_tick=self._tick,
-            on_ready=self._ready,
+            chunk_store=chunk_store,
+            parse=parse,
+            prefix=prefix,
+            capacity=capacity,
+            eviction=eviction,
+            on_changes=on_changes,
+            on_tick=on_tick,
+            on_ready=on_ready,
         )
-        self.fleet.start()
-        gauges.track(self.fleet, sealed.url, adapter._capacity)  # kvbucket stats shows its usage
 
-    # ---- adapter -> fleet -----------------------------------------------------------------
+    def start(self) -> None:
+        self.fleet.start()
+        gauges.track(self.fleet, self._url, self._capacity)  # kvbucket stats shows its usage
+
+    # ---- tier -> fleet -----------------------------------------------------------------
     def stored(self, names: Iterable[str], sizes: Iterable[int]) -> None:
         self.fleet.note_stored(names, sizes)
 
@@ -69,48 +84,6 @@ class FleetLink:
     def close(self) -> None:
         gauges.forget(self.fleet)
         self.fleet.close()
-
-    # ---- fleet -> adapter ---------------------------------------------------------------------
-    def _apply(self, changes: list[Change]) -> None:
-        a = self._adapter
-        added: list[tuple[ObjectKey, int]] = []
-        gone: list[tuple[ObjectKey, int]] = []
-        with a._lock:
-            for name, size in changes:
-                if name in a._deleting:
-                    continue
-                if size is None:
-                    entry = a._index.get(name)
-                    if entry is not None and a._index.remove(name):
-                        gone.append((entry.key, entry.size))
-                    continue
-                key = key_of(name, a._prefix) or a.naming.parse(name)
-                if key is None:
-                    continue
-                was_new = name not in a._index
-                a._index.add(name, key, size, touch=False)
-                a._missing.pop(name, None)
-                if a._full_fixed is None:
-                    group = key.kv_rank >> 32
-                    a._full[group] = max(a._full.get(group, 0), size)
-                if was_new:
-                    added.append((key, size))
-        listener = a.listener
-        if listener is not None:
-            if added:
-                listener.on_keys_stored([k for k, _ in added], [s for _, s in added])
-            if gone:
-                listener.on_keys_deleted([k for k, _ in gone], [s for _, s in gone])
-
-    def _tick(self) -> None:
-        a = self._adapter
-        if not a.closed:
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                a._loop.call_soon_threadsafe(a._maybe_evict)
-
-    def _ready(self) -> None:
-        with self._adapter._lock:
-            self._adapter._rebuilt = True
 
 
 __all__ = ["FleetLink"]

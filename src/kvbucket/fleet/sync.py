@@ -27,7 +27,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Container, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Counter
@@ -36,17 +35,18 @@ from kvbucket.fleet.compactor import CompactorMixin
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.fleet.layout import (
     Journal,
+    Listing,
     Record,
-    decode,
     digest_name,
-    fleet_root,
     heartbeat_name,
     journal_name,
-    parse_name,
+    list_fleet,
     snapshot_name,
 )
 from kvbucket.fleet.pacing import Pacer
+from kvbucket.fleet.quarantine import Quarantine
 from kvbucket.fleet.view import Change, FleetView
+from kvbucket.fleet.wire import JOURNAL_MAX_RECORDS, MAX_STORED, BadObject, read_digest, read_snapshot
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.base import ObjectStore
@@ -64,13 +64,6 @@ FLEET_REQUESTS = Counter(
 
 #: How many rounds another node's writes take to reach this node's view (see _refresh_budget).
 WRITE_LAG_ROUNDS = 3
-
-
-@dataclass(slots=True)
-class _Listing:
-    journals: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # node -> [(seq, name)]
-    snapshots: list[tuple[int, str, str]] = field(default_factory=list)  # (gen, node, name)
-    seen: dict[str, float] = field(default_factory=dict)  # node -> newest mtime
 
 
 class Fleet(CompactorMixin):
@@ -134,6 +127,8 @@ class Fleet(CompactorMixin):
         self._pace = Pacer(config, self._stop)
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
+        #: What under _fleet/ did not parse (skipped until it changes; see .wire, .quarantine).
+        self._quarantine = Quarantine(self.node)
         self.stats: dict[str, int] = {
             "journals_written": 0,
             "journals_read": 0,
@@ -272,6 +267,7 @@ class Fleet(CompactorMixin):
                 "coordination_credit": round(self._pace.credit, 2),
                 "ready": self._ready.is_set(),
                 "last_error": self.last_error,
+                "quarantined": self._quarantine.count,
                 **self.stats,
             }
 
@@ -390,24 +386,27 @@ class Fleet(CompactorMixin):
             if not recs:
                 return False
             self._buf, self._accessed = [], {}
+        # Journals of at most JOURNAL_MAX_RECORDS (what a reader accepts, .wire), in order.
+        for i in range(0, len(recs), JOURNAL_MAX_RECORDS):
+            part = recs[i : i + JOURNAL_MAX_RECORDS]
             seq = self._seq + 1
-        journal = Journal(self.node, seq, recs)
-        # The compactor's GET (unless it is ours) and DELETE of this journal, paid by its writer.
-        self._pace.spend(1 if self._is_compactor() else 2)
-        try:
-            self._count("put")
-            self._store.put(journal_name(self._prefix, self.node, seq), journal.to_bytes())
-        except Exception:
-            with self._lock:  # keep them for the next round; nothing is lost
-                self._buf = [r for r in recs if r[0] != "a"] + self._buf
-            raise
-        with self._lock:
-            self._seq = seq
-            self._applied[self.node] = seq
-            self._pending.setdefault(self.node, {})[seq] = recs
-            self._seen[self.node] = now
-            self._last_journal = now
-        self.stats["journals_written"] += 1
+            journal = Journal(self.node, seq, part, t=now, cap=self._capacity)
+            # The compactor's GET (unless it is ours) and DELETE of this journal, paid by its writer.
+            self._pace.spend(1 if self._is_compactor() else 2)
+            try:
+                self._count("put")
+                self._store.put(journal_name(self._prefix, self.node, seq), journal.to_bytes())
+            except Exception:
+                with self._lock:  # keep them for the next round; nothing is lost
+                    self._buf = [r for r in recs[i:] if r[0] != "a"] + self._buf
+                raise
+            with self._lock:
+                self._seq = seq
+                self._applied[self.node] = seq
+                self._pending.setdefault(self.node, {})[seq] = part
+                self._seen[self.node] = now
+                self._last_journal = now
+            self.stats["journals_written"] += 1
         return True
 
     def _read_digest(self) -> tuple[list[Change], bool] | None:
@@ -415,24 +414,30 @@ class Fleet(CompactorMixin):
         or None when there is none or it is stale (then this round takes the listing path)."""
         started = time.time()
         self._count("get")
-        rev = self._store.get_if_changed(digest_name(self._prefix), self._digest_tag)
+        name = digest_name(self._prefix)
+        rev = self._store.get_if_changed(name, self._digest_tag)
         stale = started - self.config.node_timeout_secs
         if rev.tag is None:
             return None
         if rev.data is None:
-            if self._digest_t < stale:
+            if self._digest_t < stale or self._quarantine.holds(name, rev.tag):
                 return None
             self.stats["digests_unchanged"] += 1
             # Unchanged: the compactor, listing every stage, found no new journal meanwhile.
             self._known_at = max(self._known_at, self._digest_t, started - 2 * self.config.stage_secs)
             return [], False
-        body = decode("digest", rev.data)
-        t = float(body["t"])
+        try:
+            body = read_digest(rev.data)
+        except BadObject as e:  # list this round; ask again only once it changed (no body till then)
+            self._quarantine.judge(name, rev.tag, e)
+            self._digest_tag = rev.tag
+            return None
+        t = body["t"]
         self._digest_tag, self._digest_t = rev.tag, t
         if t < stale:
             return None
         changes: list[Change] = []
-        gen, snode = int(body["gen"]), str(body["snode"])
+        gen, snode = body["gen"], body["snode"]
         if gen >= 0 and (gen, snode) > self._snap:
             loaded = self._load_snapshot(gen, snode, snapshot_name(self._prefix, gen, snode))
             if loaded is None:
@@ -443,43 +448,34 @@ class Fleet(CompactorMixin):
             for ch in self._view.apply_delta(body):
                 changes.append(ch)
                 self.stats["remote_stores_seen" if ch[1] is not None else "remote_deletes_seen"] += 1
-            for n, seq in body.get("marks", {}).items():
-                self._applied[str(n)] = max(self._applied.get(str(n), 0), int(seq))
-            for n, seen in body.get("seen", {}).items():
-                self._seen[str(n)] = max(self._seen.get(str(n), 0.0), float(seen))
+            for n, seq in body["marks"].items():
+                self._applied[n] = max(self._applied.get(n, 0), seq)
+            for n, seen in body["seen"].items():
+                self._seen[n] = max(self._seen.get(n, 0.0), seen)
         self._known_at = max(self._known_at, t)
         self.stats["digests_read"] += 1
         return changes, bool(changes)  # a digest rewritten only to show the compactor alive is no news
 
-    def _list(self) -> _Listing:
-        out = _Listing()
-        now = time.time()
-        pages = 0
-        for i, info in enumerate(self._store.list(fleet_root(self._prefix) + "/")):
-            if i % 1000 == 0:
-                pages += 1
-            p = parse_name(info.name, self._prefix)
-            if p is None:
-                continue
-            seen = info.mtime if info.mtime is not None else now
-            if p.kind in ("j", "n"):
-                out.seen[p.node] = max(out.seen.get(p.node, 0.0), seen)
-            if p.kind == "j":
-                out.journals.setdefault(p.node, []).append((p.seq, info.name))
-            elif p.kind == "s":
-                out.snapshots.append((p.seq, p.node, info.name))
-        self._count("list", max(1, pages))
+    def _list(self) -> Listing:
+        out = list_fleet(self._store, self._prefix)
+        self._count("list", out.pages)
         with self._lock:
             for node, t in out.seen.items():
                 self._seen[node] = max(self._seen.get(node, 0.0), t)
         return out
 
-    def _fold(self, listing: _Listing) -> list[Change]:
+    def _fold(self, listing: Listing) -> list[Change]:
         changes: list[Change] = []
-        if listing.snapshots:
-            gen, node, name = max(listing.snapshots)
-            if (gen, node) > self._snap:
-                changes += self._load_snapshot(gen, node, name) or []
+        # The newest snapshot that parses: a bad one (even at a high generation) shadows nothing.
+        for gen, node, name, size in sorted(listing.snapshots, reverse=True):
+            if (gen, node) <= self._snap:
+                break
+            if self._quarantine.holds(name, None) or self._too_big("snapshot", name, size):
+                continue
+            loaded = self._load_snapshot(gen, node, name)
+            if loaded is not None:
+                changes += loaded
+                break
         todo: list[tuple[str, int, str]] = []
         with self._lock:
             for node, js in listing.journals.items():
@@ -487,21 +483,23 @@ class Fleet(CompactorMixin):
                     continue
                 done = self._applied.get(node, 0)
                 todo += [(node, seq, name) for seq, name in sorted(js) if seq > done]
+        todo = [(node, seq, name) for node, seq, name in todo
+                if not self._quarantine.holds(name, listing.sizes.get(name))
+                and not self._too_big("journal", name, listing.sizes.get(name, 0))]
         if not todo:
             return changes
         self._count("get", len(todo), prepaid=True)
         results = self._store.get_many([name for _, _, name in todo])
         with self._lock:
-            for (node, seq, _), r in zip(todo, results, strict=True):
+            for (node, seq, name), r in zip(todo, results, strict=True):
                 if r.data is None:
                     if r.error is None:
                         continue  # compacted away since the listing: the next snapshot has it
                     raise r.error
                 try:
                     journal = Journal.from_bytes(bytes(r.data))
-                except (ValueError, TypeError, KeyError) as e:
-                    self.stats["sync_errors"] += 1
-                    self.last_error = f"unreadable journal {node}/{seq}: {e}"
+                except BadObject as e:  # skipped, not applied: the node's later journals still are
+                    self._quarantine.judge(name, len(r.data), e)
                     continue
                 if seq > self._applied.get(node, 0) + 1:
                     self.stats["journal_gaps"] += 1
@@ -513,15 +511,29 @@ class Fleet(CompactorMixin):
                 self.stats["journals_read"] += 1
         return changes
 
+    def _too_big(self, kind: str, name: str, size: int | None) -> bool:
+        """Too big to be a fleet object of ``kind`` by its listed size: quarantined unread."""
+        if size is None or size <= MAX_STORED[kind]:
+            return False
+        self._quarantine.judge(name, size, f"{size} bytes, more than a fleet {kind} may hold")
+        return True
+
     def _load_snapshot(self, gen: int, node: str, name: str) -> list[Change] | None:
-        """Replace the view with a snapshot plus what is newer than it; None when it is gone."""
+        """Replace the view with a snapshot plus what is newer than it; None when it is gone or
+        does not parse (then it is quarantined)."""
+        if self._quarantine.holds(name, None):
+            return None
         self._count("get")
         data = self._store.get(name)
         if data is None:
             return None  # replaced since the listing; the next round sees the newer one
-        body = decode("snapshot", data)
+        try:
+            body = read_snapshot(data)
+        except BadObject as e:
+            self._quarantine.judge(name, len(data), e)
+            return None
         view = FleetView.from_body(body, self._prefix, self._parse)
-        marks = {str(k): int(v) for k, v in body.get("marks", {}).items()}
+        marks = body["marks"]
         with self._lock:
             for n, js in self._pending.items():
                 for seq in sorted(js):
@@ -547,8 +559,8 @@ class Fleet(CompactorMixin):
                 self._applied[n] = max(self._applied.get(n, 0), seq)
             self._prev_marks, self._snap_marks = self._snap_marks, marks
             self._snap = (gen, node)
-            self._snap_time = float(body.get("t", 0.0))
-            self._reconciled = max(self._reconciled, float(body.get("reconciled", 0.0)))
+            self._snap_time = body["t"]
+            self._reconciled = max(self._reconciled, body["reconciled"])
         self.stats["snapshots_read"] += 1
         return changes
 
@@ -568,7 +580,4 @@ class Fleet(CompactorMixin):
             self._seen[self.node] = now
 
 
-__all__ = ["FLEET_EVICTIONS", "Fleet", "inspect_fleet"]
-
-# Read-only status for `kvbucket du` (kept importable from here).
-from kvbucket.fleet.report import inspect_fleet  # noqa: E402
+__all__ = ["FLEET_EVICTIONS", "Fleet"]

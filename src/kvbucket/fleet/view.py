@@ -18,14 +18,23 @@ import re
 import zlib
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import unquote
 
 from kvbucket.errors import InvalidKeyError
 from kvbucket.fleet.layout import Record
 from kvbucket.keys import ObjectKey
-from kvbucket.l2.eviction import EvictionConfig
 
 TOMBSTONE_SECS = 900.0
+
+
+class Eviction(Protocol):
+    """What the eviction choice asks of :class:`kvbucket.l2.eviction.EvictionConfig` (this module
+    imports nothing of :mod:`kvbucket.l2`, whose adapter imports it)."""
+
+    def triggered(self, used: int, capacity: int) -> bool: ...
+
+    def target_bytes(self, capacity: int) -> int: ...
 _FOREIGN_RE = re.compile(r"[^A-Za-z0-9_@~%-]")  # a character the key encoding never writes
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 
@@ -67,7 +76,10 @@ def salt_of(name: str, prefix: str) -> str | None:
     parts = seg.split("@")
     if len(parts) not in (3, 4) or not _HEX_RE.match(parts[1]) or not _HEX_RE.match(parts[2]):
         return None
-    return unquote(parts[3], errors="strict") if len(parts) == 4 else ""
+    try:
+        return unquote(parts[3], errors="strict") if len(parts) == 4 else ""
+    except UnicodeDecodeError:  # not an encoded salt: not a chunk (names come from the bucket)
+        return None
 
 
 def key_of(name: str, prefix: str) -> ObjectKey | None:
@@ -108,7 +120,10 @@ class FleetView:
         """The salt of a chunk's name (kvbucket's or, through ``parse``, LMCache's), or None."""
         salt = salt_of(name, self.prefix)
         if salt is None and self.parse is not None:
-            key = self.parse(name)
+            try:
+                key = self.parse(name)
+            except ValueError:  # a name from the bucket that no parser expected: not a chunk
+                return None
             return None if key is None else key.cache_salt
         return salt
 
@@ -252,7 +267,7 @@ class FleetView:
         self,
         *,
         capacity: int,
-        eviction: EvictionConfig,
+        eviction: Eviction,
         now: float,
         grace: float,
         max_age: float | None,

@@ -49,6 +49,8 @@ from kvbucket.integrations.tensor_regions import StorageViews
 from kvbucket.l2.config import format_validation_error
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import Gather, Scatter
+from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
+from kvbucket.stores.prefetch_config import ReadAheadConfig
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)
@@ -71,8 +73,9 @@ except ImportError:  # pragma: no cover - depends on the venv
 _SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
 
 
-class SGLangStorageSettings(FleetSettings):
-    """kvbucket's part of ``--hicache-storage-backend-extra-config`` (with the fleet keys)."""
+class SGLangStorageSettings(FleetSettings, ReadAheadConfig):
+    """kvbucket's part of ``--hicache-storage-backend-extra-config`` (with the fleet and read-ahead
+    keys)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -148,14 +151,18 @@ class KVBucketHiCacheStorage(_Base):
         opts = self.settings.store_options
         raw = store if store is not None else open_store(self.settings.store_url, **opts)
         self._raw = raw
-        self.store = seal_store(InstrumentedStore(raw, name="sglang"), tier="sglang",
-                                unsealed=self.settings.unsealed, encryption=self.settings.encryption)
+        # batch_exists hits start their loads (read-ahead, kvbucket.stores.prefetch), behind the check.
+        self.store = with_read_ahead(
+            seal_store(InstrumentedStore(raw, name="sglang"), tier="sglang", unsealed=self.settings.unsealed,
+                       encryption=self.settings.encryption),
+            self.settings.read_ahead_settings(), label="sglang")
         model = _segment(storage_config.model_name or "model")
         self._base = "/".join((_segment(self.settings.prefix), model, salt_segment(self.settings.cache_salt),
                                shard_segment(storage_config)))
         self.prefix = f"{self._base}/unregistered"
         self.mem_pool_host: Any = None
         self.page_size = 1
+        self._page_bytes: int | None = None  # a page's bytes, once the host pool is registered
         self._known: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self._stage_lock = threading.Lock()
@@ -177,6 +184,8 @@ class KVBucketHiCacheStorage(_Base):
         self.mem_pool_host = mem_pool_host
         self.page_size = int(getattr(mem_pool_host, "page_size", 1) or 1)
         self.prefix = f"{self._base}/{layout_segment(mem_pool_host)}"
+        page = mem_pool_host.get_dummy_flat_data_page()
+        self._page_bytes = page.numel() * page.element_size()
 
     def _name(self, key: str) -> str:
         return f"{self.prefix}/{key}"
@@ -195,6 +204,8 @@ class KVBucketHiCacheStorage(_Base):
         with self._lock:
             for n in names:
                 self._known.pop(n, None)
+        if isinstance(self.store, PrefetchStore):  # deleted in the fleet or gone: no read-ahead of it
+            self.store.forget(names)
 
     # -- tensors <-> bytes
     def _stage(self, pages: list[tuple[str, Any]]) -> list[tuple[str, memoryview]]:
@@ -225,17 +236,22 @@ class KVBucketHiCacheStorage(_Base):
         return self.batch_exists([key]) == 1
 
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
-        """Longest prefix of ``keys`` stored: one batched lookup (HEADs) for the names not known."""
+        """Longest prefix of ``keys`` stored: one batched lookup (HEADs) for the names not known.
+        The prefix's pages start loading now (read-ahead), for the ``batch_get_v1`` that follows."""
         names = [self._name(k) for k in keys]
         with self._lock:
             unknown = [i for i, n in enumerate(names) if n not in self._known]
         found = [True] * len(names)
+        sizes: list[int | None] = [self._page_bytes] * len(names)
         if unknown:
             results = self.store.head_many([names[i] for i in unknown])
             for i, r in zip(unknown, results, strict=True):
                 found[i] = r.error is None and r.size is not None
+                sizes[i] = r.size
             self._remember([names[i] for i, r in zip(unknown, results, strict=True) if found[i]])
-        return found.index(False) if False in found else len(found)
+        hits = found.index(False) if False in found else len(found)
+        read_ahead(self.store, names[:hits], sizes[:hits])
+        return hits
 
     # -- zero-copy v1 (SGLang calls these with "interface_v1": 1)
     def batch_set_v1(self, keys: list[str], host_indices: Any,

@@ -59,6 +59,8 @@ from kvbucket.integrations.engine_fleet import REFUSED, FleetSettings, open_flee
 from kvbucket.integrations.naming import path_segment, salt_segment
 from kvbucket.l2.config import format_validation_error
 from kvbucket.log_once import RepeatedLog
+from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
+from kvbucket.stores.prefetch_config import ReadAheadConfig
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)
@@ -101,9 +103,9 @@ except ImportError:  # pragma: no cover - depends on the venv
 _MIN_PART = 8  # chunks: a directory job of fewer is not split over threads
 
 
-class VLLMTierSettings(FleetSettings):
+class VLLMTierSettings(FleetSettings, ReadAheadConfig):
     """kvbucket's keys of one ``secondary_tiers`` entry (besides vLLM's ``type``/``module_path``),
-    with the fleet keys."""
+    with the fleet and read-ahead keys."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -237,8 +239,11 @@ class KVBucketSecondaryTier(_TierBase):
         self._chunks = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(-1, bs)
         self.namespace = namespace(offloading_spec, bs, s)
         self._raw = open_store(s.store_url, **s.store_options)
-        self.store = seal_store(InstrumentedStore(self._raw, name="vllm"), tier="vllm",
-                                unsealed=s.unsealed, encryption=s.encryption)
+        # Lookup hits start their loads (read-ahead, kvbucket.stores.prefetch), behind the check.
+        self.store = with_read_ahead(
+            seal_store(InstrumentedStore(self._raw, name="vllm"), tier="vllm", unsealed=s.unsealed,
+                       encryption=s.encryption),
+            s.read_ahead_settings(), label="vllm")
         auto = "index" if s.store_url.startswith("s3://") else "head"  # S3: one request per HEAD
         self.lookup_mode = auto if s.lookup == "auto" else s.lookup
         self.known = _KnownChunks(s.known_chunks, s.miss_ttl_secs)
@@ -284,6 +289,8 @@ class KVBucketSecondaryTier(_TierBase):
         mine = self.namespace + "/"  # the fleet may hold other engines' and namespaces' chunks
         keys = [k for n in names if n.startswith(mine) and (k := self._key_of(n)) is not None]
         self.known.discard(keys)
+        if isinstance(self.store, PrefetchStore):
+            self.store.forget(names)
         if self.events is None:
             return
         with self._lock:
@@ -301,7 +308,8 @@ class KVBucketSecondaryTier(_TierBase):
         return LookupResult.HIT if found else LookupResult.MISS
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
-        """Whether each chunk is stored: known ones without I/O, the rest by one batched lookup."""
+        """Whether each chunk is stored: known ones without I/O, the rest by one batched lookup.
+        Hits start loading now (read-ahead), for the load job vLLM submits next."""
         state = self.known.state(keys)
         unknown = [i for i, s in enumerate(state) if s is None]
         found = [s is True for s in state]
@@ -316,6 +324,8 @@ class KVBucketSecondaryTier(_TierBase):
                     misses.append(keys[i])
             self.known.add(hits)
             self.known.miss(misses)
+        hit_names = [self.name(k) for k, f in zip(keys, found, strict=True) if f]
+        read_ahead(self.store, hit_names, [self.block_size_bytes] * len(hit_names))
         return found
 
     def _index_loop(self) -> None:

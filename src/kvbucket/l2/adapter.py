@@ -1,8 +1,13 @@
 """One L2 adapter implementation over any :class:`~kvbucket.stores.base.ObjectStore`.
 
-:class:`ObjectStoreL2Adapter` is assembled from one mixin per path over shared state
-(:mod:`kvbucket.l2.core`: threads, names, batch slicing):
+:class:`ObjectStoreL2Adapter` is assembled from parts that each own their state and are handed
+the parts they use:
 
+- :class:`~kvbucket.l2.state.KeyState`: what the adapter knows about the store's keys (the
+  index, key locks, deletes and stores in progress, remembered misses), and the one lock that
+  guards it;
+- :class:`~kvbucket.l2.tasks.TaskRunner`: the loop thread and the store-call pool;
+  :class:`~kvbucket.l2.tasks.Completions`: one table of finished results and one event fd per path;
 - :mod:`kvbucket.l2.store_path`: store tasks (any sizes, mixed, unless ``full_chunk_bytes``);
 - :mod:`kvbucket.l2.lookup_path`: lookup-and-lock, answered from the index when it can;
 - :mod:`kvbucket.l2.load_path`: loads (exact sizes only; a gone object heals the index);
@@ -23,16 +28,15 @@ signal, as LMCache's hfbucket and s3 adapters do.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
-import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvbucket.l2.accounting import KeyIndex
-from kvbucket.l2.base import EventNotifier
-from kvbucket.l2.core import L2Listener
+from kvbucket.keys import ObjectKey
+from kvbucket.l2.base import KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
+from kvbucket.l2.core import L2Listener, Listeners, NameCache, Stats
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.l2.format_store import route_formats
 from kvbucket.l2.inventory import InventoryPath
@@ -40,18 +44,23 @@ from kvbucket.l2.load_path import LoadPath
 from kvbucket.l2.lookup_path import LookupPath
 from kvbucket.l2.naming import Naming
 from kvbucket.l2.removal import RemovalPath
+from kvbucket.l2.state import KeyState
 from kvbucket.l2.store_path import StorePath
+from kvbucket.l2.tasks import TaskRunner
 from kvbucket.log_once import flush_all
-from kvbucket.stores.base import ObjectStore, check_prefix
+from kvbucket.stores.base import Buffer, ObjectStore, check_prefix
 from kvbucket.stores.breaker import breaker_of
+from kvbucket.stores.prefetch import PrefetchStore, with_read_ahead
+from kvbucket.stores.prefetch_config import ReadAheadSettings
 from kvbucket.stores.sealed import seal_store
-from kvbucket.threads import DaemonThreadPool
 
 if TYPE_CHECKING:
     from kvbucket.fleet.config import FleetConfig
+    from kvbucket.fleet.host import FleetLink
+    from kvbucket.fleet.view import Change
 
 
-class ObjectStoreL2Adapter(StorePath, LookupPath, LoadPath, RemovalPath, InventoryPath):
+class ObjectStoreL2Adapter(L2Adapter):
     """See the module docstring. Build one with :func:`kvbucket.l2.open_l2_adapter` or directly."""
 
     def __init__(
@@ -74,10 +83,12 @@ class ObjectStoreL2Adapter(StorePath, LookupPath, LoadPath, RemovalPath, Invento
         unsealed: str = "miss",
         encryption: Any = None,
         fleet: FleetConfig | None = None,
+        read_ahead: ReadAheadSettings | None = None,
     ) -> None:
         """``fleet``: share capacity, eviction and visibility with every other node on this
         prefix through the store (see :mod:`kvbucket.fleet`); usage is then rebuilt from the
-        fleet's snapshot and journals instead of a listing."""
+        fleet's snapshot and journals instead of a listing. ``read_ahead``: a lookup hit starts
+        its load (:mod:`kvbucket.stores.prefetch`; None: off)."""
         if num_workers < 1:
             raise ValueError("num_workers must be at least 1")
         self._prefix = check_prefix(prefix)
@@ -90,80 +101,56 @@ class ObjectStoreL2Adapter(StorePath, LookupPath, LoadPath, RemovalPath, Invento
         self._store = route_formats(
             seal_store(store, tier="l2", unsealed=unsealed, encryption=encryption), self._naming
         )
-        # While the store's breaker is open, lookups answer from the index alone, at once.
-        self._breaker = breaker_of(self._store)
+        # Every path goes through the read-ahead buffer (when on): lookups start loads, loads take
+        # them, and stores and deletes drop what they replace or remove.
+        self._io = with_read_ahead(self._store, read_ahead, label="l2")
         # A per-process working dir (LMCache's download session dir), removed on close.
         self._work_dir = work_dir
-        self._num_workers = num_workers
-        self._capacity = int(max_capacity_bytes)
-        self._eviction = eviction
-        self._neg_ttl = float(metadata_cache_ttl_secs)
-        # Full chunk size per object group (``kv_rank >> 32``, see kvbucket.integrations.lmcache).
-        self._full_fixed = full_chunk_bytes
-        self._full = {}
         self._owns_store = owns_store
         self._delete_timeout = delete_timeout_secs
-        # Stores that run a batch's items concurrently themselves (S3, HF buckets) get whole
-        # batches; others (a directory) get one slice per worker.
-        self._split = split_batches
-        self.listener = listener
+        capacity = int(max_capacity_bytes)
+        if fleet is not None and eviction is None:  # max_age works without a capacity
+            eviction = EvictionConfig(eviction_policy="LRU" if capacity > 0 else "noop")
 
-        self._lock = threading.Lock()
-        self._name_cache = {}
-        self._index = KeyIndex()
-        self._locks = {}
-        self._deleting = set()
-        # Names a store task is writing: the startup listing leaves them to the task, which
-        # reports them to the listener as stored.
-        self._storing = {}
-        self._missing = {}  # name -> monotonic expiry of a remembered miss
-        self._next_id = 0
-        self._store_done = {}
-        self._lookup_done = {}
-        self._load_done = {}
-        self._inflight = set()
-        self._closed = False
-        self._evicting = False
-        self._rebuilt = not rebuild_usage and fleet is None
-        self._deleted_while_rebuilding = set()
-        self._stats = {
-            "stores": 0,
-            "store_failures": 0,
-            "lookups": 0,
-            "loads": 0,
-            "load_misses": 0,
-            "size_mismatches": 0,
-            "refused_unfull": 0,
-            "refused_full": 0,
-            "evicted_keys": 0,
-            "evicted_bytes": 0,
-            "deleted_keys": 0,
-            "delete_failures": 0,
-            "foreign_objects": 0,
-            "breaker_misses": 0,  # keys a lookup answered as misses, unasked, while the breaker was open
-        }
-        self._last_error = None
-
-        self._store_efd = EventNotifier()
-        self._lookup_efd = EventNotifier()
-        self._load_efd = EventNotifier()
-
-        # Daemon workers: a store call stuck past close() never keeps the process alive. (Every
-        # blocking call names this pool explicitly; asyncio only takes a ThreadPoolExecutor as
-        # the loop's default executor.)
-        self._pool = DaemonThreadPool(num_workers, "kvbucket-l2")
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="kvbucket-l2-loop", daemon=True)
-        self._thread.start()
+        self._state = KeyState(full_chunk_bytes=full_chunk_bytes, rebuilt=not rebuild_usage and fleet is None)
+        self._stats = Stats()
+        self._listeners = Listeners(listener)
+        self._names = NameCache(self._naming)
+        self._runner = TaskRunner(num_workers, split_batches=split_batches, stats=self._stats)
         self._fleet: FleetLink | None = None
         if fleet is not None:
             from kvbucket.fleet.host import FleetLink
 
-            if self._eviction is None:  # max_age works without a capacity
-                self._eviction = EvictionConfig(eviction_policy="LRU" if self._capacity > 0 else "noop")
-            self._fleet = FleetLink(self, fleet)
+            self._fleet = FleetLink(
+                self._io,
+                fleet,
+                parse=self._naming.parse,
+                prefix=self._prefix,
+                capacity=capacity,
+                eviction=eviction,
+                on_changes=self._apply_fleet_changes,
+                on_tick=self._fleet_tick,
+                on_ready=self._fleet_ready,
+            )
+        parts = (
+            self._state, self._names, self._runner, self._io, self._stats, self._listeners, self._fleet
+        )
+        self._removal = RemovalPath(
+            *parts, eviction=eviction, capacity=capacity, delete_timeout=delete_timeout_secs
+        )
+        self._stores = StorePath(*parts, after_store=self._removal.maybe_evict)
+        self._lookups = LookupPath(
+            *parts, breaker=breaker_of(self._store), negative_ttl=float(metadata_cache_ttl_secs)
+        )
+        self._loads = LoadPath(*parts)
+        self._inventory = InventoryPath(
+            self._state, self._naming, self._runner, self._io, self._stats, self._fleet,
+            capacity=capacity, eviction=eviction,
+        )
+        if self._fleet is not None:
+            self._fleet.start()
         elif rebuild_usage:
-            self._schedule(self._rebuild())
+            self._runner.schedule(self._inventory.rebuild())
 
     # ---- small helpers ------------------------------------------------------------------
     @property
@@ -171,26 +158,136 @@ class ObjectStoreL2Adapter(StorePath, LookupPath, LoadPath, RemovalPath, Invento
         return self._store
 
     @property
+    def read_ahead_store(self) -> PrefetchStore | None:
+        """The read-ahead buffer lookups fill and loads take from (None: read-ahead is off)."""
+        return self._io if isinstance(self._io, PrefetchStore) else None
+
+    @property
     def naming(self) -> Naming:
         return self._naming
 
+    @property
+    def listener(self) -> L2Listener | None:
+        return self._listeners.listener
+
+    @listener.setter
+    def listener(self, listener: L2Listener | None) -> None:
+        self._listeners.listener = listener
+
+    @property
+    def _evicting(self) -> bool:
+        """An eviction pass is running (tests wait for it to end)."""
+        return self._removal.evicting
+
     # ---- event fds --------------------------------------------------------------------------
     def get_store_event_fd(self) -> int:
-        return self._store_efd.fileno()
+        return self._stores.done.fileno()
 
     def get_lookup_and_lock_event_fd(self) -> int:
-        return self._lookup_efd.fileno()
+        return self._lookups.done.fileno()
 
     def get_load_event_fd(self) -> int:
-        return self._load_efd.fileno()
+        return self._loads.done.fileno()
+
+    # ---- the paths ----------------------------------------------------------------------------
+    def submit_store_task(
+        self, keys: Sequence[ObjectKey], buffers: Sequence[Buffer], *, keepalive: Any = None
+    ) -> L2TaskId:
+        """``keepalive``: objects owning the buffers' memory, held until the task completes (a
+        ctypes view of an LMCache MemoryObj does not keep the MemoryObj alive)."""
+        return self._stores.submit(keys, buffers, keepalive=keepalive)
+
+    def pop_completed_store_tasks(self) -> dict[L2TaskId, StoreResult]:
+        return self._stores.done.pop_all()
+
+    def submit_lookup_and_lock_task(self, keys: Sequence[ObjectKey], layout: Any | None = None) -> L2TaskId:
+        return self._lookups.submit(keys, layout)
+
+    def query_lookup_and_lock_result(self, task_id: L2TaskId) -> list[bool] | None:
+        return self._lookups.done.pop(task_id)
+
+    def submit_unlock(self, keys: Sequence[ObjectKey]) -> None:
+        self._lookups.unlock(keys)
+
+    def submit_load_task(
+        self, keys: Sequence[ObjectKey], buffers: Sequence[Buffer], *, keepalive: Any = None
+    ) -> L2TaskId:
+        return self._loads.submit(keys, buffers, keepalive=keepalive)
+
+    def query_load_result(self, task_id: L2TaskId) -> list[bool] | None:
+        return self._loads.done.pop(task_id)
+
+    def delete(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        return self._removal.delete(keys)
+
+    def get_usage(self) -> Usage:
+        return self._inventory.get_usage()
+
+    def wait_until_rebuilt(self, timeout: float | None = None) -> bool:
+        """Block until the startup listing has been read (for tools and tests)."""
+        return self._inventory.wait_until_rebuilt(timeout)
+
+    def list_keys(
+        self, model_name: str | None = None, page_size: int = 500, cursor: str | None = None
+    ) -> KeyPage:
+        return self._inventory.list_keys(model_name, page_size, cursor)
+
+    def report_status(self) -> dict[str, Any]:
+        return self._inventory.report_status()
+
+    # ---- the fleet's callbacks (from its thread) -------------------------------------------------
+    def _apply_fleet_changes(self, changes: list[Change]) -> None:
+        """Mirror what other nodes stored and deleted into the index, then tell the listener."""
+        # Imported here, as FleetLink is: kvbucket.fleet's modules import kvbucket.l2.eviction,
+        # whose package __init__ imports this module.
+        from kvbucket.fleet.view import key_of
+
+        st = self._state
+        added: list[tuple[ObjectKey, int]] = []
+        gone: list[tuple[ObjectKey, int]] = []
+        with st.lock:
+            for name, size in changes:
+                if name in st.deleting:
+                    continue
+                if size is None:
+                    entry = st.index.get(name)
+                    if entry is not None and st.index.remove(name):
+                        gone.append((entry.key, entry.size))
+                    continue
+                key = key_of(name, self._prefix) or self._naming.parse(name)
+                if key is None:
+                    continue
+                was_new = name not in st.index
+                st.index.add(name, key, size, touch=False)
+                st.missing.pop(name, None)
+                if st.full_fixed is None:
+                    group = key.kv_rank >> 32
+                    st.full[group] = max(st.full.get(group, 0), size)
+                if was_new:
+                    added.append((key, size))
+        listener = self.listener
+        if listener is not None:
+            if added:
+                listener.on_keys_stored([k for k, _ in added], [s for _, s in added])
+            if gone:
+                listener.on_keys_deleted([k for k, _ in gone], [s for _, s in gone])
+
+    def _fleet_tick(self) -> None:
+        if not self._state.closed:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._runner.call_soon(self._removal.maybe_evict)
+
+    def _fleet_ready(self) -> None:
+        with self._state.lock:
+            self._state.rebuilt = True
 
     # ---- close --------------------------------------------------------------------------------------------
     def close(self) -> None:
-        with self._lock:
-            if self._closed:
+        with self._state.lock:
+            if self._state.closed:
                 return
-            self._closed = True
-            pending = list(self._inflight)
+            self._state.closed = True
+            pending = list(self._runner.inflight)
         # Let submitted work finish (callers' buffers may be read or written until then), within
         # one overall deadline.
         deadline = time.monotonic() + self._delete_timeout
@@ -199,14 +296,12 @@ class ObjectStoreL2Adapter(StorePath, LookupPath, LoadPath, RemovalPath, Invento
                 fut.result(timeout=max(0.0, deadline - time.monotonic()))
         if self._fleet is not None:
             self._fleet.close()  # publishes what it still buffers
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._runner.stop()
         flush_all()  # the counts of repeated failures
-        if not self._thread.is_alive():
-            self._loop.close()
-        for efd in (self._store_efd, self._lookup_efd, self._load_efd):
-            efd.close()
+        for done in (self._stores.done, self._lookups.done, self._loads.done):
+            done.close()
+        if isinstance(self._io, PrefetchStore):
+            self._io.stop()
         if self._owns_store:
             self._store.close()
         if self._work_dir is not None:  # LMCache removes its session dir on close
@@ -214,7 +309,7 @@ class ObjectStoreL2Adapter(StorePath, LookupPath, LoadPath, RemovalPath, Invento
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._state.closed
 
     def __repr__(self) -> str:
         return f"ObjectStoreL2Adapter({self._store.url!r}, prefix={self._prefix!r})"

@@ -23,6 +23,9 @@ Fields shared by every type (kvbucket's, on top of each type's own):
   :mod:`kvbucket.encryption`; docs/integrity.md);
 - ``unsealed`` (``"miss"`` or ``"accept"``, default ``"miss"``): what a load does with an object
   that has no kvbucket envelope (see :mod:`kvbucket.stores.sealed`);
+- ``read_ahead`` (bool, default true), ``read_ahead_max_gb`` (float, default 1),
+  ``read_ahead_ttl_secs`` (float, default 10): a lookup hit starts its load into a bounded
+  buffer the load then takes from (:mod:`kvbucket.stores.prefetch`, docs/read-ahead.md);
 - ``fleet`` (dict, optional): share the prefix's capacity with every other node using it
   (see :class:`kvbucket.fleet.config.FleetConfig` and docs/fleet.md); ``max_capacity_gb``
   then bounds the whole prefix, not this node's stores.
@@ -35,19 +38,20 @@ import json
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.hfbucket_config import HFBucketConfig
+from kvbucket.stores.prefetch_config import ReadAheadConfig
 from kvbucket.stores.s3_config import S3Config
 
 GIB = 1024**3
 
 
-class L2CommonConfig(BaseModel):
+class L2CommonConfig(ReadAheadConfig):
     """The fields every kvbucket L2 adapter type accepts."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)

@@ -7,6 +7,11 @@ and reads them back raw, so a bucket shared with LMCache nodes keeps exactly LMC
 there, and a load of such an object is served only when its size is exactly the caller's
 buffer (the raw store's size check). The sealed store's ``unsealed`` policy therefore applies
 to kvbucket's names only: an unsealed object under a kvbucket name is still a miss by default.
+
+With encryption on, only encrypted chunks are served (docs/integrity.md, "What a reader may
+delete"): LMCache's names hold plaintext, so they are not listed, never a lookup hit, and a load
+of one is a miss counted as ``lmcache`` and left in place (:class:`_Unserved`), unless the
+operator chose ``"unsealed": "accept"``. Writing LMCache's format with encryption on is refused.
 """
 
 from __future__ import annotations
@@ -15,9 +20,42 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from kvbucket.envelope import EnvelopeError
+from kvbucket.errors import ConfigError, StoreError
 from kvbucket.l2.naming import Naming
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
 from kvbucket.stores.sealed import SealedStore
+
+
+class _Unserved(ObjectStore):
+    """LMCache's names while encryption is on: nothing is served or listed, a load of an object
+    that exists is refused (``lmcache``) through the sealed store's one rule, which keeps it."""
+
+    def __init__(self, sealed: SealedStore) -> None:
+        self.sealed = sealed
+        self.url = sealed.url
+
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        err = StoreError("LMCache's format is plaintext and is not written while encryption is on")
+        return [ItemResult(n, error=err) for n, _ in items]
+
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        heads = self.sealed.inner.head_many(names)  # count (and log) only objects that exist
+        bad = [(h.name, EnvelopeError("lmcache", f"{h.name}: LMCache's plaintext format, not served while "
+                                                 "encryption is on"))
+               for h in heads if h.found]
+        if bad:
+            self.sealed.refusals.refuse(self.sealed.inner, bad)
+        return [h if h.error is not None else ItemResult(h.name) for h in heads]
+
+    def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return [ItemResult(n) for n in names]  # nothing under these names can be loaded
+
+    def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self.sealed.inner.delete_many(names)
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
+        return iter(())
 
 
 class FormatStore(ObjectStore):
@@ -28,9 +66,12 @@ class FormatStore(ObjectStore):
         self.raw = sealed.inner
         self.url = sealed.url
         self._is_raw = is_raw
+        # Where LMCache's names go: the raw store, or nothing served while encryption is on.
+        self.serves_lmcache = sealed.keyring is None or sealed.unsealed == "accept"
+        self._lm: ObjectStore = self.raw if self.serves_lmcache else _Unserved(sealed)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("sealed", "raw"):
+        if name in ("sealed", "raw", "_lm"):
             raise AttributeError(name)
         return getattr(self.sealed, name)
 
@@ -50,13 +91,13 @@ class FormatStore(ObjectStore):
         if not raw:
             return call(self.sealed, sealed)
         if not sealed:
-            return call(self.raw, raw)
+            return call(self._lm, raw)
         # Both formats at once (each verb has its own time budget: in turn they would add up).
         box: dict[str, Any] = {}
 
         def raw_part() -> None:
             try:
-                box["r"] = call(self.raw, raw)
+                box["r"] = call(self._lm, raw)
             except BaseException as e:  # re-raised in the caller's thread
                 box["e"] = e
 
@@ -90,7 +131,8 @@ class FormatStore(ObjectStore):
         """One listing of the raw store; sizes are payload sizes in both formats."""
         for info in self.raw.list(prefix, page_size=page_size):
             if self._is_raw(info.name):
-                yield info
+                if self.serves_lmcache:
+                    yield info
             else:
                 yield ObjectInfo(info.name, self.sealed.payload_size(info.size) or 0, info.mtime)
 
@@ -100,6 +142,11 @@ class FormatStore(ObjectStore):
 
 def route_formats(sealed: SealedStore, naming: Naming) -> ObjectStore:
     """``sealed`` itself when ``naming`` knows no LMCache format, else a :class:`FormatStore`."""
+    if naming.writes_lmcache and sealed.keyring is not None:
+        raise ConfigError(
+            'object_format "lmcache" writes LMCache\'s plaintext chunks and cannot be encrypted: '
+            'drop "encryption" or use object_format "kvbucket" (the default)'
+        )
     if naming.style is None:
         return sealed
     return FormatStore(sealed, naming.is_lmcache_name)

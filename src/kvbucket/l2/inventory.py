@@ -10,69 +10,101 @@ import asyncio
 import time
 from bisect import bisect_right
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbucket.fleet.layout import is_fleet_name
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import KeyPage, Usage
-from kvbucket.l2.core import AdapterCore, log
+from kvbucket.l2.core import Stats, log
+from kvbucket.l2.eviction import EvictionConfig
+from kvbucket.l2.naming import Naming
+from kvbucket.l2.state import KeyState
+from kvbucket.l2.tasks import TaskRunner
+from kvbucket.stores.base import ObjectStore
+
+if TYPE_CHECKING:
+    from kvbucket.fleet.host import FleetLink
 
 _REBUILD_PAGE = 1000
 
 
-class InventoryPath(AdapterCore):
+class InventoryPath:
     """Usage, rebuild, listing and status."""
 
+    def __init__(
+        self,
+        state: KeyState,
+        naming: Naming,
+        runner: TaskRunner,
+        store: ObjectStore,
+        stats: Stats,
+        fleet: FleetLink | None,
+        *,
+        capacity: int,
+        eviction: EvictionConfig | None,
+    ) -> None:
+        self._state = state
+        self._naming = naming
+        self._prefix = naming.prefix
+        self._runner = runner
+        self._store = store
+        self._stats = stats
+        self._fleet = fleet
+        self._capacity = capacity
+        self._eviction = eviction
+
     def get_usage(self) -> Usage:
-        with self._lock:
+        st = self._state
+        with st.lock:
             return Usage(
-                bytes_used=self._index.bytes_used,
+                bytes_used=st.index.bytes_used,
                 capacity_bytes=self._capacity,
-                bytes_by_cache_salt=MappingProxyType(self._index.bytes_by_salt()),
-                complete=self._rebuilt,
+                bytes_by_cache_salt=MappingProxyType(st.index.bytes_by_salt()),
+                complete=st.rebuilt,
             )
 
     def wait_until_rebuilt(self, timeout: float | None = None) -> bool:
         """Block until the startup listing has been read (for tools and tests)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._rebuilt:
+        while not self._state.rebuilt:
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
         return True
 
-    async def _rebuild(self) -> None:
+    async def rebuild(self) -> None:
         try:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._rebuild_sync)
+            await asyncio.get_running_loop().run_in_executor(self._runner.pool, self._rebuild_sync)
         except Exception as e:
             log.exception(
                 "could not list %s to rebuild usage; usage counts only this run's stores", self._store.url
             )
-            self._last_error = f"usage rebuild failed: {type(e).__name__}: {e}"
+            self._stats.last_error = f"usage rebuild failed: {type(e).__name__}: {e}"
         finally:
-            with self._lock:
-                self._rebuilt = True
-                self._deleted_while_rebuilding.clear()
+            with self._state.lock:
+                self._state.rebuilt = True
+                self._state.deleted_while_rebuilding.clear()
 
     def _rebuild_sync(self) -> None:
+        st = self._state
         prefix = f"{self._prefix}/" if self._prefix else ""
         page: list[tuple[str, ObjectKey, int, float]] = []
 
         def flush() -> None:
             # Newest first with touch=False, so the oldest ends up at the LRU end.
             page.sort(key=lambda t: t[3], reverse=True)
-            with self._lock:
+            with st.lock:
                 for name, key, size, _ in page:
                     if (
-                        name not in self._deleted_while_rebuilding
-                        and name not in self._deleting
-                        and name not in self._storing
+                        name not in st.deleted_while_rebuilding
+                        and name not in st.deleting
+                        and name not in st.storing
                     ):
-                        self._index.add(name, key, size, touch=False)
+                        st.index.add(name, key, size, touch=False)
             page.clear()
 
         for info in self._store.list(prefix):
-            if self._closed:
+            if st.closed:
                 return
             key = self._naming.parse(info.name)  # kvbucket's names and LMCache's
             if key is None:
@@ -91,13 +123,14 @@ class InventoryPath(AdapterCore):
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
         if cursor is not None and (not isinstance(cursor, str) or not cursor):
             raise ValueError("cursor must be the non-empty string returned as next_cursor")
+        st = self._state
         start = f"{self._prefix}/" if self._prefix else ""
-        if self._rebuilt:
-            with self._lock:
+        if st.rebuilt:
+            with st.lock:
                 names = sorted(
                     (n, e.key, e.size)
-                    for n in self._index.names()
-                    if (e := self._index.get(n)) is not None
+                    for n in st.index.names()
+                    if (e := st.index.get(n)) is not None
                     and (not model_name or e.key.model_name == model_name)
                 )
         else:
@@ -114,12 +147,13 @@ class InventoryPath(AdapterCore):
         return KeyPage(tuple((k, s) for _, k, s in chunk), chunk[-1][0] if more and chunk else None)
 
     def report_status(self) -> dict[str, Any]:
+        st = self._state
         usage = self.get_usage()
-        with self._lock:
-            locked = sum(1 for c in self._locks.values() if c > 0)
-            keys = len(self._index)
+        with st.lock:
+            locked = sum(1 for c in st.key_locks.values() if c > 0)
+            keys = len(st.index)
         return {
-            "is_healthy": not self._closed,
+            "is_healthy": not st.closed,
             "store": self._store.url,
             "prefix": self._prefix,
             "keys": keys,
@@ -128,10 +162,10 @@ class InventoryPath(AdapterCore):
             "usage_fraction": usage.usage_fraction,
             "usage_complete": usage.complete,
             "locked_keys": locked,
-            "inflight_tasks": len(self._inflight),
-            "full_chunk_bytes": self._full_fixed if self._full_fixed is not None else dict(self._full),
+            "inflight_tasks": len(self._runner.inflight),
+            "full_chunk_bytes": st.full_fixed if st.full_fixed is not None else dict(st.full),
             "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
-            "last_error": self._last_error,
+            "last_error": self._stats.last_error,
             **self._stats,
             **({"fleet": self._fleet.status()} if self._fleet is not None else {}),
         }

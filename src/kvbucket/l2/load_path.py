@@ -9,86 +9,108 @@ healing when another server deleted it).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbucket.errors import SizeMismatchError
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import L2TaskId
-from kvbucket.l2.core import AdapterCore, log, repeated
-from kvbucket.stores.base import Buffer
+from kvbucket.l2.core import Listeners, NameCache, Stats, log, repeated
+from kvbucket.l2.state import KeyState
+from kvbucket.l2.tasks import Completions, TaskRunner
+from kvbucket.stores.base import Buffer, ObjectStore
+
+if TYPE_CHECKING:
+    from kvbucket.fleet.host import FleetLink
 
 
-class LoadPath(AdapterCore):
-    """Load tasks and their completions."""
+class LoadPath:
+    """Load tasks and their completions (``done``: this path's results and event fd)."""
 
-    def submit_load_task(
+    def __init__(
+        self,
+        state: KeyState,
+        names: NameCache,
+        runner: TaskRunner,
+        store: ObjectStore,
+        stats: Stats,
+        listeners: Listeners,
+        fleet: FleetLink | None,
+    ) -> None:
+        self._state = state
+        self._names = names
+        self._runner = runner
+        self._store = store
+        self._stats = stats
+        self._listeners = listeners
+        self._fleet = fleet
+        self.done: Completions[list[bool]] = Completions()
+
+    def submit(
         self, keys: Sequence[ObjectKey], buffers: Sequence[Buffer], *, keepalive: Any = None
     ) -> L2TaskId:
         keys, buffers = list(keys), list(buffers)
-        with self._lock:
-            tid = self._new_id()
-            if self._closed or len(keys) != len(buffers):
-                self._load_done[tid] = [False] * len(keys)
-            else:
-                self._schedule(self._run_load(tid, keys, buffers, keepalive))
+        tid = self._runner.new_id()
+        with self._state.lock:
+            if not self._state.closed and len(keys) == len(buffers):
+                self._runner.schedule(self._run(tid, keys, buffers, keepalive))
                 return tid
-        self._load_efd.notify()
+        self.done.publish(tid, [False] * len(keys))
         return tid
 
-    def query_load_result(self, task_id: L2TaskId) -> list[bool] | None:
-        with self._lock:
-            return self._load_done.pop(task_id, None)
-
-    async def _run_load(
+    async def _run(
         self, tid: L2TaskId, keys: list[ObjectKey], buffers: list[Buffer], keepalive: Any = None
     ) -> None:
         n = len(keys)
+        st = self._state
         ok = [False] * n
         gone_keys: list[ObjectKey] = []
         gone_sizes: list[int] = []
+        gone_names: list[str] = []
         try:
-            cands = [self._names(k) for k in keys]
-            with self._lock:
+            cands = [self._names.names(k) for k in keys]
+            with st.lock:
                 # The name the index knows first, then the others in order.
-                order = [_known_first(c, self._where(c)) for c in cands]
+                order = [_known_first(c, st.where(c)) for c in cands]
             todo = list(range(n))
             r = 0
             while todo:
-                results = await self._sliced(
+                results = await self._runner.sliced(
                     self._store.get_many, [order[i][r] for i in todo], [buffers[i] for i in todo]
                 )
                 retry: list[int] = []
-                with self._lock:
+                with st.lock:
                     for i, res in zip(todo, results, strict=True):
                         name = order[i][r]
                         if res.found:
                             ok[i] = True
-                            self._index.touch(name)
+                            st.index.touch(name)
                         elif isinstance(res.error, SizeMismatchError):
                             self._stats["size_mismatches"] += 1
                             repeated.warning("load task %d: %s; reported as a miss", tid, res.error, item=tid)
                         elif res.ok:  # not there (deleted elsewhere): forget it, try the next name
-                            size = self._index.remove(name)
+                            size = st.index.remove(name)
                             if size:
                                 gone_keys.append(keys[i])
                                 gone_sizes.append(size)
-                                if self._fleet is not None:
-                                    self._fleet.deleted([name])
+                                gone_names.append(name)
                             if r + 1 < len(order[i]):
                                 retry.append(i)
                         else:
-                            self._last_error = str(res.error)
+                            self._stats.last_error = str(res.error)
                 todo, r = retry, r + 1
+            if gone_names and self._fleet is not None:
+                # A miss tells the fleet of a deletion only when the object is gone: one this
+                # reader refused and kept (no keyring, another key; docs/integrity.md, "What a
+                # reader may delete") is still there, and still counted, for the nodes that read it.
+                heads = await self._runner.sliced(self._store.head_many, gone_names)
+                self._fleet.deleted([h.name for h in heads if h.ok and h.size is None])
         except Exception as e:
             log.exception("load task %d failed", tid)
-            self._last_error = f"{type(e).__name__}: {e}"
+            self._stats.last_error = f"{type(e).__name__}: {e}"
         self._stats["loads"] += 1
         self._stats["load_misses"] += ok.count(False)
-        if gone_keys and self.listener is not None:
-            self._tell(self.listener.on_keys_deleted, gone_keys, gone_sizes)
-        with self._lock:
-            self._load_done[tid] = ok
-        self._load_efd.notify()
+        self._listeners.deleted(gone_keys, gone_sizes)
+        self.done.publish(tid, ok)
 
 
 def _known_first(cands: tuple[str, ...], known: str | None) -> tuple[str, ...]:

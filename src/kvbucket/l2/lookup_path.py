@@ -8,72 +8,104 @@ index does not know are misses at once, in the caller's thread (no request, no h
 the full size, known from ``full_chunk_bytes`` or from the layout passed with a lookup (LMCache's
 ``MemoryLayoutDesc``, per object group), or, with neither, a non-empty object. Accessed keys are
 told to the listener right after the lookup's signal, as LMCache's hfbucket and s3 adapters do.
+Hits start their loads before the signal (read-ahead, :mod:`kvbucket.stores.prefetch`), so
+LMCache's ``load`` that follows finds the bytes landed or on their way.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbucket.errors import InvalidKeyError
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import L2TaskId
-from kvbucket.l2.core import AdapterCore, log
+from kvbucket.l2.core import Listeners, NameCache, Stats, log
+from kvbucket.l2.state import KeyState
+from kvbucket.l2.tasks import Completions, TaskRunner
+from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.breaker import CircuitBreaker
+from kvbucket.stores.prefetch import read_ahead
+
+if TYPE_CHECKING:
+    from kvbucket.fleet.host import FleetLink
 
 
-class LookupPath(AdapterCore):
-    """Lookup-and-lock tasks, their completions, and unlocks."""
+class LookupPath:
+    """Lookup-and-lock tasks, their completions (``done``: results and event fd), and unlocks."""
 
-    def submit_lookup_and_lock_task(self, keys: Sequence[ObjectKey], layout: Any | None = None) -> L2TaskId:
+    def __init__(
+        self,
+        state: KeyState,
+        names: NameCache,
+        runner: TaskRunner,
+        store: ObjectStore,
+        stats: Stats,
+        listeners: Listeners,
+        fleet: FleetLink | None,
+        *,
+        breaker: CircuitBreaker | None,
+        negative_ttl: float,
+    ) -> None:
+        self._state = state
+        self._names = names
+        self._runner = runner
+        self._store = store
+        self._stats = stats
+        self._listeners = listeners
+        self._fleet = fleet
+        self._breaker = breaker  # while open, lookups answer from the index alone, at once
+        self._neg_ttl = negative_ttl
+        self.done: Completions[list[bool]] = Completions()
+
+    def submit(self, keys: Sequence[ObjectKey], layout: Any | None = None) -> L2TaskId:
         keys = list(keys)
+        st = self._state
         try:
-            cands: list[tuple[str, ...]] | None = [self._names(k) for k in keys]
+            cands: list[tuple[str, ...]] | None = [self._names.names(k) for k in keys]
         except InvalidKeyError:
             cands = None  # the task reports it (as misses) from the loop
         accessed: list[ObjectKey] = []
-        with self._lock:
-            tid = self._new_id()
-            if self._full_fixed is None:
+        ahead: list[tuple[str, int]] = []  # (name, size) of hits: their loads start now
+        tid = self._runner.new_id()
+        with st.lock:
+            if st.full_fixed is None:
                 if isinstance(layout, int) and layout > 0:
                     layout = {0: layout}
                 if isinstance(layout, dict):
-                    self._full.update({int(g): int(b) for g, b in layout.items() if int(b) > 0})
+                    st.full.update({int(g): int(b) for g, b in layout.items() if int(b) > 0})
             done: list[bool] | None = None
-            if self._closed:
+            if st.closed:
                 done = [False] * len(keys)
             elif cands is not None:
                 # Every key answered by the index (or a fresh remembered miss): no I/O is needed,
                 # so answer now instead of paying a hop through the loop thread.
-                done = self._from_index(keys, cands, accessed, unknown_misses=False)
+                done = self._from_index(keys, cands, accessed, unknown_misses=False, ahead=ahead)
                 if done is None and self._breaker is not None and self._breaker.refusing():
                     # The store's breaker is open: what the index does not know is a miss now, with
                     # no request and no hop through the loop thread (the engine recomputes).
-                    done = self._lock_hits(keys, cands, accessed)
+                    done = self._lock_hits(keys, cands, accessed, ahead)
                     unasked = len(keys) - sum(done)
                     self._stats["breaker_misses"] += unasked
                     self._breaker.count_rejected("head", unasked)
             if done is None:
-                self._schedule(self._run_lookup(tid, keys))
-            else:
-                self._lookup_done[tid] = done
+                self._runner.schedule(self._run(tid, keys))
         if done is not None:
             self._stats["lookups"] += 1
-            self._signal_lookup(accessed)
+            self._finish(tid, done, accessed, ahead)
         return tid
 
-    def _finish_lookup(self, tid: L2TaskId, hits: list[bool], accessed: list[ObjectKey]) -> None:
-        with self._lock:
-            self._lookup_done[tid] = hits
-        self._signal_lookup(accessed)
-
-    def _signal_lookup(self, accessed: list[ObjectKey]) -> None:
-        """Signal a published result, then tell the listener of the hits: LMCache's hfbucket and
-        s3 adapters call ``_notify_keys_accessed`` right after the lookup signal, which keeps
-        LMCache's listeners and event bus off the lookup's latency."""
-        self._lookup_efd.notify()
-        if accessed and self.listener is not None:
-            self._tell(self.listener.on_keys_accessed, accessed)
+    def _finish(self, tid: L2TaskId, hits: list[bool], accessed: list[ObjectKey],
+                ahead: list[tuple[str, int]]) -> None:
+        """Start the hits' loads (read-ahead, before the signal: a load that follows at once finds
+        them on their way), publish and signal the result, then tell the listener of the hits:
+        LMCache's hfbucket and s3 adapters call ``_notify_keys_accessed`` right after the lookup
+        signal, which keeps LMCache's listeners and event bus off the lookup's latency."""
+        if ahead:
+            read_ahead(self._store, [n for n, _ in ahead], [z for _, z in ahead])
+        self.done.publish(tid, hits)
+        self._listeners.accessed(accessed)
 
     def _from_index(
         self,
@@ -82,15 +114,17 @@ class LookupPath(AdapterCore):
         accessed: list[ObjectKey],
         *,
         unknown_misses: bool,
+        ahead: list[tuple[str, int]] | None = None,
     ) -> list[bool] | None:
-        """The answer from the index, hits locked and touched (call with ``_lock``).
+        """The answer from the index, hits locked and touched (call with the state's lock).
 
         A key is looked for under its names in order. One that is under none of them is a miss
         when ``unknown_misses`` (or a fleet tells every store through its journals) or when each
         name is a fresh remembered miss; otherwise the store must be asked: None, nothing changed.
         Plain loops: this runs per key on every lookup."""
-        get = self._index.get
-        unknown_misses = unknown_misses or (self._fleet is not None and self._rebuilt)
+        st = self._state
+        get = st.index.get
+        unknown_misses = unknown_misses or (self._fleet is not None and st.rebuilt)
         now = 0.0
         found: list[tuple[int, str, int]] = []
         for i, c in enumerate(cands):
@@ -103,17 +137,12 @@ class LookupPath(AdapterCore):
                 if not unknown_misses:
                     now = now or time.monotonic()
                     for name in c:
-                        if self._missing.get(name, 0.0) <= now:
+                        if st.missing.get(name, 0.0) <= now:
                             return None
         hits = [False] * len(keys)
         hit_names: list[str] = []
-        fixed, full, deleting, locks, touch = (
-            self._full_fixed,
-            self._full,
-            self._deleting,
-            self._locks,
-            self._index.touch,
-        )
+        fixed, full, deleting, locks = st.full_fixed, st.full, st.deleting, st.key_locks
+        touch = st.index.touch
         for i, name, size in found:
             want = fixed if fixed is not None else full.get(keys[i].kv_rank >> 32)
             if size <= 0 or (want is not None and size != want) or name in deleting:
@@ -123,44 +152,47 @@ class LookupPath(AdapterCore):
             touch(name)
             accessed.append(keys[i])
             hit_names.append(name)
+            if ahead is not None:
+                ahead.append((name, size))
         if self._fleet is not None and hit_names:
             self._fleet.accessed(hit_names)
         return hits
 
     def _lock_hits(
-        self, keys: list[ObjectKey], cands: list[tuple[str, ...]], accessed: list[ObjectKey]
+        self, keys: list[ObjectKey], cands: list[tuple[str, ...]], accessed: list[ObjectKey],
+        ahead: list[tuple[str, int]] | None = None,
     ) -> list[bool]:
-        """Hits among indexed names, locked and touched; every other key a miss (call with ``_lock``)."""
-        hits = self._from_index(keys, cands, accessed, unknown_misses=True)
+        """Hits among indexed names, locked and touched; every other key a miss (call with the lock)."""
+        hits = self._from_index(keys, cands, accessed, unknown_misses=True, ahead=ahead)
         assert hits is not None
         return hits
 
-    def query_lookup_and_lock_result(self, task_id: L2TaskId) -> list[bool] | None:
-        with self._lock:
-            return self._lookup_done.pop(task_id, None)
-
-    def submit_unlock(self, keys: Sequence[ObjectKey]) -> None:
-        with self._lock:
+    def unlock(self, keys: Sequence[ObjectKey]) -> None:
+        st = self._state
+        with st.lock:
+            locks = st.key_locks
             for key in keys:
                 try:
-                    cands = self._names(key)
+                    cands = self._names.names(key)
                 except InvalidKeyError:
                     continue
-                name = next((n for n in cands if self._locks.get(n)), None)
+                name = next((n for n in cands if locks.get(n)), None)
                 if name is None:
                     continue
-                count = self._locks[name]
+                count = locks[name]
                 if count <= 1:
-                    self._locks.pop(name, None)
+                    locks.pop(name, None)
                 else:
-                    self._locks[name] = count - 1
+                    locks[name] = count - 1
 
-    async def _run_lookup(self, tid: L2TaskId, keys: list[ObjectKey]) -> None:
+    async def _run(self, tid: L2TaskId, keys: list[ObjectKey]) -> None:
+        st = self._state
         n = len(keys)
         hits = [False] * n
         accessed: list[ObjectKey] = []
+        ahead: list[tuple[str, int]] = []
         try:
-            cands = [self._names(k) for k in keys]
+            cands = [self._names.names(k) for k in keys]
             found: list[ObjectKey] = []
             found_sizes: list[int] = []
             # Every name format in one round (one head_many): a key not found under kvbucket's
@@ -168,29 +200,28 @@ class LookupPath(AdapterCore):
             # setting, at the latency of one round.
             now = time.monotonic()
             ask: list[tuple[int, str]] = []
-            with self._lock:
+            with st.lock:
                 for i, c in enumerate(cands):
-                    if self._where(c) is not None:
+                    if st.where(c) is not None:
                         continue
-                    ask.extend((i, nm) for nm in c if self._missing.get(nm, 0.0) <= now)
+                    ask.extend((i, nm) for nm in c if st.missing.get(nm, 0.0) <= now)
             if ask:
-                heads = await self._sliced(self._store.head_many, [nm for _, nm in ask])
+                heads = await self._runner.sliced(self._store.head_many, [nm for _, nm in ask])
                 expiry = time.monotonic() + self._neg_ttl
-                with self._lock:
+                with st.lock:
                     for (i, name), h in zip(ask, heads, strict=True):
                         if h.found and h.size:
-                            if name not in self._index and name not in self._deleting:
-                                self._index.add(name, keys[i], h.size)
+                            if name not in st.index and name not in st.deleting:
+                                st.index.add(name, keys[i], h.size)
                                 found.append(keys[i])
                                 found_sizes.append(h.size)
                         elif h.ok and self._neg_ttl > 0:
-                            self._missing[name] = expiry
-            if found and self.listener is not None:
-                self._tell(self.listener.on_keys_stored, found, found_sizes)
-            with self._lock:
-                hits = self._lock_hits(keys, cands, accessed)
+                            st.missing[name] = expiry
+            self._listeners.stored(found, found_sizes)
+            with st.lock:
+                hits = self._lock_hits(keys, cands, accessed, ahead)
         except Exception as e:
             log.exception("lookup task %d failed", tid)
-            self._last_error = f"{type(e).__name__}: {e}"
+            self._stats.last_error = f"{type(e).__name__}: {e}"
         self._stats["lookups"] += 1
-        self._finish_lookup(tid, hits, accessed)
+        self._finish(tid, hits, accessed, ahead)

@@ -97,6 +97,7 @@ def open_l2_adapter(
             fleet=config.fleet,
             unsealed=config.unsealed,
             encryption=config.encryption,
+            read_ahead=config.read_ahead_settings(),
             **store_options(config),
         )
     except Exception:

@@ -24,7 +24,7 @@ from kvbucket.stores.memory import MemoryStore
 _OPENERS: dict[str, str] = {
     "memory": "kvbucket.stores.memory:MemoryStore",
     "file": "kvbucket.stores.file:open_file_store",
-    "hf": "kvbucket.stores.hfbucket:open_hfbucket_store",
+    "hf": "kvbucket.stores.hfbucket_open:open_hfbucket_store",
     "s3": "kvbucket.stores.s3:open_s3_store",
 }
 

@@ -51,9 +51,6 @@ from kvbucket.stores.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.hfbucket_config import (
     HFBucketConfig,
-    build_config,
-    config_from_plugin_options,
-    lenient_bool,
 )
 from kvbucket.stores.hub_client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
 from kvbucket.stores.meta_cache import MetaCache
@@ -77,11 +74,14 @@ class HFBucketStore(RemoteStore):
             endpoint=config.resolved_endpoint(), bucket_id=self.bucket_id, token=config.resolved_token(),
             token_source=config.token_source(), max_retries=config.max_retries,
             retry_backoff_secs=config.retry_backoff_secs, connect_timeout_secs=config.connect_timeout_secs,
-            request_timeout_secs=config.request_timeout_secs,
+            request_timeout_secs=config.request_timeout_secs, load_concurrency=config.load_concurrency,
         )
         self.endpoint = self._client.endpoint
         self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)
         self._pool = DaemonThreadPool(config.num_workers, "kvbucket-hfbucket")  # never blocks exit
+        # Loads: every object of a batch in flight at once (up to load_concurrency), so a load
+        # costs one round trip (reconstruction, then fetch) whatever the number of objects.
+        self._loads = DaemonThreadPool(config.load_concurrency, "kvbucket-hfbucket-load")
         self._pool_lock = threading.Lock()
         # Stores and deletes may ask which objects landed after their budget (one lookup more).
         look, write = config.lookup_timeout_secs, config.store_timeout_secs + config.lookup_timeout_secs
@@ -109,8 +109,10 @@ class HFBucketStore(RemoteStore):
         if self._closed:
             raise StoreError(f"{self!r} is closed")
 
-    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any], inline: bool = True) -> list[Future[Any]]:
-        """Run ``fn`` over ``items`` on the worker pool (leaf tasks only: no nested submits)."""
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any], inline: bool = True, loads: bool = False
+             ) -> list[Future[Any]]:
+        """Run ``fn`` over ``items`` on the worker pool, or the load pool with ``loads`` (leaf
+        tasks only: no nested submits)."""
         if len(items) == 1 and inline:
             f: Future[Any] = Future()
             try:
@@ -118,7 +120,7 @@ class HFBucketStore(RemoteStore):
             except BaseException as e:  # delivered through the future
                 f.set_exception(e)
             return [f]
-        pool = self._pool
+        pool = self._loads if loads else self._pool
         return [pool.submit(fn, it) for it in items]
 
     def _gather(self, futures: list[Future[Any]], deadline: float, on_late: Callable[[int], Any]
@@ -154,12 +156,15 @@ class HFBucketStore(RemoteStore):
         return results
 
     def _abandon_pool(self) -> None:
+        """Replace both pools (the stuck workers' daemon threads end with their calls)."""
         with self._pool_lock:
-            old = self._pool
+            old, old_loads = self._pool, self._loads
             if self._closed:
                 return
             self._pool = DaemonThreadPool(self.config.num_workers, "kvbucket-hfbucket")
+            self._loads = DaemonThreadPool(self.config.load_concurrency, "kvbucket-hfbucket-load")
         old.shutdown(wait=False, cancel_futures=True)
+        old_loads.shutdown(wait=False, cancel_futures=True)
         log.warning("calls to %s passed their deadline and were abandoned", self.url)
 
     def _ensure_bucket(self, deadline: float | None = None) -> None:
@@ -307,6 +312,7 @@ class HFBucketStore(RemoteStore):
         self._check_open()
         names = self._names(names)
         paths = [self._path(n) for n in names]
+        self._client.warm_reads()  # a hit is loaded next: its read token overlaps this lookup
         try:
             meta = self._lookup(paths, deadline_in(self.config.lookup_timeout_secs))
         except StoreError as e:
@@ -324,6 +330,7 @@ class HFBucketStore(RemoteStore):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
         paths = [self._path(n) for n in names]
         deadline = deadline_in(self.config.load_timeout_secs)
+        self._client.warm_reads()  # the read token's request overlaps the lookup's
         try:  # the metadata is a lookup: a Hub that does not answer it in time is not answering
             meta = self._lookup(paths, min(deadline, deadline_in(self.config.lookup_timeout_secs)))
         except StoreError as e:
@@ -368,7 +375,7 @@ class HFBucketStore(RemoteStore):
                 "a load", self.url, "load_timeout_secs", self.config.load_timeout_secs))
 
         # Always on the pool (hf_xet reads cannot be cancelled): the caller waits until the deadline.
-        fetched = self._gather(self._map(fetch, range(len(jobs)), inline=False), deadline, late)
+        fetched = self._gather(self._map(fetch, range(len(jobs)), inline=False, loads=True), deadline, late)
         for job, r in zip(jobs, fetched, strict=True):
             results[job[0]] = r
         return [r for r in results if r is not None]
@@ -517,6 +524,7 @@ class HFBucketStore(RemoteStore):
             return
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._loads.shutdown(wait=True, cancel_futures=True)
         self._client.close()
         self._cache.clear()
 
@@ -532,86 +540,4 @@ def _byte_view(name: str, data: Buffer) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-# ---- openers and factories ---------------------------------------------------------------
-
-def open_hfbucket_store(url: str, *, create: bool | None = None, **options: Any) -> HFBucketStore:
-    """``open_store("hf://buckets/ns/name[/prefix]", **options)``; options are HFBucketConfig fields.
-
-    Endpoint and token follow huggingface_hub: ``$HF_ENDPOINT`` and ``$HF_TOKEN`` (or the saved
-    login) unless ``endpoint``/``token``/``token_env`` say otherwise. ``create`` is the generic
-    opener flag (the CLI passes ``create=False`` to inspect without creating anything); it sets
-    ``create_bucket_if_missing`` unless that option is given too.
-    """
-    if "bucket_handle" in options:
-        raise ConfigError("give the bucket either as the URL or as bucket_handle, not both")
-    if create is not None:
-        options.setdefault("create_bucket_if_missing", bool(create))
-    return HFBucketStore(build_config(bucket_handle=url, **options))
-
-
-def _check_engine(engine: Any, where: str) -> None:
-    """The hfbucket plugin stores full chunks only, without inline chunk metadata (seed 001)."""
-    if lenient_bool("save_unfull_chunk", getattr(engine, "save_unfull_chunk", False) or False):
-        raise ConfigError(
-            f"{where} stores full chunks only: set save_unfull_chunk: false in the engine config "
-            "(partial chunks would be refused on every store)"
-        )
-    extra = getattr(engine, "extra_config", None) or {}
-    meta = getattr(engine, "save_chunk_meta", None)
-    if meta is None and isinstance(extra, dict):
-        meta = extra.get("save_chunk_meta")
-    if meta is not None and lenient_bool("save_chunk_meta", meta):
-        raise ConfigError(
-            f"{where} does not store chunk metadata: set extra_config.save_chunk_meta: false (or remove it)"
-        )
-
-
-def store_from_plugin_options(instance_name: str, options: dict[str, Any], engine: Any) -> HFBucketStore:
-    """Build the store of ``remote_storage_plugins: ["hfbucket[.<instance>]"]`` (seed 001).
-
-    ``options`` are the keys under ``remote_storage_plugin.<instance_name>.`` with that prefix
-    removed, exactly as in LMCache's YAML (bools may be "true"/"1"/"yes"/"on").
-    """
-    _check_engine(engine, f"the {instance_name!r} remote storage plugin")
-    return HFBucketStore(config_from_plugin_options(instance_name, dict(options)))
-
-
-_URL_OPTION_PREFIX = "hfbucket."
-
-
-def store_from_remote_url(url: str, extra_config: dict[str, Any], engine: Any) -> HFBucketStore:
-    """Build the store of ``remote_url: hf://buckets/...``.
-
-    Options may come from ``extra_config`` as ``hfbucket.<field>`` (e.g. ``hfbucket.token_env``);
-    any other key is an error naming it (``save_chunk_meta`` is checked, then ignored).
-    """
-    _check_engine(engine, f"remote_url {url!r}")
-    options: dict[str, Any] = {}
-    unknown = []
-    for k, v in (extra_config or {}).items():
-        if k == "save_chunk_meta":
-            continue
-        if k.startswith(_URL_OPTION_PREFIX):
-            options[k[len(_URL_OPTION_PREFIX) :]] = v
-        else:
-            unknown.append(k)
-    if unknown:
-        raise ConfigError(
-            f"extra_config key(s) {', '.join(map(repr, sorted(unknown)))} are not used by "
-            f"remote_url {url!r}; "
-            f"options of an hf:// remote_url are written hfbucket.<option> (e.g. hfbucket.token_env)"
-        )
-    if "bucket_handle" in options:
-        raise ConfigError(
-            "hfbucket.bucket_handle cannot be combined with remote_url; the URL names the bucket"
-        )
-    return HFBucketStore(config_from_plugin_options("hfbucket", {"bucket_handle": url, **options}))
-
-
-__all__ = [
-    "HFBucketConfig",
-    "HFBucketStore",
-    "open_hfbucket_store",
-    "store_from_plugin_options",
-    "store_from_remote_url",
-]
+__all__ = ["HFBucketConfig", "HFBucketStore"]

@@ -108,6 +108,10 @@ class HFBucketConfig(BaseModel):
     )
     metadata_cache_ttl_secs: float = Field(30.0, ge=0, description="TTL of cached existence and sizes")
     num_workers: int = Field(4, ge=1, le=256, strict=True, description="concurrent Hub/Xet requests")
+    load_concurrency: int = Field(
+        64, ge=1, le=1024, strict=True,
+        description="objects of one load in flight at once (a prompt's chunks in one round trip)",
+    )
     endpoint: str | None = Field(None, description="Hub URL; default: $HF_ENDPOINT or huggingface.co")
     max_retries: int = Field(5, ge=0, le=20, strict=True, description="retries on 429/5xx/timeouts")
     retry_backoff_secs: float = Field(
@@ -249,7 +253,8 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _LENIENT_BOOLS = ("create_bucket_if_missing",)
 _LENIENT_NUMBERS = {"metadata_cache_ttl_secs": float, "retry_backoff_secs": float, "num_workers": int,
-                    "max_retries": int, "connect_timeout_secs": float, "request_timeout_secs": float,
+                    "load_concurrency": int, "max_retries": int, "connect_timeout_secs": float,
+                    "request_timeout_secs": float,
                     "lookup_timeout_secs": float, "load_timeout_secs": float, "store_timeout_secs": float,
                     "breaker_failures": int, "breaker_cooldown_secs": float}
 

@@ -21,9 +21,9 @@ error messages are built from status codes and server messages and pass through 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -40,6 +40,7 @@ from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_ba
 from kvbucket.errors import AuthError, DeadlineExceededError, NotFoundError, StoreError, TransientStoreError
 from kvbucket.secrets import redact
 from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
+from kvbucket.stores.xet_sessions import download_session, upload_session
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
@@ -53,38 +54,6 @@ _REQUEST_THREADS = 64  # requests in flight at once per bucket client (threads s
 _TOKEN_SAFETY_SECS = 60
 
 T = TypeVar("T")
-
-# hf_xet setting: ask the CAS server, for the first chunk of every uploaded object, whether
-# another upload already stored it (global deduplication).
-_GLOBAL_DEDUP = "deduplication.global_dedup_query_enabled"
-_GLOBAL_DEDUP_ENV = "HF_XET_DEDUPLICATION_GLOBAL_DEDUP_QUERY_ENABLED"
-_upload_session: tuple[int, Any] | None = None  # (pid, hf_xet.XetSession)
-_upload_session_lock = threading.Lock()
-
-
-def upload_session() -> Any:
-    """kvbucket's hf_xet session for uploads: huggingface_hub's, without global-dedup queries.
-
-    Why: hf_xet asks the CAS server about the first chunk of every object it uploads, one
-    request per object. A sealed chunk's first Xet chunk holds its envelope header, which holds
-    the digest of the object's name, so that chunk can only be known if this very object was
-    stored before (which the adapters' indexes already know): the query is a round trip per
-    object that finds nothing. Chunks already in the local shard cache are deduplicated as
-    before. ``HF_XET_DEDUPLICATION_GLOBAL_DEDUP_QUERY_ENABLED`` set in the environment wins.
-    A session is process-wide and is made again in a forked child (as huggingface_hub does).
-    """
-    global _upload_session
-    pid = os.getpid()
-    with _upload_session_lock:
-        if _upload_session is None or _upload_session[0] != pid:
-            from hf_xet import XetConfig, XetSession
-
-            config = XetConfig()
-            if _GLOBAL_DEDUP_ENV not in os.environ:
-                config = config.with_config(_GLOBAL_DEDUP, False)
-            _upload_session = (pid, XetSession(config=config))
-        return _upload_session[1]
-
 
 @dataclass(frozen=True, slots=True)
 class RemoteFile:
@@ -132,6 +101,7 @@ class HubBucketClient:
         retry_backoff_secs: float = 0.5,
         connect_timeout_secs: float = 2.0,
         request_timeout_secs: float = 30.0,
+        load_concurrency: int = 64,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.bucket_id = bucket_id
@@ -150,7 +120,11 @@ class HubBucketClient:
         self._base = f"{self.endpoint}/api/buckets/{bucket_id}"
         self._xet_lock = threading.Lock()
         self._write_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
+        self._read_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
+        self._group_lock = threading.Lock()  # one group made at a time (see _group)
+        self._warming = False
         self._download_group: Any = None
+        self.load_concurrency = load_concurrency
         self._requests = DaemonThreadPool(_REQUEST_THREADS, "kvbucket-hub-request")  # see _bounded
 
     def __repr__(self) -> str:
@@ -159,8 +133,9 @@ class HubBucketClient:
     # ---- error mapping --------------------------------------------------------------------
     def _secrets(self) -> list[str]:
         s = [self._token] if self._token else []
-        if self._write_token:
-            s.append(self._write_token[0])
+        for tok in (self._write_token, self._read_token):
+            if tok:
+                s.append(tok[0])
         return [x for x in s if x]
 
     def error(self, exc: BaseException, what: str) -> StoreError:
@@ -433,27 +408,80 @@ class HubBucketClient:
         return self.retrying(call, "upload objects", deadline, bounded=False)
 
     # ---- reads ---------------------------------------------------------------------------
-    def _group(self) -> Any:
+    def _xet_read_token(self, deadline: float | None = None) -> tuple[str, int, str]:
+        """The store's one Xet read token (fetched once, renewed shortly before it expires)."""
         with self._xet_lock:
-            if self._download_group is not None:
-                return self._download_group
-        from huggingface_hub.utils._xet import get_xet_session, xet_headers_without_auth
+            tok = self._read_token
+            if tok is not None and tok[1] > time.time() + _TOKEN_SAFETY_SECS:
+                return tok
 
-        def call(_t: httpx2.Timeout) -> Any:
-            return get_xet_session().new_download_stream_group(
-                token_refresh_url=f"{self._base}/xet-read-token", token_refresh_headers=self._headers,
-                custom_headers=xet_headers_without_auth(self._headers),
-            )
+        def call(t: httpx2.Timeout) -> tuple[str, int, str]:
+            r = self._request("GET", f"{self._base}/xet-read-token", t)
+            hf_raise_for_status(r)
+            d = r.json()
+            return str(d["accessToken"]), int(d["exp"]), str(d["casUrl"])
 
-        group = self.retrying(call, "open the bucket's storage for reading")
+        tok = self.retrying(call, "get a read token for the bucket's storage", deadline)
         with self._xet_lock:
-            if self._download_group is None:
+            self._read_token = tok
+        return tok
+
+    def warm_reads(self) -> None:
+        """Open the download group (read token included) in the background, once: it overlaps
+        the lookup's round trip instead of following it."""
+        with self._xet_lock:
+            if self._download_group is not None or self._warming:
+                return
+            self._warming = True
+        with contextlib.suppress(RuntimeError):  # closed: nothing to warm
+            self._requests.submit(self._warm)
+
+    def _warm(self) -> None:
+        try:
+            self._group(deadline_in(self.request_timeout_secs))
+        except StoreError:  # the load that needs it tries again and reports the error
+            log.debug("opening the download group of %s failed", self.bucket_id, exc_info=True)
+        finally:
+            with self._xet_lock:
+                self._warming = False
+
+    def _group(self, deadline: float | None = None) -> Any:
+        """One download group per store: one read token (seeded, so no stream asks for its own),
+        renewed by hf_xet through the refresh URL, and one warm connection pool.
+
+        Made once (under a lock: making one costs ~0.1 s of hf_xet client setup, and 64 loads
+        arriving together would otherwise make 64), and ahead of the first load by warm_reads.
+        """
+        with self._xet_lock:
+            group = self._download_group
+        if group is not None:
+            return group
+        with self._group_lock:
+            with self._xet_lock:
+                if self._download_group is not None:
+                    return self._download_group
+            token, exp, cas_url = self._xet_read_token(deadline)
+            from huggingface_hub.utils._xet import xet_headers_without_auth
+
+            session = download_session(self.load_concurrency)
+
+            def call(_t: httpx2.Timeout) -> Any:
+                return session.new_download_stream_group(
+                    endpoint=cas_url, token=token, token_expiry_unix_secs=exp,
+                    token_refresh_url=f"{self._base}/xet-read-token", token_refresh_headers=self._headers,
+                    custom_headers=xet_headers_without_auth(self._headers),
+                )
+
+            group = self.retrying(call, "open the bucket's storage for reading")
+            with self._xet_lock:
                 self._download_group = group
-            return self._download_group
+            return group
 
     def reset_download_group(self) -> None:
+        """After a failed read: the next one opens a new group with a freshly fetched token."""
         with self._xet_lock:
             self._download_group = None
+            self._read_token = None
 
     def download_into(self, f: RemoteFile, view: memoryview, gate: Gate | None = None) -> None:
         """Stream the object's bytes straight into ``view`` (exactly ``f.size`` bytes long).
@@ -487,7 +515,7 @@ class HubBucketClient:
     def close(self) -> None:
         with self._xet_lock:
             group, self._download_group = self._download_group, None
-            self._write_token = None
+            self._write_token = self._read_token = None
         self._requests.shutdown(wait=False)  # idle threads end; a stuck one ends with its request
         if group is not None:
             try:

@@ -123,22 +123,23 @@ class S3Store(RemoteStore):
         deadline = deadline_in(self.config.s3_load_timeout_secs)
         # The first answer (any response's headers) is a lookup: a hung endpoint costs the lookup budget.
         answer_by = min(deadline, deadline_in(self.config.s3_lookup_timeout_secs))
-        self._ready(bool(names), answer_by)
+        self._ready(bool(names), answer_by, wait=False)
         bufs: Sequence[Buffer | None] = out if out is not None else [None] * len(names)
         args = list(zip(names, bufs, strict=True))
         if self._direct is None or not names or (urls := self._direct.sign(names)) is None:
-            return self._run(self._get_one, args, deadline, "get", answer_by)
+            return self._bucket_answers(self._run(self._get_one, args, deadline, "get", answer_by), answer_by)
         fetched = self._direct.fetch(urls, bufs, deadline, answer_by)
-        return self._settle(args, fetched, self._get_one, deadline, "get")
+        return self._bucket_answers(self._settle(args, fetched, self._get_one, deadline, "get"), answer_by)
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
         deadline = deadline_in(self.config.s3_lookup_timeout_secs)
-        self._ready(bool(names), deadline)
+        self._ready(bool(names), deadline, wait=False)
         args = [(n,) for n in names]
         if self._direct is None or not names or (urls := self._direct.sign(names, "HEAD")) is None:
-            return self._run(self._head_one, args, deadline, "head")
-        return self._settle(args, self._direct.head(urls, deadline), self._head_one, deadline, "head")
+            return self._bucket_answers(self._run(self._head_one, args, deadline, "head"), deadline)
+        direct = self._settle(args, self._direct.head(urls, deadline), self._head_one, deadline, "head")
+        return self._bucket_answers(direct, deadline)
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
@@ -369,11 +370,14 @@ class S3Store(RemoteStore):
             results[i] = r
         return cast(list[ItemResult], results)
 
-    def _ready(self, probe: bool = True, deadline: float | None = None) -> None:
+    def _ready(self, probe: bool = True, deadline: float | None = None, wait: bool = True) -> None:
         """Refuse work on a closed store; once per store, make sure the bucket exists.
 
-        The probe runs on the pool; a caller waits for it at most until its own deadline (a
-        probe still running then leaves the real requests to answer, or to time out).
+        The probe runs on its own thread; a caller waits for it at most until its own deadline
+        (a probe still running then leaves the real requests to answer, or to time out).
+        ``wait=False`` only starts it: lookups and loads send their requests alongside it, so a
+        fresh process's first lookup costs one round trip, not two, and wait for it only when
+        an answer could mean a missing bucket (:meth:`_bucket_answers`).
         """
         if self._closed:
             raise StoreError(f"{self.url} is closed")
@@ -386,10 +390,21 @@ class S3Store(RemoteStore):
             if self._bucket_probe is None:  # not on the pool: close() must not wait for it
                 self._bucket_probe = in_daemon_thread(self._probe_bucket, "kvbucket-s3-probe")
             fut = self._bucket_probe
+        if not wait:
+            return
         try:
             fut.result(timeout=None if deadline is None else left(deadline))
         except (FutureTimeout, CancelledError):
             return
+
+    def _bucket_answers(self, results: list[ItemResult], deadline: float) -> list[ItemResult]:
+        """``results`` of a lookup or load sent alongside the bucket probe: a miss there may be a
+        missing bucket (S3 answers HEAD on one with the same bodiless 404), so the probe is
+        awaited then and raises NotFoundError for a missing bucket; all hits need no wait."""
+        if not self._bucket_checked and any(
+                (r.ok and r.size is None) or isinstance(r.error, NotFoundError) for r in results):
+            self._ready(True, deadline)
+        return results
 
     def _probe_bucket(self) -> None:
         try:

@@ -2,9 +2,11 @@
 
 Wrapping any :class:`ObjectStore` (``seal_store(store, tier=...)``), it stores every object in
 the chunk envelope (:mod:`kvbucket.envelope`) and checks every object read before the caller
-gets a byte of it: a failed check is a *miss*, the object is removed from that store (so it is
-recomputed and rewritten), counted in ``kvbucket_integrity_failures_total{tier,reason}`` and
-logged once per object at WARNING with its name (never its bytes).
+gets a byte of it (:mod:`kvbucket.stores.envelope_open`): a failed check is a *miss*, counted
+in ``kvbucket_integrity_failures_total{tier,reason}``, and removed from the store only when its
+own bytes prove it damaged (:mod:`kvbucket.stores.refusals`, the one rule of what a reader may
+delete): an object this reader cannot open (no keyring, another key, layout or format) stays
+for the readers that can.
 
 Loads into caller buffers stay copy-free: the header goes to a 64-byte buffer and the payload
 straight into the caller's buffer in one scatter read (:class:`Scatter`). The checksum is fed
@@ -14,79 +16,33 @@ Sizes reported by ``head_many``/``list``/``delete_many`` are payload sizes, so a
 compares sizes refuses truncated objects without reading them.
 
 Objects without an envelope (written before sealing, or by another program) follow ``unsealed``:
-``"miss"`` (the default: never served; removed only when ``delete_unsealed``, i.e. in a tier's
-private directory) or ``"accept"`` (served as they are, size-checked only).
+``"miss"`` (the default: never served; removed only in a tier's ``private`` directory) or
+``"accept"`` (served as they are, size-checked only).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import xxhash
-from prometheus_client import Counter
 
 from kvbucket import envelope as env
 from kvbucket.chunks import as_view
 from kvbucket.encryption import BLOCK as _BLOCK
-from kvbucket.encryption import (
-    HANDOFF_MIN,
-    Handoff,
-    Keyring,
-    decrypt_in_place,
-    encrypt_into,
-    scratch,
-    spare_cores,
-)
+from kvbucket.encryption import Keyring, encrypt_into
 from kvbucket.errors import ConfigError, SizeMismatchError, StoreError
-from kvbucket.keys import decode_key
 from kvbucket.stores.base import Buffer, Gather, ItemResult, ObjectInfo, ObjectStore, Scatter
-
-log = logging.getLogger(__name__)
+from kvbucket.stores.decrypting_reads import get_decrypting
+from kvbucket.stores.envelope_open import EnvelopeOpener, inspect_object, tenant_of_name
+from kvbucket.stores.refusals import INTEGRITY_FAILURES, INTEGRITY_REMOVED, INTEGRITY_VERIFIED, Refusals
 
 UNSEALED_POLICIES = ("miss", "accept")
 
-INTEGRITY_FAILURES = Counter(
-    "kvbucket_integrity_failures",
-    "Stored objects refused on read (served as a miss, removed from the tier), by tier and reason "
-    "(checksum, truncated, length, header, version, name, identity, key, decrypt, unsealed).",
-    ["tier", "reason"],
-)
-INTEGRITY_VERIFIED = Counter(
-    "kvbucket_integrity_verified",
-    "Stored objects whose envelope verified on read before the caller got them, by tier.",
-    ["tier"],
-)
-_LOGGED_MAX = 10000
 
-
-def tenant_of_name(name: str) -> str:
-    """The tenant (``cache_salt``) of a chunk's object name; ``""`` when it has none.
-
-    MP-mode keys (``model@rank@hash@salt``) carry the salt as their fourth field; non-MP keys
-    may carry a ``tenant%<id>`` (the transformers integration) or ``...cache_salt%<salt>``
-    request config.
-    """
-    seg = name.rsplit("/", 1)[-1]
-    try:
-        key = decode_key(seg)
-    except ValueError:
-        return ""
-    parts = key.split("@")
-    if len(parts) == 4:
-        return parts[3]
-    for extra in parts[5:]:
-        k, _, v = extra.partition("%")
-        if k == "tenant" or k.endswith("cache_salt"):
-            return v
-    return ""
-
-
-class SealedStore(ObjectStore):
+class SealedStore(EnvelopeOpener, ObjectStore):
     """Envelope on write, verification on read, over any store (see the module docstring)."""
 
     sealed = True
@@ -100,8 +56,10 @@ class SealedStore(ObjectStore):
         unsealed: str = "miss",
         keyring: Keyring | None = None,
         tenant_of: Callable[[str], str] = tenant_of_name,
-        delete_unsealed: bool = False,
+        private: bool = False,
     ) -> None:
+        """``private``: the store is a tier's own directory, which no other reader uses; there an
+        object this reader cannot open is removed too (:func:`kvbucket.stores.refusals.removable`)."""
         if unsealed not in UNSEALED_POLICIES:
             raise ConfigError(f"unsealed must be one of {', '.join(UNSEALED_POLICIES)}, got {unsealed!r}")
         self.inner = inner
@@ -111,11 +69,10 @@ class SealedStore(ObjectStore):
         self.unsealed = unsealed
         self.keyring = keyring
         self.tenant_of = tenant_of
-        self.delete_unsealed = delete_unsealed
+        self.private = private
         self.overhead = env.HEADER_SIZE + (env.TAG_SIZE if keyring is not None else 0)
         self._verified = INTEGRITY_VERIFIED.labels(tier)  # labels() is slow: once per store, not per load
-        self._logged: set[str] = set()
-        self._logged_lock = threading.Lock()
+        self.refusals = Refusals(tier, self.url, private=private)
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (during __init__ or unpickling)
@@ -195,7 +152,7 @@ class SealedStore(ObjectStore):
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
         if self.keyring is not None and out is not None and hasattr(self.inner, "get_each"):
-            return self._get_decrypting(names, out)
+            return get_decrypting(self, names, out)
         inner_out: list[Buffer | None] | None = None
         if out is not None and any(b is not None for b in out):
             inner_out = [None if b is None else self._scatter(names[i], b) for i, b in enumerate(out)]
@@ -227,215 +184,6 @@ class SealedStore(ObjectStore):
                 bad.append((name, e))
                 final.append(ItemResult(name))
         return self._conclude(names, out, sized, final, bad)  # type: ignore[arg-type]
-
-    def _get_decrypting(self, names: list[str], out: Sequence[Buffer | None]) -> list[ItemResult]:
-        """Encrypted loads from a store that reads object by object (a directory: ``get_each``).
-
-        Each object (header, ciphertext and tag) is read into a scratch buffer reused for the
-        whole batch (warm in cache), and decrypted from there into the caller's buffer by the
-        one-shot AES-GCM (``decrypt_into``) right after it landed. The GCM tag authenticates
-        every byte, so the xxh3 checksum is computed only when decryption fails, to say why
-        (``checksum``: the stored bytes changed; ``decrypt``: another key or tampering).
-
-        Objects of :data:`HANDOFF_MIN` bytes or more alternate between two scratch buffers and
-        are decrypted by a helper thread while the next one is read (:class:`Handoff`); once the
-        helper falls behind (no idle core), the rest of the batch is decrypted here, in order.
-        """
-        views: list[memoryview | None] = []
-        for name, b in zip(names, out, strict=True):
-            if b is None:
-                views.append(None)
-                continue
-            try:
-                v = memoryview(b)
-                if v.readonly or not v.c_contiguous:
-                    raise ValueError("read-only" if v.readonly else "not contiguous")
-                views.append(v.cast("B") if v.format != "B" or v.ndim != 1 else v)
-            except (ValueError, TypeError) as e:
-                raise StoreError(f"the buffer given for {name!r} cannot be read into: {e}") from None
-        largest = max((v.nbytes for v in views if v is not None), default=0)
-        handing_off = largest >= HANDOFF_MIN and spare_cores()
-        room = env.HEADER_SIZE + largest + env.TAG_SIZE
-        spaces = [scratch(room, 0), scratch(room, 1) if handing_off else scratch(room, 0)]
-        dests: list[Buffer | None] = [
-            None if v is None else Scatter(spaces[i & 1][: env.HEADER_SIZE + v.nbytes + env.TAG_SIZE])
-            for i, v in enumerate(views)]
-        bad: list[tuple[str, env.EnvelopeError]] = []
-        sized: list[int] = []
-        pending: list[tuple[int, Handoff] | None] = [None, None]  # per scratch slot
-        late: dict[int, ItemResult] = {}  # results of handed-off objects whose decryption failed
-
-        def settle(slot: int) -> None:
-            """Finish the decryption still using scratch ``slot`` (it is about to be read into)."""
-            nonlocal handing_off
-            job = pending[slot]
-            if job is None:
-                return
-            pending[slot] = None
-            i, handoff = job
-            try:
-                if handoff.finish():
-                    handing_off = False  # the helper did not get to it in time: no core to spare
-            except env.EnvelopeError as e:
-                bad.append((names[i], e))
-                late[i] = ItemResult(names[i])
-
-        def opened(i: int, r: ItemResult) -> ItemResult:
-            name, view = names[i], views[i]
-            settle((i + 1) & 1)  # the next object is read into that slot
-            if r.error is not None:
-                if view is not None and isinstance(r.error, SizeMismatchError):
-                    sized.append(i)
-                return r
-            if r.size is None:
-                return r
-            try:
-                if view is None:
-                    return self._open_whole(name, r.data)
-                data = spaces[i & 1][: env.HEADER_SIZE + view.nbytes + env.TAG_SIZE]
-                header = self._check_header(data[: env.HEADER_SIZE], name)
-                payload = data[env.HEADER_SIZE :]
-                if header.payload_len != payload.nbytes:
-                    raise env.EnvelopeError("length", f"{name}: the header says {header.payload_len} "
-                                                      f"payload bytes, {payload.nbytes} were read")
-                if handing_off and i + 1 < len(names) and view.nbytes >= HANDOFF_MIN:
-                    pending[i & 1] = (i, Handoff(lambda: self._decrypt_into(name, header, payload, view)))
-                else:
-                    self._decrypt_into(name, header, payload, view)
-                return ItemResult(name, size=view.nbytes, data=out[i])
-            except env.EnvelopeError as e:
-                if e.reason == "unsealed" and self.unsealed == "accept" and view is None:
-                    return r
-                bad.append((name, e))
-                return ItemResult(name)
-
-        try:
-            final = self.inner.get_each(names, dests, opened)
-        finally:
-            settle(0)  # never return (or raise) while a helper still writes a caller's buffer
-            settle(1)
-        for i, r in late.items():
-            final[i] = r
-        return self._conclude(names, out, sized, final, bad)
-
-    def _decrypt_into(self, name: str, header: env.Header, payload: memoryview, dst: memoryview) -> None:
-        """Decrypt ``payload`` (ciphertext + tag, as stored) into ``dst`` with the one-shot
-        AES-GCM; on failure, the checksum says whether the stored bytes changed."""
-        from cryptography.exceptions import InvalidTag
-
-        assert self.keyring is not None
-        if payload.nbytes < env.TAG_SIZE or dst.nbytes != payload.nbytes - env.TAG_SIZE:
-            raise env.EnvelopeError("length", f"{name}: an encrypted payload of {payload.nbytes} bytes "
-                                              f"cannot hold {dst.nbytes} bytes and its tag")
-        aead = self.keyring.aead(self.tenant_of(name), header.key_id)
-        try:
-            aead.decrypt_into(header.nonce, payload, env.aad(name, header.identity), dst)
-            return
-        except InvalidTag:
-            pass
-        if env.checksum(payload) != header.checksum:
-            raise env.EnvelopeError("checksum", f"{name}: the payload's checksum does not match")
-        raise env.EnvelopeError("decrypt", f"{name}: decryption failed (wrong key or tampered)")
-
-    def _scatter(self, name: str, buf: Buffer) -> Scatter:
-        """The read destination of one object: its header, the caller's buffer, (its GCM tag).
-
-        Plain payloads are hashed as they land in order (in cache, one pass); encrypted ones are
-        hashed block by block as they are decrypted (:func:`decrypt_in_place`), so no hasher here.
-        """
-        parts = buf.parts if isinstance(buf, Scatter) else (buf,)  # a caller's regions: read in place
-        if len(parts) != 1 and self.keyring is not None:
-            raise StoreError(f"the buffer given for {name!r} has {len(parts)} regions; an encrypted "
-                             "store reads into one contiguous buffer")
-        try:
-            if self.keyring is None:
-                return Scatter(bytearray(env.HEADER_SIZE), *parts, hasher=xxhash.xxh3_64(),
-                               hash_from=env.HEADER_SIZE)
-            return Scatter(bytearray(env.HEADER_SIZE), parts[0], bytearray(env.TAG_SIZE))
-        except (ValueError, TypeError) as e:
-            raise StoreError(f"the buffer given for {name!r} cannot be read into: {e}") from None
-
-    def _open_whole(self, name: str, data: Buffer) -> ItemResult:
-        view = memoryview(data)
-        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-        if view.nbytes < env.HEADER_SIZE:
-            env.parse_header(view, name)  # raises: unsealed, or truncated when it starts sealed
-        header = self._check_header(view[: env.HEADER_SIZE], name)
-        payload = view[env.HEADER_SIZE :]
-        if not header.encrypted:
-            env.check_payload(header, payload, name)
-            return ItemResult(name, size=payload.nbytes, data=payload.toreadonly())
-        env.check_length(header, payload, name)
-        plain = bytearray(max(0, payload.nbytes - env.TAG_SIZE))
-        self._decrypt_into(name, header, payload, memoryview(plain))
-        return ItemResult(name, size=len(plain), data=plain)
-
-    def _open_scattered(self, name: str, dst: Scatter) -> None:
-        """Verify (and decrypt) an object read into ``dst``; raise :class:`EnvelopeError`."""
-        parts = dst.parts
-        header = self._check_header(parts[0], name)
-        view = parts[1]  # the payload (of an unencrypted read: its first region)
-        encrypted = self.keyring is not None
-        stored = dst.nbytes - env.HEADER_SIZE
-        if header.payload_len != stored:
-            raise env.EnvelopeError(
-                "length", f"{name}: the header says {header.payload_len} payload bytes, {stored} were read"
-            )
-        if encrypted:  # the checksum is fed block by block, in cache, as the payload is decrypted
-            self._decrypt(name, header, view, bytes(parts[2]), checksum=header.checksum)
-            return
-        # The store fed the hash as bytes landed in order (while they were in cache); what did
-        # not land in order (unordered downloads) is hashed now, and a rewritten range (a retried
-        # transfer) voids the running hash: the whole payload is hashed again.
-        if dst.rewritten:
-            h = xxhash.xxh3_64()
-            for region in parts[1:]:
-                h.update(region)
-            digest = h.intdigest()
-        else:
-            if dst.hashed < dst.nbytes:
-                dst.landed(dst.hashed, dst.nbytes)
-            digest = dst.hasher.intdigest()
-        if digest != header.checksum:
-            raise env.EnvelopeError("checksum", f"{name}: the payload's checksum does not match")
-
-    def _check_header(self, head: memoryview, name: str) -> env.Header:
-        header = env.parse_header(head, name)
-        env.check_identity(header, self.identity, name)
-        if header.encrypted != (self.keyring is not None):
-            why = "is encrypted but no keyring is configured" if header.encrypted else (
-                "is not encrypted but encryption is on")
-            raise env.EnvelopeError("key", f"{name}: the object {why}")
-        if header.encrypted:
-            assert self.keyring is not None
-            if not self.keyring.has_key(self.tenant_of(name), header.key_id):
-                raise env.EnvelopeError("key", f"{name}: key id {header.key_id} is not in the keyring")
-        return header
-
-    def _decrypt(self, name: str, header: env.Header, view: memoryview, tag: bytes,
-                 checksum: int | None = None) -> None:
-        """Decrypt ``view`` in place and check its tag; with ``checksum``, also check the stored
-        ciphertext's xxh3-64 (hashed block by block before each block is decrypted), so a damaged
-        payload is reported as ``checksum`` rather than ``decrypt``."""
-        from cryptography.exceptions import InvalidTag
-
-        assert self.keyring is not None
-        if len(tag) != env.TAG_SIZE:  # a payload shorter than a GCM tag (a well-formed header says so)
-            raise env.EnvelopeError("length", f"{name}: an encrypted payload shorter than its tag")
-        dec = self.keyring.decryptor(self.tenant_of(name), header.key_id, header.nonce, tag,
-                                     env.aad(name, header.identity))
-        hasher = xxhash.xxh3_64() if checksum is not None else None
-        try:
-            decrypt_in_place(dec, view, hasher, tag)
-            authentic = True
-        except InvalidTag:
-            authentic = False
-        # A damaged payload fails both checks; it is reported as damage (as unencrypted ones are).
-        # Authentic with a wrong checksum can only be a bad checksum field: refused all the same.
-        if hasher is not None and hasher.intdigest() != checksum:
-            raise env.EnvelopeError("checksum", f"{name}: the payload's checksum does not match")
-        if not authentic:
-            raise env.EnvelopeError("decrypt", f"{name}: decryption failed (wrong key or tampered)")
 
     def _conclude(self, names: list[str], out: Sequence[Buffer | None], sized: list[int],
                   final: list[ItemResult], bad: list[tuple[str, env.EnvelopeError]]) -> list[ItemResult]:
@@ -488,33 +236,11 @@ class SealedStore(ObjectStore):
                 final[i] = r
 
     def _refuse(self, bad: list[tuple[str, env.EnvelopeError]]) -> None:
-        drop = []
-        for name, e in bad:
-            INTEGRITY_FAILURES.labels(self.tier, e.reason).inc()
-            with self._logged_lock:
-                first = name not in self._logged
-                if first:
-                    if len(self._logged) >= _LOGGED_MAX:
-                        self._logged.clear()
-                    self._logged.add(name)
-            deleting = e.reason != "unsealed" or self.delete_unsealed
-            if first:
-                log.warning("integrity: %s refused on tier %s (%s, %s): %s; treated as a miss%s", name,
-                            self.tier, self.url, e.reason, e, ", removed" if deleting else "")
-            if deleting:
-                drop.append(name)
-        if drop:
-            try:
-                for r in self.inner.delete_many(drop):
-                    if r.error is not None:
-                        log.warning("integrity: could not remove refused %s from %s: %s", r.name, self.url,
-                                    r.error)
-            except StoreError as e:
-                log.warning("integrity: could not remove %d refused objects from %s: %s", len(drop),
-                            self.url, e)
+        self.refusals.refuse(self.inner, bad)
 
     def refuse_names(self, pairs: Sequence[tuple[str, str]]) -> None:
-        """Count, log and remove objects found bad without a load (e.g. at an index rebuild)."""
+        """Count and log objects found bad without a load (e.g. at an index rebuild); removed by the
+        one rule (:mod:`kvbucket.stores.refusals`)."""
         self._refuse([(n, env.EnvelopeError(reason, f"{n}: refused ({reason})")) for n, reason in pairs])
 
     # ---- the rest of the protocol -------------------------------------------------------
@@ -544,7 +270,7 @@ class SealedStore(ObjectStore):
 
         Reads only the 64-byte headers, and only when the inner store can read a prefix cheaply
         (a directory); elsewhere every answer is None (unknown until a load). Bad objects are
-        counted and removed like a failed load.
+        refused like a failed load (counted; removed by the one rule).
         """
         reader = getattr(self.inner, "read_prefixes", None)
         if reader is None:
@@ -585,7 +311,7 @@ def seal_store(
     identity: str | bytes | None = None,
     unsealed: str = "miss",
     encryption: Any = None,
-    delete_unsealed: bool = False,
+    private: bool = False,
 ) -> SealedStore:
     """Wrap ``store`` in a :class:`SealedStore` unless it already is one (then it is returned as is).
 
@@ -595,38 +321,16 @@ def seal_store(
     if isinstance(store, SealedStore):
         return store
     return SealedStore(store, tier=tier, identity=identity, unsealed=unsealed,
-                       keyring=Keyring.from_setting(encryption), delete_unsealed=delete_unsealed)
+                       keyring=Keyring.from_setting(encryption), private=private)
 
 
-def inspect_object(name: str, data: Buffer, keyring: Keyring | None = None,
-                   tenant_of: Callable[[str], str] = tenant_of_name) -> tuple[str, str | None]:
-    """Classify one stored object for ``kvbucket verify``: (good|corrupt|foreign|legacy, reason).
-
-    Without a keyring, encrypted objects are checked up to their checksum (which covers the
-    ciphertext), not authenticated.
-    """
-    view = memoryview(data)
-    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-    try:
-        if view.nbytes < env.HEADER_SIZE:
-            env.parse_header(view, name)
-        header = env.parse_header(view[: env.HEADER_SIZE], name)
-        payload = view[env.HEADER_SIZE :]
-        env.check_payload(header, payload, name)
-        if header.encrypted and keyring is not None:
-            probe = SealedStore.__new__(SealedStore)
-            probe.keyring, probe.tenant_of = keyring, tenant_of
-            if not keyring.has_key(tenant_of(name), header.key_id):
-                raise env.EnvelopeError("key", f"{name}: key id {header.key_id} is not in the keyring")
-            plain = bytearray(payload[: -env.TAG_SIZE])
-            SealedStore._decrypt(probe, name, header, memoryview(plain), bytes(payload[-env.TAG_SIZE :]))
-    except env.EnvelopeError as e:
-        if e.reason == "unsealed":
-            return "legacy", e.reason
-        if e.reason in ("name", "identity", "key", "decrypt"):
-            return "foreign", e.reason
-        return "corrupt", e.reason
-    return "good", None
-
-
-__all__ = ["UNSEALED_POLICIES", "SealedStore", "inspect_object", "seal_store", "tenant_of_name"]
+__all__ = [
+    "INTEGRITY_FAILURES",
+    "INTEGRITY_REMOVED",
+    "INTEGRITY_VERIFIED",
+    "UNSEALED_POLICIES",
+    "SealedStore",
+    "inspect_object",
+    "seal_store",
+    "tenant_of_name",
+]

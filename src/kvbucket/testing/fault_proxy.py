@@ -57,6 +57,10 @@ TRICKLE = -3
 class FaultProxy:
     """A loopback HTTP relay to ``127.0.0.1:target_port`` that can fail requests on purpose.
 
+    ``latency`` adds that many seconds to every request (as a distant region would), ``log``
+    records when each request arrived and was answered, and :meth:`round_trips` counts the
+    sequential round trips a client made.
+
     It accepts origin-form requests (use its URL as the S3 endpoint) and absolute-form requests
     (use it as the client's HTTP proxy: then any host name, e.g. ``b.s3.kvbucket.test:PORT``, is
     sent to the target with its Host header intact, which makes virtual-hosted addressing testable
@@ -72,6 +76,10 @@ class FaultProxy:
         self.injected = 0
         self.hosts: list[str] = []
         self.targets: list[tuple[str, str]] = []  # (method, request target) of every request
+        #: Seconds added to every request before it is forwarded (a wide-area round trip).
+        self.latency = 0.0
+        #: (method, request target, arrived, answered) of every request, monotonic seconds.
+        self.log: list[tuple[str, str, float, float]] = []
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -122,6 +130,17 @@ class FaultProxy:
         with self._lock:
             self.faults.clear()
 
+    def round_trips(self, since: int = 0) -> int:
+        """Sequential round trips of the requests logged from index ``since`` on: the longest
+        chain of requests each sent after the previous one was answered (counted at the server)."""
+        with self._lock:
+            spans = sorted((t1, t0) for _, _, t0, t1 in self.log[since:])
+        chain, free_at = 0, float("-inf")
+        for end, start in spans:  # earliest-answered first: the longest non-overlapping chain
+            if start >= free_at:
+                chain, free_at = chain + 1, end
+        return chain
+
     def _take(self, method: str, path: str) -> Fault | None:
         with self._lock:
             self.requests += 1
@@ -160,10 +179,20 @@ class FaultProxy:
                 return self.rfile.read(n) if n else b""
 
             def _handle(self) -> None:
+                arrived = time.monotonic()
+                try:
+                    self._relay()
+                finally:
+                    with proxy._lock:
+                        proxy.log.append((self.command, self.path, arrived, time.monotonic()))
+
+            def _relay(self) -> None:
                 body = self._body()
                 with proxy._lock:
                     proxy.hosts.append(self.headers.get("Host", ""))
                     proxy.targets.append((self.command, self.path))
+                if proxy.latency:
+                    time.sleep(proxy.latency)
                 fault = proxy._take(self.command, self.path)
                 if fault is not None and fault.status not in (CUT, HANG_UP, TRICKLE):
                     if fault.delay:

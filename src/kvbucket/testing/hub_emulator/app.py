@@ -9,24 +9,28 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import os
 import re
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from . import zerocopy
-from .auth import Auth
 from .cas_routes import CasRoutes
-from .faults import Fault, FaultPlan, FaultRule
+from .core import Emulator, RouteStats
+from .faults import Fault, FaultRule
 from .hub_routes import HubRoutes
-from .state import State
-from .wire import FAULT, HubError, error_response, read_json
+from .state import is_disk_full
+from .wire import (
+    BODY_TIMEOUT,
+    FAULT,
+    MAX_SMALL_BODY,
+    HubError,
+    disk_full,
+    error_response,
+    read_body,
+    read_json,
+)
 from .xet import MAX_XORB_BYTES as _MAX_XORB
 
 log = logging.getLogger("kvbucket.emulator")
@@ -34,54 +38,6 @@ log = logging.getLogger("kvbucket.emulator")
 HUB = web.AppKey("hub", HubRoutes)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass
-class RouteStats:
-    requests: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-
-
-class Emulator:
-    """The server's live objects: durable state, auth, faults, counters and the CPU pool."""
-
-    def __init__(
-        self,
-        state: State,
-        auth: Auth,
-        faults: FaultPlan | None = None,
-        admin_key: str = "",
-        zero_copy: bool = True,
-    ) -> None:
-        self.state = state
-        self.zero_copy = zero_copy and zerocopy.supported(state.xorb_dir)
-        self.auth = auth
-        self.faults = faults or FaultPlan()
-        self.admin_key = admin_key
-        self.stats: dict[str, RouteStats] = defaultdict(RouteStats)
-        self.statuses: dict[str, int] = defaultdict(int)
-        self.pool = ThreadPoolExecutor(
-            max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="emu"
-        )
-        self.started = time.monotonic()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
-    async def cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "routes": {k: vars(v).copy() for k, v in sorted(self.stats.items())},
-            "statuses": dict(self.statuses),
-            "process_cpu_s": time.process_time(),
-            "loop_thread_cpu_s": time.thread_time(),
-            "uptime_s": time.monotonic() - self.started,
-            "pid": os.getpid(),
-            "zero_copy_uploads": self.zero_copy,
-        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,6 +91,7 @@ def make_middleware(emu: Emulator) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         t0 = time.perf_counter()
+        started = time.monotonic()
         name = route_name(request.method, request.path)
         st = emu.stats[name]
         st.requests += 1
@@ -156,15 +113,24 @@ def make_middleware(emu: Emulator) -> Any:
                 resp = await handler(request)
             except HubError as e:
                 resp = error_response(e.status, e.message, e.code)
+                if e.close:
+                    resp.force_close()
             except web.HTTPException:
                 raise
-            except Exception:
-                log.exception("internal error on %s %s", request.method, name)
-                resp = error_response(500, f"internal emulator error on {name}; see the server log")
+            except Exception as e:
+                if is_disk_full(e):
+                    log.error("disk full on %s %s: %s", request.method, name, e)
+                    err = disk_full(f"this {name} request")
+                    resp = error_response(err.status, err.message, err.code)
+                else:
+                    log.exception("internal error on %s %s", request.method, name)
+                    resp = error_response(500, f"internal emulator error on {name}; see the server log")
             if fault is not None and fault.drop and isinstance(resp, web.Response) and resp.body:
                 return await _drop_mid_body(request, resp)
             return _count(emu, st, resp)
         finally:
+            if name != "control":
+                emu.requests.record(name, started)
             if log.isEnabledFor(logging.DEBUG):
                 ms = (time.perf_counter() - t0) * 1e3
                 log.debug(
@@ -214,6 +180,13 @@ class ControlRoutes:
             self._admin(request, "the stats route")
         return web.json_response(self.emu.snapshot())
 
+    async def requests(self, request: web.Request) -> web.StreamResponse:
+        self._admin(request, "the request log")
+        entries = self.emu.requests.entries()
+        if request.method == "DELETE":
+            self.emu.requests.clear()
+        return web.json_response(entries)
+
     async def health(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"ok": True})
 
@@ -247,8 +220,9 @@ async def not_found(request: web.Request) -> web.StreamResponse:
 
 def build_app(emu: Emulator) -> web.Application:
     app = web.Application(middlewares=[make_middleware(emu)], client_max_size=_MAX_XORB + 1024 * 1024)
-    hub, cas, ctl = HubRoutes(emu), CasRoutes(emu), ControlRoutes(emu)
-    hub.emu_cas = cas
+    app[BODY_TIMEOUT] = emu.body_timeout_s
+    cas = CasRoutes(emu)
+    hub, ctl = HubRoutes(emu, cas.stream_range), ControlRoutes(emu)
     app[HUB] = hub
     r = app.router
     r.add_get("/api/whoami-v2", hub.whoami)
@@ -268,13 +242,14 @@ def build_app(emu: Emulator) -> web.Application:
     r.add_post("/v1/telemetry", _empty_ok)  # hf_xet posts telemetry here, outside the CAS URL
     r.add_get("/_emulator/stats", ctl.stats)
     r.add_get("/_emulator/health", ctl.health)
+    r.add_route("*", "/_emulator/requests", ctl.requests)
     r.add_route("*", "/_emulator/faults", ctl.faults)
     r.add_route("*", "/{tail:.*}", not_found)
     return app
 
 
 async def _empty_ok(request: web.Request) -> web.StreamResponse:
-    await request.read()
+    await read_body(request, MAX_SMALL_BODY)
     return web.json_response({})
 
 

@@ -7,26 +7,30 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from . import zerocopy
+from .core import Emulator
 from .faults import Fault
+from .state import is_disk_full
 from .wire import (
     _READ_WINDOW,
-    BODY_TIMEOUT_S,
     FAULT,
     FETCH_URL_TTL_S,
     MAX_SHARD_BYTES,
     ZERO_COPY_MIN,
     HubError,
     _pread,
+    disk_full,
     error_response,
     origin,
     parse_range,
     read_body,
+    too_large,
 )  # fmt: skip
 from .xet import (
     EMPTY_FILE_HASH_HEX,
@@ -42,9 +46,6 @@ from .xet import (
     verify_xorb_file,
 )
 from .xet import MAX_XORB_BYTES as _MAX_XORB
-
-if TYPE_CHECKING:
-    from .app import Emulator
 
 log = logging.getLogger("kvbucket.emulator")
 
@@ -75,7 +76,7 @@ class CasRoutes:
             raise HubError(400, "the xorb hash in the URL must be 64 hex digits")
         n = request.content_length
         if n is not None and n > _MAX_XORB:
-            raise HubError(413, f"xorb body over {_MAX_XORB} bytes")
+            raise too_large(_MAX_XORB)
         sock_fd = zerocopy.socket_fd(request) if self.emu.zero_copy and (n or 0) >= ZERO_COPY_MIN else None
         if sock_fd is not None:
             return await self._upload_xorb_spliced(request, xorb_hex, sock_fd)
@@ -99,8 +100,8 @@ class CasRoutes:
         head = zerocopy.take_body(request)
         tmp: str | None = None
         try:
-            tmp = await self.emu.cpu(
-                zerocopy.splice_to_file, sock_fd, head, n, self.state.xorb_dir, BODY_TIMEOUT_S
+            tmp = await zerocopy.splice_to_file(
+                sock_fd, head, n, self.state.xorb_dir, self.emu.cpu, self.emu.body_timeout_s
             )
             if self.state.has_xorb(xorb_hex):
                 resp: web.StreamResponse = web.json_response({"was_inserted": False})
@@ -111,12 +112,20 @@ class CasRoutes:
         except XetFormatError as e:
             log.warning("refused xorb %s: %s", xorb_hex, e)
             resp = error_response(400, f"xorb refused: {e}", "InvalidXorb")
-        except (OSError, TimeoutError, ConnectionError) as e:
+        except TimeoutError as e:
             log.warning("xorb %s: body not received: %s", xorb_hex, e)
-            resp = error_response(400, f"the xorb body was not received in full: {e}")
-        except Exception:
-            log.exception("internal error receiving xorb %s", xorb_hex)
-            resp = error_response(500, "internal emulator error on xorb_upload; see the server log")
+            resp = error_response(408, f"the xorb body was not received in time: {e}")
+        except Exception as e:
+            if is_disk_full(e):
+                log.error("xorb %s refused: disk full: %s", xorb_hex, e)
+                err = disk_full(f"xorb {xorb_hex}")
+                resp = error_response(err.status, err.message, err.code)
+            elif isinstance(e, (OSError, ConnectionError)):
+                log.warning("xorb %s: body not received: %s", xorb_hex, e)
+                resp = error_response(400, f"the xorb body was not received in full: {e}")
+            else:
+                log.exception("internal error receiving xorb %s", xorb_hex)
+                resp = error_response(500, "internal emulator error on xorb_upload; see the server log")
         finally:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)  # already renamed when stored
@@ -158,16 +167,14 @@ class CasRoutes:
         return shard.files
 
     async def upload_shard(self, request: web.Request) -> web.StreamResponse:
-        self.token(request, write=True)
-        if request.content_length is not None and request.content_length > MAX_SHARD_BYTES:
-            raise HubError(413, f"shard body over {MAX_SHARD_BYTES} bytes")
+        bucket_id, _ = self.token(request, write=True)
         data = bytes(await read_body(request, MAX_SHARD_BYTES))
         try:
             files = await self.emu.cpu(self._verify_shard, data)
         except XetFormatError as e:
             log.warning("refused shard: %s", e)
             raise HubError(400, f"shard refused: {e}", "InvalidShard") from None
-        await self.emu.cpu(self.state.put_reconstructions, files)
+        await self.emu.cpu(self.state.put_reconstructions, files, bucket_id)
         if request.path.startswith("/cas/v2/"):
             frames = [
                 {"type": "validating", "verified": len(files), "total": len(files)},
@@ -304,7 +311,7 @@ class CasRoutes:
         self.emu.stats["fetch"].bytes_out += end - start
         return resp
 
-    async def stream_range(self, rec: FileRecord, start: int, end: int) -> Any:
+    async def stream_range(self, rec: FileRecord, start: int, end: int) -> AsyncIterator[bytes]:
         """Yield the file's bytes [start, end), reading and decoding only the chunks that overlap.
 
         Chunks are read in windows of at most ~8 MiB of stored bytes, so a small range read of a

@@ -6,12 +6,14 @@ import hashlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 from urllib.parse import unquote
 
 from aiohttp import web
 
 from .auth import Caller
+from .core import Emulator
 from .faults import Fault
 from .state import BucketRow, FileRow, now_iso
 from .wire import (
@@ -27,13 +29,13 @@ from .wire import (
     origin,
     parse_range,
     raw_segments,
+    read_body,
     read_json,
 )  # fmt: skip
-from .xet import EMPTY_FILE_HASH_HEX, is_hex_hash
+from .xet import EMPTY_FILE_HASH_HEX, FileRecord, is_hex_hash
 
-if TYPE_CHECKING:
-    from .app import Emulator
-    from .cas_routes import CasRoutes
+# the bytes [start, end) of a stored file, decoded (``CasRoutes.stream_range``)
+RangeReader = Callable[[FileRecord, int, int], AsyncIterator[bytes]]
 
 log = logging.getLogger("kvbucket.emulator")
 
@@ -49,9 +51,10 @@ def _anonymous_refused(what: str) -> HubError:
 
 
 class HubRoutes:
-    def __init__(self, emu: Emulator) -> None:
+    def __init__(self, emu: Emulator, read_range: RangeReader) -> None:
         self.emu = emu
         self.state = emu.state
+        self.read_range = read_range
 
     def caller(self, request: web.Request) -> Caller:
         c = self.emu.auth.caller(request.headers.get("Authorization"))
@@ -254,9 +257,7 @@ class HubRoutes:
 
     async def batch(self, request: web.Request, bucket_id: str) -> web.StreamResponse:
         _, caller = self.bucket(request, bucket_id, write=True)
-        if request.content_length is not None and request.content_length > MAX_JSON_BYTES:
-            raise HubError(413, f"batch body over {MAX_JSON_BYTES} bytes")
-        lines = [ln for ln in (await request.read()).split(b"\n") if ln.strip()]
+        lines = [ln for ln in (await read_body(request, MAX_JSON_BYTES)).split(b"\n") if ln.strip()]
         if len(lines) > MAX_BATCH_LINES:
             raise HubError(400, f"at most {MAX_BATCH_LINES} operations per batch request, got {len(lines)}")
         fault: Fault | None = request.get(FAULT)
@@ -311,13 +312,29 @@ class HubRoutes:
             if xet != EMPTY_FILE_HASH_HEX and not self.state.bucket_has_hash(src, xet):
                 raise HubError(404, f"no file with hash {xet} in source bucket {src!r}")
         rec = self.state.get_reconstruction(xet)
-        if rec is None:
+        if rec is None or (kind == "addFile" and not self._may_add(caller, xet)):
+            # the same answer for a hash one may not use: the reply never says what others store
             raise HubError(400, f"unknown xetHash {xet}: upload its xorbs and shard to the CAS first")
         ctype = op.get("contentType")
         self.state.put_file(
             bucket_id,
             FileRow(path, xet, rec.size, mtime, now, ctype if isinstance(ctype, str) else None),
         )
+
+    def _may_add(self, caller: Caller, xet: str) -> bool:
+        """Content ``caller`` uploaded (through a bucket it can read) or can already read.
+
+        Otherwise anyone who learnt the hash of another user's private file could add it to
+        their own bucket and read it. Content from elsewhere is copied with ``copyFile``,
+        which names its source bucket (as the Hub's client does).
+        """
+        if xet == EMPTY_FILE_HASH_HEX:
+            return True
+        for bucket_id in self.state.buckets_reaching(xet):
+            row = self.state.get_bucket(bucket_id)
+            if row is not None and caller.can_read(bucket_id.split("/", 1)[0], row.private):
+                return True
+        return False
 
     def xet_token(self, request: web.Request, bucket_id: str, scope: str) -> web.StreamResponse:
         self.bucket(request, bucket_id, write=scope == "write")
@@ -396,7 +413,7 @@ class HubRoutes:
         await resp.prepare(request)
         fault: Fault | None = request.get(FAULT)
         sent = 0
-        async for piece in self.emu_cas.stream_range(rec, start, end):
+        async for piece in self.read_range(rec, start, end):
             await resp.write(piece)
             sent += len(piece)
             if fault is not None and fault.drop and request.transport is not None:
@@ -405,8 +422,6 @@ class HubRoutes:
         self.emu.stats["resolve"].bytes_out += sent
         await resp.write_eof()
         return resp
-
-    emu_cas: CasRoutes
 
 
 _CREATED = "2025-01-01T00:00:00.000Z"

@@ -31,10 +31,12 @@ from aiohttp import web
 from kvbucket.errors import ConfigError
 from kvbucket.testing.children import dies_with_parent
 
-from .app import Emulator, build_app
+from .app import build_app
 from .auth import Auth, TokenSpec, parse_org
+from .core import Emulator
 from .faults import FaultPlan, FaultRule
 from .state import State
+from .wire import BODY_TIMEOUT_S, LINGER_S
 
 log = logging.getLogger("kvbucket.emulator")
 
@@ -50,6 +52,7 @@ class ServerConfig:
     fault_seed: int = 0
     zero_copy: bool = True
     orgs: dict[str, list[str]] = field(default_factory=dict)
+    body_timeout_s: float = BODY_TIMEOUT_S
 
     def to_json(self) -> str:
         return json.dumps(
@@ -58,6 +61,7 @@ class ServerConfig:
                 "tokens": [[t.name, t.secret.get_secret_value(), t.scope] for t in self.tokens],
                 "xet_token_ttl_s": self.xet_token_ttl_s, "admin_key": self.admin_key,
                 "fault_seed": self.fault_seed, "zero_copy": self.zero_copy, "orgs": self.orgs,
+                "body_timeout_s": self.body_timeout_s,
             }
         )  # fmt: skip
 
@@ -74,6 +78,7 @@ class ServerConfig:
             fault_seed=int(d["fault_seed"]),
             zero_copy=bool(d["zero_copy"]),
             orgs={str(k): [str(u) for u in v] for k, v in d.get("orgs", {}).items()},
+            body_timeout_s=float(d.get("body_timeout_s", BODY_TIMEOUT_S)),
         )
 
 
@@ -120,8 +125,15 @@ class ThreadServer:
         cfg = self.config
         self._state = State(cfg.data_dir)
         auth = Auth(cfg.tokens, cfg.xet_token_ttl_s, Auth.load_key(cfg.data_dir), cfg.orgs)
-        self._emu = Emulator(self._state, auth, FaultPlan(cfg.fault_seed), cfg.admin_key, cfg.zero_copy)
-        self._runner = web.AppRunner(build_app(self._emu), access_log=None, handle_signals=False)
+        self._emu = Emulator(
+            self._state, auth, FaultPlan(cfg.fault_seed), cfg.admin_key, cfg.zero_copy, cfg.body_timeout_s
+        )
+        # lingering_time: after a reply to a body it did not read (a 413 or 408), aiohttp reads
+        # and drops the rest so the client sees the reply rather than a reset; 1 s, not the
+        # default 10 s, so an oversized or stalled body is not consumed for long
+        self._runner = web.AppRunner(
+            build_app(self._emu), access_log=None, handle_signals=False, lingering_time=LINGER_S
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.host, cfg.port, reuse_address=True)
         await site.start()
@@ -244,6 +256,7 @@ class HubEmulator:
     Without ``data_dir`` a temporary one is made and removed at exit. ``port=0`` picks a free port.
     ``subprocess=True`` runs the server in a child process (own CPU time and GIL).
     ``zero_copy=False`` turns off the Linux ``splice`` path for large xorb uploads.
+    ``body_timeout_s``: a request body that goes this long without a byte is answered 408.
     """
 
     def __init__(
@@ -259,6 +272,7 @@ class HubEmulator:
         fault_seed: int = 0,
         admin_key: str | None = None,
         zero_copy: bool = True,
+        body_timeout_s: float = BODY_TIMEOUT_S,
     ) -> None:
         specs = token_specs(tokens)
         org_map = {str(o): [str(u) for u in members] for o, members in (orgs or {}).items()}
@@ -267,6 +281,8 @@ class HubEmulator:
         Auth(specs, orgs=org_map)  # refuses a user that is also an org, duplicate secrets
         if xet_token_ttl_s <= 0:
             raise ConfigError("xet_token_ttl_s must be positive")
+        if body_timeout_s <= 0:
+            raise ConfigError("body_timeout_s must be positive")
         if admin_key is not None and len(admin_key) < 8:
             raise ConfigError("the admin key (fault control) must be at least 8 characters")
         self._tmp: str | None = None
@@ -277,6 +293,7 @@ class HubEmulator:
         if admin_key is not None:
             self.config.admin_key = admin_key
         self.config.zero_copy = zero_copy
+        self.config.body_timeout_s = body_timeout_s
         self.config.orgs = org_map
         self.use_subprocess = subprocess
         self._server: ThreadServer | SubprocessServer | None = None
@@ -311,6 +328,15 @@ class HubEmulator:
         """Request counts and bytes per route, plus the server's CPU time (see docs/emulator.md)."""
         req = urllib.request.Request(f"{self.endpoint}/_emulator/stats")
         req.add_header("X-Emulator-Admin", self.config.admin_key)  # needed when tokens are configured
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    def requests(self, *, clear: bool = False) -> list[dict[str, Any]]:
+        """The request log: ``{route, start, end}`` per request served (server's monotonic clock),
+        for ``request_log.sequential_round_trips``; ``clear=True`` empties it after reading."""
+        url = f"{self.endpoint}/_emulator/requests"
+        req = urllib.request.Request(url, method="DELETE" if clear else "GET")
+        req.add_header("X-Emulator-Admin", self.config.admin_key)
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import functools
 import json
 import os
@@ -34,6 +35,9 @@ CREATE TABLE IF NOT EXISTS files (
 CREATE INDEX IF NOT EXISTS files_by_hash ON files (xet_hash, bucket);
 CREATE TABLE IF NOT EXISTS xorbs (
     hash TEXT PRIMARY KEY, offsets BLOB NOT NULL, lens BLOB NOT NULL, chunk_hashes BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS uploads (
+    file_hash TEXT NOT NULL, bucket TEXT NOT NULL, PRIMARY KEY (file_hash, bucket)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS reconstructions (
     file_hash TEXT PRIMARY KEY, size INTEGER NOT NULL, segments TEXT NOT NULL
@@ -90,8 +94,28 @@ def preallocate(fd: int, size: int) -> None:
     """
     if size <= 0 or not hasattr(os, "posix_fallocate"):
         return
-    with contextlib.suppress(OSError):  # a file system without fallocate: write as before
+    try:
         os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if is_disk_full(e):  # a full disk: say so before any byte is written
+            raise
+        # a file system without fallocate: write as before
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Did ``exc`` come from a full disk (or quota), in a file write or in SQLite?"""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(exc, sqlite3.OperationalError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code == getattr(sqlite3, "SQLITE_FULL", 13) or "disk is full" in str(exc)
+    return False
 
 
 def _pack(values: Iterable[int]) -> bytes:
@@ -177,6 +201,7 @@ class State:
         with self._lock:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM files WHERE bucket = ?", (bucket_id,))
+            self._db.execute("DELETE FROM uploads WHERE bucket = ?", (bucket_id,))
             self._db.execute("DELETE FROM buckets WHERE id = ?", (bucket_id,))
             self._db.execute("COMMIT")
 
@@ -187,6 +212,7 @@ class State:
                 return False
             self._db.execute("UPDATE buckets SET id = ? WHERE id = ?", (dst, src))
             self._db.execute("UPDATE files SET bucket = ? WHERE bucket = ?", (dst, src))
+            self._db.execute("UPDATE uploads SET bucket = ? WHERE bucket = ?", (dst, src))
         return True
 
     # -- files -----------------------------------------------------------------------------
@@ -245,11 +271,30 @@ class State:
             ).fetchone()
         return row is not None
 
+    def buckets_reaching(self, xet_hash: str) -> list[str]:
+        """The buckets through which ``xet_hash`` was uploaded or is held: who may add it by hash.
+
+        Why: the CAS is shared by all users, so knowing a file's hash must not be a way to read
+        it. An ``addFile`` by hash is for content the caller uploaded, or can already read.
+        """
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT bucket FROM uploads WHERE file_hash = ?"
+                " UNION SELECT bucket FROM files WHERE xet_hash = ?",
+                (xet_hash, xet_hash),
+            ).fetchall()
+        return [r[0] for r in rows]
+
     # -- reconstructions -------------------------------------------------------------------
-    def put_reconstructions(self, records: list[FileRecord]) -> None:
+    def put_reconstructions(self, records: list[FileRecord], bucket_id: str) -> None:
+        """Store the files of an accepted shard, uploaded with a Xet write token of ``bucket_id``."""
         with self._lock:
             self._db.execute("BEGIN")
             for rec in records:
+                self._db.execute(
+                    "INSERT OR IGNORE INTO uploads (file_hash, bucket) VALUES (?, ?)",
+                    (rec.hash_hex, bucket_id),
+                )
                 segs = [[s.xorb_hex, s.unpacked_bytes, s.chunk_start, s.chunk_end] for s in rec.segments]
                 self._db.execute(
                     "INSERT OR REPLACE INTO reconstructions (file_hash, size, segments) VALUES (?, ?, ?)",
@@ -322,11 +367,12 @@ class State:
         final.parent.mkdir(exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
         try:
-            preallocate(fd, len(data))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                preallocate(fd, len(data))
+                write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, final)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

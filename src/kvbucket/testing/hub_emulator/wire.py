@@ -7,6 +7,7 @@ request path and unquoted exactly once (``raw_segments``), never by the router.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from typing import Any
@@ -26,17 +27,31 @@ LIST_PAGE = 100
 FETCH_URL_TTL_S = 3600
 _READ_WINDOW = 8 * 1024 * 1024
 ZERO_COPY_MIN = 1024 * 1024  # smaller xorb bodies take the ordinary path
-BODY_TIMEOUT_S = 60.0
+BODY_TIMEOUT_S = 30.0  # the longest a request body may go without a byte
+MIN_BODY_RATE = 256 * 1024  # bytes/s: a body must also arrive within BODY_TIMEOUT_S + size / this
+LINGER_S = 1.0  # how long the rest of a refused body is read and dropped before the connection closes
+MAX_SMALL_BODY = 1024 * 1024  # routes that take no body worth keeping (telemetry)
 
 FAULT = web.RequestKey("fault", Fault)
+BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
+
+
+def body_timeout(request: web.Request) -> float:
+    return request.app.get(BODY_TIMEOUT, BODY_TIMEOUT_S)
+
+
+def body_deadline(size: int, idle_s: float) -> float:
+    """Seconds a body of ``size`` bytes may take in all: a trickle of bytes is a stall too."""
+    return idle_s + size / MIN_BODY_RATE
 
 
 class HubError(Exception):
     """An error reply: status, message for the user, and the Hub's ``X-Error-Code`` if any."""
 
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None, *, close: bool = False) -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+        self.close = close  # the body was not read to its end: the connection cannot be reused
 
 
 def error_response(status: int, message: str, code: str | None = None) -> web.Response:
@@ -79,37 +94,72 @@ def check_path(path: str) -> str | None:
     return None
 
 
-async def read_json(request: web.Request) -> Any:
-    if request.content_length is not None and request.content_length > MAX_JSON_BYTES:
-        raise HubError(413, f"request body over {MAX_JSON_BYTES} bytes")
-    body = await request.read()
+async def read_json(request: web.Request, cap: int = MAX_JSON_BYTES) -> Any:
+    body = await read_body(request, cap)
     try:
         return json.loads(body) if body else {}
     except ValueError:
         raise HubError(400, "request body is not valid JSON") from None
 
 
+# A full disk is answered with a status hf_xet does not retry: its retry policy (reqwest_retry's
+# default, in xet-core's RetryWrapper) retries every 5xx and 408/429, so 500 or 507 made an
+# upload retry for minutes (measured: 507 on xorb uploads, 6 attempts over 137 s); any other
+# 4xx fails the upload at once. 413 ("more than the server is able to process") is the closest.
+DISK_FULL_STATUS = 413
+
+
+def disk_full(what: str) -> HubError:
+    return HubError(
+        DISK_FULL_STATUS,
+        f"the emulator's disk is full: no space to store {what}; free space in its data dir, then retry",
+        "InsufficientStorage",
+    )
+
+
+def too_large(cap: int) -> HubError:
+    return HubError(413, f"request body over {cap} bytes", "PayloadTooLarge", close=True)
+
+
 async def read_body(request: web.Request, cap: int) -> bytearray:
-    """Read a request body into one preallocated buffer (no regrowth, no final copy)."""
+    """The request body, at most ``cap`` bytes whatever the transfer encoding, else a quick 413.
+
+    A body that goes ``body_timeout`` seconds without a byte, or arrives slower than
+    ``MIN_BODY_RATE``, is answered 408. Waiting happens on the event loop, never in a worker
+    thread, so a stalled client holds nothing that other users need. With a ``Content-Length``
+    the body goes into one preallocated buffer (no regrowth, no final copy).
+    """
     n = request.content_length
-    if n is None:
-        data = await request.read()  # chunked upload: bounded by the app's client_max_size
-        if len(data) > cap:
-            raise HubError(413, f"request body over {cap} bytes")
-        return bytearray(data)
-    if n > cap:
-        raise HubError(413, f"request body over {cap} bytes")
-    buf = bytearray(n)
-    view = memoryview(buf)
+    if n is not None and n > cap:
+        raise too_large(cap)
+    idle_s = body_timeout(request)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body_deadline(cap if n is None else n, idle_s)
+    buf = bytearray(0 if n is None else n)
+    view = memoryview(buf) if n is not None else None  # (a viewed bytearray cannot grow)
     pos = 0
-    while pos < n:
-        chunk = await request.content.readany()
+    while True:
+        wait = min(idle_s, deadline - loop.time())
+        try:
+            if wait <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(wait):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            raise HubError(408, f"request body too slow or stalled after {pos} bytes", close=True) from None
         if not chunk:
-            raise HubError(400, f"request body ended after {pos} of the {n} bytes announced")
-        if pos + len(chunk) > n:
-            raise HubError(400, "request body is longer than its Content-Length")
-        view[pos : pos + len(chunk)] = chunk
+            break
+        if n is None:
+            if pos + len(chunk) > cap:
+                raise too_large(cap)
+            buf += chunk
+        else:
+            if pos + len(chunk) > n:
+                raise HubError(400, "request body is longer than its Content-Length", close=True)
+            view[pos : pos + len(chunk)] = chunk  # type: ignore[index]
         pos += len(chunk)
+    if n is not None and pos < n:
+        raise HubError(400, f"request body ended after {pos} of the {n} bytes announced", close=True)
     return buf
 
 

@@ -7,13 +7,20 @@ kernel, and the file is then verified through ``mmap`` (no copy either).
 
 How it stays correct: the bytes aiohttp already parsed into the request's stream are written
 first; the transport's reading is paused so nothing else consumes the socket; the rest of the
-announced ``Content-Length`` is spliced by a worker thread; the request stream is then marked
+announced ``Content-Length`` is spliced by worker threads; the request stream is then marked
 finished and the reply closes the connection, since aiohttp's HTTP parser never saw those bytes.
 Used for xorb uploads only (large, one per connection slot). Elsewhere: the ordinary path.
+
+How it stays fair (issue 24): a worker splices only while bytes flow, for at most ``_SLICE_S``
+at a time; when the socket runs dry it hands the worker back and the wait for more bytes happens
+on the event loop. A stalled or trickling client therefore never holds one of the few workers
+that other users' requests need, and it is cut off after ``idle_s`` without a byte or when it
+misses the ``body_deadline`` (a minimum rate).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
@@ -21,14 +28,22 @@ import select
 import socket
 import sys
 import tempfile
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
-from .state import preallocate
+from .state import is_disk_full, preallocate, write_all
+from .wire import body_deadline
 
 _PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_SLICE_S = 0.05  # the longest a worker splices one body before it lets other work run
+_GRACE_S = 0.002  # a dry socket: wait this long in the worker, then hand it back
+
+Run = Callable[..., Awaitable[Any]]  # runs a blocking function in the CPU pool (``Emulator.cpu``)
 
 
 def supported(directory: Path) -> bool:
@@ -72,46 +87,123 @@ def take_body(request: web.Request) -> bytes:
     return head
 
 
-def splice_to_file(sock_fd: int, head: bytes, total: int, directory: Path, timeout_s: float) -> str:
+async def splice_to_file(
+    sock_fd: int, head: bytes, total: int, directory: Path, run: Run, idle_s: float
+) -> str:
     """Write ``head`` then splice ``total - len(head)`` socket bytes into a new temp file (0600).
 
-    Runs in a worker thread. Returns the temp file's path; the caller owns (and removes) it.
+    Returns the temp file's path; the caller owns (and removes) it. Raises ``TimeoutError`` for
+    a body that stalls ``idle_s`` or misses its deadline, ``ConnectionError`` for one cut short.
     """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body_deadline(total, idle_s)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    r = w = -1
+    sink = _Sink(fd)
+    r = w = watch = -1
     try:
-        preallocate(fd, total)
-        view = memoryview(head)
-        while view:
-            view = view[os.write(fd, view) :]
+        await run(sink.start, head, total)
         remaining = total - len(head)
         r, w = os.pipe()
         with contextlib.suppress(OSError):
             fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_SIZE)
-        flags = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
         while remaining:
-            try:
-                n = os.splice(sock_fd, w, min(remaining, _PIPE_SIZE), flags=flags)
-            except BlockingIOError:
-                if not _wait_readable(sock_fd, timeout_s):
-                    raise TimeoutError(
-                        f"no body bytes for {timeout_s:.0f} s ({remaining} still due)"
-                    ) from None
-                continue
-            if n == 0:
-                raise ConnectionError(f"the client closed the connection with {remaining} body bytes due")
-            remaining -= n
-            while n:  # drain the pipe into the file
-                n -= os.splice(r, fd, n)
+            remaining -= await run(_splice_some, sock_fd, w, r, sink, remaining)
+            if not remaining:
+                break
+            if watch < 0:
+                watch = os.dup(sock_fd)  # the loop refuses a reader on a transport's own fd
+            wait = min(idle_s, deadline - loop.time())
+            if wait <= 0 or not await _readable(loop, watch, wait):
+                raise TimeoutError(f"the body stalled or came too slowly ({remaining} bytes still due)")
+        if sink.full is not None:
+            raise sink.full
         return tmp
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     finally:
-        os.close(fd)
-        for p in (r, w):
+        sink.close()
+        for p in (r, w, watch):
             if p >= 0:
                 os.close(p)
+
+
+class _Sink:
+    """Where body bytes go: the temp file, or, once the disk is full, nowhere.
+
+    Why: a reply sent before the body is read makes the server close a socket with unread
+    bytes, which the client may see as a reset (and retry) rather than the reply. So the rest
+    of the body is still received, and dropped, and the caller then answers "disk full".
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.file_fd = self.fd = fd
+        self.full: OSError | None = None
+
+    def _overflow(self, e: OSError) -> None:
+        if self.full is not None or not is_disk_full(e):
+            raise e
+        self.full = e
+        self.fd = os.open(os.devnull, os.O_WRONLY)
+
+    def start(self, head: bytes, total: int) -> None:
+        try:
+            preallocate(self.fd, total)
+            write_all(self.fd, head)
+        except OSError as e:
+            self._overflow(e)
+
+    def drain(self, r: int, n: int) -> None:
+        """Move ``n`` bytes from the pipe ``r`` into the sink."""
+        while n:
+            try:
+                n -= os.splice(r, self.fd, n)
+            except OSError as e:
+                self._overflow(e)
+
+    def close(self) -> None:
+        os.close(self.file_fd)
+        if self.fd != self.file_fd:
+            os.close(self.fd)
+
+
+def _splice_some(sock_fd: int, w: int, r: int, sink: _Sink, remaining: int) -> int:
+    """In a worker: splice socket -> pipe -> file while bytes come, for at most ``_SLICE_S``.
+
+    Returns the bytes moved (maybe 0) when the socket stays dry for ``_GRACE_S``, the slice is
+    used up, or the body is complete.
+    """
+    flags = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
+    stop = time.monotonic() + _SLICE_S
+    moved = 0
+    while moved < remaining:
+        try:
+            n = os.splice(sock_fd, w, min(remaining - moved, _PIPE_SIZE), flags=flags)
+        except BlockingIOError:
+            if time.monotonic() >= stop or not _wait_readable(sock_fd, _GRACE_S):
+                return moved
+            continue
+        if n == 0:
+            raise ConnectionError(f"the client closed the connection with {remaining - moved} body bytes due")
+        moved += n
+        sink.drain(r, n)
+        if time.monotonic() >= stop:
+            break
+    return moved
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, fd: int, timeout_s: float) -> bool:
+    """Wait on the event loop (no thread held) until ``fd`` has bytes; False on timeout."""
+    ready = loop.create_future()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await ready
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
 
 
 def finish(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:

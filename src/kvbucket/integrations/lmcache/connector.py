@@ -1,56 +1,21 @@
-"""kvbucket inside the real LMCache (``pip install kvbucket[lmcache]``; tested with 0.5.6).
-
-Two entry points, both loaded by LMCache from this module path:
-
-- :class:`KVBucketL2Adapter`, an MP-mode L2 adapter (``lmcache server`` / ``lmcache bench l2``)::
-
-      --l2-adapter '{"type": "plugin", "module_path": "kvbucket.integrations.lmcache",
-                     "class_name": "KVBucketL2Adapter",
-                     "adapter_params": {"type": "hfbucket", "bucket_handle": "hf://buckets/org/kv"}}'
-
-  ``adapter_params`` is exactly a kvbucket adapter spec (types ``hfbucket``, ``s3``, ``fs``; see
-  :mod:`kvbucket.l2.config`), parsed strictly. The adapter delegates to
-  :class:`kvbucket.l2.ObjectStoreL2Adapter` and reports stored/accessed/deleted keys to
-  LMCache's listeners, so LMCache's own eviction controller (the plugin spec's top-level
-  ``"eviction"``) also works; use either that or kvbucket's (``adapter_params.eviction``).
-
-- :class:`KVBucketConnector`, a non-MP remote connector loaded through ``remote_storage_plugins``
-  with ``remote_storage_plugin.<name>.module_path: kvbucket.integrations.lmcache`` and
-  ``.class_name: KVBucketConnector``, configured by seed 001's ``remote_storage_plugin.<name>.*``
-  keys. ``bucket_handle`` may be ``hf://buckets/...``, ``s3://bucket[/prefix]`` (plus the s3
-  keys of the ``s3`` adapter type) or ``file:///dir``.
-
-Key mapping: LMCache 0.5.6's ``ObjectKey`` has an ``object_group_id`` that the documented object
-name ``<model>@<kv_rank_hex>@<chunk_hash_hex>[@salt]`` lacks. kvbucket folds it into the rank as
-``kv_rank | object_group_id << 32``, so group 0 (every non-hybrid model) gets exactly the
-documented name and other groups never collide with it.
-
-Importing this module needs lmcache; importing ``kvbucket`` does not.
-"""
+"""Non-MP mode: :class:`KVBucketConnector`, LMCache's ``RemoteConnector`` over a kvbucket object
+store, loaded through ``remote_storage_plugins`` from ``kvbucket.integrations.lmcache`` (see that
+package's docstring), and the ``remote_storage_plugin.<name>.*`` keys it reads."""
 
 from __future__ import annotations
 
 import asyncio
 import builtins
 import logging
-import math
 import shutil
 import time
-from collections.abc import Sequence
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from lmcache.lmcache_native import Bitmap
-from lmcache.v1.distributed.api import KeyEntry, KeyListPage
-from lmcache.v1.distributed.api import ObjectKey as LMObjectKey
-from lmcache.v1.distributed.internal_api import L2StoreResult
-from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInterface, L2TaskId
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from pydantic import ValidationError
 
 from kvbucket.errors import CircuitOpenError, ConfigError, SizeMismatchError, StoreError
-from kvbucket.keys import ObjectKey, as_key_string
-from kvbucket.l2.adapter import ObjectStoreL2Adapter
+from kvbucket.keys import as_key_string
 from kvbucket.l2.config import (
     FsL2Config,
     HFBucketL2Config,
@@ -60,183 +25,23 @@ from kvbucket.l2.config import (
 )
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.l2.format_store import route_formats
-from kvbucket.l2.registry import build_store, make_work_dir, naming_for, open_l2_adapter, parse_l2_config
+from kvbucket.l2.registry import build_store, make_work_dir, naming_for
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore
 from kvbucket.stores.hfbucket_config import lenient_bool
+from kvbucket.stores.prefetch import read_ahead, with_read_ahead
 from kvbucket.stores.sealed import seal_store
 
 if TYPE_CHECKING:
     from kvbucket.fleet.member import StoreFleet
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kvbucket.integrations.lmcache")
 _repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 
-_GROUP_SHIFT = 32
 
-
-# ---- keys --------------------------------------------------------------------------------------
-_KEY_CACHE_MAX = 1 << 20
-_key_cache: dict[LMObjectKey, ObjectKey] = {}
-_lm_key_cache: dict[ObjectKey, LMObjectKey] = {}
-
-
-def to_kvbucket_key(key: LMObjectKey) -> ObjectKey:
-    """kvbucket's key for an LMCache key (memoised: the controllers pass the same keys to
-    lookup, load and unlock, and building a validated key is not free)."""
-    hit = _key_cache.get(key)
-    if hit is not None:
-        return hit
-    if len(_key_cache) >= _KEY_CACHE_MAX:
-        _key_cache.clear()
-        _lm_key_cache.clear()
-    converted = _key_cache[key] = _convert_key(key)
-    _lm_key_cache[converted] = key
-    return converted
-
-
-def _convert_key(key: LMObjectKey) -> ObjectKey:
-    group = int(getattr(key, "object_group_id", 0) or 0)
-    return ObjectKey(
-        key.model_name, int(key.kv_rank) | group << _GROUP_SHIFT, bytes(key.chunk_hash), key.cache_salt
-    )
-
-
-def to_lmcache_key(key: ObjectKey) -> LMObjectKey:
-    hit = _lm_key_cache.get(key)
-    if hit is not None:
-        return hit
-    return LMObjectKey(
-        chunk_hash=bytes(key.chunk_hash),
-        model_name=key.model_name,
-        kv_rank=key.kv_rank & ((1 << _GROUP_SHIFT) - 1),
-        object_group_id=key.kv_rank >> _GROUP_SHIFT,
-        cache_salt=key.cache_salt,
-    )
-
-
-def _bitmap(bits: Sequence[bool]) -> Bitmap:
-    bm = Bitmap(len(bits))
-    if all(bits):
-        bm.set_range(0, len(bits))
-    else:
-        bm.batched_set([i for i, b in enumerate(bits) if b])
-    return bm
-
-
-def _layout_bytes(group_layout_descs: Any) -> dict[int, int] | None:
-    """Full chunk bytes per object group from LMCache's ``MemoryLayoutDesc`` hints."""
-    if not isinstance(group_layout_descs, dict):
-        return None
-    out: dict[int, int] = {}
-    for group, desc in group_layout_descs.items():
-        shapes = getattr(desc, "shapes", None) or []
-        dtypes = getattr(desc, "dtypes", None) or []
-        total = sum(math.prod(shape) * dtype.itemsize for shape, dtype in zip(shapes, dtypes, strict=False))
-        if total > 0:
-            out[int(group)] = int(total)
-    return out or None
-
-
-# ---- MP mode: the L2 adapter ------------------------------------------------------------------------
-class _Listener:
-    def __init__(self, owner: KVBucketL2Adapter) -> None:
-        self._owner = owner
-
-    def on_keys_stored(self, keys: list[ObjectKey], sizes: list[int]) -> None:
-        self._owner._notify_keys_stored([to_lmcache_key(k) for k in keys], sizes)
-
-    def on_keys_accessed(self, keys: list[ObjectKey]) -> None:
-        self._owner._notify_keys_accessed([to_lmcache_key(k) for k in keys])
-
-    def on_keys_deleted(self, keys: list[ObjectKey], sizes: list[int]) -> None:
-        self._owner._notify_keys_deleted([to_lmcache_key(k) for k in keys], sizes)
-
-
-class KVBucketL2Adapter(L2AdapterInterface):
-    """LMCache's ``L2AdapterInterface`` over :class:`kvbucket.l2.ObjectStoreL2Adapter`."""
-
-    def __init__(
-        self, config: dict[str, Any] | str | L2CommonConfig, l1_memory_desc: Any = None, **_: Any
-    ) -> None:
-        cfg = parse_l2_config(config)  # ConfigError is a ValueError: LMCache reports it as a bad spec
-        super().__init__(max_capacity_bytes=cfg.max_capacity_bytes)
-        self.config = cfg
-        self._impl = open_l2_adapter(cfg, listener=_Listener(self))
-        log.info("kvbucket L2 adapter on %s (%s workers)", self._impl.store.url, cfg.num_workers)
-
-    @property
-    def impl(self) -> ObjectStoreL2Adapter:
-        return self._impl
-
-    def get_store_event_fd(self) -> int:
-        return self._impl.get_store_event_fd()
-
-    def get_lookup_and_lock_event_fd(self) -> int:
-        return self._impl.get_lookup_and_lock_event_fd()
-
-    def get_load_event_fd(self) -> int:
-        return self._impl.get_load_event_fd()
-
-    def submit_store_task(self, keys: list[LMObjectKey], objects: list[Any]) -> L2TaskId:
-        return self._impl.submit_store_task(
-            [to_kvbucket_key(k) for k in keys], [o.byte_array for o in objects], keepalive=objects
-        )
-
-    def pop_completed_store_tasks(self) -> dict[L2TaskId, L2StoreResult]:
-        return {
-            tid: L2StoreResult(r.success, r.bytes_stored)
-            for tid, r in self._impl.pop_completed_store_tasks().items()
-        }
-
-    def submit_lookup_and_lock_task(
-        self, keys: list[LMObjectKey], group_layout_descs: Any = None
-    ) -> L2TaskId:
-        return self._impl.submit_lookup_and_lock_task(
-            [to_kvbucket_key(k) for k in keys], _layout_bytes(group_layout_descs)
-        )
-
-    def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Bitmap | None:
-        bits = self._impl.query_lookup_and_lock_result(task_id)
-        return None if bits is None else _bitmap(bits)
-
-    def submit_unlock(self, keys: list[LMObjectKey]) -> None:
-        self._impl.submit_unlock([to_kvbucket_key(k) for k in keys])
-
-    def submit_load_task(self, keys: list[LMObjectKey], objects: list[Any]) -> L2TaskId:
-        return self._impl.submit_load_task(
-            [to_kvbucket_key(k) for k in keys], [o.byte_array for o in objects], keepalive=objects
-        )
-
-    def query_load_result(self, task_id: L2TaskId) -> Bitmap | None:
-        bits = self._impl.query_load_result(task_id)
-        return None if bits is None else _bitmap(bits)
-
-    def delete(self, keys: list[LMObjectKey]) -> None:
-        self._impl.delete([to_kvbucket_key(k) for k in keys])
-
-    def get_usage(self) -> AdapterUsage:
-        u = self._impl.get_usage()
-        return AdapterUsage(u.bytes_used, u.capacity_bytes, MappingProxyType(dict(u.bytes_by_cache_salt)))
-
-    def list_l2_keys(
-        self, model_name: str | None = None, page_size: int = 500, cursor: str | None = None
-    ) -> KeyListPage:
-        page = self._impl.list_keys(model_name, page_size, cursor)
-        entries = tuple(
-            KeyEntry(key=to_lmcache_key(k).to_encoded_object_key(), size_bytes=s) for k, s in page.entries
-        )
-        return KeyListPage(entries=entries, next_page_token=page.next_cursor)
-
-    def report_status(self) -> dict:
-        return self._impl.report_status()
-
-    def close(self) -> None:
-        self._impl.close()
-
-
-# ---- non-MP: the remote connector ----------------------------------------------------------------------
 _PLUGIN_CONTROL_KEYS = {"module_path", "class_name"}
+# Where LMCache configs load the connector from (the package re-exports it), or this module.
+_MODULE_PATHS = ("kvbucket.integrations.lmcache", __name__)
 
 
 def connector_config_from_extra(extra_config: dict[str, Any] | None, plugin_name: str) -> L2CommonConfig:
@@ -297,7 +102,7 @@ def _own_plugin_names(config: Any) -> list[str]:
     names = []
     for name in getattr(config, "remote_storage_plugins", None) or []:
         if (
-            extra.get(f"remote_storage_plugin.{name}.module_path") == __name__
+            extra.get(f"remote_storage_plugin.{name}.module_path") in _MODULE_PATHS
             and extra.get(f"remote_storage_plugin.{name}.class_name") == "KVBucketConnector"
         ):
             names.append(name)
@@ -369,7 +174,10 @@ class KVBucketConnector(RemoteConnector):
         sealed = seal_store(
             raw, tier="connector", unsealed=self._cfg.unsealed, encryption=self._cfg.encryption
         )
-        self.store = route_formats(sealed, self.naming)
+        # A lookup hit starts its load (read-ahead, kvbucket.stores.prefetch); every verb goes
+        # through the buffer, so a store or delete drops what it replaces.
+        self.store = with_read_ahead(route_formats(sealed, self.naming), self._cfg.read_ahead_settings(),
+                                     label="connector")
         self._fleet: StoreFleet | None = None
         if self._cfg.fleet is not None:
             from kvbucket.fleet.member import StoreFleet
@@ -449,18 +257,20 @@ class KVBucketConnector(RemoteConnector):
         return await asyncio.to_thread(self.exists_sync, key)
 
     def exists_sync(self, key: Any) -> bool:
-        return self._found([key])[0][0][1] == self.full_chunk_size_bytes
+        return self.batched_contains([key]) == 1
 
     def support_batched_contains(self) -> bool:
         return True
 
     def batched_contains(self, keys: builtins.list[Any]) -> int:
-        hits = 0
-        for _, size in self._found(keys)[0]:
+        """The number of leading keys stored as full chunks; their loads start now (read-ahead)."""
+        hits: builtins.list[str] = []
+        for name, size in self._found(keys)[0]:
             if size != self.full_chunk_size_bytes:
                 break
-            hits += 1
-        return hits
+            hits.append(name)
+        read_ahead(self.store, hits, [self.full_chunk_size_bytes] * len(hits))
+        return len(hits)
 
     async def batched_async_contains(
         self, lookup_id: str, keys: builtins.list[Any], pin: bool = False
@@ -613,11 +423,3 @@ class _ConfigView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._config, name)
 
-
-__all__ = [
-    "KVBucketConnector",
-    "KVBucketL2Adapter",
-    "connector_config_from_extra",
-    "to_kvbucket_key",
-    "to_lmcache_key",
-]

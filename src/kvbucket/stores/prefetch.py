@@ -1,0 +1,326 @@
+"""Read-ahead: a lookup hit starts the load, so the load finds the bytes there or on their way.
+
+An engine asks "is this prefix stored?" and, on a hit, asks for its bytes a little later (LMCache's
+``lookup_and_lock`` then ``load``, SGLang's ``batch_exists`` then ``batch_get_v1``, vLLM's lookup
+then load, the backend API's ``contains`` then ``get``). At wide-area latency each of those is at
+least one round trip, and the first one is already enough to know what the second will fetch.
+:class:`PrefetchStore` wraps the store a path loads from; the path calls :func:`read_ahead` with
+its hits and sizes, which starts one batched ``get_many`` into buffers held here; the path's
+``get_many`` then takes the bytes (waiting for a read still on its way, never sending another
+request for it) and sends only the rest to the store.
+
+Why it wraps the *verified* store (the sealing layer, :mod:`kvbucket.stores.sealed`): read-ahead
+bytes go through exactly the verification of a normal load, during the read-ahead; an object
+that fails it is refused there (counted, removed as usual) and the load finds nothing to take.
+
+Bounds: the bytes held (in flight or landed) never exceed ``max_bytes`` (a read-ahead that would
+pass it is not started); an entry no load took within ``ttl_secs`` is dropped; a write or delete
+of a name drops its entry first. So a lookup that is never followed by a load costs at most
+``max_bytes`` of memory and transfer. Counters (re-exported by :mod:`kvbucket.metrics`):
+``kvbucket_read_ahead_bytes{store, outcome}`` with ``prefetched`` (landed), ``used`` (served to a
+load) and ``wasted`` (dropped unused), and the ``kvbucket_read_ahead_held_bytes`` gauge.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from prometheus_client import Counter, Gauge
+
+from kvbucket.errors import StoreError
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size
+from kvbucket.stores.prefetch_config import ReadAheadConfig, ReadAheadSettings
+from kvbucket.threads import DaemonThreadPool
+
+READ_AHEAD_BYTES = Counter(
+    "kvbucket_read_ahead_bytes",
+    "Read-ahead bytes by outcome: prefetched (landed after a lookup hit), used (served to a load), "
+    "wasted (dropped unused: expired, overwritten, deleted, closed).",
+    ["store", "outcome"],
+)
+READ_AHEAD_HELD = Gauge(
+    "kvbucket_read_ahead_held_bytes", "Bytes the read-ahead buffer holds (in flight or landed).", ["store"]
+)
+
+
+HELD, TAKEN, DROPPED = "held", "taken", "dropped"  # in the table / a load owns it / forgotten
+
+
+class _Entry:
+    __slots__ = ("born", "buf", "done", "name", "result", "size", "state")
+
+    def __init__(self, name: str, size: int, done: threading.Event, born: float) -> None:
+        self.name = name
+        self.size = size
+        self.buf: np.ndarray = np.empty(size, dtype=np.uint8)  # pages touched only as bytes land
+        self.done = done  # set when the batch's get_many returned
+        self.result: ItemResult | None = None
+        self.state = HELD
+        self.born = born
+
+
+class PrefetchStore(ObjectStore):
+    """``inner`` with a bounded read-ahead buffer in front of its ``get_many`` (module docstring)."""
+
+    prefetches = True
+
+    def __init__(self, inner: ObjectStore, settings: ReadAheadSettings, *, label: str = "remote",
+                 wait_secs: float = 60.0) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.settings = settings
+        self.label = label
+        self.wait_secs = wait_secs  # longest wait for a read-ahead on its way (store deadlines are shorter)
+        self._entries: dict[str, _Entry] = {}
+        self._held = 0
+        self._lock = threading.Lock()
+        self._pool = DaemonThreadPool(4, "kvbucket-read-ahead")
+        self._sweeper: threading.Timer | None = None
+        self._closed = False
+        self._prefetched = READ_AHEAD_BYTES.labels(label, "prefetched")
+        self._used = READ_AHEAD_BYTES.labels(label, "used")
+        self._wasted = READ_AHEAD_BYTES.labels(label, "wasted")
+        self._gauge = READ_AHEAD_HELD.labels(label)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"PrefetchStore({self.inner!r}, max_bytes={self.settings.max_bytes})"
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes reserved by read-aheads in flight or landed and not taken (never above the bound)."""
+        return self._held
+
+    def settle(self, timeout: float = 30.0) -> bool:
+        """Wait until every read-ahead held has landed (or failed); False if ``timeout`` passed."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            pending = [e.done for e in self._entries.values()]
+        return all(d.wait(max(0.0, end - time.monotonic())) for d in pending)
+
+    # ---- read-ahead ---------------------------------------------------------------------
+    def prefetch(self, names: Sequence[str], sizes: Sequence[int | None]) -> int:
+        """Start reading ``names`` (``sizes`` bytes each) in one background batch; returns the
+        bytes started. Names already held, unknown sizes and what would pass the bound are skipped."""
+        if not self.settings.enabled or self._closed:
+            return 0
+        now = time.monotonic()
+        done = threading.Event()
+        picked: list[_Entry] = []
+        with self._lock:
+            self._expire(now)
+            for name, size in zip(names, sizes, strict=True):
+                if size is None or size < 0 or name in self._entries:
+                    continue
+                if self._held + size > self.settings.max_bytes:
+                    continue
+                e = _Entry(name, size, done, now)
+                self._entries[name] = e
+                self._held += size
+                picked.append(e)
+            self._gauge.set(self._held)
+            if picked:
+                self._schedule_sweep()
+        if not picked:
+            return 0
+        try:
+            self._pool.submit(self._fetch, picked)
+        except RuntimeError:  # closed meanwhile
+            self._finish(picked, None)
+        return sum(e.size for e in picked)
+
+    def _fetch(self, entries: list[_Entry]) -> None:
+        try:
+            results = self.inner.get_many([e.name for e in entries], [e.buf for e in entries])
+        except Exception as e:  # the whole call failed: the loads ask the store themselves
+            err = e if isinstance(e, StoreError) else StoreError(f"read-ahead failed: {e}")
+            results = [ItemResult(x.name, error=err) for x in entries]
+        self._finish(entries, results)
+
+    def _finish(self, entries: list[_Entry], results: list[ItemResult] | None) -> None:
+        landed = 0
+        with self._lock:
+            for i, e in enumerate(entries):
+                r = None if results is None else results[i]
+                e.result = r
+                good = r is not None and r.found and r.size == e.size
+                landed += e.size if good else 0
+                if e.state == DROPPED:  # forgotten while in flight: its bytes go now
+                    self._release(e, wasted=good)
+                elif e.state == HELD and not good:  # nothing to serve: the load asks the store
+                    del self._entries[e.name]
+                    e.state = DROPPED
+                    self._release(e, wasted=False)
+                # TAKEN: the waiting load releases it
+            self._gauge.set(self._held)
+        self._prefetched.inc(landed)
+        if entries:
+            entries[0].done.set()
+
+    def _release(self, e: _Entry, *, wasted: bool) -> None:
+        """Give back ``e``'s bytes (lock held); ``wasted``: they had landed and no load took them."""
+        self._held -= e.size
+        e.buf = None  # type: ignore[assignment]
+        if wasted:
+            self._wasted.inc(e.size)
+
+    def _drop(self, names: Sequence[str]) -> None:
+        """Forget read-aheads of ``names`` (lock held): written, deleted, expired or closed."""
+        for n in names:
+            e = self._entries.pop(n, None)
+            if e is None:
+                continue
+            e.state = DROPPED
+            if e.done.is_set():  # landed (a failed one left the table when it finished)
+                self._release(e, wasted=True)
+            # else: the fetch finishing releases it (its buffer is still being written)
+
+    def _expire(self, now: float) -> None:
+        ttl = self.settings.ttl_secs
+        old = [n for n, e in self._entries.items() if now - e.born > ttl]
+        if old:
+            self._drop(old)
+            self._gauge.set(self._held)
+
+    def _schedule_sweep(self) -> None:
+        """Expire untaken entries even when no call comes (lock held)."""
+        if self._sweeper is not None or self._closed:
+            return
+        t = threading.Timer(self.settings.ttl_secs + 0.05, self._sweep)
+        t.daemon = True
+        t.name = "kvbucket-read-ahead-sweep"
+        self._sweeper = t
+        t.start()
+
+    def _sweep(self) -> None:
+        with self._lock:
+            self._sweeper = None
+            self._expire(time.monotonic())
+            if self._entries:
+                self._schedule_sweep()
+
+    def _take(self, name: str) -> _Entry | None:
+        with self._lock:
+            e = self._entries.pop(name, None)
+            if e is not None:
+                e.state = TAKEN  # the load owns it now
+        return e
+
+    # ---- the protocol -------------------------------------------------------------------
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        if not self._entries:
+            return self.inner.get_many(names, out)
+        if out is not None and len(out) != len(names):
+            raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
+        with self._lock:
+            self._expire(time.monotonic())
+        taken = [self._take(n) for n in names]
+        rest = [i for i, e in enumerate(taken) if e is None]
+        results: list[ItemResult | None] = [None] * len(names)
+        self._ask(rest, names, out, results)  # what no lookup read ahead, while the read-aheads finish
+        again = []
+        for i, e in enumerate(taken):
+            if e is None:
+                continue
+            r = self._serve(e, None if out is None else out[i])
+            if r is None:
+                again.append(i)
+            else:
+                results[i] = r
+        self._ask(again, names, out, results)  # read-aheads that failed or did not finish: one request
+        return results  # type: ignore[return-value]
+
+    def _ask(self, idx: list[int], names: Sequence[str], out: Sequence[Buffer | None] | None,
+             results: list[ItemResult | None]) -> None:
+        if idx:
+            bufs = None if out is None else [out[i] for i in idx]
+            for i, r in zip(idx, self.inner.get_many([names[i] for i in idx], bufs), strict=True):
+                results[i] = r
+
+    def _serve(self, e: _Entry, buf: Buffer | None) -> ItemResult | None:
+        """The load's result from a read-ahead, or None when the store must be asked."""
+        e.done.wait(self.wait_secs)
+        with self._lock:
+            if not e.done.is_set():  # still on its way after wait_secs: its fetch releases it
+                e.state = DROPPED
+                return None
+            r, data = e.result, e.buf
+            e.state = DROPPED
+            self._release(e, wasted=False)
+            self._gauge.set(self._held)
+        if r is None or not r.found or r.size != e.size or data is None:
+            return None
+        self._used.inc(e.size)
+        if buf is None:
+            return ItemResult(e.name, size=e.size, data=data)
+        try:
+            view = check_buffer_size(e.name, e.size, buf)
+        except StoreError as err:
+            return ItemResult(e.name, error=err)
+        view[:] = memoryview(data)
+        return ItemResult(e.name, size=e.size, data=buf)
+
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        self.forget([n for n, _ in items])
+        return self.inner.put_many(items)
+
+    def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        self.forget(names)
+        return self.inner.delete_many(names)
+
+    def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self.inner.head_many(names)
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
+        return self.inner.list(prefix, page_size=page_size)
+
+    def forget(self, names: Sequence[str]) -> None:
+        """Drop read-aheads of ``names`` (their objects change or go)."""
+        if self._entries:
+            with self._lock:
+                self._drop(names)
+                self._gauge.set(self._held)
+
+    def close(self) -> None:
+        self.stop()
+        self.inner.close()
+
+    def stop(self) -> None:
+        """Drop every read-ahead and start no more; the inner store stays open (its owner closes it)."""
+        if not self._closed:
+            self._closed = True
+            with self._lock:
+                self._drop(list(self._entries))
+                self._gauge.set(self._held)
+                if self._sweeper is not None:
+                    self._sweeper.cancel()
+                    self._sweeper = None
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def with_read_ahead(store: ObjectStore, settings: ReadAheadSettings | None, *, label: str) -> ObjectStore:
+    """``store`` behind a read-ahead buffer when ``settings`` enable one, else ``store`` itself."""
+    if settings is None or not settings.enabled or settings.max_bytes <= 0:
+        return store
+    return PrefetchStore(store, settings, label=label)
+
+
+def read_ahead(store: Any, names: Sequence[str], sizes: Sequence[int | None]) -> int:
+    """Start loading a lookup's hits into ``store``'s read-ahead buffer, if it has one (else 0)."""
+    if not names or not getattr(store, "prefetches", False):
+        return 0
+    return int(store.prefetch(names, sizes))
+
+
+__all__ = [
+    "READ_AHEAD_BYTES", "READ_AHEAD_HELD", "PrefetchStore", "ReadAheadConfig", "ReadAheadSettings",
+    "read_ahead", "with_read_ahead",
+]

@@ -1,0 +1,67 @@
+"""Read-ahead settings (:mod:`kvbucket.stores.prefetch`), as one set of keys every config surface
+shares: the engine config, the L2 adapter and connector config, the SGLang and vLLM tiers.
+
+Import-light (pydantic only), so configuration models can mix it in without the store machinery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvbucket.errors import ConfigError
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class ReadAheadSettings:
+    """``enabled``: lookup hits start their loads; ``max_bytes``: the buffer's bound; ``ttl_secs``:
+    how long a read-ahead no load took is kept."""
+
+    enabled: bool = True
+    max_bytes: int = GiB
+    ttl_secs: float = 10.0
+
+
+class ReadAheadConfig(BaseModel):
+    """The three keys; a model that mixes this in gets :meth:`read_ahead_settings`."""
+
+    read_ahead: bool = Field(
+        True, description="a lookup hit starts loading the chunk into a bounded buffer, so the load "
+        "that follows finds it there or on its way; false: loads fetch only when asked")
+    read_ahead_max_gb: float = Field(
+        1.0, ge=0, description="bound of the read-ahead buffer in GB (GiB): bytes in flight or "
+        "landed and not yet loaded; also the most a lookup never followed by a load can cost")
+    read_ahead_ttl_secs: float = Field(
+        10.0, gt=0, description="a read-ahead no load took within this many seconds is dropped")
+
+    def read_ahead_settings(self) -> ReadAheadSettings:
+        return ReadAheadSettings(self.read_ahead, int(self.read_ahead_max_gb * GiB), self.read_ahead_ttl_secs)
+
+
+READ_AHEAD_KEYS = frozenset(ReadAheadConfig.model_fields)
+
+
+class _Keys(ReadAheadConfig):
+    model_config = ConfigDict(extra="forbid")
+
+
+def split_read_ahead_keys(options: Mapping[str, Any], where: str = ""
+                          ) -> tuple[dict[str, Any], ReadAheadSettings]:
+    """``options`` (a remote tier's ``extra_config``) as (the store's own options, the tier's
+    read-ahead settings). ``where`` is how the keys are spelled in the config, for errors."""
+    store = {k: v for k, v in options.items() if k not in READ_AHEAD_KEYS}
+    try:
+        keys = _Keys.model_validate({k: v for k, v in options.items() if k in READ_AHEAD_KEYS})
+    except ValidationError as e:
+        problems = "; ".join(
+            f"extra_config.{where}{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise ConfigError(f"invalid read-ahead setting: {problems}") from None
+    return store, keys.read_ahead_settings()
+
+
+__all__ = ["READ_AHEAD_KEYS", "GiB", "ReadAheadConfig", "ReadAheadSettings", "split_read_ahead_keys"]

@@ -1,0 +1,148 @@
+"""What a reader may delete: the one rule, for every tier and ``kvbucket verify``.
+
+A bucket is shared by engines, tenants and machines that do not read alike. An object is removed
+only when its own bytes prove it damaged (:data:`DAMAGE`: a bad checksum, a truncation, a
+length or header that disagrees with itself, a name that does not match its digest). An object
+this reader cannot open (:data:`UNREADABLE`: no keyring, a key id its keyring lacks, another
+tenant's key, another KV layout, a newer format, no envelope, a plaintext object or LMCache's
+raw format while encryption is on) is a miss that is counted and left in place: it may be
+valid for its writer. Only in a tier's private directory (``private``: the disk tier's, locked
+to one backend, that no one else reads) is such an object removed too, since it would hold space
+outside the tier's byte bound forever. docs/integrity.md, "What a reader may delete".
+
+Every refusal of a load goes through :meth:`Refusals.refuse` (counted, logged once, removed by
+:func:`removable`); ``kvbucket verify --delete-bad`` asks :func:`removable` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter
+
+from kvbucket import envelope as env
+from kvbucket.errors import StoreError
+
+if TYPE_CHECKING:
+    from kvbucket.stores.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+#: Reasons that the object's own bytes prove it damaged: the object is removed.
+DAMAGE = frozenset({"checksum", "truncated", "length", "header", "name"})
+#: Reasons of the reader's own (it cannot open the object; others may): counted, kept.
+UNREADABLE = frozenset(env.REASONS) - DAMAGE
+
+INTEGRITY_FAILURES = Counter(
+    "kvbucket_integrity_failures",
+    "Stored objects refused on read (served as a miss), by tier and reason (damage: checksum, "
+    "truncated, length, header, name, removed; this reader cannot open it: unsealed, version, "
+    "identity, no_keyring, key, plaintext, decrypt, lmcache, kept).",
+    ["tier", "reason"],
+)
+INTEGRITY_REMOVED = Counter(
+    "kvbucket_integrity_removed",
+    "Refused objects removed from the store (damaged, or in a tier's private directory), by tier "
+    "and reason.",
+    ["tier", "reason"],
+)
+INTEGRITY_VERIFIED = Counter(
+    "kvbucket_integrity_verified",
+    "Stored objects whose envelope verified on read before the caller got them, by tier.",
+    ["tier"],
+)
+_LOGGED_MAX = 10000
+_KEPT_HINT = {
+    "unsealed": "no kvbucket envelope (another program's, or written before sealing)",
+    "version": "an envelope format this kvbucket does not read (a newer writer?)",
+    "identity": "written for another model or KV layout",
+    "no_keyring": "encrypted, and this reader has no keyring (set the tier's encryption setting)",
+    "key": "encrypted under a key id this reader's keyring lacks (retired, or another tenant's)",
+    "plaintext": "not encrypted, and this reader's encryption is on",
+    "decrypt": "does not authenticate under this reader's key (another tenant's key, or tampered)",
+    "lmcache": "LMCache's raw format, never served while encryption is on",
+}
+
+
+def removable(reason: str, *, private: bool = False) -> bool:
+    """Whether an object refused for ``reason`` is removed: its bytes prove damage, or it lies
+    in a tier's private directory (see the module docstring)."""
+    return private or reason in DAMAGE
+
+
+class Refusals:
+    """Counts, logs and removes (or keeps) the objects one store refused, by the one rule."""
+
+    def __init__(self, tier: str, url: str, *, private: bool = False) -> None:
+        self.tier = tier
+        self.url = url
+        self.private = private
+        self._logged: set[str] = set()
+        self._kept_reasons: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _first(self, name: str, reason: str) -> tuple[bool, bool]:
+        """(first refusal of this object, first object kept for this reason)."""
+        with self._lock:
+            first = name not in self._logged
+            if first:
+                if len(self._logged) >= _LOGGED_MAX:
+                    self._logged.clear()
+                self._logged.add(name)
+            first_reason = reason not in self._kept_reasons
+            self._kept_reasons.add(reason)
+        return first, first_reason
+
+    def refuse(self, store: ObjectStore, bad: Sequence[tuple[str, env.EnvelopeError]]) -> None:
+        """Count every refusal of ``bad`` (objects of ``store``); remove those :func:`removable`.
+
+        A damaged object is logged once at WARNING; objects kept for a reason of this reader's own
+        are logged at WARNING once per reason (with the fix), then at DEBUG: one misconfigured
+        node reading a whole bucket says it once, not once per chunk.
+        """
+        drop: list[tuple[str, str]] = []
+        for name, e in bad:
+            INTEGRITY_FAILURES.labels(self.tier, e.reason).inc()
+            deleting = removable(e.reason, private=self.private)
+            first, first_reason = self._first(name, e.reason)
+            if deleting:
+                drop.append((name, e.reason))
+                if first:
+                    log.warning("integrity: %s refused on tier %s (%s, %s): %s; treated as a miss, removed",
+                                name, self.tier, self.url, e.reason, e)
+            elif first_reason:
+                log.warning("integrity: %s refused on tier %s (%s, %s: %s); a miss, left in place for the "
+                            "readers that can open it. Further objects refused for %r here are counted "
+                            "(kvbucket_integrity_failures_total) and logged at DEBUG", name, self.tier,
+                            self.url, e.reason, _KEPT_HINT.get(e.reason, e.reason), e.reason)
+            elif first:
+                log.debug("integrity: %s refused on tier %s (%s): %s; left in place", name, self.tier,
+                          e.reason, e)
+        if drop:
+            self._remove(store, drop)
+
+    def _remove(self, store: ObjectStore, drop: list[tuple[str, str]]) -> None:
+        reasons = dict(drop)
+        try:
+            for r in store.delete_many([n for n, _ in drop]):
+                if r.error is not None:
+                    log.warning("integrity: could not remove refused %s from %s: %s", r.name, self.url,
+                                r.error)
+                elif r.name in reasons:
+                    INTEGRITY_REMOVED.labels(self.tier, reasons[r.name]).inc()
+        except StoreError as e:
+            log.warning("integrity: could not remove %d refused objects from %s: %s", len(drop), self.url, e)
+
+
+__all__ = [
+    "DAMAGE",
+    "INTEGRITY_FAILURES",
+    "INTEGRITY_REMOVED",
+    "INTEGRITY_VERIFIED",
+    "UNREADABLE",
+    "Refusals",
+    "removable",
+]

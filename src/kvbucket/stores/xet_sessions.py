@@ -1,0 +1,84 @@
+"""kvbucket's own hf_xet sessions: one for uploads, one per read concurrency for downloads.
+
+A session is process-wide (its runtime and connection pool are shared by every store of the
+process) and is made again in a forked child, as huggingface_hub does with its own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+# hf_xet setting: ask the CAS server, for the first chunk of every uploaded object, whether
+# another upload already stored it (global deduplication).
+_GLOBAL_DEDUP = "deduplication.global_dedup_query_enabled"
+_GLOBAL_DEDUP_ENV = "HF_XET_DEDUPLICATION_GLOBAL_DEDUP_QUERY_ENABLED"
+_upload_session: tuple[int, Any] | None = None  # (pid, hf_xet.XetSession)
+_session_lock = threading.Lock()
+
+
+def upload_session() -> Any:
+    """kvbucket's hf_xet session for uploads: huggingface_hub's, without global-dedup queries.
+
+    Why: hf_xet asks the CAS server about the first chunk of every object it uploads, one
+    request per object. A sealed chunk's first Xet chunk holds its envelope header, which holds
+    the digest of the object's name, so that chunk can only be known if this very object was
+    stored before (which the adapters' indexes already know): the query is a round trip per
+    object that finds nothing. Chunks already in the local shard cache are deduplicated as
+    before. ``HF_XET_DEDUPLICATION_GLOBAL_DEDUP_QUERY_ENABLED`` set in the environment wins.
+    """
+    global _upload_session
+    pid = os.getpid()
+    with _session_lock:
+        if _upload_session is None or _upload_session[0] != pid:
+            from hf_xet import XetConfig, XetSession
+
+            config = XetConfig()
+            if _GLOBAL_DEDUP_ENV not in os.environ:
+                config = config.with_config(_GLOBAL_DEDUP, False)
+            _upload_session = (pid, XetSession(config=config))
+        return _upload_session[1]
+
+
+_download_sessions: dict[tuple[int, int], Any] = {}  # (pid, concurrency) -> hf_xet.XetSession
+
+
+def download_session(concurrency: int) -> Any:
+    """An hf_xet session for reads whose fetch concurrency is fixed at ``concurrency``.
+
+    Why not huggingface_hub's session: hf_xet adapts its download concurrency, starting at 4
+    transfers, so a batch of 64 objects went out 4 at a time (a round trip per 4 objects at
+    wide-area latency). ``HF_XET_FIXED_DOWNLOAD_CONCURRENCY`` would fix it for the whole
+    process; a session of our own fixes it for kvbucket's reads only, and keeps as many
+    connections warm between batches. Environment settings (``HF_XET_*``) still win.
+    """
+    pid = os.getpid()
+    with _session_lock:
+        session = _download_sessions.get((pid, concurrency))
+        if session is None:
+            from hf_xet import XetConfig, XetSession
+
+            config = XetConfig()
+            # Shared by every store of the process (and by reads a deadline abandoned that are
+            # still winding down): room for several stores' full batches at once; each store
+            # bounds its own loads with its thread pool (load_concurrency).
+            room = max(256, 4 * concurrency)
+            wanted = {
+                "client.enable_adaptive_concurrency": False,
+                "client.ac_initial_download_concurrency": room,
+                "client.ac_max_download_concurrency": room,
+                "client.max_idle_connections": max(concurrency, 16),
+                "data.max_concurrent_file_downloads": room,
+            }
+            fixed = "HF_XET_FIXED_DOWNLOAD_CONCURRENCY" in os.environ  # hf_xet's own override
+            for key, value in wanted.items():
+                if fixed and "concurrency" in key:
+                    continue
+                if f"HF_XET_{key.replace('.', '_').upper()}" not in os.environ:
+                    config = config.with_config(key, value)
+            session = _download_sessions[(pid, concurrency)] = XetSession(config=config)
+        return session
+
+
+__all__ = ["download_session", "upload_session"]

@@ -1,0 +1,74 @@
+"""The emulator's live objects: durable state, auth, faults, counters and the CPU pool.
+
+Kept apart from ``app`` (routing, middleware) so the route modules can be handed an ``Emulator``
+without importing the module that imports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from . import zerocopy
+from .auth import Auth
+from .faults import FaultPlan
+from .request_log import RequestLog
+from .state import State
+from .wire import BODY_TIMEOUT_S
+
+
+@dataclass
+class RouteStats:
+    requests: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+class Emulator:
+    """The server's live objects: durable state, auth, faults, counters and the CPU pool."""
+
+    def __init__(
+        self,
+        state: State,
+        auth: Auth,
+        faults: FaultPlan | None = None,
+        admin_key: str = "",
+        zero_copy: bool = True,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ) -> None:
+        self.state = state
+        self.body_timeout_s = body_timeout_s
+        self.zero_copy = zero_copy and zerocopy.supported(state.xorb_dir)
+        self.auth = auth
+        self.faults = faults or FaultPlan()
+        self.admin_key = admin_key
+        self.stats: dict[str, RouteStats] = defaultdict(RouteStats)
+        self.statuses: dict[str, int] = defaultdict(int)
+        self.requests = RequestLog()  # (route, start, end) of each request: round trips, server-side
+        self.pool = ThreadPoolExecutor(
+            max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="emu"
+        )
+        self.started = time.monotonic()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+    async def cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "routes": {k: vars(v).copy() for k, v in sorted(self.stats.items())},
+            "statuses": dict(self.statuses),
+            "process_cpu_s": time.process_time(),
+            "loop_thread_cpu_s": time.thread_time(),
+            "uptime_s": time.monotonic() - self.started,
+            "pid": os.getpid(),
+            "zero_copy_uploads": self.zero_copy,
+        }

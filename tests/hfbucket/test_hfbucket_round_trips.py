@@ -1,0 +1,91 @@
+"""A load's critical path on the Hub emulator, counted from the emulator's request log.
+
+With latency on every request, a lookup + load of a prompt's chunks must not depend on how many
+chunks there are: the lookup and the read token together, then every object's reconstruction at
+once, then every fetch at once (issue 23). Counts, never times: the log gives each request's
+server-side start and end, and the longest chain of requests each waiting for the previous one
+is the number of sequential round trips.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from kvbucket.stores.hfbucket import HFBucketStore
+from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.testing.hub_emulator.request_log import count_routes, sequential_round_trips
+
+# Added to every request. Large next to a loaded machine's delays: the fixture's emulator runs in
+# this process, so its event loop shares the GIL with the store's 64 load threads, and on a busy
+# machine it recorded some of 64 requests sent together after others had ended (0.2 s was not
+# enough when the suite ran on two cores next to other jobs).
+LATENCY_S = 0.5
+
+
+def _store(hub_bucket: Any, **options: Any) -> HFBucketStore:
+    return HFBucketStore(build_config(
+        bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/rt", token=hub_bucket.hub.write_token,
+        endpoint=hub_bucket.hub.endpoint, token_env="", retry_backoff_secs=0.01, **options,
+    ))
+
+
+@pytest.mark.parametrize(("count", "size"), [(64, 64 << 10), (16, 256 << 10)])
+def test_lookup_and_load_take_a_constant_number_of_round_trips(hub_bucket: Any, count: int, size: int
+                                                               ) -> None:
+    hub = hub_bucket.hub
+    names = [f"c{i:03d}" for i in range(count)]
+    data = [os.urandom(size) for _ in names]
+    with _store(hub_bucket) as writer:
+        assert all(r.ok for r in writer.put_many(list(zip(names, data, strict=True))))
+    hub.faults.add("*", latency_s=LATENCY_S)
+    hub.emulator.requests(clear=True)
+    with _store(hub_bucket) as store:  # a new store: cold metadata cache, no read token yet
+        assert [r.size for r in store.head_many(names)] == [size] * count
+        bufs = [bytearray(size) for _ in names]
+        got = store.get_many(names, bufs)
+        assert [r.ok for r in got] == [True] * count
+        assert bufs == [bytearray(d) for d in data]
+        log = hub.emulator.requests(clear=True)
+        routes = count_routes(log)
+        assert routes.get("xet_token") == 1, routes  # one read token per store, shared by every stream
+        assert routes.get("paths_info") == 1, routes  # the load used the lookup's metadata
+        assert routes.get("reconstruction") == count and routes.get("fetch", 0) >= count, routes
+        assert sequential_round_trips(log) <= 4, (sequential_round_trips(log), routes)
+
+        # A second batch on the same store: the token and the connections are warm.
+        got = store.get_many(names, [None] * count)
+        assert all(r.ok for r in got)
+        log = hub.emulator.requests(clear=True)
+        assert "xet_token" not in count_routes(log)
+        assert sequential_round_trips(log) <= 2, count_routes(log)
+
+
+def test_the_load_concurrency_bounds_what_is_in_flight(hub_bucket: Any) -> None:
+    """``load_concurrency`` is the bound: 4 at a time makes 16 objects take 4 waves."""
+    hub = hub_bucket.hub
+    names = [f"w{i:02d}" for i in range(16)]
+    with _store(hub_bucket) as writer:
+        assert all(r.ok for r in writer.put_many([(n, os.urandom(32 << 10)) for n in names]))
+    hub.faults.add("*", latency_s=LATENCY_S)
+    with _store(hub_bucket, load_concurrency=4) as store:
+        store.head_many(names)
+        hub.emulator.requests(clear=True)
+        assert all(r.ok for r in store.get_many(names))
+        log = hub.emulator.requests(clear=True)
+        assert sequential_round_trips(log) >= 4 * 2, count_routes(log)  # reconstruction + fetch per wave
+
+
+def test_sequential_round_trips_counts_the_longest_waiting_chain() -> None:
+    def e(route: str, start: float, end: float) -> dict[str, Any]:
+        return {"route": route, "start": start, "end": end}
+
+    assert sequential_round_trips([]) == 0
+    parallel = [e("fetch", 0.0, 1.0) for _ in range(10)]
+    assert sequential_round_trips(parallel) == 1
+    chain = [e("a", 0, 1), e("b", 1.5, 2), e("c", 2.5, 3), e("d", 0.1, 2.9)]  # d overlaps all three
+    assert sequential_round_trips(chain) == 3
+    assert sequential_round_trips([*chain, e("telemetry", 3.5, 4)]) == 3  # fire and forget
+    assert sequential_round_trips([e("x", 5, 6), e("y", 0, 1), e("z", 2, 3)]) == 3  # any order

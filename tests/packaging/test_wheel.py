@@ -1,0 +1,170 @@
+"""The wheel users install works without the repository, and the extras declare what the
+integrations import.
+
+``python -m build`` makes the sdist, then the wheel from the sdist (so a file missing from the
+sdist fails here); the wheel goes into a new venv outside the repository, with no
+``PYTHONPATH`` and a working directory elsewhere, pinned by constraints.txt. From that venv:
+``kvbucket --version``, ``kvbucket emulator serve`` (a real Hub emulator process) and
+``kvbucket demo --synthetic --target hf://...`` against it, as a user would run them.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+#: kvbucket modules that need an extra, and the extra that must provide their imports
+MODULE_EXTRAS = {
+    "kvbucket/integrations/lmcache": "lmcache",  # a package: every module in it
+    "kvbucket/encryption.py": "encryption",
+    "kvbucket/integrations/transformers.py": "transformers",
+    "kvbucket/integrations/transformers_model.py": "transformers",
+    "kvbucket/demo/real_model.py": "transformers",
+}
+#: third-party imports no dependency or extra provides, and why
+ENGINES = {
+    "sglang": "SGLang is the engine kvbucket plugs into: users run kvbucket inside it (docs/sglang.md)",
+    "vllm": "vLLM is the engine kvbucket plugs into: users run kvbucket inside it (docs/vllm.md)",
+    "neuronx_cc": "the AWS Neuron compiler, present on Neuron instances only",
+    "certifi": "optional (ImportError handled): stores/s3_direct.py falls back to libcurl's CA store",
+    "triton": "optional (ImportError suppressed): compile_cache/torch_env.py names its version if present",
+}
+
+
+def _clean_env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "HF_", "AWS_", "KVBUCKET_"))}
+    env.update(HOME=str(tmp / "home"), HF_HOME=str(tmp / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
+               KVBUCKET_CONFIG_DIR=str(tmp / "kvbucket-config"), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    (tmp / "home").mkdir(exist_ok=True)
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, \
+        f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    print(f"{time.monotonic() - t0:6.1f} s  {' '.join(Path(c).name if '/' in c else c for c in cmd[:4])}")
+    return p
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path: Path) -> None:
+    env = _clean_env(tmp_path)
+    # pip's cache is the user's own (not the throwaway HOME), so wheels already fetched are reused
+    env["PIP_CACHE_DIR"] = os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip"))
+    dist = tmp_path / "dist"
+    # Without build isolation: the test venv's setuptools builds (a fresh isolated env per
+    # artifact costs a minute here and tests pip, not kvbucket's packaging).
+    _run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--outdir", str(dist),
+          str(ROOT)], env, tmp_path, 300)
+    version = PROJECT["version"]
+    sdists, wheels = sorted(dist.glob("*.tar.gz")), sorted(dist.glob("*.whl"))
+    assert [p.name for p in sdists] == [f"kvbucket-{version}.tar.gz"]
+    assert [p.name for p in wheels] == [f"kvbucket-{version}-py3-none-any.whl"]
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env, tmp_path, 120)
+    bin_ = venv / "bin"
+    # this interpreter's pip installs into the clean venv (pip --python): no pip copied into it
+    _run([sys.executable, "-m", "pip", "--python", str(bin_ / "python"), "install", "-q", "--no-compile",
+          "-c", str(ROOT / "constraints.txt"), str(wheels[0])], env, tmp_path, 600)
+    probe = "import kvbucket, sys; print(kvbucket.__file__); print(sys.path)"
+    where = _run([str(bin_ / "python"), "-c", probe], env, tmp_path, 60).stdout
+    assert str(venv) in where.splitlines()[0], where
+    assert str(ROOT) not in where, f"the repository is on the path of the clean venv: {where}"
+
+    out = _run([str(bin_ / "kvbucket"), "--version"], env, tmp_path, 60).stdout
+    assert version in out
+
+    token = "hf_wheel_test_" + os.urandom(6).hex()
+    serve_env = {**env, "KVBUCKET_EMULATOR_TOKENS": f"me={token}:write"}
+    serve = [str(bin_ / "kvbucket"), "emulator", "serve", "--data-dir", str(tmp_path / "hub")]
+    server = subprocess.Popen(serve, env=serve_env, cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline().strip()
+        assert line.startswith("HF_ENDPOINT=http://127.0.0.1:"), line
+        endpoint = line.split("=", 1)[1]
+        demo_env = {**env, "HF_ENDPOINT": endpoint, "HF_TOKEN": token}
+        create = "from huggingface_hub import HfApi; HfApi().create_bucket('me/wheel-demo', private=True)"
+        _run([str(bin_ / "python"), "-c", create], demo_env, tmp_path, 120)
+        demo = _run([str(bin_ / "kvbucket"), "demo", "--synthetic", "--target", "hf://buckets/me/wheel-demo"],
+                    demo_env, tmp_path, 300)
+        text = demo.stdout + demo.stderr
+        assert token not in text
+        listed = _run([str(bin_ / "kvbucket"), "du", "hf://buckets/me/wheel-demo"], demo_env, tmp_path, 120)
+        du = listed.stdout
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert token not in err
+    assert "all bytes verified" in text, text[-2000:]
+    assert du.startswith("0 objects"), f"the demo left chunks behind: {du}"  # --target: removed after
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tops: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            tops.add(node.module.split(".")[0])
+    return {t for t in tops if t != "kvbucket" and t not in sys.stdlib_module_names and t != "__future__"}
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+_PACKAGES = functools.cache(importlib.metadata.packages_distributions)
+
+
+@functools.cache
+def _distributions(module: str) -> set[str]:
+    found = _PACKAGES().get(module, [module])
+    return {d.lower().replace("_", "-") for d in found}
+
+
+def test_each_extra_declares_what_its_integrations_import() -> None:
+    base = _names(PROJECT["dependencies"])
+    extras = {k: _names(v) for k, v in PROJECT["optional-dependencies"].items()}
+    src = ROOT / "src"
+    for rel, extra in MODULE_EXTRAS.items():
+        missing = {}
+        files = sorted((src / rel).rglob("*.py")) if (src / rel).is_dir() else [src / rel]
+        assert files and all(f.is_file() for f in files), f"{rel}: moved? update MODULE_EXTRAS"
+        imports = set().union(*(_third_party_imports(f) for f in files))
+        assert extra != "lmcache" or "lmcache" in imports, f"{rel} no longer imports lmcache?"
+        for mod in imports:
+            if mod in ENGINES:
+                continue
+            dists = _distributions(mod)
+            if not dists & (base | extras[extra]):
+                missing[mod] = sorted(dists)
+        assert not missing, f"{rel} imports {missing}, which neither the dependencies nor [{extra}] declare"
+    # and every third-party import anywhere in kvbucket is declared somewhere (or is an engine)
+    declared = base.union(*extras.values())
+    stray = {}
+    for path in sorted((src / "kvbucket").rglob("*.py")):
+        if "testing" in path.parts:
+            continue  # test helpers: the [test] extra and the repository's own tests
+        for mod in _third_party_imports(path):
+            if mod not in ENGINES and not _distributions(mod) & declared:
+                stray[str(path.relative_to(src))] = mod
+    assert not stray, f"imports no dependency or extra declares: {stray}"
