@@ -344,8 +344,11 @@ def main() -> int:
                         "(interleaved mode), and print the ratios; every adapter then stores random "
                         "bytes, new each round (see _worker's fill)")
     p.add_argument("--random-payloads", action="store_true",
-                   help="every adapter stores random bytes, new each round (interleaved mode), instead "
-                        "of LMCache's one-byte-repeated chunks, which a Hub bucket deduplicates")
+                   help="the default now (kept so older command lines still run)")
+    p.add_argument("--constant-payloads", action="store_true",
+                   help="the dedup case: LMCache's own one-byte-repeated chunks, which a Hub bucket "
+                        "deduplicates to almost nothing (the default is random bytes, new each round, "
+                        "as real KV is; the cli mode always uses LMCache's fill)")
     p.add_argument("--object-format", choices=["kvbucket", "lmcache"], default="kvbucket",
                    help="kvbucket's object_format: lmcache writes LMCache's names and raw bytes")
     p.add_argument("--server-stats", action="store_true",
@@ -356,6 +359,7 @@ def main() -> int:
 
     add_argument(p)
     args = p.parse_args()
+    args.random_payloads = not args.constant_payloads and args.mode == "interleaved"
     if args.worker:
         _worker(args.worker)
         return 0
@@ -403,7 +407,8 @@ def main() -> int:
     print(f"\n{how}: {args.num_keys} keys x {args.data_size_kb} KiB per submit, "
           f"kvbucket object_format={args.object_format}, "
           f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)"
-          + (", random payloads" if args.integrity or args.random_payloads else ""))
+          + (", random payloads" if args.integrity or args.random_payloads
+             else ", CONSTANT payloads (one repeated byte per chunk: the dedup case)"))
     print(f"{'backend':<9} {'op':<7} {'lmcache ops/s':>14} {'kvbucket ops/s':>15} {'ratio':>7}  goal")
     for backend, op, base_ops, my_ops in rows:
         ratio = my_ops / base_ops if base_ops > 0 else float("inf")
@@ -443,14 +448,14 @@ def main() -> int:
 
 
 def _variant(args: argparse.Namespace) -> str | None:
-    """A results file per setting (``bench_l2-s3-random``), so that one setting's run does not
+    """A results file per setting (``bench_l2-s3-constant``), so that one setting's run does not
     replace another's; the default setting writes ``bench_l2.json``."""
     parts = []
     if args.backends.replace(" ", "") != "hfbucket,s3,fs":
         parts.append(args.backends.replace(" ", "").replace(",", "+"))
     if args.data_size_kb != 256:
         parts.append(f"{args.data_size_kb}k")
-    parts += [flag for flag, on in (("random", args.random_payloads and not args.integrity),
+    parts += [flag for flag, on in (("constant", not (args.random_payloads or args.integrity)),
                                     ("lmcache-format", args.object_format == "lmcache"),
                                     ("integrity", args.integrity), ("cli", args.mode == "cli")) if on]
     return "-".join(parts) or None

@@ -12,6 +12,7 @@ import json
 import os
 import select
 import socket
+import sqlite3
 import statistics
 import threading
 import time
@@ -26,6 +27,7 @@ import pytest
 
 from kvbucket.testing import HubEmulator
 from kvbucket.testing.fleet_node import until
+from kvbucket.testing.hub_emulator.state import State
 from kvbucket.testing.hub_fixtures import MEMBER_USER, ORG, OTHER_USER, HubBucket, RunningHub
 
 MiB = 1024 * 1024
@@ -342,7 +344,7 @@ def full_disk(hub_emulator: RunningHub, monkeypatch: pytest.MonkeyPatch) -> Iter
     not Path("/proc/self/fd").is_dir(), reason="needs /proc to aim the ENOSPC at the xorb store"
 )
 def test_full_disk_fails_the_upload_at_once_and_keeps_what_is_stored(
-    hub_bucket: HubBucket, full_disk: Callable[[bool], None], tmp_path: Path
+    hub_bucket: HubBucket, full_disk: Callable[[bool], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hub, api, bucket = hub_bucket.hub, hub_bucket.api, hub_bucket.bucket_id
     kept = os.urandom(3 * MiB)
@@ -358,6 +360,19 @@ def test_full_disk_fails_the_upload_at_once_and_keeps_what_is_stored(
             api.batch_bucket_files(bucket, add=[(os.urandom(size), f"new-{size}.bin")])
         assert xorb_uploads() - before == 1, f"{e.value}: the client retried"
     full_disk(False)
+
+    def index_full(*args: Any) -> None:  # SQLite's own answer when the disk fills under it
+        raise sqlite3.OperationalError("database or disk is full")
+
+    def shard_uploads() -> int:
+        return int(hub.stats()["routes"].get("shard_upload", {}).get("requests", 0))
+
+    before = shard_uploads()
+    with monkeypatch.context() as m:
+        m.setattr(State, "put_reconstructions", index_full)
+        with pytest.raises(Exception, match="413"):
+            api.batch_bucket_files(bucket, add=[(os.urandom(200_000), "indexed.bin")])
+    assert shard_uploads() - before == 1
 
     assert _tmp_files(hub.data_dir) == []
     assert [f.path for f in api.list_bucket_tree(bucket)] == ["kept.bin"]

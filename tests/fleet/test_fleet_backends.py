@@ -228,10 +228,10 @@ def test_reads_served_by_the_cpu_tier_reach_the_fleet_as_access_hints(tmp_path: 
         fleet = remote(a)._fleet
         assert fleet is not None
         name = key_to_name(k)
-        before = fleet.fleet._view.entries[name].accessed
+        before = fleet.fleet._state.view.entries[name].accessed
         time.sleep(0.05)
         assert a.get(k) is not None and a.hits[0] == 1  # from memory: the remote was not asked
-        assert fleet.fleet._view.entries[name].accessed > before
+        assert fleet.fleet._state.view.entries[name].accessed > before
 
 
 def test_chunk_salt_reads_the_cache_salt_tag() -> None:

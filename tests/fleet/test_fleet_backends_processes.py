@@ -4,7 +4,8 @@ same prefix, on a directory (``file://``), on S3 (SeaweedFS) and on the Hub emul
 
 Three processes write 3x the capacity together (32 KiB chunks, 1 MiB capacity) while each keeps
 reading a hot set from its CPU tier (the remote tier hears of those reads only as access hints);
-one of them first writes chunks of a pinned salt. Stated bound: after its last write, each node
+one of them first writes chunks of a pinned salt; two stray files lie where snapshots would
+be. Stated bound: after its last write, each node
 sees the prefix at <= 1.1x capacity within SETTLE_SECS (expected: grace + ~4 sync rounds, plus
 node_timeout_secs while the seed node that left still owns a share of the victims).
 """
@@ -63,6 +64,9 @@ def fleet_round(tmp: Path, base: dict[str, Any], env: dict[str, str] | None = No
     seed_cfg = load_engine_config(engine_yaml(tmp, "seed", base), env=env)
     with build_backend(seed_cfg, _layout()) as seed:
         assert seed.batched_put([(backend_key(i), backend_chunk(i, CHUNK)) for i in HOT]) == len(HOT)
+    # Stray files where snapshots would be (issue 24 item 6: they made every round fail on every
+    # node); the fleet skips them and settles within the same bound.
+    plant_garbage(tmp, base, env, ["_fleet/s/0-n9", "_fleet/s/999999999-zz"])
     per_node = CAPACITY // CHUNK
     plans = [{"name": f"n{i}", "writes": ([["gold", PINNED[0], len(PINNED)]] if i == 0 else [])
               + [["", i * 10_000, per_node]], "batch": 4, "hot": HOT, "pause": 0.25,
@@ -90,12 +94,26 @@ def fleet_round(tmp: Path, base: dict[str, Any], env: dict[str, str] | None = No
     assert all(set(s) >= {"n0", "n1", "n2"} for s in seen.values()), seen
     pinned = [r["status"]["fleet"]["bytes_by_cache_salt"].get("gold") for r in reports]
     assert pinned == [len(PINNED) * CHUNK] * 3, pinned
+    fleets = [r["status"]["fleet"] for r in reports]
+    assert all(f["sync_errors"] == 0 for f in fleets), [f["last_error"] for f in fleets]
+    # Judged by the nodes that listed _fleet/ (those on the digest never meet them).
+    assert sum(f["quarantined"] for f in fleets) >= 2, [f["quarantined"] for f in fleets]
 
 
 def _layout() -> Any:
     from kvbucket.chunks import KVLayout
 
     return KVLayout(**LAYOUT)
+
+
+def plant_garbage(tmp: Path, base: dict[str, Any], env: dict[str, str], names: list[str]) -> None:
+    """13 bytes at each of ``names`` in the prefix, written as they are (not sealed)."""
+    cfg = load_engine_config(engine_yaml(tmp, "planter", base, fleet=False), env=env)
+    with build_backend(cfg, _layout()) as planter:
+        store = remote_tier(planter).store
+        raw = getattr(store, "inner", store)
+        for name in names:
+            raw.put(name, b"not a fleet!\n")
 
 
 def listing(tmp: Path, base: dict[str, Any], env: dict[str, str]) -> dict[str, int]:

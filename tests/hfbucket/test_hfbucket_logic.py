@@ -85,7 +85,7 @@ class FakeHub(HubBucketClient):
             raise TransientStoreError("connection dropped after the batch was applied")
         return failed
 
-    def download_into(self, f: RemoteFile, view: memoryview, gate: Any = None) -> None:
+    def download_into(self, f: RemoteFile, view: memoryview, gate: Any = None, deadline: Any = None) -> None:
         self._count("download")
         if f.xet_hash not in self.blobs:
             raise StoreError("unknown xet hash")
@@ -94,6 +94,12 @@ class FakeHub(HubBucketClient):
     def list_tree(self, directory: str) -> Iterator[RemoteFile]:
         self._need_bucket()
         yield from sorted(self.files.values(), key=lambda f: f.path)
+
+    def warm_reads(self) -> None:  # no read token or reconstruction on this fake
+        self._count("warm_reads")
+
+    def prefetch_reconstructions(self, files: Any) -> None:
+        self._count("prefetch_reconstructions")
 
     def reset_download_group(self) -> None:
         pass

@@ -8,16 +8,23 @@
   :data:`DIGEST_MAX_ROWS`): the whole index; journals the previous snapshot held are deleted.
 - **Reconcile** (every ``reconcile_secs``): the index against a full listing of the prefix.
 
-A mixin of :class:`kvbucket.fleet.sync.Fleet`, split out to keep each file readable.
+A part of :class:`kvbucket.fleet.sync.Fleet` that owns its own bookkeeping (when it last wrote
+the digest, and for which live nodes) and is handed the rest: the node's shared state
+(:mod:`.state`), its peers (liveness, capacities), the quarantine and a request counter.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
 
+from kvbucket.fleet.config import FleetConfig
 from kvbucket.fleet.layout import Listing, digest_name, encode, is_fleet_name, snapshot_name
+from kvbucket.fleet.peers import Liveness, Peers
+from kvbucket.fleet.quarantine import Quarantine
+from kvbucket.fleet.state import Count, FleetState
 from kvbucket.fleet.view import Change
+from kvbucket.stores.base import ObjectStore
 
 KEEP_SNAPSHOTS = 2
 #: A snapshot is written early once this many chunks changed since the last one, so the
@@ -25,58 +32,71 @@ KEEP_SNAPSHOTS = 2
 DIGEST_MAX_ROWS = 20_000
 
 
-class CompactorMixin:
-    """Uses the state :class:`~kvbucket.fleet.sync.Fleet` defines (typed there)."""
+class Compactor:
+    def __init__(self, node: str, store: ObjectStore, chunks: ObjectStore, config: FleetConfig,
+                 state: FleetState, *, liveness: Liveness, peers: Peers, quarantine: Quarantine,
+                 count: Count, flush: Callable[[], object]) -> None:
+        """``chunks``: the view of the chunks (listings report payload sizes); ``flush``
+        journals the node's buffered records (a snapshot holds them)."""
+        self.node, self.config = node, config
+        self._store, self._chunks, self._state, self._count, self._flush = store, chunks, state, count, flush
+        self._liveness, self._peers, self._quarantine = liveness, peers, quarantine
+        self._digest_written = 0.0
+        self._digest_live: tuple[str, ...] = ()
 
-    def _publish_digest(self: Any, listed_at: float, news: bool) -> None:
+    def publish_digest(self, listed_at: float, news: bool) -> bool:
         """Write the digest when something changed since the last one, or to show liveness."""
-        now = time.time()
-        live = tuple(self.live_nodes())
+        st, now = self._state, time.time()
+        live = tuple(self._liveness.live())
         due = now - self._digest_written >= min(self.config.heartbeat_secs, self.config.node_timeout_secs / 3)
         if len(live) == 1 or not (news or due or live != self._digest_live):
-            return  # alone, nobody reads it: a joining node lists, and is then seen here
-        with self._lock:
-            body = {"gen": self._snap[0], "snode": self._snap[1], "t": listed_at, "node": self.node,
-                    "marks": dict(self._applied), "seen": {**self._seen, self.node: now},
-                    **self._view.delta_body()}
+            return False  # alone, nobody reads it: a joining node lists, and is then seen here
+        ages = self._liveness.ages()
+        with st.lock:
+            # "ages" (durations on this node's clock) decide liveness; "seen" is for older readers.
+            body = {"gen": st.snap[0], "snode": st.snap[1], "t": listed_at, "w": now, "node": self.node,
+                    "marks": dict(st.applied), "ages": ages, "seen": {n: now - a for n, a in ages.items()},
+                    "caps": dict(self._peers.caps), **st.view.delta_body()}
         self._count("put")
-        self._store.put(digest_name(self._prefix), encode("digest", body, level=6))
+        self._store.put(digest_name(st.prefix), encode("digest", body, level=6))
         self._digest_written, self._digest_live = now, live
-        self._digest_tag = None  # ours: read it again only if another node overwrote it
-        self.stats["digests_written"] += 1
+        st.stats["digests_written"] += 1
+        return True
 
-    def _compact_due(self: Any, now: float) -> bool:
-        return now - self._snap_time >= self.config.compact_secs or len(self._view.touched) > DIGEST_MAX_ROWS
+    def compact_due(self, now: float) -> bool:
+        st = self._state
+        return now - st.snap_time >= self.config.compact_secs or len(st.view.touched) > DIGEST_MAX_ROWS
 
-    def _compact(self: Any, listing: Listing) -> None:
+    def compact(self, listing: Listing) -> None:
+        st = self._state
         self._flush()
         now = time.time()
-        with self._lock:
-            self._view.prune_tombs(now)
-            gen = max(self._snap[0], max((g for g, *_ in listing.snapshots), default=-1)) + 1
-            marks = dict(self._applied)
-            body = {"gen": gen, "node": self.node, "t": now, "marks": marks, "reconciled": self._reconciled,
-                    **self._view.to_body()}
-            prev = dict(self._snap_marks)
-            touched, self._view.touched = self._view.touched, set()
+        with st.lock:
+            st.view.prune_tombs(now)
+            gen = max(st.snap[0], max((g for g, *_ in listing.snapshots), default=-1)) + 1
+            marks = dict(st.applied)
+            body = {"gen": gen, "node": self.node, "t": now, "marks": marks, "reconciled": st.reconciled,
+                    **st.view.to_body()}
+            prev = dict(st.snap_marks)
+            touched, st.view.touched = st.view.touched, set()
         self._count("put")
         try:
-            self._store.put(snapshot_name(self._prefix, gen, self.node), encode("snapshot", body))
+            self._store.put(snapshot_name(st.prefix, gen, self.node), encode("snapshot", body))
         except BaseException:
-            with self._lock:
-                self._view.touched |= touched  # the digest still needs them against the old snapshot
+            with st.lock:
+                st.view.touched |= touched  # the digest still needs them against the old snapshot
             raise
-        self.stats["snapshots_written"] += 1
-        with self._lock:
+        st.stats["snapshots_written"] += 1
+        with st.lock:
             # Journals this snapshot holds are forgotten one generation late, like their objects
             # below: nodes starting together each write a first snapshot, and the larger
             # (gen, node) wins, so this one may be replaced by one that lacks them; a node that
             # then loads it re-applies them (its own included) instead of losing those records.
-            for n, js in self._pending.items():
+            for n, js in st.pending.items():
                 for seq in [s for s in js if s <= prev.get(n, 0)]:
                     del js[seq]
-            self._prev_marks, self._snap_marks = prev, marks
-            self._snap, self._snap_time = (gen, self.node), now
+            st.prev_marks, st.snap_marks = prev, marks
+            st.snap, st.snap_time = (gen, self.node), now
         # Journals are deleted one generation late: a node that has not loaded the new snapshot
         # yet still finds everything through the previous one.
         old = [name for n, js in listing.journals.items() for seq, name in js if seq <= prev.get(n, 0)]
@@ -92,51 +112,51 @@ class CompactorMixin:
         if old or snaps:
             self._store.delete_many(old + snaps)
 
-    def _reconcile(self: Any) -> list[Change]:
+    def reconcile(self) -> list[Change]:
         """Compare the view with a full listing of the prefix; publish the differences.
 
         An indexed chunk the listing lacks is checked with a HEAD before it is dropped: a listing
         taken while other nodes write may miss an object, and dropping a live chunk from every
         node's index would make it look unused (then evicted as old when adopted again).
         """
-        start = time.time()
+        st, start = self._state, time.time()
         listed: dict[str, tuple[int, float]] = {}
         pages = 0
-        where = f"{self._prefix}/" if self._prefix else ""
+        where = f"{st.prefix}/" if st.prefix else ""
         for i, info in enumerate(self._chunks.list(where)):
             if i % 1000 == 0:
                 pages += 1
-            if is_fleet_name(info.name, self._prefix) or self._view.salt(info.name) is None:
+            if is_fleet_name(info.name, st.prefix) or st.view.salt(info.name) is None:
                 continue
             listed[info.name] = (info.size, info.mtime if info.mtime is not None else start)
         self._count("list", max(1, pages))
         settled = start - max(self.config.grace_secs, 2 * self.config.stage_secs)
-        with self._lock:
-            missing = [n for n, e in self._view.entries.items() if n not in listed and e.stored < settled]
+        with st.lock:
+            missing = [n for n, e in st.view.entries.items() if n not in listed and e.stored < settled]
         if missing:
             self._count("head", len(missing))
             gone = {r.name for r in self._chunks.head_many(missing) if r.ok and r.size is None}
         else:
             gone = set()
         changes: list[Change] = []
-        with self._lock:
+        with st.lock:
             for name, (size, mtime) in listed.items():
-                if name not in self._view.entries:
-                    rec = ("s", self._view.seg(name), size, min(mtime, start))
-                    ch = self._view.apply(self.node, rec)
+                if name not in st.view.entries:
+                    rec = ("s", st.view.seg(name), size, min(mtime, start))
+                    ch = st.view.apply(self.node, rec)
                     if ch is not None:
                         changes.append(ch)
-                        self._buf.append(rec)
+                        st.buf.append(rec)
             for name in missing:
                 if name in gone:
-                    rec = ("d", self._view.seg(name), 0, start)
-                    ch = self._view.apply(self.node, rec)
+                    rec = ("d", st.view.seg(name), 0, start)
+                    ch = st.view.apply(self.node, rec)
                     if ch is not None:
                         changes.append(ch)
-                        self._buf.append(rec)
-            self._reconciled = start
-        self.stats["reconciles"] += 1
+                        st.buf.append(rec)
+            st.reconciled = start
+        st.stats["reconciles"] += 1
         return changes
 
 
-__all__ = ["DIGEST_MAX_ROWS", "KEEP_SNAPSHOTS", "CompactorMixin"]
+__all__ = ["DIGEST_MAX_ROWS", "KEEP_SNAPSHOTS", "Compactor"]

@@ -105,13 +105,14 @@ class Listing:
     seen: dict[str, float] = field(default_factory=dict)
     beats: dict[str, tuple[float | None, int]] = field(default_factory=dict)  # node -> (mtime, size)
     pages: int = 0  # listing requests it took
+    at: float = 0.0  # this node's clock when the listing started
 
 
 def list_fleet(store: ObjectStore, prefix: str) -> Listing:
     """List ``_fleet/`` once; names the fleet could not have written are left out. A node's time
     is its newest object's mtime (now when the store gives none)."""
-    out = Listing()
     now = time.time()
+    out = Listing(at=now)
     for i, info in enumerate(store.list(fleet_root(prefix) + "/")):
         if i % 1000 == 0:
             out.pages += 1

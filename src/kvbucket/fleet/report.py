@@ -26,11 +26,8 @@ def inspect_fleet(store: ObjectStore, prefix: str = "") -> dict[str, Any] | None
     from kvbucket.fleet.sync import Fleet
 
     reader = Fleet(store, FleetConfig(node_id="kvbucket-inspect"), prefix=prefix, parse=engine_chunk)
-    if reader._read_digest() is None:
-        listing = reader._list()
-        if not listing.snapshots and not listing.journals:
-            return None
-        reader._fold(listing)
+    if not reader.read_only():
+        return None
     status = reader.status()
     status["nodes"].pop(reader.node, None)
     status["live_nodes"] = [n for n in status["live_nodes"] if n != reader.node]

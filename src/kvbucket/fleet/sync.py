@@ -31,27 +31,23 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from kvbucket.fleet.compactor import CompactorMixin
+from kvbucket.fleet.compactor import Compactor
 from kvbucket.fleet.config import FleetConfig
-from kvbucket.fleet.layout import (
-    Journal,
-    Listing,
-    Record,
-    digest_name,
-    heartbeat_name,
-    journal_name,
-    list_fleet,
-    snapshot_name,
-)
+from kvbucket.fleet.layout import Journal, Listing, heartbeat_name, journal_name, list_fleet
 from kvbucket.fleet.pacing import Pacer
+from kvbucket.fleet.peers import Liveness, Peers
 from kvbucket.fleet.quarantine import Quarantine
+from kvbucket.fleet.reader import Reader
+from kvbucket.fleet.state import FleetState
 from kvbucket.fleet.view import Change, FleetView
-from kvbucket.fleet.wire import JOURNAL_MAX_RECORDS, MAX_STORED, BadObject, read_digest, read_snapshot
+from kvbucket.fleet.wire import JOURNAL_MAX_RECORDS
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.eviction import EvictionConfig
+from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ObjectStore
 
 log = logging.getLogger(__name__)
+_repeated = RepeatedLog(log)
 
 FLEET_EVICTIONS = Counter(
     "kvbucket_fleet_evictions",
@@ -66,8 +62,10 @@ FLEET_REQUESTS = Counter(
 WRITE_LAG_ROUNDS = 3
 
 
-class Fleet(CompactorMixin):
-    """See the module docstring. ``on_changes`` is called from the fleet thread."""
+class Fleet:
+    """See the module docstring. ``on_changes`` is called from the fleet thread. The parts:
+    :class:`~.reader.Reader` (digest, snapshots, journals), :class:`~.compactor.Compactor`,
+    :class:`~.peers.Liveness` and :class:`~.peers.Peers`, sharing a :class:`~.state.FleetState`."""
 
     def __init__(
         self,
@@ -97,58 +95,32 @@ class Fleet(CompactorMixin):
         self._on_changes = on_changes
         self._on_tick = on_tick
         self._on_ready = on_ready
-        self._lock = threading.Lock()
-        self._parse = parse
-        self._view = FleetView(prefix, parse)
-        self._buf: list[Record] = []
-        self._accessed: dict[str, float] = {}  # deduplicated access hints since the last journal
+        self._state = st = FleetState(prefix, parse, FleetView(prefix, parse))
+        self._lock = st.lock
+        self.stats = st.stats
         self._seq = 0
-        self._applied: dict[str, int] = {}
-        self._pending: dict[str, dict[int, list[Record]]] = {}  # journals newer than the snapshot
-        self._snap: tuple[int, str] = (-1, "")
-        self._snap_marks: dict[str, int] = {}
-        self._prev_marks: dict[str, int] = {}
-        self._snap_time = 0.0
-        self._reconciled = 0.0
-        self._seen: dict[str, float] = {}
         self._last_heartbeat = 0.0
         self._last_journal = 0.0
         self._rounds_journals = 0  # journals_written at the end of the last round
-        # The digest: the version last read (None: read it next round) and the compactor's
-        # listing time it holds; what this node last wrote, when it is the compactor.
-        self._digest_tag: str | None = None
-        self._digest_t = 0.0
-        self._digest_written = 0.0
-        self._digest_live: tuple[str, ...] = ()
-        #: Every node's access hints up to about this time are in the view (see _horizon).
-        self._known_at = 0.0
+        # This node's clock at its last two listings, and the journals new in the last one (their
+        # writers' clocks are compared with it: .peers).
+        self._listed_at: float | None = None
+        self._since: float | None = None
+        self._fresh: set[str] = set()
         self._budget: float | None = None  # bytes this node may still add before its next round
         self._stop = threading.Event()
         self._pace = Pacer(config, self._stop)
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
+        self._liveness = Liveness(self.node, config.node_timeout_secs)
+        self._peers = Peers(self.node, capacity, config.node_timeout_secs,
+                            f"{store.url}" + (f" (prefix {prefix})" if prefix else ""))
         #: What under _fleet/ did not parse (skipped until it changes; see .wire, .quarantine).
         self._quarantine = Quarantine(self.node)
-        self.stats: dict[str, int] = {
-            "journals_written": 0,
-            "journals_read": 0,
-            "digests_written": 0,
-            "digests_read": 0,
-            "digests_unchanged": 0,
-            "snapshots_written": 0,
-            "snapshots_read": 0,
-            "reconciles": 0,
-            "listing_rounds": 0,
-            "coordination_requests": 0,
-            "data_requests": 0,
-            "remote_stores_seen": 0,
-            "remote_deletes_seen": 0,
-            "evicted_own": 0,
-            "evicted_cross_node": 0,
-            "refused_chunks": 0,
-            "journal_gaps": 0,
-            "sync_errors": 0,
-        }
+        parts = {"liveness": self._liveness, "peers": self._peers, "quarantine": self._quarantine,
+                 "count": self._count}
+        self._reader = Reader(self.node, store, config, st, **parts)
+        self._compactor = Compactor(self.node, store, self._chunks, config, st, flush=self._flush, **parts)
         self.last_error: str | None = None
 
     # ---- what the host tells us (cheap, any thread) -------------------------------------------
@@ -159,9 +131,9 @@ class Fleet(CompactorMixin):
         with self._lock:
             for name, size in zip(names, sizes, strict=True):
                 n += 1
-                rec = ("s", self._view.seg(name), int(size), now)
-                if self._view.apply(self.node, rec) is not None or name in self._view.entries:
-                    self._buf.append(rec)
+                rec = ("s", self._state.view.seg(name), int(size), now)
+                if self._state.view.apply(self.node, rec) is not None or name in self._state.view.entries:
+                    self._state.buf.append(rec)
             self._served(n)
 
     def note_accessed(self, names: Iterable[str]) -> None:
@@ -171,10 +143,10 @@ class Fleet(CompactorMixin):
         with self._lock:
             for name in names:
                 n += 1
-                entry = self._view.entries.get(name)
+                entry = self._state.view.entries.get(name)
                 if entry is not None:
                     entry.accessed = now
-                    self._accessed[name] = now
+                    self._state.accessed[name] = now
             self._served(n)
 
     def _served(self, n: int) -> None:
@@ -186,15 +158,15 @@ class Fleet(CompactorMixin):
         now = time.time()
         with self._lock:
             for name in names:
-                entry = self._view.entries.get(name)
+                entry = self._state.view.entries.get(name)
                 if evicted and entry is not None:
                     kind = "self" if entry.writer == self.node else "other"
                     self.stats["evicted_own" if kind == "self" else "evicted_cross_node"] += 1
                     FLEET_EVICTIONS.labels(kind).inc()
-                rec = ("d", self._view.seg(name), 0, now)
-                self._view.apply(self.node, rec)
-                self._accessed.pop(name, None)
-                self._buf.append(rec)
+                rec = ("d", self._state.view.seg(name), 0, now)
+                self._state.view.apply(self.node, rec)
+                self._state.accessed.pop(name, None)
+                self._state.buf.append(rec)
         self._pace.hurry()
 
     # ---- what the host asks ----------------------------------------------------------------------
@@ -220,17 +192,17 @@ class Fleet(CompactorMixin):
                 return
             # The others' writes of the last ~LAG rounds are not in this view yet (journal, then
             # digest), so the headroom is shared as if each of them wrote its part LAG times.
-            headroom = cap * self._capacity - self._view.bytes_used
+            headroom = cap * self._capacity - self._state.view.bytes_used
             self._budget = max(0.0, headroom) / (1 + WRITE_LAG_ROUNDS * (len(self.live_nodes()) - 1))
 
     def _horizon(self) -> float:
         """Accesses anywhere before this are in the view: the knowledge time less one stage
         (a node in use journals its hints within a stage)."""
-        return self._known_at - self.config.stage_secs
+        return self._state.known_at - self.config.stage_secs
 
     def victims(self, busy: Container[str]) -> list[str]:
         with self._lock:
-            return self._view.victims(
+            return self._state.view.victims(
                 capacity=self._capacity,
                 eviction=self._eviction,
                 now=time.time(),
@@ -245,24 +217,24 @@ class Fleet(CompactorMixin):
 
     def has_expired(self) -> bool:
         with self._lock:
-            return self._view.expired(time.time(), self.config.max_age_secs, self._pinned) > 0
+            return self._state.view.expired(time.time(), self.config.max_age_secs, self._pinned) > 0
 
     def live_nodes(self) -> list[str]:
-        cutoff = time.time() - self.config.node_timeout_secs
-        return sorted({n for n, t in self._seen.items() if t >= cutoff} | {self.node})
+        """This node and every node seen making progress within ``node_timeout_secs`` (on this
+        node's own clock: :class:`~.peers.Liveness`)."""
+        return self._liveness.live()
 
     def status(self) -> dict[str, Any]:
-        now = time.time()
         with self._lock:
             return {
                 "node": self.node,
-                "bytes_used": self._view.bytes_used,
-                "chunks": len(self._view),
-                "bytes_by_cache_salt": self._view.bytes_by_salt(),
-                "nodes": {n: round(now - t, 1) for n, t in sorted(self._seen.items())},
+                "bytes_used": self._state.view.bytes_used,
+                "chunks": len(self._state.view),
+                "bytes_by_cache_salt": self._state.view.bytes_by_salt(),
+                "nodes": {n: round(a, 1) for n, a in sorted(self._liveness.ages().items())},
                 "live_nodes": self.live_nodes(),
                 "compactor": self._is_compactor(),
-                "snapshot_generation": self._snap[0],
+                "snapshot_generation": self._state.snap[0],
                 "sync_interval_secs": self._pace.interval,
                 "coordination_credit": round(self._pace.credit, 2),
                 "ready": self._ready.is_set(),
@@ -307,7 +279,7 @@ class Fleet(CompactorMixin):
                 self._error("sync", e)
                 news = True
             with self._lock:  # over the watermark: keep the pace until eviction is done
-                busy = self._eviction.triggered(self._view.bytes_used, self._capacity)
+                busy = self._eviction.triggered(self._state.view.bytes_used, self._capacity)
             published = self.stats["journals_written"] > self._rounds_journals
             self._rounds_journals = self.stats["journals_written"]
             self._pace.end_round(active=active or published, news=news, busy=busy,
@@ -316,7 +288,10 @@ class Fleet(CompactorMixin):
     def _error(self, what: str, e: BaseException) -> None:
         self.stats["sync_errors"] += 1
         self.last_error = f"{what}: {type(e).__name__}: {e}"
-        log.warning("fleet %s failed on node %s: %s", what, self.node, self.last_error)
+        # A failure that persists (a dead endpoint, a revoked token) fails every round the same way:
+        # one line, then a count (per kind of failure; the message may vary in its details).
+        _repeated.warning("fleet %s failed on node %s: %s", what, self.node, self.last_error,
+                          same=f"fleet {what} failed on node {self.node}: {type(e).__name__}")
 
     def _count(self, verb: str, n: int = 1, *, prepaid: bool = False) -> None:
         """``prepaid``: the writers paid for these (journal reads; see :mod:`.pacing`)."""
@@ -330,15 +305,15 @@ class Fleet(CompactorMixin):
         """Digest + snapshot + one listing of ``_fleet/`` and the journals the digest does not
         hold yet (usually none: 3 requests), so lookups are right from the first one; without a
         fresh digest, the same minus the digest; a full listing only when no snapshot exists."""
-        got = self._read_digest()
+        got = self._reader.read_digest()
         changes = got[0] if got is not None else []
         listing = self._list()
         mine = [seq for seq, _ in listing.journals.get(self.node, [])]
         changes += self._fold(listing)
         with self._lock:
-            self._seq = max([self._seq, self._applied.get(self.node, 0), *mine])
-        if self._snap[0] < 0 and got is None:
-            changes += self._reconcile()
+            self._seq = max([self._seq, self._state.applied.get(self.node, 0), *mine])
+        if self._state.snap[0] < 0 and got is None:
+            changes += self._compactor.reconcile()
         # No heartbeat yet: the first round writes one (or a journal), a round from now.
         self._deliver(changes)
 
@@ -347,7 +322,7 @@ class Fleet(CompactorMixin):
         Returns whether anything was published or learned (else the next wait grows)."""
         flushed = self._flush()
         news = flushed
-        got = None if self._is_compactor() else self._read_digest()
+        got = None if self._is_compactor() else self._reader.read_digest()
         if got is not None:
             changes, learned = got
             news = news or learned
@@ -358,18 +333,19 @@ class Fleet(CompactorMixin):
             listing = self._list()
             read = self.stats["journals_read"]
             changes = self._fold(listing)
-            self._known_at = max(self._known_at, listed_at)
+            self._state.known_at = max(self._state.known_at, listed_at)
             self._heartbeat()
             news = True  # the compactor keeps the pace: the others wait for its digest
             if self._is_compactor():
                 now = time.time()
-                if now - self._reconciled >= self.config.reconcile_secs:
-                    changes += self._reconcile()
+                if now - self._state.reconciled >= self.config.reconcile_secs:
+                    changes += self._compactor.reconcile()
                     self._flush()
-                if self._compact_due(now):
-                    self._compact(listing)
+                if self._compactor.compact_due(now):
+                    self._compactor.compact(listing)
                 learned = bool(changes) or self.stats["journals_read"] > read
-                self._publish_digest(listed_at, flushed or learned)
+                if self._compactor.publish_digest(listed_at, flushed or learned):
+                    self._reader.tag = None  # ours: read it in full if this node is a reader again
         self._refresh_budget()
         self._deliver(changes)
         return news
@@ -382,10 +358,11 @@ class Fleet(CompactorMixin):
     def _flush(self) -> bool:
         with self._lock:
             now = time.time()
-            recs = self._buf + [("a", self._view.seg(n), 0, t) for n, t in self._accessed.items()]
+            st = self._state
+            recs = st.buf + [("a", st.view.seg(n), 0, t) for n, t in st.accessed.items()]
             if not recs:
                 return False
-            self._buf, self._accessed = [], {}
+            self._state.buf, self._state.accessed = [], {}
         # Journals of at most JOURNAL_MAX_RECORDS (what a reader accepts, .wire), in order.
         for i in range(0, len(recs), JOURNAL_MAX_RECORDS):
             part = recs[i : i + JOURNAL_MAX_RECORDS]
@@ -398,171 +375,38 @@ class Fleet(CompactorMixin):
                 self._store.put(journal_name(self._prefix, self.node, seq), journal.to_bytes())
             except Exception:
                 with self._lock:  # keep them for the next round; nothing is lost
-                    self._buf = [r for r in recs[i:] if r[0] != "a"] + self._buf
+                    self._state.buf = [r for r in recs[i:] if r[0] != "a"] + self._state.buf
                 raise
             with self._lock:
                 self._seq = seq
-                self._applied[self.node] = seq
-                self._pending.setdefault(self.node, {})[seq] = part
-                self._seen[self.node] = now
+                self._state.applied[self.node] = seq
+                self._state.pending.setdefault(self.node, {})[seq] = part
                 self._last_journal = now
             self.stats["journals_written"] += 1
         return True
 
-    def _read_digest(self) -> tuple[list[Change], bool] | None:
-        """The compactor's digest through one conditional GET: (changes, whether they are news),
-        or None when there is none or it is stale (then this round takes the listing path)."""
-        started = time.time()
-        self._count("get")
-        name = digest_name(self._prefix)
-        rev = self._store.get_if_changed(name, self._digest_tag)
-        stale = started - self.config.node_timeout_secs
-        if rev.tag is None:
-            return None
-        if rev.data is None:
-            if self._digest_t < stale or self._quarantine.holds(name, rev.tag):
-                return None
-            self.stats["digests_unchanged"] += 1
-            # Unchanged: the compactor, listing every stage, found no new journal meanwhile.
-            self._known_at = max(self._known_at, self._digest_t, started - 2 * self.config.stage_secs)
-            return [], False
-        try:
-            body = read_digest(rev.data)
-        except BadObject as e:  # list this round; ask again only once it changed (no body till then)
-            self._quarantine.judge(name, rev.tag, e)
-            self._digest_tag = rev.tag
-            return None
-        t = body["t"]
-        self._digest_tag, self._digest_t = rev.tag, t
-        if t < stale:
-            return None
-        changes: list[Change] = []
-        gen, snode = body["gen"], body["snode"]
-        if gen >= 0 and (gen, snode) > self._snap:
-            loaded = self._load_snapshot(gen, snode, snapshot_name(self._prefix, gen, snode))
-            if loaded is None:
-                self._digest_tag = None
-                return None  # replaced since: list this round, read the next digest
-            changes += loaded
-        with self._lock:
-            for ch in self._view.apply_delta(body):
-                changes.append(ch)
-                self.stats["remote_stores_seen" if ch[1] is not None else "remote_deletes_seen"] += 1
-            for n, seq in body["marks"].items():
-                self._applied[n] = max(self._applied.get(n, 0), seq)
-            for n, seen in body["seen"].items():
-                self._seen[n] = max(self._seen.get(n, 0.0), seen)
-        self._known_at = max(self._known_at, t)
-        self.stats["digests_read"] += 1
-        return changes, bool(changes)  # a digest rewritten only to show the compactor alive is no news
+    def read_only(self) -> bool:
+        """Read the fleet's picture without writing anything (``kvbucket du``): the digest, else
+        one listing and what it names. False when no fleet ever wrote here."""
+        if self._reader.read_digest(once=True) is not None:
+            return True
+        listing = self._list(reference=time.time())
+        if not listing.snapshots and not listing.journals:
+            return False
+        self._fold(listing)
+        return True
 
-    def _list(self) -> Listing:
+    def _list(self, reference: float | None = None) -> Listing:
+        """List ``_fleet/`` (one page while it holds < 1000 objects) and note who progressed
+        (``reference``: see :meth:`.peers.Liveness.observe_listing`)."""
         out = list_fleet(self._store, self._prefix)
         self._count("list", out.pages)
-        with self._lock:
-            for node, t in out.seen.items():
-                self._seen[node] = max(self._seen.get(node, 0.0), t)
+        self._fresh = self._liveness.observe_listing(out, reference)
+        self._since, self._listed_at = self._listed_at, out.at
         return out
 
     def _fold(self, listing: Listing) -> list[Change]:
-        changes: list[Change] = []
-        # The newest snapshot that parses: a bad one (even at a high generation) shadows nothing.
-        for gen, node, name, size in sorted(listing.snapshots, reverse=True):
-            if (gen, node) <= self._snap:
-                break
-            if self._quarantine.holds(name, None) or self._too_big("snapshot", name, size):
-                continue
-            loaded = self._load_snapshot(gen, node, name)
-            if loaded is not None:
-                changes += loaded
-                break
-        todo: list[tuple[str, int, str]] = []
-        with self._lock:
-            for node, js in listing.journals.items():
-                if node == self.node:
-                    continue
-                done = self._applied.get(node, 0)
-                todo += [(node, seq, name) for seq, name in sorted(js) if seq > done]
-        todo = [(node, seq, name) for node, seq, name in todo
-                if not self._quarantine.holds(name, listing.sizes.get(name))
-                and not self._too_big("journal", name, listing.sizes.get(name, 0))]
-        if not todo:
-            return changes
-        self._count("get", len(todo), prepaid=True)
-        results = self._store.get_many([name for _, _, name in todo])
-        with self._lock:
-            for (node, seq, name), r in zip(todo, results, strict=True):
-                if r.data is None:
-                    if r.error is None:
-                        continue  # compacted away since the listing: the next snapshot has it
-                    raise r.error
-                try:
-                    journal = Journal.from_bytes(bytes(r.data))
-                except BadObject as e:  # skipped, not applied: the node's later journals still are
-                    self._quarantine.judge(name, len(r.data), e)
-                    continue
-                if seq > self._applied.get(node, 0) + 1:
-                    self.stats["journal_gaps"] += 1
-                self._applied[node] = max(self._applied.get(node, 0), seq)
-                self._pending.setdefault(node, {})[seq] = journal.records
-                for ch in self._view.apply_all(node, journal.records):
-                    changes.append(ch)
-                    self.stats["remote_stores_seen" if ch[1] is not None else "remote_deletes_seen"] += 1
-                self.stats["journals_read"] += 1
-        return changes
-
-    def _too_big(self, kind: str, name: str, size: int | None) -> bool:
-        """Too big to be a fleet object of ``kind`` by its listed size: quarantined unread."""
-        if size is None or size <= MAX_STORED[kind]:
-            return False
-        self._quarantine.judge(name, size, f"{size} bytes, more than a fleet {kind} may hold")
-        return True
-
-    def _load_snapshot(self, gen: int, node: str, name: str) -> list[Change] | None:
-        """Replace the view with a snapshot plus what is newer than it; None when it is gone or
-        does not parse (then it is quarantined)."""
-        if self._quarantine.holds(name, None):
-            return None
-        self._count("get")
-        data = self._store.get(name)
-        if data is None:
-            return None  # replaced since the listing; the next round sees the newer one
-        try:
-            body = read_snapshot(data)
-        except BadObject as e:
-            self._quarantine.judge(name, len(data), e)
-            return None
-        view = FleetView.from_body(body, self._prefix, self._parse)
-        marks = body["marks"]
-        with self._lock:
-            for n, js in self._pending.items():
-                for seq in sorted(js):
-                    if seq > marks.get(n, 0):
-                        view.apply_all(n, js[seq])
-                    else:
-                        del js[seq]
-            for rec in self._buf:
-                view.apply(self.node, rec)
-            for n, t in self._accessed.items():
-                if n in view.entries:
-                    view.entries[n].accessed = max(view.entries[n].accessed, t)
-            # Keep the freshest access time either side knows (hints are not all journaled yet).
-            for n, e in self._view.entries.items():
-                mine = view.entries.get(n)
-                if mine is not None and e.accessed > mine.accessed:
-                    mine.accessed = e.accessed
-            changes = view.diff(self._view)
-            for ch in changes:  # other nodes' stores and deletes, learned through the snapshot
-                self.stats["remote_stores_seen" if ch[1] is not None else "remote_deletes_seen"] += 1
-            self._view = view
-            for n, seq in marks.items():
-                self._applied[n] = max(self._applied.get(n, 0), seq)
-            self._prev_marks, self._snap_marks = self._snap_marks, marks
-            self._snap = (gen, node)
-            self._snap_time = body["t"]
-            self._reconciled = max(self._reconciled, body["reconciled"])
-        self.stats["snapshots_read"] += 1
-        return changes
+        return self._reader.fold(listing, self._fresh, self._since)
 
     def _is_compactor(self) -> bool:
         return self.live_nodes()[0] == self.node
@@ -576,8 +420,6 @@ class Fleet(CompactorMixin):
         self._count("put")
         self._store.put(heartbeat_name(self._prefix, self.node), body)
         self._last_heartbeat = now
-        with self._lock:
-            self._seen[self.node] = now
 
 
 __all__ = ["FLEET_EVICTIONS", "Fleet"]

@@ -122,7 +122,7 @@ class ObjectStoreL2Adapter(L2Adapter):
             from kvbucket.fleet.host import FleetLink
 
             self._fleet = FleetLink(
-                self._io,
+                self._store,  # it writes its own objects to the store under the sealing layer
                 fleet,
                 parse=self._naming.parse,
                 prefix=self._prefix,
@@ -245,6 +245,8 @@ class ObjectStoreL2Adapter(L2Adapter):
         st = self._state
         added: list[tuple[ObjectKey, int]] = []
         gone: list[tuple[ObjectKey, int]] = []
+        if isinstance(self._io, PrefetchStore):  # rewritten or deleted by another node
+            self._io.forget([name for name, _ in changes])
         with st.lock:
             for name, size in changes:
                 if name in st.deleting:

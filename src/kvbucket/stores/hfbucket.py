@@ -317,6 +317,8 @@ class HFBucketStore(RemoteStore):
             meta = self._lookup(paths, deadline_in(self.config.lookup_timeout_secs))
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
+        if self.config.prefetch_reconstructions:  # a hit is loaded next: its load is the fetch alone
+            self._client.prefetch_reconstructions([f for f in meta.values() if f is not None])
         return [ItemResult(n, size=None if meta[p] is None else meta[p].size)  # type: ignore[union-attr]
                 for n, p in zip(names, paths, strict=True)]
 
@@ -361,6 +363,7 @@ class HFBucketStore(RemoteStore):
 
         if not jobs:
             return [r for r in results if r is not None]
+        self._client.prefetch_reconstructions([j[1] for j in jobs])  # all at once, whatever the pool
         gates = [Gate() for _ in jobs]
 
         def fetch(k: int) -> ItemResult:
@@ -391,7 +394,7 @@ class HFBucketStore(RemoteStore):
         delay = self.config.retry_backoff_secs
         for attempt in range(self.config.max_retries + 1):
             try:
-                self._client.download_into(f, view, gate)
+                self._client.download_into(f, view, gate, deadline)
                 return ItemResult(name, size=f.size, data=target)
             except Abandoned:
                 return ItemResult(name, error=exceeded(

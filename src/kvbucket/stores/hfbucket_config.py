@@ -112,6 +112,9 @@ class HFBucketConfig(BaseModel):
         64, ge=1, le=1024, strict=True,
         description="objects of one load in flight at once (a prompt's chunks in one round trip)",
     )
+    prefetch_reconstructions: StrictBool = Field(
+        True, description="a lookup hit also asks for its Xet reconstruction, so its load is the fetch alone"
+    )
     endpoint: str | None = Field(None, description="Hub URL; default: $HF_ENDPOINT or huggingface.co")
     max_retries: int = Field(5, ge=0, le=20, strict=True, description="retries on 429/5xx/timeouts")
     retry_backoff_secs: float = Field(
@@ -251,7 +254,7 @@ def _describe(e: ValidationError, cls: type[BaseModel]) -> str:
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-_LENIENT_BOOLS = ("create_bucket_if_missing",)
+_LENIENT_BOOLS = ("create_bucket_if_missing", "prefetch_reconstructions")
 _LENIENT_NUMBERS = {"metadata_cache_ttl_secs": float, "retry_backoff_secs": float, "num_workers": int,
                     "load_concurrency": int, "max_retries": int, "connect_timeout_secs": float,
                     "request_timeout_secs": float,

@@ -40,6 +40,7 @@ from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_ba
 from kvbucket.errors import AuthError, DeadlineExceededError, NotFoundError, StoreError, TransientStoreError
 from kvbucket.secrets import redact
 from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
+from kvbucket.stores.xet_reads import XetReader, XetReadUnsupported
 from kvbucket.stores.xet_sessions import download_session, upload_session
 from kvbucket.threads import DaemonThreadPool
 
@@ -122,10 +123,16 @@ class HubBucketClient:
         self._write_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
         self._read_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
         self._group_lock = threading.Lock()  # one group made at a time (see _group)
+        self._read_token_lock = threading.Lock()  # one read-token request at a time
         self._warming = False
         self._download_group: Any = None
         self.load_concurrency = load_concurrency
         self._requests = DaemonThreadPool(_REQUEST_THREADS, "kvbucket-hub-request")  # see _bounded
+        self.direct_reads = True  # plain-HTTP reads with cached reconstructions (xet_reads)
+        self._reader = XetReader(
+            self._reader_token, lambda *a: self._requests.submit(*a), concurrency=load_concurrency,
+            request_timeout_secs=request_timeout_secs, headers=self._headers,
+        )
 
     def __repr__(self) -> str:
         return f"HubBucketClient({redact(self.endpoint)!r}, {self.bucket_id!r})"
@@ -409,11 +416,12 @@ class HubBucketClient:
 
     # ---- reads ---------------------------------------------------------------------------
     def _xet_read_token(self, deadline: float | None = None) -> tuple[str, int, str]:
-        """The store's one Xet read token (fetched once, renewed shortly before it expires)."""
+        """The store's one Xet read token: fetched once (one request however many loads ask at
+        once), renewed shortly before it expires."""
         with self._xet_lock:
             tok = self._read_token
-            if tok is not None and tok[1] > time.time() + _TOKEN_SAFETY_SECS:
-                return tok
+        if tok is not None and tok[1] > time.time() + _TOKEN_SAFETY_SECS:
+            return tok
 
         def call(t: httpx2.Timeout) -> tuple[str, int, str]:
             r = self._request("GET", f"{self._base}/xet-read-token", t)
@@ -421,16 +429,22 @@ class HubBucketClient:
             d = r.json()
             return str(d["accessToken"]), int(d["exp"]), str(d["casUrl"])
 
-        tok = self.retrying(call, "get a read token for the bucket's storage", deadline)
-        with self._xet_lock:
-            self._read_token = tok
-        return tok
+        with self._read_token_lock:
+            with self._xet_lock:
+                tok = self._read_token
+            if tok is not None and tok[1] > time.time() + _TOKEN_SAFETY_SECS:
+                return tok  # fetched by another thread while this one waited
+            tok = self.retrying(call, "get a read token for the bucket's storage", deadline)
+            with self._xet_lock:
+                self._read_token = tok
+            return tok
 
     def warm_reads(self) -> None:
-        """Open the download group (read token included) in the background, once: it overlaps
-        the lookup's round trip instead of following it."""
+        """Fetch the read token in the background, once: it overlaps the lookup's round trip
+        instead of following it."""
         with self._xet_lock:
-            if self._download_group is not None or self._warming:
+            tok = self._read_token
+            if self._warming or (tok is not None and tok[1] > time.time() + _TOKEN_SAFETY_SECS):
                 return
             self._warming = True
         with contextlib.suppress(RuntimeError):  # closed: nothing to warm
@@ -438,12 +452,28 @@ class HubBucketClient:
 
     def _warm(self) -> None:
         try:
-            self._group(deadline_in(self.request_timeout_secs))
+            if self.direct_reads:
+                self._xet_read_token(deadline_in(self.request_timeout_secs))
+            else:
+                self._group(deadline_in(self.request_timeout_secs))
         except StoreError:  # the load that needs it tries again and reports the error
-            log.debug("opening the download group of %s failed", self.bucket_id, exc_info=True)
+            log.debug("fetching the read token of %s failed", self.bucket_id, exc_info=True)
         finally:
             with self._xet_lock:
                 self._warming = False
+
+    def _reader_token(self, deadline: float | None, stale: str | None) -> tuple[str, int, str]:
+        if stale is not None:
+            with self._xet_lock:
+                if self._read_token is not None and self._read_token[0] == stale:
+                    self._read_token = None
+        return self._xet_read_token(deadline)
+
+    def prefetch_reconstructions(self, files: Sequence[RemoteFile]) -> None:
+        """Ask for the reconstruction of each file now, all at once, so that its load that
+        follows is the fetch alone (xet_reads; cached briefly)."""
+        if self.direct_reads:
+            self._reader.prefetch([(f.xet_hash, f.size) for f in files if f.xet_hash])
 
     def _group(self, deadline: float | None = None) -> Any:
         """One download group per store: one read token (seeded, so no stream asks for its own),
@@ -483,8 +513,11 @@ class HubBucketClient:
             self._download_group = None
             self._read_token = None
 
-    def download_into(self, f: RemoteFile, view: memoryview, gate: Gate | None = None) -> None:
-        """Stream the object's bytes straight into ``view`` (exactly ``f.size`` bytes long).
+    def download_into(self, f: RemoteFile, view: memoryview, gate: Gate | None = None,
+                      deadline: float | None = None) -> None:
+        """Fill ``view`` (exactly ``f.size`` bytes long) with the object's bytes, from memory to
+        memory: by plain HTTP with its cached reconstruction (xet_reads), or through hf_xet's
+        stream when that reader meets something it does not know.
 
         With a ``gate``, every write goes through it, so a caller that stopped waiting (its
         deadline passed) never has its buffer written afterwards.
@@ -493,6 +526,16 @@ class HubBucketClient:
             raise ValueError(f"buffer of {view.nbytes} bytes for an object of {f.size}")
         if f.size == 0:
             return
+        if self.direct_reads and f.xet_hash:
+            try:
+                until = deadline if deadline is not None else deadline_in(self.request_timeout_secs)
+                self._reader.read_into(f.xet_hash, view, gate, until)
+                return
+            except XetReadUnsupported as e:
+                log.debug("reading %s through hf_xet: %s", f.path, e)
+        self._stream_into(f, view, gate)
+
+    def _stream_into(self, f: RemoteFile, view: memoryview, gate: Gate | None) -> None:
         from hf_xet import XetFileInfo
 
         info = XetFileInfo(f.xet_hash, f.size)
@@ -517,6 +560,7 @@ class HubBucketClient:
             group, self._download_group = self._download_group, None
             self._write_token = self._read_token = None
         self._requests.shutdown(wait=False)  # idle threads end; a stuck one ends with its request
+        self._reader.close()
         if group is not None:
             try:
                 group.finish()

@@ -1,0 +1,479 @@
+"""Lookup + load of a prompt's KV from a bucket at wide-area latency, in fresh processes, with peers.
+
+    PYTHONPATH=src python benchmarks/bench_latency.py [--backends hub,s3] [--shapes 16x8,64x2] \
+        [--latencies-ms 0,20,50] [--rounds 2] [--constant-payloads]
+
+Why: a remote KV hit only pays when lookup + load beat recomputing the prompt, and every earlier
+figure was measured on loopback, where a round trip costs nothing (issue 23). Here each shape
+(``N x M`` = N chunks of M MiB) is stored once per side, then every measurement runs in a new
+process (cold metadata cache, no token, no connection) that times one lookup of the N names
+followed by one load of them into preallocated buffers, bytes checked afterwards.
+
+- Hub: the project's emulator (a child process) adds the latency to every request with its own
+  fault rule (``"*"``, ``latency_s``). Sides: kvbucket's ``HFBucketStore`` (``head_many`` +
+  ``get_many``), huggingface_hub's unmodified ``download_bucket_files`` (to files in /dev/shm,
+  read back into the buffers) and LMCache 0.5.6's ``hfbucket`` L2 adapter
+  (``lookup_and_lock`` + ``load``).
+- S3: SeaweedFS behind ``kvbucket.testing.fault_proxy.FaultProxy``, which adds the latency to
+  every request. Sides: kvbucket's ``S3Store``, LMCache 0.5.6's ``s3`` L2 adapter (awscrt) and
+  boto3 (``head_object`` + ``get_object`` of every key, 64 threads).
+
+Requests and sequential round trips are counted at the server (the emulator's request log, the
+proxy's log) over the measured interval only: both clocks are the machine's monotonic clock.
+Payloads are random (SHAKE-256 of an ``os.urandom`` seed) unless ``--constant-payloads`` (one
+repeated byte value per chunk, as LMCache's own ``bench l2`` fills them: Xet deduplicates it to
+almost nothing; labelled so in the output). Rounds alternate the order of the sides. Ratios are
+peer time / kvbucket time (> 1: kvbucket faster), medians of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+SRC = str(BENCH.parent / "src")
+sys.path.insert(0, str(BENCH))
+from results import Results, add_argument  # noqa: E402
+
+TOKEN = "hf_bench_latency_" + "0" * 16
+MODEL = "bench-latency"
+HUB_SIDES = ("kvbucket", "download_bucket_files", "lmcache-hfbucket")
+S3_SIDES = ("kvbucket-s3", "lmcache-s3", "boto3")
+
+
+# ---- payloads ------------------------------------------------------------------------------
+def payload(i: int, size: int, constant: bool, seed: bytes) -> bytes:
+    """Chunk ``i``: random bytes (the default; SHAKE-256 of a per-run ``os.urandom`` seed, so each
+    child makes the same incompressible bytes), or one repeated byte value (the dedup case)."""
+    if constant:
+        return bytes([i % 251 + 1]) * size
+    return hashlib.shake_256(seed + i.to_bytes(4, "big")).digest(size)
+
+
+def digest(data: Any) -> str:
+    return hashlib.blake2b(memoryview(data), digest_size=16).hexdigest()
+
+
+# ---- children: one fresh process per measurement --------------------------------------------
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one side's store (``mode=store``) or lookup + load (``mode=load``); return figures."""
+    side, n, size = spec["side"], spec["n"], spec["size"]
+    fn = {"kvbucket": _kv_hub, "kvbucket-before": _kv_hub, "download_bucket_files": _hf_download,
+          "lmcache-hfbucket": _lmcache, "kvbucket-s3": _kv_s3, "lmcache-s3": _lmcache, "boto3": _boto3}[side]
+    return fn(spec, n, size)
+
+
+def _names(n: int) -> list[str]:
+    return [f"chunk-{i:04d}" for i in range(n)]
+
+
+def _timed_load(lookup: Any, load: Any, bufs: list[Any]) -> dict[str, Any]:
+    t0 = time.monotonic()
+    hits = lookup()
+    t1 = time.monotonic()
+    loaded = load()
+    t2 = time.monotonic()
+    return {"t_start": t0, "t_lookup_end": t1, "t_end": t2, "lookup_s": t1 - t0, "load_s": t2 - t1,
+            "total_s": t2 - t0, "hits": hits, "loaded": loaded, "digests": [digest(b) for b in bufs]}
+
+
+def _kv_hub(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
+    from kvbucket.stores.hfbucket import HFBucketStore
+    from kvbucket.stores.hfbucket_config import build_config
+
+    store = HFBucketStore(build_config(bucket_handle=spec["handle"], token=TOKEN, endpoint=spec["endpoint"],
+                                      token_env="", create_bucket_if_missing=True,
+                                      load_timeout_secs=120.0, lookup_timeout_secs=30.0))
+    names = _names(n)
+    if spec["mode"] == "store":
+        res = store.put_many([(nm, payload(i, size, spec["constant"], spec["seed"].encode()))
+                              for i, nm in enumerate(names)])
+        assert all(r.ok for r in res), [str(r.error) for r in res if not r.ok][:2]
+        return {}
+    bufs = [bytearray(size) for _ in names]
+    out = _timed_load(lambda: sum(r.size is not None for r in store.head_many(names)),
+                      lambda: sum(r.ok for r in store.get_many(names, bufs)), bufs)
+    store.close()
+    return out
+
+
+def _hf_download(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=spec["endpoint"], token=TOKEN)
+    bucket_id, prefix = spec["bucket_id"], spec["prefix"]
+    names = _names(n)
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None  # as the docs advise for LMCache's tmp dir
+    tmp = Path(tempfile.mkdtemp(prefix="bench-latency-", dir=shm))
+    bufs = [bytearray(size) for _ in names]
+
+    def lookup() -> int:  # what a user of huggingface_hub has for a lookup: paths-info
+        return len(list(api.get_bucket_paths_info(bucket_id, [f"{prefix}/{nm}" for nm in names])))
+
+    def load() -> int:
+        api.download_bucket_files(bucket_id, [(f"{prefix}/{nm}", str(tmp / nm)) for nm in names])
+        for nm, b in zip(names, bufs, strict=True):
+            with open(tmp / nm, "rb") as f:
+                f.readinto(b)
+        return n
+
+    try:
+        return _timed_load(lookup, load, bufs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _lmcache(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
+    import torch
+    from lmcache.cli.commands.bench.l2_adapter_bench.data import (
+        create_l1_memory_desc,
+        make_object_keys,
+        wait_eventfd,
+    )
+    from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+    from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    if spec["side"] == "lmcache-hfbucket":
+        import huggingface_hub.constants as hc
+
+        hc.ENDPOINT = spec["endpoint"]  # LMCache's HfApi(token=...) takes the endpoint from here
+    cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(spec["adapter"])]))
+    l1 = torch.zeros(n * size, dtype=torch.uint8)
+    adapter = create_l2_adapter(cfg.adapters[0], l1_memory_desc=create_l1_memory_desc(l1))
+    keys = make_object_keys(n, model_name=MODEL)
+
+    def obj(t: Any) -> Any:
+        meta = MemoryObjMetadata(shape=torch.Size([t.numel()]), dtype=torch.uint8, address=0,
+                                 phy_size=t.numel(), fmt=MemoryFormat.KV_2LTD, ref_count=1)
+        return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
+
+    objs = [obj(l1[i * size : (i + 1) * size]) for i in range(n)]
+    try:
+        if spec["mode"] == "store":
+            for i in range(n):
+                l1[i * size : (i + 1) * size] = torch.frombuffer(
+                    bytearray(payload(i, size, spec["constant"], spec["seed"].encode())), dtype=torch.uint8)
+            adapter.submit_store_task(keys, objs)
+            assert wait_eventfd(adapter.get_store_event_fd(), 600)
+            res = adapter.pop_completed_store_tasks()
+            assert all(int(r) >= 0 for r in res.values()), res
+            return {}
+
+        def lookup() -> int:
+            tid = adapter.submit_lookup_and_lock_task(keys, {})
+            while True:
+                assert wait_eventfd(adapter.get_lookup_and_lock_event_fd(), 600)
+                bm = adapter.query_lookup_and_lock_result(tid)
+                if bm is not None:
+                    return int(bm.popcount())
+
+        def load() -> int:
+            tid = adapter.submit_load_task(keys, objs)
+            while True:
+                assert wait_eventfd(adapter.get_load_event_fd(), 600)
+                bm = adapter.query_load_result(tid)
+                if bm is not None:
+                    return int(bm.popcount())
+
+        views = [memoryview(o.tensor.numpy()) for o in objs]
+        out = _timed_load(lookup, load, views)
+        adapter.submit_unlock(keys)
+        return out
+    finally:
+        adapter.close()
+
+
+def _kv_s3(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
+    from kvbucket.stores import open_store
+
+    store = open_store(spec["url"], **spec["options"])
+    names = _names(n)
+    if spec["mode"] == "store":
+        res = store.put_many([(nm, payload(i, size, spec["constant"], spec["seed"].encode()))
+                              for i, nm in enumerate(names)])
+        assert all(r.ok for r in res), [str(r.error) for r in res if not r.ok][:2]
+        return {}
+    bufs = [bytearray(size) for _ in names]
+    out = _timed_load(lambda: sum(r.size is not None for r in store.head_many(names)),
+                      lambda: sum(r.ok for r in store.get_many(names, bufs)), bufs)
+    store.close()
+    return out
+
+
+def _boto3(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client("s3", endpoint_url=spec["endpoint_url"], region_name=spec["region"],
+                      aws_access_key_id=spec["key"], aws_secret_access_key=spec["secret"],
+                      config=Config(max_pool_connections=64, s3={"addressing_style": "path"}))
+    keys = [f"{spec['prefix']}/{nm}" for nm in _names(n)]
+    bufs = [bytearray(size) for _ in keys]
+    pool = ThreadPoolExecutor(64)
+
+    def head(k: str) -> bool:
+        s3.head_object(Bucket=spec["bucket"], Key=k)
+        return True
+
+    def get(i: int) -> bool:
+        body = s3.get_object(Bucket=spec["bucket"], Key=keys[i])["Body"]
+        view, got = memoryview(bufs[i]), 0
+        while got < size:
+            k = body.readinto(view[got:]) if hasattr(body, "readinto") else 0
+            if not k:
+                data = body.read(size - got)
+                if not data:
+                    break
+                view[got : got + len(data)] = data
+                k = len(data)
+            got += k
+        return got == size
+
+    return _timed_load(lambda: sum(pool.map(head, keys)), lambda: sum(pool.map(get, range(n))), bufs)
+
+
+def run_child(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    if spec.get("src"):  # kvbucket-before: another checkout's sources first on the path
+        env = dict(env, PYTHONPATH=spec["src"] + os.pathsep + env.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
+                         capture_output=True, text=True, timeout=900)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])  # type: ignore[no-any-return]
+    raise RuntimeError(f"{spec['side']} {spec['mode']} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+
+
+# ---- servers -------------------------------------------------------------------------------
+class HubTarget:
+    """The emulator: its latency rule and its request log."""
+
+    kind = "hub"
+
+    def __init__(self, emu: Any, before_src: str | None) -> None:
+        self.emu = emu
+        self.before_src = before_src
+        self.sides = HUB_SIDES + (("kvbucket-before",) if before_src else ())
+
+    def set_latency(self, ms: float) -> None:
+        self.emu.faults.reset()
+        if ms:
+            self.emu.faults.add("*", latency_s=ms / 1000)
+
+    def log(self, t0: float, t1: float) -> tuple[int, int, dict[str, int]]:
+        from kvbucket.testing.hub_emulator.request_log import count_routes, sequential_round_trips
+
+        entries = [e for e in self.emu.requests(clear=True)
+                   if e["start"] >= t0 - 1e-3 and e["end"] <= t1 + 0.05]
+        routes = count_routes(entries)
+        routes.pop("telemetry", None)
+        return sum(routes.values()), sequential_round_trips(entries), routes
+
+    def spec(self, side: str, shape: str, n: int, size: int) -> dict[str, Any]:
+        ep = self.emu.endpoint
+        if side == "lmcache-hfbucket":
+            return {"side": side, "endpoint": ep, "adapter": {
+                "type": "hfbucket", "bucket_handle": f"hf://buckets/me/lm-{shape}", "token": TOKEN,
+                "create_bucket_if_missing": True, "download_tmp_dir": "/dev/shm/bench-latency-lm"}}
+        # kvbucket (now and before) and download_bucket_files read the same objects
+        return {"side": side, "endpoint": ep, "handle": f"hf://buckets/me/kv-{shape}/p",
+                "bucket_id": f"me/kv-{shape}", "prefix": "p",
+                "src": self.before_src if side == "kvbucket-before" else None}
+
+    def store_side(self, side: str) -> str | None:
+        return {"download_bucket_files": None, "kvbucket-before": None}.get(side, side)
+
+
+class S3Target:
+    """SeaweedFS behind the fault proxy: its latency and its request log."""
+
+    kind = "s3"
+    sides = S3_SIDES
+
+    def __init__(self, server: Any, proxy: Any) -> None:
+        self.server, self.proxy = server, proxy
+        self._mark = 0
+
+    def set_latency(self, ms: float) -> None:
+        self.proxy.latency = ms / 1000
+
+    def log(self, t0: float, t1: float) -> tuple[int, int, dict[str, int]]:
+        from kvbucket.testing.hub_emulator.request_log import sequential_round_trips
+
+        entries = [{"route": m, "start": a, "end": b} for m, _, a, b in list(self.proxy.log)
+                   if a >= t0 - 1e-3 and b <= t1 + 0.05]
+        routes: dict[str, int] = {}
+        for e in entries:
+            routes[e["route"]] = routes.get(e["route"], 0) + 1
+        return len(entries), sequential_round_trips(entries), routes
+
+    def spec(self, side: str, shape: str, n: int, size: int) -> dict[str, Any]:
+        host = f"127.0.0.1:{self.proxy.port}"
+        s = self.server
+        creds = {"aws_access_key_id": s.access_key, "aws_secret_access_key": s.secret_key}
+        if side == "lmcache-s3":
+            return {"side": side, "adapter": {"type": "s3", "s3_endpoint": host, "s3_region": s.region,
+                                              "disable_tls": True, "s3_prefer_http2": False, **creds}}
+        prefix = f"kv-{shape}"
+        if side == "boto3":
+            return {"side": side, "endpoint_url": f"http://localhost:{self.proxy.port}", "region": s.region,
+                    "key": s.access_key, "secret": s.secret_key, "bucket": "127", "prefix": prefix}
+        return {"side": side, "url": f"s3://{host}/{prefix}", "options": {
+            "s3_region": s.region, "disable_tls": True, **creds, "s3_unsigned_payload": True}}
+
+    def store_side(self, side: str) -> str | None:
+        return {"boto3": None}.get(side, side)
+
+
+@contextlib.contextmanager
+def hub_target(env: dict[str, str], args: argparse.Namespace) -> Iterator[HubTarget]:
+    from kvbucket.testing.hub_emulator import HubEmulator
+
+    with HubEmulator(tokens={"me": (TOKEN, "write")}, subprocess=True) as emu:
+        env.update({"HF_ENDPOINT": emu.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"})
+        yield HubTarget(emu, args.before_src)
+
+
+@contextlib.contextmanager
+def s3_target(env: dict[str, str], args: argparse.Namespace) -> Iterator[S3Target]:
+    from kvbucket.testing.fault_proxy import FaultProxy
+    from kvbucket.testing.s3_server import DOMAIN, S3Server, SeaweedFS
+
+    class LocalhostSeaweedFS(SeaweedFS):
+        """As in bench_l2: Host ``127.0.0.1`` is virtual-hosted bucket ``127`` (domain ``0.0.1``),
+        which is what LMCache's adapter sends; path-style clients use ``localhost``."""
+
+        def _wait_ready(self) -> None:
+            assert self.server is not None
+            self.server = S3Server(self.server.endpoint_url.replace("127.0.0.1", "localhost"))
+            super()._wait_ready()
+
+    weed = LocalhostSeaweedFS(domain_name=f"{DOMAIN},0.0.1")
+    server = weed.start()
+    try:
+        server.create_bucket("127")
+        with FaultProxy(server.port) as proxy:
+            yield S3Target(server, proxy)
+    finally:
+        weed.stop()
+
+
+TARGETS = {"hub": hub_target, "s3": s3_target}
+
+
+# ---- main ----------------------------------------------------------------------------------
+def setting(res: Results, args: argparse.Namespace, target: Any, sides: list[str], shape: str, n: int,
+            size: int, ms: float, expect: list[str], seed: str, env: dict[str, str], home: str) -> None:
+    """Every side at one latency, ``--rounds`` times in alternating order; print and record."""
+    backend = target.kind
+    payloads = "constant" if args.constant_payloads else "random"
+    times: dict[str, list[float]] = {s: [] for s in sides}
+    for r in range(args.rounds):
+        for side in sides if r % 2 == 0 else sides[::-1]:
+            fresh = dict(env, HF_HOME=tempfile.mkdtemp(dir=home))
+            fresh["HF_XET_CACHE"] = fresh["HF_HOME"] + "/xet"
+            spec = {**target.spec(side, shape, n, size), "mode": "load", "n": n, "size": size,
+                    "constant": args.constant_payloads, "seed": seed}
+            out = run_child(spec, fresh)
+            reqs, rts, routes = target.log(out["t_start"], out["t_end"])
+            ok = out["digests"] == expect and out["loaded"] == n
+            times[side].append(out["total_s"] if ok else float("inf"))
+            print(f"{backend:3} {shape:5} {ms:4.0f} ms  {side:22} {out['total_s']:7.3f} s "
+                  f"(lookup {out['lookup_s']:.3f}, load {out['load_s']:.3f})  {reqs:4d} requests  "
+                  f"{rts:3d} round trips  {'ok' if ok else 'WRONG BYTES'}  {routes}", flush=True)
+            res.run(backend=backend, shape=shape, latency_ms=ms, round=r + 1, side=side,
+                    total_s=out["total_s"], lookup_s=out["lookup_s"], load_s=out["load_s"], requests=reqs,
+                    round_trips=rts, routes=routes, verified=ok, payloads=payloads)
+    ours = sides[0]
+    for peer in sides[1:]:
+        ratios = [b / a for a, b in zip(times[ours], times[peer], strict=True) if a > 0]
+        med = statistics.median(ratios) if ratios else None
+        shown = ", ".join(f"{x:.2f}" for x in ratios)
+        print(f"    {backend} {shape} {ms:.0f} ms: {peer} / {ours} = {med:.2f}x (rounds: {shown})"
+              if med else f"    {peer}: no ratio")
+        res.compare(f"{backend}-{shape}-{ms:.0f}ms-{peer}",
+                    f"{backend} {shape} MiB at {ms:.0f} ms: lookup + load",
+                    ours=statistics.median(times[ours]), peer=statistics.median(times[peer]), peer_name=peer,
+                    ours_name=ours, unit="s", higher_is_better=False, ratios=ratios,
+                    goal=">= 2.0" if ms >= 50 and backend == "hub" else None)
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    n, mib = text.lower().split("x")
+    return int(n), int(mib) << 20
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backends", default="hub,s3")
+    p.add_argument("--shapes", default="16x8,64x2", help="N x MiB per chunk, comma-separated")
+    p.add_argument("--latencies-ms", default="0,20,50")
+    p.add_argument("--rounds", type=int, default=2, help="fresh-process measurements per side and setting")
+    p.add_argument("--sides", default="", help="only these sides (comma-separated); default all")
+    p.add_argument("--before-src", default=None,
+                   help="also measure HFBucketStore from this src/ directory (e.g. a checkout of an older "
+                        "commit) as side kvbucket-before: before/after in the same run")
+    p.add_argument("--constant-payloads", action="store_true",
+                   help="one repeated byte value per chunk (the dedup case; labelled in the output)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    add_argument(p)
+    args = p.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
+        return 0
+
+    home = tempfile.mkdtemp(prefix="bench-latency-home-")
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               HF_HUB_DISABLE_PROGRESS_BARS="1", LMCACHE_LOG_LEVEL="WARNING", OMP_NUM_THREADS="1")
+    env.pop("HF_TOKEN", None)
+    payloads = "constant" if args.constant_payloads else "random"
+    parts = [args.backends.replace(",", "+")] if args.backends != "hub,s3" else []
+    parts += ["constant"] if args.constant_payloads else []
+    res = Results("bench_latency", variant="-".join(parts) or None, params=vars(args),
+                  title="Lookup + load at wide-area latency, fresh processes",
+                  notes=f"{payloads} payloads; requests and round trips counted at the server")
+    wanted = {s for s in args.sides.split(",") if s}
+    seed = os.urandom(8).hex()
+    print(f"payloads: {payloads}; load average at start: {os.getloadavg()}")
+    try:
+        for backend in [b for b in args.backends.split(",") if b]:
+            with TARGETS[backend](env, args) as target:
+                sides = [s for s in target.sides if not wanted or s in wanted]
+                for shape in [s for s in args.shapes.split(",") if s]:
+                    n, size = parse_shape(shape)
+                    expect = [digest(payload(i, size, args.constant_payloads, seed.encode()))
+                              for i in range(n)]
+                    target.set_latency(0)
+                    for side in sides:
+                        store = target.store_side(side)
+                        if store is not None:
+                            run_child({**target.spec(store, shape, n, size), "mode": "store", "n": n,
+                                       "size": size, "constant": args.constant_payloads, "seed": seed},
+                                      dict(env, HF_HOME=tempfile.mkdtemp(dir=home)))
+                    for ms in [float(x) for x in args.latencies_ms.split(",") if x]:
+                        target.set_latency(ms)
+                        setting(res, args, target, sides, shape, n, size, ms, expect, seed, env, home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        print(f"load average at end: {os.getloadavg()}")
+        res.write(args.results_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,410 @@
+"""Reads of Xet-stored objects with plain HTTP: a cached reconstruction, then ranged fetches.
+
+Why not hf_xet's streams for every read: a stream asks the CAS server for the file's
+reconstruction and only then fetches, so a load after a lookup always costs two round trips,
+and hf_xet offers no way to hand it a reconstruction asked for earlier. Here the reconstruction
+of each lookup hit is asked for as soon as the lookup answers (all at once, cached briefly:
+its fetch URLs are presigned and expire), so the load that follows is the fetches alone. The
+bytes are read from the socket into a small per-chunk buffer and copied once into the caller's
+buffer; nothing touches the disk.
+
+What is checked (the reconstruction is the server's word for what the file is): every fetched
+range has the announced length; every chunk header has version 0, a known compression scheme
+and lengths within bounds; every chunk decodes to its announced length; each term's chunks add
+up to its ``unpacked_length`` and the terms to the file's size. Anything unexpected raises
+:class:`XetReadUnsupported` or a ``StoreError``, and the caller falls back to hf_xet's own
+stream (which does the same work the slow way).
+
+Protocol (docs in ../shared/docs/hub-buckets-protocol.md; the CAS API's documented single-file
+query): ``GET {casUrl}/v1/reconstructions/{file_hash}`` with the read token ->
+``{offset_into_first_range, terms: [{hash, unpacked_length, range: {start, end}}],
+fetch_info: {xorb: [{range: {start, end}, url, url_range: {start, end}}]}}``; chunk ranges are
+end-exclusive, ``url_range`` is end-inclusive; ``GET url`` with ``Range: bytes=a-b`` returns the
+serialized chunks: per chunk an 8-byte header ``[version u8][compressed_len u24][scheme u8]
+[uncompressed_len u24]`` (little-endian), then the payload (scheme 0 none, 1 LZ4 frame, 2 byte
+grouping 4 + LZ4).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from kvbucket.errors import AuthError, DeadlineExceededError, StoreError, TransientStoreError
+from kvbucket.stores.deadline import Gate, left
+
+log = logging.getLogger(__name__)
+
+#: Fetch URLs are presigned and expire (an hour on the Hub today); a reconstruction is reused
+#: for at most this long, and one whose fetch is refused is asked for again once.
+RECONSTRUCTION_TTL_SECS = 60.0
+#: Reconstructions kept at most (a few KiB each): several prompts' worth of chunks.
+RECONSTRUCTION_CACHE_ENTRIES = 8192
+_MAX_CHUNK = 1 << 20  # chunks are ~64 KiB (at most 128 KiB); a header beyond this is garbage
+
+
+class XetReadUnsupported(Exception):
+    """The reconstruction or the bytes are not what this reader knows: use hf_xet instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Fetch:
+    url: str
+    first: int  # first byte (inclusive) and last byte (inclusive) of the ranged GET
+    last: int
+    chunk_start: int  # chunks [chunk_start, chunk_end) of the xorb that the range holds
+    chunk_end: int
+    #: the terms this range serves: (first chunk, end chunk (excl.), offset in the file, length)
+    targets: tuple[tuple[int, int, int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reconstruction:
+    fetches: tuple[_Fetch, ...]
+    size: int
+    expires: float
+
+
+def parse_reconstruction(body: dict[str, Any], size: int, now: float) -> Reconstruction:
+    """The fetches that rebuild a whole file of ``size`` bytes from a v1 reconstruction answer."""
+    try:
+        if int(body.get("offset_into_first_range", 0)) != 0:
+            raise XetReadUnsupported("a whole-file reconstruction starting inside its first range")
+        infos = body["fetch_info"]
+        offset = 0
+        plan: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}  # (xorb, fetch) -> terms
+        for term in body["terms"]:
+            xorb, cs, ce = str(term["hash"]), int(term["range"]["start"]), int(term["range"]["end"])
+            length = int(term["unpacked_length"])
+            k = next((i for i, fi in enumerate(infos[xorb])
+                      if int(fi["range"]["start"]) <= cs and ce <= int(fi["range"]["end"])), None)
+            if k is None:
+                raise XetReadUnsupported(f"no fetch covers chunks {cs}-{ce} of xorb {xorb}")
+            plan.setdefault((xorb, k), []).append((cs, ce, offset, length))
+            offset += length
+        if offset != size:
+            raise StoreError(f"the reconstruction describes {offset} bytes for a file of {size}")
+        fetches = []
+        for (xorb, k), terms in plan.items():
+            fi = infos[xorb][k]
+            fetches.append(_Fetch(str(fi["url"]), int(fi["url_range"]["start"]), int(fi["url_range"]["end"]),
+                                  int(fi["range"]["start"]), int(fi["range"]["end"]), tuple(terms)))
+        return Reconstruction(tuple(fetches), size, now + RECONSTRUCTION_TTL_SECS)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise XetReadUnsupported(f"unexpected reconstruction answer: {e!r}") from None
+
+
+def _decode(scheme: int, payload: memoryview, n: int) -> bytes | memoryview:
+    if scheme == 0:
+        return payload
+    import lz4.frame
+
+    try:
+        data = lz4.frame.decompress(payload)
+    except RuntimeError as e:
+        raise StoreError(f"a fetched chunk is not a valid LZ4 frame: {e}") from None
+    if scheme == 2:  # byte grouping 4: lanes data[k::4] were concatenated
+        out = bytearray(len(data))
+        pos = 0
+        for k in range(4):
+            lane = (len(data) - k + 3) // 4
+            out[k::4] = data[pos : pos + lane]
+            pos += lane
+        data = bytes(out)
+    return data
+
+
+class _Connections:
+    """Keep-alive HTTP(S) connections per host, reused between batches (no handshake per load)."""
+
+    def __init__(self, size: int) -> None:
+        self._idle: dict[tuple[str, str], queue.LifoQueue[http.client.HTTPConnection]] = {}
+        self._lock = threading.Lock()
+        self._size = size
+
+    def get(self, scheme: str, netloc: str, timeout: float, fresh: bool = False
+            ) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection, and whether it is a reused one (which the server may have closed)."""
+        with self._lock:
+            q = self._idle.setdefault((scheme, netloc), queue.LifoQueue())
+        if not fresh:
+            try:
+                conn = q.get_nowait()
+                conn.timeout = timeout
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                return conn, True
+            except queue.Empty:
+                pass
+        cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        return cls(netloc, timeout=timeout), False
+
+    def send(self, scheme: str, netloc: str, timeout: float, target: str, headers: dict[str, str]
+             ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Send a GET and read its status line; a kept-alive connection the server closed
+        meanwhile (its idle timeout) is replaced once, transparently."""
+        conn, reused = self.get(scheme, netloc, timeout)
+        try:
+            conn.request("GET", target, headers=headers)
+            return conn, conn.getresponse()
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            conn.close()
+            if not reused:
+                raise
+        conn, _ = self.get(scheme, netloc, timeout, fresh=True)
+        try:
+            conn.request("GET", target, headers=headers)
+            return conn, conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
+
+    def put(self, scheme: str, netloc: str, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            q = self._idle.setdefault((scheme, netloc), queue.LifoQueue())
+        if q.qsize() < self._size:
+            q.put(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            queues, self._idle = list(self._idle.values()), {}
+        for q in queues:
+            while not q.empty():
+                q.get_nowait().close()
+
+
+class XetReader:
+    """Reads whole objects by Xet hash. ``token(deadline, stale)`` returns the read token as
+    ``(token, exp, cas_url)``, cached by the caller, a new one when the cached one is ``stale``;
+    ``submit`` runs background work (the client's request threads)."""
+
+    def __init__(self, token: Callable[[float | None, str | None], tuple[str, int, str]],
+                 submit: Callable[..., Future[Any]], *, concurrency: int, request_timeout_secs: float,
+                 headers: dict[str, str]) -> None:
+        self._token = token
+        self._submit = submit
+        self._timeout = request_timeout_secs
+        self._headers = {k: v for k, v in headers.items() if k.lower() == "user-agent"}
+        self._conns = _Connections(max(concurrency, 16))
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, Reconstruction] = OrderedDict()
+        self._pending: dict[str, Future[Reconstruction]] = {}
+
+    # ---- reconstructions -------------------------------------------------------------------
+    def prefetch(self, files: list[tuple[str, int]]) -> None:
+        """Ask for the reconstruction of each (xet_hash, size) not cached yet, all at once."""
+        for h, size in files:
+            if size > 0:
+                self._future(h, size, None)
+
+    def _future(self, h: str, size: int, deadline: float | None) -> Future[Reconstruction]:
+        now = time.monotonic()
+        with self._lock:
+            rec = self._cache.get(h)
+            if rec is not None and rec.expires > now:
+                self._cache.move_to_end(h)
+                done: Future[Reconstruction] = Future()
+                done.set_result(rec)
+                return done
+            fut = self._pending.get(h)
+            if fut is not None:
+                return fut
+            fut = self._pending[h] = Future()
+        try:
+            self._submit(self._query, h, size, deadline, fut)
+        except RuntimeError:  # closed
+            self._query(h, size, deadline, fut)
+        return fut
+
+    def _query(self, h: str, size: int, deadline: float | None, fut: Future[Reconstruction]) -> None:
+        try:
+            body: Any = None
+            stale: str | None = None
+            for attempt in (0, 1):
+                token, _exp, cas = self._token(deadline, stale)
+                status, data = self._get(f"{cas.rstrip('/')}/v1/reconstructions/{h}",
+                                         {"Authorization": f"Bearer {token}"}, deadline)
+                if status == 200:
+                    body = json.loads(data)
+                    break
+                if status == 401 and attempt == 0:
+                    stale = token  # expired or revoked: ask for a new one, once
+                    continue
+                raise _status_error(status, "ask for an object's reconstruction")
+            rec = parse_reconstruction(body, size, time.monotonic())
+            with self._lock:
+                self._cache[h] = rec
+                while len(self._cache) > RECONSTRUCTION_CACHE_ENTRIES:
+                    self._cache.popitem(last=False)
+            fut.set_result(rec)
+        except BaseException as e:  # delivered to every waiter
+            fut.set_exception(e)
+        finally:
+            with self._lock:
+                self._pending.pop(h, None)
+
+    def _get(self, url: str, headers: dict[str, str], deadline: float | None) -> tuple[int, bytes]:
+        """One GET on a warm connection: (status, body). Network failures are transient errors."""
+        parts = urlsplit(url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        timeout = self._timeout if deadline is None else max(0.001, min(self._timeout, left(deadline)))
+        reusable = False
+        conn: http.client.HTTPConnection | None = None
+        try:
+            conn, resp = self._conns.send(parts.scheme, parts.netloc, timeout, target,
+                                          {**self._headers, **headers})
+            body = resp.read()
+            reusable = not resp.will_close
+            return resp.status, body
+        except (OSError, http.client.HTTPException) as e:
+            why = f"{type(e).__name__}: {e}"
+            raise TransientStoreError(f"asking the storage for a reconstruction failed: {why}") from None
+        finally:
+            if conn is not None and reusable:
+                self._conns.put(parts.scheme, parts.netloc, conn)
+            elif conn is not None:
+                conn.close()
+
+    def forget(self, h: str) -> None:
+        with self._lock:
+            self._cache.pop(h, None)
+
+    # ---- reads ---------------------------------------------------------------------------
+    def read_into(self, h: str, view: memoryview, gate: Gate | None, deadline: float) -> None:
+        """Fill ``view`` (the whole object) with the object's bytes, by ``deadline``."""
+        try:
+            self._read_into(h, view, gate, deadline)
+        except (TimeoutError, TransientStoreError) as e:
+            if left(deadline) > 0 and not isinstance(e, TimeoutError):
+                raise
+            raise DeadlineExceededError(f"an object's bytes did not arrive in time ({e or 'no answer'})"
+                                        ) from None
+
+    def _read_into(self, h: str, view: memoryview, gate: Gate | None, deadline: float) -> None:
+        size = view.nbytes
+        for attempt in (0, 1):
+            rec = self._future(h, size, deadline).result(timeout=max(0.001, left(deadline)))
+            try:
+                for f in rec.fetches:
+                    self._fetch(f, view, gate, deadline)
+                return
+            except _Refused:
+                self.forget(h)  # presigned URLs expired: ask again, once
+                if attempt:
+                    raise StoreError("the storage refused the fetch URLs of a fresh reconstruction") from None
+
+    def _fetch(self, f: _Fetch, view: memoryview, gate: Gate | None, deadline: float) -> None:
+        parts = urlsplit(f.url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        timeout = max(0.001, min(self._timeout, left(deadline)))
+        reusable = False
+        conn: http.client.HTTPConnection | None = None
+        try:
+            conn, resp = self._conns.send(parts.scheme, parts.netloc, timeout, target,
+                                          {**self._headers, "Range": f"bytes={f.first}-{f.last}"})
+            if resp.status in (401, 403):
+                resp.read()
+                raise _Refused()
+            if resp.status not in (200, 206):
+                resp.read()
+                raise _status_error(resp.status, "fetch an object's bytes")
+            if resp.length is not None and resp.length != f.last - f.first + 1:
+                raise StoreError(f"a fetch answered {resp.length} bytes for {f.last - f.first + 1} asked")
+            self._copy(resp, f, view, gate)
+            reusable = not resp.will_close and resp.isclosed()
+        except (OSError, http.client.HTTPException) as e:
+            raise TransientStoreError(f"fetching an object's bytes failed: {type(e).__name__}: {e}") from None
+        finally:
+            if conn is not None and reusable:
+                self._conns.put(parts.scheme, parts.netloc, conn)
+            elif conn is not None:
+                conn.close()
+
+    @staticmethod
+    def _copy(resp: http.client.HTTPResponse, f: _Fetch, view: memoryview, gate: Gate | None) -> None:
+        """Walk the chunks of the fetched range, laying each term's chunks out at its offset."""
+        cursor = [off for _, _, off, _ in f.targets]
+        users: dict[int, list[int]] = {}  # chunk index -> the terms that hold it
+        for k, (cs, ce, _, _) in enumerate(f.targets):
+            for c in range(cs, ce):
+                users.setdefault(c, []).append(k)
+        header = bytearray(8)
+        scratch = getattr(_scratch, "buf", None)
+        if scratch is None:  # one per load thread, reused: no 1 MiB allocation per fetch
+            scratch = _scratch.buf = bytearray(_MAX_CHUNK)
+        got = 0
+        for c in range(f.chunk_start, f.chunk_end):
+            _read_exact(resp, memoryview(header))
+            if header[0] != 0:
+                raise XetReadUnsupported(f"chunk header version {header[0]}")
+            clen = int.from_bytes(header[1:4], "little")
+            scheme = header[4]
+            ulen = int.from_bytes(header[5:8], "little")
+            if clen > _MAX_CHUNK or ulen > _MAX_CHUNK or scheme > 2:
+                raise XetReadUnsupported(f"chunk header out of bounds ({clen}, {scheme}, {ulen})")
+            payload = memoryview(scratch)[:clen]
+            _read_exact(resp, payload)
+            got += 8 + clen
+            if c not in users:
+                continue
+            data = _decode(scheme, payload, ulen)
+            if len(data) != ulen:
+                raise StoreError(f"a chunk decoded to {len(data)} bytes, its header says {ulen}")
+            for k in users[c]:
+                off = cursor[k]
+                if off + ulen > view.nbytes:
+                    raise StoreError("the reconstruction places bytes past the end of the object")
+                if gate is None:
+                    view[off : off + ulen] = data
+                else:
+                    gate.write(view, off, data)
+                cursor[k] = off + ulen
+        if got != f.last - f.first + 1:
+            raise StoreError(f"a fetched range held {got} bytes where {f.last - f.first + 1} were announced")
+        for (_, _, off, length), end in zip(f.targets, cursor, strict=True):
+            if end - off != length:
+                raise StoreError(f"a term's chunks hold {end - off} bytes; its reconstruction says {length}")
+
+    def close(self) -> None:
+        self._conns.close()
+
+
+_scratch = threading.local()
+
+
+class _Refused(Exception):
+    """The storage refused a fetch URL (expired presigned URL)."""
+
+
+def _read_exact(resp: http.client.HTTPResponse, buf: memoryview) -> None:
+    got = 0
+    while got < buf.nbytes:
+        n = resp.readinto(buf[got:])
+        if not n:
+            raise TransientStoreError("the storage closed the connection in the middle of an object")
+        got += n
+
+
+def _status_error(status: int, what: str) -> Exception:
+    if status in (401, 403):
+        return AuthError(f"the storage refused to {what} (HTTP {status}); check the token's read access")
+    if status in (408, 429) or status >= 500:
+        return TransientStoreError(f"the storage did not answer usefully to {what} (HTTP {status})")
+    if status == 404:
+        return XetReadUnsupported(f"HTTP 404 trying to {what}")
+    return StoreError(f"the storage answered HTTP {status} to {what}")
+
+
+__all__ = ["Reconstruction", "XetReadUnsupported", "XetReader", "parse_reconstruction"]

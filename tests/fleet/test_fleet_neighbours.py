@@ -1,0 +1,120 @@
+"""Nodes that disagree (issue 24 items 14, 15, 16): capacities and clocks are warned once, a
+node whose clock is an hour ahead neither declares the others dead nor becomes a second
+compactor, and a failure that persists is logged once with a count, not every round. Fleet
+members are driven round by round (``sync_once``) on real stores."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvbucket.keys import key_to_name
+from kvbucket.log_once import flush_all
+from kvbucket.stores.file import FileStore
+from kvbucket.testing.fleet_node import key, until
+from kvbucket.testing.fleet_rounds import CHUNK, P, member, open_store, rounds, stored
+
+
+def warnings(caplog: pytest.LogCaptureFixture, logger: str, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == logger and text in r.getMessage()]
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_nodes_with_different_capacities_are_warned_once_naming_both(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "kvbucket.fleet.peers")
+    store = open_store(kind, request, tmp_path)
+    small, big = member(store, "n0", 8 * CHUNK), member(store, "n1", 16 * CHUNK)
+    try:
+        for i in range(6):  # each round: a journal with news from both, a digest from n0
+            stored(store, small, range(i, i + 1))
+            stored(store, big, range(100 + i, 101 + i))
+            rounds(small, big, n=1)
+        said = warnings(caplog, "kvbucket.fleet.peers", "max_capacity_gb")
+        # One line on each node (the compactor reads n1's journals, n1 the compactor's digest).
+        assert len(said) == 2, said
+        for line in said:
+            assert f"{8 * CHUNK / 1024**3:g}" in line and f"{16 * CHUNK / 1024**3:g}" in line, line
+        assert small.status()["sync_errors"] == big.status()["sync_errors"] == 0
+    finally:
+        small.close()
+        big.close()
+        store.close()
+
+
+HOUR = 3600.0
+
+
+def test_a_node_an_hour_ahead_sees_the_others_alive_and_does_not_compact(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """n1's wall clock is an hour ahead (records, journals and its reading of the others' times;
+    its monotonic clock is its own, as on a real host). It used to see every other node's
+    heartbeat an hour old, call them dead and compact too. S3 refuses requests signed more than
+    15 minutes off, so this runs on a directory."""
+    caplog.set_level(logging.WARNING, "kvbucket.fleet.peers")
+    store = FileStore(tmp_path / "kv")
+    real = time.time
+    n0, n1, n2 = member(store, "n0"), member(store, "n1"), member(store, "n2")
+
+    def ahead(fn: Any, *args: Any) -> Any:
+        with monkeypatch.context() as m:
+            m.setattr(time, "time", lambda: real() + HOUR)
+            return fn(*args)
+
+    try:
+        for i in range(10):
+            if i < 8:  # then two rounds for the last journals to reach every node
+                stored(store, n0, range(i, i + 1))
+                ahead(stored, store, n1, range(100 + i, 101 + i))
+                stored(store, n2, range(200 + i, 201 + i))
+            n0.sync_once()
+            ahead(n1.sync_once)
+            n2.sync_once()
+            time.sleep(0.05)
+        s1 = ahead(n1.status)
+        assert s1["live_nodes"] == ["n0", "n1", "n2"], s1["nodes"]
+        assert not s1["compactor"] and s1["snapshots_written"] == s1["digests_written"] == 0, s1
+        assert s1["digests_read"] > 0  # it reads the compactor's digest like any other node
+        s0 = n0.status()
+        assert s0["compactor"] and s0["live_nodes"] == ["n0", "n1", "n2"]
+        assert s1["chunks"] == s0["chunks"] == 24
+        # Warned once each: n0 (reading n1's journals) and n1 (reading n0's digest).
+        ahead_lines = warnings(caplog, "kvbucket.fleet.peers", "n1's clock is about")
+        behind_lines = warnings(caplog, "kvbucket.fleet.peers", "n0's clock is about")
+        assert len(ahead_lines) == 1 and "ahead of this node's (n0)" in ahead_lines[0], ahead_lines
+        assert len(behind_lines) == 1 and "behind this node's (n1)" in behind_lines[0], behind_lines
+        assert not warnings(caplog, "kvbucket.fleet.peers", "n2's clock")
+    finally:
+        n0.close()
+        ahead(n1.close)
+        n2.close()
+        store.close()
+
+
+def test_a_failure_that_persists_is_logged_once_then_counted(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Every round fails the same way (a file stands where the fleet's directory should be, so
+    no journal can be written): one line, and the count when the window closes (flush)."""
+    caplog.set_level(logging.WARNING, "kvbucket.fleet.sync")
+    store = FileStore(tmp_path / "kv")
+    store.put(f"{P}/_fleet", b"not a directory")
+    fleet = member(store, "n0", sync_secs=0.02)
+    names = [f"{P}/{key_to_name(key(i))}" for i in range(3)]
+    fleet.start()
+    try:
+        assert fleet.wait_ready(10)
+        fleet.note_stored(names, [CHUNK] * 3)
+        assert until(lambda: fleet.status()["sync_errors"] >= 20, 30.0)
+        lines = warnings(caplog, "kvbucket.fleet.sync", "fleet sync failed on node n0")
+        assert len(lines) == 1 and "cannot be a directory" in lines[0], lines
+        assert "cannot be a directory" in fleet.status()["last_error"]
+    finally:
+        fleet.close(timeout=5)
+        store.close()
+    flush_all()
+    counted = warnings(caplog, "kvbucket.fleet.sync", "repeated")
+    assert len(counted) == 1 and "fleet sync failed on node n0" in counted[0], counted
