@@ -119,8 +119,9 @@ def test_every_query_names_a_metric_kvbucket_exports() -> None:
         seen |= names
     # the areas the dashboard is for
     for family in ("kvbucket_backend_operations_total", "kvbucket_store_bytes_total",
-                   "kvbucket_read_ahead_bytes_total", "kvbucket_store_latency_seconds_bucket", "kvbucket_integrity_failures_total",
-                   "kvbucket_store_breaker_state", "kvbucket_fleet_capacity_bytes"):
+                   "kvbucket_read_ahead_bytes_total", "kvbucket_store_latency_seconds_bucket",
+                   "kvbucket_integrity_failures_total", "kvbucket_store_breaker_state",
+                   "kvbucket_fleet_capacity_bytes"):
         assert family in seen, f"no panel shows {family}"
 
 
