@@ -122,3 +122,28 @@ def test_a_failure_that_persists_is_logged_once_then_counted(tmp_path: Path,
     flush_all()
     counted = warnings(caplog, "kvbucket.fleet.sync", "repeated")
     assert len(counted) == 1 and "fleet sync failed on node n0" in counted[0], counted
+
+
+def test_du_from_outside_shows_a_fleet_that_stopped_as_having_no_live_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kvbucket du`` looks once and has no history of anyone's progress: it judges the digest
+    and the listing by its own clock (display only), so a fleet whose nodes all stopped longer
+    than node_timeout_secs ago shows its chunks and no live node."""
+    from kvbucket.fleet.report import inspect_fleet
+
+    store = FileStore(tmp_path / "kv")
+    n0, n1 = member(store, "n0"), member(store, "n1")
+    try:
+        stored(store, n0, range(3))
+        stored(store, n1, range(10, 12))
+        rounds(n0, n1, n=3)
+    finally:
+        n0.close()
+        n1.close()
+    now = inspect_fleet(store, P)
+    assert now is not None and now["chunks"] == 5 and now["live_nodes"] == ["n0", "n1"], now
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 100.0)  # du's default node_timeout_secs: 90
+    later = inspect_fleet(store, P)
+    assert later is not None and later["chunks"] == 5 and later["live_nodes"] == [], later
+    store.close()
