@@ -101,14 +101,27 @@ async def splice_to_file(
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     sink = _Sink(fd)
     r = w = watch = -1
+    job: asyncio.Future[Any] | None = None
+
+    async def in_worker(fn: Callable[..., Any], *args: Any) -> Any:
+        nonlocal job  # shielded: a cancelled request must not close the fds a worker still uses
+        job = asyncio.ensure_future(run(fn, *args))
+        return await asyncio.shield(job)
+
+    def close_all(_: object = None) -> None:
+        sink.close()
+        for p in (r, w, watch):
+            if p >= 0:
+                os.close(p)
+
     try:
-        await run(sink.start, head, total)
+        await in_worker(sink.start, head, total)
         remaining = total - len(head)
         r, w = os.pipe()
         with contextlib.suppress(OSError):
             fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_SIZE)
         while remaining:
-            remaining -= await run(_splice_some, sock_fd, w, r, sink, remaining)
+            remaining -= await in_worker(_splice_some, sock_fd, w, r, sink, remaining)
             if not remaining:
                 break
             if watch < 0:
@@ -123,10 +136,10 @@ async def splice_to_file(
         Path(tmp).unlink(missing_ok=True)
         raise
     finally:
-        sink.close()
-        for p in (r, w, watch):
-            if p >= 0:
-                os.close(p)
+        if job is not None and not job.done():  # cancelled mid-slice: close once the worker is done
+            job.add_done_callback(lambda j: (j.cancelled() or j.exception(), close_all()))
+        else:
+            close_all()
 
 
 class _Sink:
