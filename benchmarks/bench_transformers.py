@@ -186,7 +186,7 @@ def _hub(root: Path, latencies: list[float]) -> Any:
     sets the latency every Hub and CAS request gets (``None``: leave it) and opens a fresh store."""
     from huggingface_hub import HfApi
 
-    from kvbucket.stores.hfbucket import open_hfbucket_store
+    from kvbucket.stores import open_store
     from kvbucket.testing import HubEmulator
     from kvbucket.testing.hub_fixtures import isolate_hf_env, restore_env
 
@@ -196,15 +196,15 @@ def _hub(root: Path, latencies: list[float]) -> Any:
         with HubEmulator(tokens={"bench": (token, "write")}, data_dir=root / "hub", subprocess=True) as emu:
             HfApi(endpoint=emu.endpoint, token=token).create_bucket("bench/kv", private=True)
 
-            def open_store(latency_ms: float | None) -> ObjectStore:
+            def open_at(latency_ms: float | None) -> ObjectStore:
                 if latency_ms is not None:
                     emu.faults.reset()
                     if latency_ms:
                         emu.faults.add("*", latency_s=latency_ms / 1000)
-                return open_hfbucket_store("hf://buckets/bench/kv/tf", endpoint=emu.endpoint, token=token,
-                                           token_env="")
+                url = "hf://buckets/bench/kv/tf"
+                return open_store(url, endpoint=emu.endpoint, token=token, token_env="")
 
-            yield open_store
+            yield open_at
     finally:
         restore_env(saved)
 
