@@ -1,7 +1,7 @@
 """kvbucket: LLM inference caches (KV chunks, compiled artifacts) in object storage."""
 
 from kvbucket.errors import KVBucketError
-from kvbucket.log_redaction import install_log_redaction
+from kvbucket.secrets import install_log_redaction
 
 install_log_redaction()  # no credential reaches a log record, from kvbucket or its HTTP clients
 

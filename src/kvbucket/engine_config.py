@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
+from kvbucket.secrets import looks_secret, redact
 
 log = logging.getLogger("kvbucket.config")  # the name users import this from
 
@@ -49,13 +50,6 @@ LMCACHE_ONLY_KEYS = frozenset({
     "enable_lazy_memory_allocator", "enable_kv_events", "use_gpu_connector_v3", "remote_config_url",
     "app_id", "enable_chunk_statistics", "enable_hidden_state_cache",
 })
-_SECRET_HINTS = ("secret", "token", "password", "credential", "access_key")
-
-
-def _looks_secret(key: str) -> bool:
-    k = key.lower()
-    return any(h in k for h in _SECRET_HINTS) and not k.endswith("_env")
-
 
 class EngineConfig(BaseModel):
     """The storage-backend stack: local CPU -> local disk -> remote store(s)."""
@@ -176,10 +170,8 @@ class EngineConfig(BaseModel):
 
     # ---- display without secrets ---------------------------------------------------------------
     def redacted(self) -> dict[str, Any]:
-        """The config as a dict with secret-looking extra_config values replaced by ``***``."""
-        d = self.model_dump()
-        d["extra_config"] = {k: ("***" if _looks_secret(k) else val) for k, val in self.extra_config.items()}
-        return d
+        """The config as a dict with every secret masked (:func:`kvbucket.secrets.redact`)."""
+        return redact(self.model_dump())
 
     def __repr_args__(self) -> Any:
         yield from self.redacted().items()
@@ -220,13 +212,22 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
-                          f"{e}") from None
+                          f"{_parse_problem(e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values, not a "
                           f"{type(data).__name__}")
     return data
+
+
+def _parse_problem(e: Exception) -> str:
+    """What is wrong and where, without the parser's quote of the line (it may hold a secret)."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at line {e.lineno}, column {e.colno}"
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(e, 'problem', None) or type(e).__name__}{where}"
 
 
 def env_overrides(env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -292,6 +293,18 @@ _FIX_HINTS = {
 }
 
 
+_SHOWN_INPUT = 20  # characters: "maybe", "5GB" help to see; a longer string may be a pasted credential
+
+
+def _got(value: Any) -> str:
+    """The rejected value, as the error shows it: short scalars as they are, anything else by kind."""
+    if isinstance(value, str) and len(value) > _SHOWN_INPUT:
+        return f", got a {len(value)}-character string"
+    if isinstance(value, Mapping | list | tuple):
+        return f", got a {type(value).__name__}"
+    return f", got {redact(repr(value))}"
+
+
 def _config_error(
     e: ValidationError, source: str, *, env: bool, env_keys: set[str] | None = None
 ) -> ConfigError:
@@ -317,7 +330,7 @@ def _config_error(
             env_vars = ", ".join(f"{ENV_PREFIX}{k.upper()}" for k in sorted(env_keys or ()))
             lines.append(f"{msg} ({source}{' + ' + env_vars if env_vars else ''})")
             continue
-        shown = "" if key == "extra_config" or _looks_secret(".".join(loc)) else f", got {err.get('input')!r}"
+        shown = "" if key == "extra_config" or any(looks_secret(p) for p in loc) else _got(err.get("input"))
         field = EngineConfig.model_fields.get(key)
         what = f" ({field.description})" if field is not None and field.description else ""
         lines.append(f"config key {'.'.join(loc)!r}{what} ({origin}): {msg}{shown}")

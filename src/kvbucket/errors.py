@@ -8,7 +8,15 @@ from __future__ import annotations
 
 
 class KVBucketError(Exception):
-    """Base class of every error kvbucket raises on purpose."""
+    """Base class of every error kvbucket raises on purpose.
+
+    Its text passes through :func:`kvbucket.secrets.redact` wherever it is shown, so a value a
+    message quotes (a URL with a password, a misplaced token) is never printed in clear."""
+
+    def __str__(self) -> str:
+        from kvbucket.secrets import redact
+
+        return redact(super().__str__())
 
 
 class ConfigError(KVBucketError, ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +24,12 @@ class Run:
 
 
 def run_cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120.0,
-            cwd: str | Path | None = None) -> Run:
-    """``kvbucket ARGS`` in a child process with this environment (plus ``env``)."""
+            cwd: str | Path | None = None, wrapper: Sequence[str] = ()) -> Run:
+    """``kvbucket ARGS`` in a child process with this environment (plus ``env``), run through
+    ``wrapper`` when given (e.g. ``setpriv ...``)."""
     full = {**os.environ, "COLUMNS": "100", **(env or {})}
-    p = subprocess.run([str(KVBUCKET), *args], capture_output=True, text=True, env=full, timeout=timeout,
-                       cwd=cwd)
+    p = subprocess.run([*wrapper, str(KVBUCKET), *args], capture_output=True, text=True, env=full,
+                       timeout=timeout, cwd=cwd)
     return Run(p.returncode, p.stdout, p.stderr)
 
 

@@ -41,7 +41,10 @@ def missing_bucket(hub_emulator: Any) -> str:
     (["ls", "nosuch://x"], "unknown store URL scheme"),
     (["du", "hf://buckets/only-namespace"], "names no bucket"),
     (["rm", "ftp://host/x", "a"], "unknown store URL scheme"),
-    (["demo", "--synthetic", "--target", "redis://x", "--chunks", "1"], "not supported"),
+    (["demo", "--synthetic", "--target", "redis://x", "--chunks", "1"], "unknown store URL scheme"),
+    (["demo", "--target", "ftp://x"], "unknown store URL scheme"),  # the real-model demo too, at once
+    (["demo", "--latency-ms", "50", "--target", "/tmp"], "--latency-ms"),
+    (["demo", "--synthetic", "--latency-ms", "50"], "real-model demo"),
     (["compile-cache", "fetch", "--target", "ftp://example.com/x"], "hf://buckets/<namespace>/<bucket>"),
     (["compile-cache", "set", "hf://buckets/only-namespace"], "does not name a bucket"),
     (["stats", "--url", "ftp://x"], "not an http(s) URL"),

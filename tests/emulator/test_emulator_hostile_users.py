@@ -6,6 +6,7 @@ cause, driven by the unmodified clients or by raw HTTP where the attack needs it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import json
@@ -18,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -251,6 +253,15 @@ def test_stalled_and_trickling_bodies_time_out(tmp_path: Path) -> None:
         assert [_status(s) for s in socks] == [408, 408, 408, 408]
         for s in socks:
             s.close()
+        # a trickle: a byte every 50 ms never goes a second without one, but falls behind the
+        # minimum rate (what it announced would otherwise buy it 30 s at that rate)
+        sock = _stall(emu.endpoint, xorb, xet, 8 * MiB, 1000)  # the zero-copy path (announced >= 1 MiB)
+        while not _answered(sock):
+            with contextlib.suppress(ConnectionError):
+                sock.send(b"x")
+            time.sleep(0.05)
+        assert _status(sock) == 408
+        sock.close()
         # a chunked body that stops sending
         sock = _connect(emu.endpoint)
         sock.sendall(
@@ -260,7 +271,7 @@ def test_stalled_and_trickling_bodies_time_out(tmp_path: Path) -> None:
         assert _status(sock) == 408
         sock.close()
         assert _tmp_files(emu.data_dir) == []
-        assert emu.stats()["statuses"]["408"] == 5
+        assert emu.stats()["statuses"]["408"] == 6
 
 
 # -- item 9: request bodies are bounded whatever the transfer encoding ----------------------------
@@ -381,3 +392,42 @@ def test_full_disk_fails_the_upload_at_once_and_keeps_what_is_stored(
     again = os.urandom(4 * MiB)  # space again: the same kind of upload goes through
     api.batch_bucket_files(bucket, add=[(again, "again.bin")])
     assert _resolve(hub, hub.write_token, bucket, "again.bin") == (200, again)
+
+
+def test_a_cancelled_zero_copy_upload_closes_its_files_only_after_its_worker(tmp_path: Path) -> None:
+    """A request cancelled (server shutdown) while a worker splices its body: the descriptors the
+    worker uses are closed when it is done, never under it (a reused number would take its bytes)."""
+    from kvbucket.testing.hub_emulator.zerocopy import splice_to_file
+
+    pool = ThreadPoolExecutor(1)
+    calls: list[str] = []
+
+    async def slow_run(fn: Callable[..., Any], *args: Any) -> Any:
+        def call() -> Any:
+            time.sleep(0.3)  # the worker is mid-slice when the request is cancelled
+            calls.append(fn.__name__)
+            return fn(*args)
+
+        return await asyncio.get_running_loop().run_in_executor(pool, call)
+
+    async def main() -> None:
+        a, b = socket.socketpair()
+        b.sendall(b"x" * 1000)
+        fds = len(os.listdir("/proc/self/fd"))
+        task = asyncio.ensure_future(splice_to_file(a.fileno(), b"", 2 * MiB, tmp_path, slow_run, 5.0))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(os.listdir("/proc/self/fd")) > fds  # still open: the worker is using them
+        await asyncio.sleep(0.5)
+        assert calls == ["start"]
+        assert len(os.listdir("/proc/self/fd")) == fds  # closed once it finished
+        a.close()
+        b.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.shutdown()
+    assert list(tmp_path.iterdir()) == []

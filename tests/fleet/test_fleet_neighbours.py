@@ -49,14 +49,17 @@ def test_nodes_with_different_capacities_are_warned_once_naming_both(
 HOUR = 3600.0
 
 
+@pytest.mark.parametrize("kind", ["file", "hub"])
 def test_a_node_an_hour_ahead_sees_the_others_alive_and_does_not_compact(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """n1's wall clock is an hour ahead (records, journals and its reading of the others' times;
     its monotonic clock is its own, as on a real host). It used to see every other node's
-    heartbeat an hour old, call them dead and compact too. S3 refuses requests signed more than
-    15 minutes off, so this runs on a directory."""
+    heartbeat an hour old, call them dead and compact too. On the Hub its objects' mtimes are its
+    own clock's, as kvbucket writes them. S3 refuses requests signed more than 15 minutes off, so
+    there is no S3 case."""
     caplog.set_level(logging.WARNING, "kvbucket.fleet.peers")
-    store = FileStore(tmp_path / "kv")
+    store = open_store(kind, request, tmp_path)
     real = time.time
     n0, n1, n2 = member(store, "n0"), member(store, "n1"), member(store, "n2")
 
@@ -79,8 +82,9 @@ def test_a_node_an_hour_ahead_sees_the_others_alive_and_does_not_compact(
         assert s1["live_nodes"] == ["n0", "n1", "n2"], s1["nodes"]
         assert not s1["compactor"] and s1["snapshots_written"] == s1["digests_written"] == 0, s1
         assert s1["digests_read"] > 0  # it reads the compactor's digest like any other node
-        s0 = n0.status()
-        assert s0["compactor"] and s0["live_nodes"] == ["n0", "n1", "n2"]
+        s0, s2 = n0.status(), n2.status()
+        assert s0["compactor"] and s0["live_nodes"] == s2["live_nodes"] == ["n0", "n1", "n2"]
+        assert s2["snapshots_written"] == 0  # n1's fast clock did not make n0 look dead to n2 either
         assert s1["chunks"] == s0["chunks"] == 24
         # Warned once each: n0 (reading n1's journals) and n1 (reading n0's digest).
         ahead_lines = warnings(caplog, "kvbucket.fleet.peers", "n1's clock is about")
@@ -118,3 +122,28 @@ def test_a_failure_that_persists_is_logged_once_then_counted(tmp_path: Path,
     flush_all()
     counted = warnings(caplog, "kvbucket.fleet.sync", "repeated")
     assert len(counted) == 1 and "fleet sync failed on node n0" in counted[0], counted
+
+
+def test_du_from_outside_shows_a_fleet_that_stopped_as_having_no_live_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kvbucket du`` looks once and has no history of anyone's progress: it judges the digest
+    and the listing by its own clock (display only), so a fleet whose nodes all stopped longer
+    than node_timeout_secs ago shows its chunks and no live node."""
+    from kvbucket.fleet.report import inspect_fleet
+
+    store = FileStore(tmp_path / "kv")
+    n0, n1 = member(store, "n0"), member(store, "n1")
+    try:
+        stored(store, n0, range(3))
+        stored(store, n1, range(10, 12))
+        rounds(n0, n1, n=3)
+    finally:
+        n0.close()
+        n1.close()
+    now = inspect_fleet(store, P)
+    assert now is not None and now["chunks"] == 5 and now["live_nodes"] == ["n0", "n1"], now
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 100.0)  # du's default node_timeout_secs: 90
+    later = inspect_fleet(store, P)
+    assert later is not None and later["chunks"] == 5 and later["live_nodes"] == [], later
+    store.close()

@@ -107,3 +107,23 @@ def test_a_zlib_bomb_journal_is_read_once_and_never_inflated_in_full(kind: str, 
         a.close()
         b.close()
         inner.close()
+
+
+def test_a_digest_with_one_bad_field_is_refused_whole() -> None:
+    """Every field is checked before anything is folded: one wrong row, a NaN time or a mark
+    that is not a number refuses the object (it used to raise half-way through folding it)."""
+    from kvbucket.fleet.layout import encode
+    from kvbucket.fleet.wire import BadObject, inflate, read_digest
+
+    ok = {"gen": 0, "snode": "n0", "t": 1.0, "node": "n0", "e": [["seg", 10, 1.0, 2.0, "n0"]],
+          "tomb": [["gone", 3.0]], "marks": {"n1": 4}}
+    assert read_digest(encode("digest", ok))["e"] == [("seg", 10, 1.0, 2.0, "n0")]
+    for bad in ({"e": ok["e"] + [["seg2", "ten", 1.0, 2.0, "n0"]]}, {"t": float("nan")},
+                {"marks": {"n1": "4"}}, {"tomb": [["gone"]]}, {"e": "rows"}, {"gen": True},
+                {"snode": ["n0"]}, {"seen": {"n1": 1e300}}):
+        with pytest.raises(BadObject):
+            read_digest(encode("digest", {**ok, **bad}))
+    with pytest.raises(BadObject, match="not a fleet digest"):
+        read_digest(encode("journal", ok))
+    with pytest.raises(BadObject, match="inflates past"):
+        inflate("journal", zlib_bomb(MAX_DECODED["journal"] + (1 << 20)))

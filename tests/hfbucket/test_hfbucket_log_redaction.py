@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvbucket.log_redaction import redact_log_text
+from kvbucket.secrets import redact as redact_log_text
 from kvbucket.stores.hfbucket import HFBucketStore
 from kvbucket.stores.hfbucket_config import build_config
 

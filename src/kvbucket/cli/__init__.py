@@ -113,7 +113,10 @@ def build_app() -> typer.Typer:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """An error message as one line, every secret in it redacted."""
+    from kvbucket.secrets import redact
+
+    return redact(" ".join(text.split()))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -151,9 +154,10 @@ def _report(e: Exception) -> int:
         typer.echo(f"error: {_one_line(str(e))}", err=True)
         return 2 if isinstance(e, ConfigError | InvalidKeyError) else 1
     if isinstance(e, OSError) and e.strerror:
-        where = f": {e.filename}" if e.filename else ""
-        typer.echo(f"error: {e.strerror}{where}", err=True)
-        return 1
+        from kvbucket.cli.common import error_text, exit_code_for
+
+        typer.echo(f"error: {_one_line(error_text(e))}", err=True)
+        return exit_code_for(e)
     typer.echo(
         f"error: unexpected {type(e).__name__}: {_one_line(str(e))} (a kvbucket bug: rerun with --debug "
         "and report the traceback)",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -17,6 +16,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 
 from kvbucket.errors import AuthError, ConfigError, InvalidKeyError, KVBucketError, NotFoundError, StoreError
+from kvbucket.secrets import redact
 from kvbucket.stores import ObjectStore, open_store
 from kvbucket.stores.deadline import deadline_in, run_abandonable
 
@@ -39,21 +39,37 @@ class NoAnswerError(StoreError):
 
 
 def exit_code_for(e: BaseException) -> int:
-    """2: fix the input (URL, bucket, token); 1: the store failed or was unreachable."""
+    """2: fix the input or the environment (URL, bucket, token, a directory's permissions);
+    1: the store failed or was unreachable."""
     if isinstance(e, ConfigError | InvalidKeyError | NotFoundError | AuthError | ValueError):
         return 2
-    return 1
+    return 2 if isinstance(e, _FIX_THE_PATH) else 1
+
+
+#: local-file errors the user fixes (a missing or unreadable directory), never worth a retry
+_FIX_THE_PATH = (PermissionError, FileNotFoundError, NotADirectoryError)
+
+
+def error_text(e: BaseException) -> str:
+    """An error as the user reads it: an OS error says what to do with its path, not ``[Errno 13]``."""
+    if isinstance(e, PermissionError):
+        where = f" {e.filename}" if e.filename else ""
+        return (f"permission denied on{where}: the user running kvbucket cannot read or write it; fix "
+                "its permissions or owner (chmod/chown), or use another directory")
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    return str(e)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print ``error: message`` as one line on stderr; the Exit to raise."""
-    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    """Print ``error: message`` as one line on stderr (secrets redacted); the Exit to raise."""
+    typer.echo(f"error: {redact(' '.join(message.split()))}", err=True)
     return typer.Exit(code)
 
 
 def exit_now(message: str, code: int = 1) -> NoReturn:
     """Print the error and leave at once: a call stuck in a client's thread must not hold the exit."""
-    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    typer.echo(f"error: {redact(' '.join(message.split()))}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -63,24 +79,16 @@ def is_remote(url: str) -> bool:
     return url.startswith(("hf://", "s3://"))
 
 
-_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-
-
-def hide_userinfo(text: str) -> str:
-    """``https://user:pass@host`` -> ``https://***@host`` (credentials in URLs are never shown)."""
-    return _USERINFO.sub("***@", text)
-
-
 def endpoint_hint(url: str, store: Any = None) -> str:
     """Which endpoint a URL goes to and where that came from (never a secret)."""
     if url.startswith("hf://"):
         endpoint = getattr(store, "endpoint", None) or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
         source = "$HF_ENDPOINT" if os.environ.get("HF_ENDPOINT") else "the default Hub endpoint"
-        return f"{hide_userinfo(endpoint)} ({source})"
+        return f"{redact(endpoint)} ({source})"
     if url.startswith("s3://"):
         for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
             if os.environ.get(var):
-                return f"{hide_userinfo(os.environ[var])} (${var})"
+                return f"{redact(os.environ[var])} (${var})"
         return "AWS S3 (no $AWS_ENDPOINT_URL)"
     return url
 
@@ -119,7 +127,7 @@ def probe(store: Any, url: str, timeout: float) -> None:
 
 def unreachable_hint(e: BaseException, url: str, store: Any = None) -> str:
     """The error's text, with the endpoint to check when the store could not be reached."""
-    text = str(e)
+    text = error_text(e)
     if exit_code_for(e) == 1 and not isinstance(e, NoAnswerError) and is_remote(url):
         text += f"; check that {endpoint_hint(url, store)} is up and reachable"
     return text
@@ -160,7 +168,7 @@ def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[Objec
     except KVBucketError as e:
         raise fail(str(e), exit_code_for(e)) from None
     except (OSError, ValueError, TypeError) as e:
-        raise fail(f"cannot open {url!r}: {e}") from None
+        raise fail(f"cannot open {url!r}: {error_text(e)}", exit_code_for(e)) from None
     try:
         probe_or_exit(store, url, timeout)
     except KVBucketError as e:

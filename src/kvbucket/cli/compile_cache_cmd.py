@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,12 +20,15 @@ from kvbucket.cli.common import (
     NoAnswerError,
     TimeoutOpt,
     bounded,
+    error_text,
     exit_code_for,
     exit_now,
+    is_remote,
     probe_or_exit,
     unreachable_hint,
 )
 from kvbucket.errors import ConfigError, KVBucketError
+from kvbucket.secrets import redact
 
 app = typer.Typer(
     name="compile-cache",
@@ -50,8 +55,9 @@ def _errors() -> Iterator[None]:
     """Turn kvbucket errors into a one-line message and an exit code (kvbucket.cli.common)."""
     try:
         yield
-    except KVBucketError as e:
-        typer.secho(f"error: {' '.join(str(e).split())}", fg="red", err=True)  # one line, never wrapped
+    except (KVBucketError, OSError) as e:
+        # one line, never wrapped, secrets redacted
+        typer.secho(f"error: {redact(' '.join(error_text(e).split()))}", fg="red", err=True)
         raise typer.Exit(exit_code_for(e)) from None
 
 
@@ -97,6 +103,8 @@ def _open(target: str, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
 
     if hub_offline() and target.startswith("hf://"):
         raise ConfigError("HF_HUB_OFFLINE is set: unset it to reach the bucket")
+    if not is_remote(target):  # as `set`: a directory must exist (a typo would start an empty cache)
+        _existing_dir(target)
     store = open_store(target)
     probe_or_exit(store, target, timeout)
     return store
@@ -197,6 +205,17 @@ def _create_hub_bucket(bucket_id: str, public: bool, timeout: float) -> str:
     return f"bucket {bucket_id} ready ({vis}) on {endpoint}: hf://buckets/{bucket_id}"
 
 
+def _existing_dir(target: str) -> Path:
+    path = Path(target.removeprefix("file://")).expanduser()
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise ConfigError(f"{path} {what}; create it first (`kvbucket compile-cache create {path}`) "
+                          "or give hf://buckets/<ns>/<bucket> or s3://<bucket>")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    return path
+
+
 @app.command("set")
 def set_target(target: Annotated[str, typer.Argument(help=_TARGET_HELP)]) -> None:
     """Remember TARGET as the default compile cache (a small file in your config dir).
@@ -208,12 +227,8 @@ def set_target(target: Annotated[str, typer.Argument(help=_TARGET_HELP)]) -> Non
 
     with _errors():
         t = check_target(target)
-        if "://" not in t or t.startswith("file://"):
-            path = Path(t.removeprefix("file://"))
-            if not path.is_dir():
-                what = "is not a directory" if path.exists() else "does not exist"
-                raise ConfigError(f"{path} {what}; create it first (`kvbucket compile-cache create {path}`) "
-                                  "or give hf://buckets/<ns>/<bucket> or s3://<bucket>")
+        if not is_remote(t):
+            _existing_dir(t)
         p = save_target(t)
         typer.echo(f"compile cache target saved in {p}")
 

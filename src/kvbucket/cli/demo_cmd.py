@@ -8,7 +8,10 @@ import os
 
 import typer
 
-from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, is_remote, opened_store
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, is_remote, opened_store
+from kvbucket.errors import ConfigError
+from kvbucket.secrets import redact
+from kvbucket.stores import store_scheme
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -55,6 +58,12 @@ def register(app: typer.Typer) -> None:
             help="--synthetic: engine config (YAML/JSON) whose remote settings (remote_url, "
             "remote_storage_plugins, extra_config) to use.",
         ),
+        latency_ms: float = typer.Option(
+            0.0, "--latency-ms", min=0,
+            help="Real-model demo on the in-process Hub emulator: add this many milliseconds to every "
+            "request machine B makes (a Hub round trip across regions costs about 50), to see the "
+            "time to first token of a cross-machine hit at that latency.",
+        ),
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Time to first token saved by a prompt prefix computed on another machine.
@@ -65,6 +74,14 @@ def register(app: typer.Typer) -> None:
 
         Exits 1 if outputs (or, with --synthetic, bytes) differ, 2 if the demo cannot run.
         """
+        if target is not None:
+            try:
+                store_scheme(target)  # a URL no store opens is refused at once, by either demo
+            except ConfigError as e:
+                raise fail(str(e)) from None
+        if latency_ms and target is not None:
+            raise typer.BadParameter("adds latency on the in-process Hub emulator, so it does not go with "
+                                     "--target (a real bucket has its own)", param_hint="--latency-ms")
         if target is not None and is_remote(target):
             _check_target(target, timeout)
         implied = [flag for flag, v in (("--chunks", chunks), ("--model", model), ("--config", config)) if v]
@@ -72,7 +89,7 @@ def register(app: typer.Typer) -> None:
             real_only = [
                 flag for flag, v, default in (
                     ("--prompt-tokens", prompt_tokens, 4096), ("--new-tokens", new_tokens, 16),
-                    ("--dtype", dtype, "float32"), ("--size", size, None),
+                    ("--dtype", dtype, "float32"), ("--size", size, None), ("--latency-ms", latency_ms, 0.0),
                 ) if v != default
             ]
             if real_only:
@@ -97,11 +114,14 @@ def register(app: typer.Typer) -> None:
         try:
             code = run_demo(
                 target=target, size=size, prompt_tokens=prompt_tokens, new_tokens=new_tokens, dtype=dtype,
-                keep=keep,
+                keep=keep, latency_ms=latency_ms,
             )
         except DemoError as e:
-            typer.echo(f"error: kvbucket demo failed: {e}", err=True)
-            raise typer.Exit(2) from None
+            from kvbucket.cli import debug_enabled
+
+            if debug_enabled() and e.log_tail:
+                typer.echo(redact(e.log_tail), err=True)
+            raise fail(f"kvbucket demo failed: {e}") from None
         raise typer.Exit(code)
 
 
@@ -122,6 +142,5 @@ def _synthetic(
             target=target, chunks=chunks or 32, model=model or DEFAULT_MODEL, keep=keep, config_path=config
         )
     except (DemoError, KVBucketError) as e:
-        typer.echo(f"error: kvbucket demo failed: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise fail(f"kvbucket demo failed: {e}") from None
     raise typer.Exit(0 if report.ok else 1)

@@ -7,12 +7,13 @@ within a short timeout. Plain lines, to paste into an issue as they are.
 
 from __future__ import annotations
 
+import base64
 import os
 import platform
-import re
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from importlib import metadata
@@ -26,20 +27,30 @@ from kvbucket.cli.common import (
     bounded,
     endpoint_hint,
     exit_code_for,
-    hide_userinfo,
     is_remote,
     probe,
 )
+from kvbucket.remote_hit import (
+    MODEL_SHAPES,
+    PROMPT_TOKENS,
+    RTT_SAMPLES,
+    Budget,
+    human_bytes,
+    measure,
+    verdict,
+)
+from kvbucket.secrets import looks_secret, redact, secrets_in_env
 
 DOCTOR_TIMEOUT_S = 5.0
+MAX_SMALL_OBJECTS = 1024  # --model: objects of the fixed-cost load (one per chunk of the prompt)
 PACKAGES = ("kvbucket", "huggingface_hub", "hf_xet", "obstore", "lmcache", "torch", "transformers", "typer",
             "pydantic")
 #: environment variables shown (by prefix or name); values of secret-looking names never are
 ENV_PREFIXES = ("KVBUCKET_", "HF_", "HUGGING_FACE_", "AWS_", "LMCACHE_")
 ENV_NAMES = ("NEURON_COMPILE_CACHE_URL", "NEURON_CC_FLAGS", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY",
              "https_proxy", "http_proxy", "no_proxy")
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|_KEY$|_KEY_|ACCESS_KEY|EXTRA_CONFIG|AUTH",
-                          re.IGNORECASE)
+#: variables holding whole configs, which may hold secrets under any key: shown as "set (redacted)"
+_CONFIG_BLOBS = ("EXTRA_CONFIG",)
 
 
 @dataclass
@@ -63,7 +74,7 @@ def package_versions() -> list[tuple[str, str]]:
 def environment(env: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """The variables that steer kvbucket and its clients; secrets as "set (redacted)"."""
     env = dict(os.environ if env is None else env)
-    secrets = [v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 4]
+    known = secrets_in_env(env)
     rows = []
     for name in sorted(env):
         if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
@@ -71,12 +82,10 @@ def environment(env: dict[str, str] | None = None) -> list[tuple[str, str]]:
         value = env[name]
         if not value:
             shown = "(empty)"
-        elif _SECRET_NAME.search(name):
+        elif looks_secret(name) or name.endswith(_CONFIG_BLOBS):
             shown = "set (redacted)"
         else:
-            shown = hide_userinfo(value)
-            for s in secrets:
-                shown = shown.replace(s, "***")
+            shown = redact(value, *known)
         rows.append((name, shown))
     return rows
 
@@ -102,23 +111,38 @@ def configured_stores(extra: list[str]) -> list[tuple[str, str]]:
                       else f"compile-cache target in {config_path()}")
             found.append((target, source))
     except Exception as e:  # a broken saved target is itself worth reporting
-        found.append(("(compile-cache target)", f"unreadable: {e}"))
+        found.append(("(compile-cache target)", f"unreadable: {redact(str(e))}"))
     seen: set[str] = set()
     return [(u, w) for u, w in found if not (u in seen or seen.add(u))]  # type: ignore[func-returns-value]
 
 
 def check_endpoint(name: str, url: str, timeout: float) -> Check:
-    """Any HTTP answer from the endpoint counts as reachable (it may well refuse an anonymous GET)."""
-    shown = hide_userinfo(url)
+    """Any HTTP answer from the endpoint counts as reachable (it may well refuse an anonymous GET).
+
+    Userinfo in the URL (``http://user:pass@host``) is sent as HTTP basic auth, as the clients
+    do: urllib would take it for part of the host name."""
+    shown = redact(url)
+    parts = urllib.parse.urlsplit(url)
+    request = urllib.request.Request(url)
+    if parts.username is not None or parts.password is not None:
+        netloc = parts.hostname or ""
+        if ":" in netloc:
+            netloc = f"[{netloc}]"
+        if parts.port is not None:
+            netloc += f":{parts.port}"
+        unquote = urllib.parse.unquote
+        userinfo = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+        request = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=netloc)), headers={
+            "Authorization": "Basic " + base64.b64encode(userinfo.encode()).decode()})
     t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             status = resp.status
     except urllib.error.HTTPError as e:
         status = e.code
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
-        return Check(f"{name} {shown}", False, f"unreachable ({reason})")
+        return Check(f"{name} {shown}", False, redact(f"unreachable ({reason})", url))
     return Check(f"{name} {shown}", True, f"answered HTTP {status} in {time.monotonic() - t0:.2f} s")
 
 
@@ -152,7 +176,7 @@ def check_store(url: str, source: str, timeout: float) -> Check:
 
 
 def _line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
+    return redact(" ".join(str(e).split())) or type(e).__name__
 
 
 def register(app: typer.Typer) -> None:
@@ -163,12 +187,25 @@ def register(app: typer.Typer) -> None:
             show_default=False)] = None,
         timeout: Annotated[float, typer.Option(
             "--timeout", min=0.1, help="Seconds each endpoint and store has to answer.")] = DOCTOR_TIMEOUT_S,
+        model: Annotated[str | None, typer.Option(
+            "--model", help="Also measure each URL's round trip and throughput (writes a few random objects "
+            "under _kvbucket_doctor/ and removes them) and say whether a remote hit beats recomputing "
+            f"the prompt for this model shape: {', '.join(MODEL_SHAPES)}.", show_default=False)] = None,
+        prompt_tokens: Annotated[int, typer.Option(
+            "--prompt-tokens", min=1, help="With --model: the prompt a hit replaces.")] = PROMPT_TOKENS,
     ) -> None:
         """Print what a bug report needs: versions, endpoints (secrets redacted), reachability.
 
         Checks $HF_ENDPOINT and $AWS_ENDPOINT_URL when set, the compile-cache target, and
         $KVBUCKET_REMOTE_URL and URLS when given. Exits 1 when any of them does not answer.
+        With --model, also times lookups and loads on each URL (docs/remote-hit.md).
         """
+        if model is not None and model not in MODEL_SHAPES:
+            raise typer.BadParameter(f"{model!r} is not one of {', '.join(MODEL_SHAPES)}",
+                                     param_hint="--model")
+        if model is not None and not urls:
+            raise typer.BadParameter("measures the store URLs given on the command line: name one",
+                                     param_hint="--model")
         typer.echo("kvbucket doctor (paste this into a bug report: tokens and keys are never shown)")
         typer.echo("\nversions:")
         for name, version in package_versions():
@@ -188,7 +225,7 @@ def register(app: typer.Typer) -> None:
             checks.append(check_store(url, source, timeout))
         typer.echo("\nreachability:")
         for c in checks:
-            typer.echo(f"  {'ok  ' if c.ok else 'FAIL'}  {c.what}: {c.detail}")
+            typer.echo(redact(f"  {'ok  ' if c.ok else 'FAIL'}  {c.what}: {c.detail}"))
         if not checks:
             typer.echo("  nothing configured: no $HF_ENDPOINT, $AWS_ENDPOINT_URL, compile-cache target or "
                        "URL arguments")
@@ -199,3 +236,23 @@ def register(app: typer.Typer) -> None:
             os._exit(1)
         if any(not c.ok for c in checks):
             raise typer.Exit(1)
+        if model is not None:
+            _report_remote_hit(list(urls or []), Budget(MODEL_SHAPES[model], prompt_tokens))
+
+
+def _report_remote_hit(urls: list[str], budget: Budget) -> None:
+    """Measure each store and say whether a hit beats recompute (docs/remote-hit.md)."""
+    from kvbucket.stores import open_store
+
+    typer.echo(f"\nremote hit vs recompute: {budget.shape.name} ({budget.shape.describe()})")
+    for url in urls:
+        typer.echo(f"  {url}:")
+        m = measure(lambda url=url: open_store(url), budget.shape.layout.full_chunk_bytes,
+                    small_objects=min(budget.chunks, MAX_SMALL_OBJECTS))
+        trips = f" = {m.round_trips:.1f} round trips" if m.round_trips is not None else " (no network)"
+        typer.echo(f"    one lookup: {m.rtt_s * 1000:.1f} ms (median of {RTT_SAMPLES}); lookup + load of "
+                   f"{m.small_objects} small objects: {m.small_load_s * 1000:.0f} ms{trips}")
+        typer.echo(f"    lookup + load of {m.chunk_objects} x {human_bytes(m.chunk_bytes)}: "
+                   f"{m.chunk_load_s:.2f} s = {m.gbps:.2f} GB/s after the round trips")
+        for line in verdict(budget, m)[1]:
+            typer.echo(f"    {line}")

@@ -20,6 +20,7 @@ import typer
 from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store
 from kvbucket.errors import InvalidKeyError
 from kvbucket.keys import name_to_key
+from kvbucket.secrets import redact
 from kvbucket.stores import ObjectStore
 
 RM_BATCH = 1000
@@ -109,7 +110,7 @@ def register(app: typer.Typer) -> None:
                 for r, was_there in zip(store.delete_many(batch), existed, strict=True):
                     if r.error is not None:
                         failed += 1
-                        typer.echo(f"error: {r.name}: {r.error}", err=True)
+                        typer.echo(f"error: {redact(f'{r.name}: {r.error}')}", err=True)
                     elif r.size is not None or was_there:
                         removed += 1
                     else:

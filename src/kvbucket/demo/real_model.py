@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbucket.demo.model import SIZES
+from kvbucket.secrets import redact
 
 DEMO_NAMESPACE = "demo"
 DEMO_BUCKET = "kvbucket-demo"
@@ -243,7 +244,12 @@ def _machine_main(argv: list[str]) -> int:
 
 
 class DemoError(Exception):
-    """A machine failed; the message holds its last words."""
+    """A machine failed; the message holds its last words, ``log_tail`` the end of its stderr
+    (a traceback: the command shows it with ``--debug``)."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
 
 
 def _run_machine_process(
@@ -278,8 +284,8 @@ def _run_machine_process(
                 proc.kill()
                 proc.wait()
     if rc != 0 or result is None:
-        tail = log_path.read_text()[-2000:]
-        raise DemoError(f"machine {role.upper()} failed (exit {rc}): {error or ''}\n{tail}")
+        raise DemoError(f"machine {role.upper()} failed (exit {rc}): {error or 'see its log below'}",
+                        log_tail=log_path.read_text()[-2000:])
     return result
 
 
@@ -291,9 +297,13 @@ def run_demo(
     new_tokens: int = 16,
     dtype: str = "float32",
     keep: bool = False,
+    latency_ms: float = 0.0,
     console: Any = None,
 ) -> int:
-    """Run both machines and print the table. Returns the exit code (1 when outputs differ)."""
+    """Run both machines and print the table. Returns the exit code (1 when outputs differ).
+
+    ``latency_ms`` (the in-process emulator only) delays every request machine B makes, through
+    the emulator's fault rules: the TTFT of a cross-machine hit at wide-area latency."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -323,7 +333,7 @@ def run_demo(
             where = f"a private bucket {DEMO_NAMESPACE}/{DEMO_BUCKET} on the in-process Hub emulator"
         else:
             cfg.store_url = target
-            where = target
+            where = redact(target)
         cfg_path = workdir / "config.json"
         cfg_path.write_text(json.dumps(asdict(cfg)))
         console.print(
@@ -346,7 +356,12 @@ def run_demo(
                 progress.update(task, description=text, advance=1)
 
             a = _run_machine_process("a", cfg_path, workdir, env, on_step)
+            if emulator is not None and latency_ms:
+                emulator.faults.add("*", latency_s=latency_ms / 1000)
             b = _run_machine_process("b", cfg_path, workdir, env, on_step)
+            if emulator is not None and latency_ms:
+                b["delayed_requests"] = sum(r["fired"] for r in emulator.faults.rules())
+                b["latency_ms"] = latency_ms
             progress.update(task, description="done", completed=steps)
         wall = time.perf_counter() - wall0
         _print_table(console, cfg, a, b, wall)
@@ -390,7 +405,11 @@ def _print_table(console: Any, cfg: DemoConfig, a: dict[str, Any], b: dict[str, 
     table.add_column("value", justify="right")
     table.add_row("prompt (document + question)", f"{b['prompt_tokens']:,} tokens")
     table.add_row("TTFT without cache", f"{b['ttft_ref']:.2f} s")
-    table.add_row("TTFT with cache (cross-machine hit)", f"{b['ttft_hit']:.2f} s")
+    if "latency_ms" in b:
+        table.add_row("added latency (Hub emulator)",
+                      f"{b['latency_ms']:g} ms on each of {b['delayed_requests']} requests")
+    at = f" at {b['latency_ms']:g} ms" if "latency_ms" in b else ""
+    table.add_row(f"TTFT with cache (cross-machine hit{at})", f"{b['ttft_hit']:.2f} s")
     table.add_row("ratio with / without", f"{ratio:.3f}" + ("  (goal <= 0.2)" if ratio > 0.2 else ""))
     table.add_row(
         "hit tokens", f"{b['hit_tokens']:,} of {b['prompt_tokens']:,} ({b['computed_tokens']} computed)"

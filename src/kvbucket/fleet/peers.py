@@ -9,8 +9,9 @@ compared with this node's clock, so a node whose clock is an hour ahead (or behi
 declares the others dead nor becomes a second compactor. The compactor's digest carries *ages*
 (seconds since it saw each node progress, on its own clock), which readers add to the time they
 read it; a digest that changed is progress of its writer. The first listing has no history: a
-node is then as old as its newest object is older than the newest object listed (both on the
-store's or the writers' clocks, never this node's); the next progress corrects a wrong guess.
+node is then as old as its newest object is older than the other nodes' newest object (both on
+the store's or the writers' clocks, never this node's; one far ahead of the rest is left out);
+the next progress corrects a wrong guess.
 
 **Disagreements** (:class:`Peers`): a journal and the digest carry their writer's clock at write
 time and its capacity. A clock more than ``node_timeout_secs`` away from this node's, over the
@@ -56,7 +57,7 @@ class Liveness:
         ``reference``: what a node first seen is as old as it is older than (default: the newest
         object listed; ``kvbucket du``, looking once, gives its wall clock)."""
         now = self._clock()
-        newest = max(listing.seen.values(), default=0.0) if reference is None else reference
+        newest = self._reference(listing) if reference is None else reference
         fresh: set[str] = set()
         with self._lock:
             first = not self._seqs and not self._beats
@@ -76,6 +77,15 @@ class Liveness:
                         fresh |= {name for seq, name in js if seq in new}
                 self._seqs[node], self._beats[node] = seqs, beat
         return fresh
+
+    def _reference(self, listing: Listing) -> float:
+        """The newest object of the other nodes, leaving out any that is more than
+        ``node_timeout_secs`` ahead of the next newest (a clock far ahead would make every other
+        node look old; dead nodes' old heartbeats, which lie behind, are what it must not hide)."""
+        times = sorted((t for n, t in listing.seen.items() if n != self.me), reverse=True)
+        while len(times) > 1 and times[0] - times[1] > self.timeout:
+            times.pop(0)
+        return times[0] if times else 0.0
 
     def observe_ages(self, ages: dict[str, float]) -> None:
         """A digest read just now: each node progressed ``age`` seconds ago (its writer's clock)."""

@@ -46,6 +46,7 @@ from kvbucket.integrations.engine_fleet import REFUSED, FleetSettings, open_flee
 from kvbucket.integrations.naming import path_segment as _segment
 from kvbucket.integrations.naming import salt_segment as _salt_segment
 from kvbucket.integrations.tensor_regions import StorageViews
+from kvbucket.l2.config import format_validation_error
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import Gather, Scatter
 from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
@@ -98,7 +99,8 @@ class SGLangStorageSettings(FleetSettings, ReadAheadConfig):
         try:
             return cls.model_validate(ours)
         except ValidationError as e:
-            raise ConfigError(f"invalid kvbucket HiCache settings: {e}") from None
+            raise ConfigError(
+                format_validation_error(e, "invalid kvbucket HiCache settings", cls.model_fields)) from None
 
 
 # SGLang's own tuning keys of the extra config that other backends read (not ours either).

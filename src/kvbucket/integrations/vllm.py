@@ -57,6 +57,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from kvbucket.errors import ConfigError
 from kvbucket.integrations.engine_fleet import REFUSED, FleetSettings, open_fleet
 from kvbucket.integrations.naming import path_segment, salt_segment
+from kvbucket.l2.config import format_validation_error
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
 from kvbucket.stores.prefetch_config import ReadAheadConfig
@@ -140,7 +141,8 @@ class VLLMTierSettings(FleetSettings, ReadAheadConfig):
         try:
             return cls.model_validate(config)
         except ValidationError as e:
-            raise ConfigError(f"invalid kvbucket vLLM tier settings: {e}") from None
+            raise ConfigError(
+                format_validation_error(e, "invalid kvbucket vLLM tier settings", cls.model_fields)) from None
 
 
 def namespace(spec: Any, block_size_bytes: int, settings: VLLMTierSettings) -> str:

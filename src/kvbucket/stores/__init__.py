@@ -29,19 +29,25 @@ _OPENERS: dict[str, str] = {
 }
 
 
-def open_store(url: str, **options: Any) -> ObjectStore:
-    """Open the object store a URL names. Unknown schemes get an error listing the known ones."""
+def store_scheme(url: str) -> str:
+    """The scheme of a store URL (``file`` for a path); ConfigError for one no store opens."""
     if not isinstance(url, str) or not url:
         raise ConfigError("a store URL is required, e.g. file:///var/cache/kvbucket or hf://buckets/org/name")
     scheme, sep, _ = url.partition("://")
     if not sep:
-        scheme = "file"
-    if scheme == "memory":
-        return MemoryStore(url.partition("://")[2])
-    target = _OPENERS.get(scheme)
-    if target is None:
+        return "file"
+    if scheme not in _OPENERS:
         known = ", ".join(f"{s}://" for s in _OPENERS)
         raise ConfigError(f"unknown store URL scheme {scheme!r} in {url!r}; use one of {known} or a path")
+    return scheme
+
+
+def open_store(url: str, **options: Any) -> ObjectStore:
+    """Open the object store a URL names. Unknown schemes get an error listing the known ones."""
+    scheme = store_scheme(url)
+    if scheme == "memory":
+        return MemoryStore(url.partition("://")[2])
+    target = _OPENERS[scheme]
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -50,4 +56,5 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     return getattr(module, attr)(url, **options)
 
 
-__all__ = ["Buffer", "ItemResult", "MemoryStore", "ObjectInfo", "ObjectStore", "check_name", "open_store"]
+__all__ = ["Buffer", "ItemResult", "MemoryStore", "ObjectInfo", "ObjectStore", "check_name", "open_store",
+           "store_scheme"]

@@ -135,7 +135,7 @@ class HubBucketClient:
         )
 
     def __repr__(self) -> str:
-        return f"HubBucketClient({self.endpoint!r}, {self.bucket_id!r})"
+        return f"HubBucketClient({redact(self.endpoint)!r}, {self.bucket_id!r})"
 
     # ---- error mapping --------------------------------------------------------------------
     def _secrets(self) -> list[str]:
@@ -152,14 +152,15 @@ class HubBucketClient:
         status = getattr(getattr(exc, "response", None), "status_code", None)
         detail = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
                         *self._secrets())
+        endpoint = redact(self.endpoint)  # userinfo in $HF_ENDPOINT is never shown
         if isinstance(exc, BucketNotFoundError) or (status == 404 and "bucket" in what):
             return NotFoundError(
-                f"bucket {self.bucket_id!r} does not exist on {self.endpoint} (or the token cannot see it) "
+                f"bucket {self.bucket_id!r} does not exist on {endpoint} (or the token cannot see it) "
                 f"while trying to {what}; create it, or set create_bucket_if_missing: true"
             )
         if status in (401, 403) or type(exc).__name__ == "XetAuthenticationError":
             return AuthError(
-                f"the Hub refused access to bucket {self.bucket_id!r} on {self.endpoint} "
+                f"the Hub refused access to bucket {self.bucket_id!r} on {endpoint} "
                 f"(HTTP {status or 'auth'}) while trying to {what}; "
                 f"check the token from {self._token_source}: "
                 "it must exist and have write access for stores"
@@ -170,7 +171,7 @@ class HubBucketClient:
                 f"after {self.max_retries} retries: {detail}"
             )
         if status == 404:
-            return NotFoundError(f"not found on {self.endpoint} while trying to {what}: {detail}")
+            return NotFoundError(f"not found on {endpoint} while trying to {what}: {detail}")
         if isinstance(exc, HfHubHTTPError):
             return StoreError(
                 f"the Hub rejected the request to {what} on bucket {self.bucket_id!r}: {detail}"

@@ -28,7 +28,7 @@ FETCH_URL_TTL_S = 3600
 _READ_WINDOW = 8 * 1024 * 1024
 ZERO_COPY_MIN = 1024 * 1024  # smaller xorb bodies take the ordinary path
 BODY_TIMEOUT_S = 30.0  # the longest a request body may go without a byte
-MIN_BODY_RATE = 256 * 1024  # bytes/s: a body must also arrive within BODY_TIMEOUT_S + size / this
+MIN_BODY_RATE = 256 * 1024  # bytes/s: a body must also keep this pace, after its first BODY_TIMEOUT_S
 LINGER_S = 1.0  # how long the rest of a refused body is read and dropped before the connection closes
 MAX_SMALL_BODY = 1024 * 1024  # routes that take no body worth keeping (telemetry)
 
@@ -40,9 +40,13 @@ def body_timeout(request: web.Request) -> float:
     return request.app.get(BODY_TIMEOUT, BODY_TIMEOUT_S)
 
 
-def body_deadline(size: int, idle_s: float) -> float:
-    """Seconds a body of ``size`` bytes may take in all: a trickle of bytes is a stall too."""
-    return idle_s + size / MIN_BODY_RATE
+def body_wait(started: float, got: int, now: float, idle_s: float) -> float:
+    """How long to wait for a body's next bytes, having ``got`` since ``started``; <= 0: give up.
+
+    At most ``idle_s`` without a byte, and the body must keep pace with ``MIN_BODY_RATE`` after
+    its first ``idle_s``: a trickle of bytes is a stall too, whatever size it announced.
+    """
+    return min(idle_s, started + idle_s + got / MIN_BODY_RATE - now)
 
 
 class HubError(Exception):
@@ -134,12 +138,12 @@ async def read_body(request: web.Request, cap: int) -> bytearray:
         raise too_large(cap)
     idle_s = body_timeout(request)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + body_deadline(cap if n is None else n, idle_s)
+    started = loop.time()
     buf = bytearray(0 if n is None else n)
     view = memoryview(buf) if n is not None else None  # (a viewed bytearray cannot grow)
     pos = 0
     while True:
-        wait = min(idle_s, deadline - loop.time())
+        wait = body_wait(started, pos, loop.time(), idle_s)
         try:
             if wait <= 0:
                 raise TimeoutError

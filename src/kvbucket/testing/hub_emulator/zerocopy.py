@@ -15,7 +15,7 @@ How it stays fair (issue 24): a worker splices only while bytes flow, for at mos
 at a time; when the socket runs dry it hands the worker back and the wait for more bytes happens
 on the event loop. A stalled or trickling client therefore never holds one of the few workers
 that other users' requests need, and it is cut off after ``idle_s`` without a byte or when it
-misses the ``body_deadline`` (a minimum rate).
+falls behind a minimum rate (``body_wait``).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from typing import Any
 from aiohttp import web
 
 from .state import is_disk_full, preallocate, write_all
-from .wire import body_deadline
+from .wire import body_wait
 
 _PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _SLICE_S = 0.05  # the longest a worker splices one body before it lets other work run
-_GRACE_S = 0.002  # a dry socket: wait this long in the worker, then hand it back
+_GRACE_S = 0.005  # a slice waits for a dry socket this long in all, then hands the worker back
 
 Run = Callable[..., Awaitable[Any]]  # runs a blocking function in the CPU pool (``Emulator.cpu``)
 
@@ -93,26 +93,40 @@ async def splice_to_file(
     """Write ``head`` then splice ``total - len(head)`` socket bytes into a new temp file (0600).
 
     Returns the temp file's path; the caller owns (and removes) it. Raises ``TimeoutError`` for
-    a body that stalls ``idle_s`` or misses its deadline, ``ConnectionError`` for one cut short.
+    a body that stalls ``idle_s`` or falls behind the minimum rate, ``ConnectionError`` for one
+    cut short.
     """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + body_deadline(total, idle_s)
+    started = loop.time()
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     sink = _Sink(fd)
     r = w = watch = -1
+    job: asyncio.Future[Any] | None = None
+
+    async def in_worker(fn: Callable[..., Any], *args: Any) -> Any:
+        nonlocal job  # shielded: a cancelled request must not close the fds a worker still uses
+        job = asyncio.ensure_future(run(fn, *args))
+        return await asyncio.shield(job)
+
+    def close_all(_: object = None) -> None:
+        sink.close()
+        for p in (r, w, watch):
+            if p >= 0:
+                os.close(p)
+
     try:
-        await run(sink.start, head, total)
+        await in_worker(sink.start, head, total)
         remaining = total - len(head)
         r, w = os.pipe()
         with contextlib.suppress(OSError):
             fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_SIZE)
         while remaining:
-            remaining -= await run(_splice_some, sock_fd, w, r, sink, remaining)
+            remaining -= await in_worker(_splice_some, sock_fd, w, r, sink, remaining)
             if not remaining:
                 break
             if watch < 0:
                 watch = os.dup(sock_fd)  # the loop refuses a reader on a transport's own fd
-            wait = min(idle_s, deadline - loop.time())
+            wait = body_wait(started, total - remaining, loop.time(), idle_s)
             if wait <= 0 or not await _readable(loop, watch, wait):
                 raise TimeoutError(f"the body stalled or came too slowly ({remaining} bytes still due)")
         if sink.full is not None:
@@ -122,10 +136,10 @@ async def splice_to_file(
         Path(tmp).unlink(missing_ok=True)
         raise
     finally:
-        sink.close()
-        for p in (r, w, watch):
-            if p >= 0:
-                os.close(p)
+        if job is not None and not job.done():  # cancelled mid-slice: close once the worker is done
+            job.add_done_callback(lambda j: (j.cancelled() or j.exception(), close_all()))
+        else:
+            close_all()
 
 
 class _Sink:
@@ -170,18 +184,21 @@ class _Sink:
 def _splice_some(sock_fd: int, w: int, r: int, sink: _Sink, remaining: int) -> int:
     """In a worker: splice socket -> pipe -> file while bytes come, for at most ``_SLICE_S``.
 
-    Returns the bytes moved (maybe 0) when the socket stays dry for ``_GRACE_S``, the slice is
+    Returns the bytes moved (maybe 0) when the socket was dry for ``_GRACE_S`` in all, the slice is
     used up, or the body is complete.
     """
     flags = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
     stop = time.monotonic() + _SLICE_S
+    grace = _GRACE_S  # in all, per slice: a trickle of bytes gets no more of the worker than a stall
     moved = 0
     while moved < remaining:
         try:
             n = os.splice(sock_fd, w, min(remaining - moved, _PIPE_SIZE), flags=flags)
         except BlockingIOError:
-            if time.monotonic() >= stop or not _wait_readable(sock_fd, _GRACE_S):
+            t0 = time.monotonic()
+            if t0 >= stop or grace <= 0 or not _wait_readable(sock_fd, grace):
                 return moved
+            grace -= time.monotonic() - t0
             continue
         if n == 0:
             raise ConnectionError(f"the client closed the connection with {remaining - moved} body bytes due")
