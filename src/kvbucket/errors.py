@@ -6,6 +6,8 @@ what to do. They never contain tokens or secrets (see ``kvbucket.secrets``).
 
 from __future__ import annotations
 
+from kvbucket.secrets import redact  # stdlib only below it: no import circle
+
 
 class KVBucketError(Exception):
     """Base class of every error kvbucket raises on purpose.
@@ -14,9 +16,11 @@ class KVBucketError(Exception):
     message quotes (a URL with a password, a misplaced token) is never printed in clear."""
 
     def __str__(self) -> str:
-        from kvbucket.secrets import redact
-
-        return redact(super().__str__())
+        text = super().__str__()
+        try:
+            return redact(text)
+        except Exception:  # at interpreter exit the redaction's globals may be gone: show nothing
+            return type(self).__name__
 
 
 class ConfigError(KVBucketError, ValueError):

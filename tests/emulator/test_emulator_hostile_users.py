@@ -401,10 +401,12 @@ def test_a_cancelled_zero_copy_upload_closes_its_files_only_after_its_worker(tmp
 
     pool = ThreadPoolExecutor(1)
     calls: list[str] = []
+    started, release = threading.Event(), threading.Event()
 
-    async def slow_run(fn: Callable[..., Any], *args: Any) -> Any:
+    async def held_run(fn: Callable[..., Any], *args: Any) -> Any:
         def call() -> Any:
-            time.sleep(0.3)  # the worker is mid-slice when the request is cancelled
+            started.set()
+            release.wait(30)  # the worker is mid-slice when the request is cancelled
             calls.append(fn.__name__)
             return fn(*args)
 
@@ -414,13 +416,18 @@ def test_a_cancelled_zero_copy_upload_closes_its_files_only_after_its_worker(tmp
         a, b = socket.socketpair()
         b.sendall(b"x" * 1000)
         fds = len(os.listdir("/proc/self/fd"))
-        task = asyncio.ensure_future(splice_to_file(a.fileno(), b"", 2 * MiB, tmp_path, slow_run, 5.0))
-        await asyncio.sleep(0.1)
+        task = asyncio.ensure_future(splice_to_file(a.fileno(), b"", 2 * MiB, tmp_path, held_run, 5.0))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert len(os.listdir("/proc/self/fd")) > fds  # still open: the worker is using them
-        await asyncio.sleep(0.5)
+        release.set()
+        for _ in range(3000):
+            if len(os.listdir("/proc/self/fd")) == fds:
+                break
+            await asyncio.sleep(0.01)
         assert calls == ["start"]
         assert len(os.listdir("/proc/self/fd")) == fds  # closed once it finished
         a.close()
@@ -429,5 +436,6 @@ def test_a_cancelled_zero_copy_upload_closes_its_files_only_after_its_worker(tmp
     try:
         asyncio.run(main())
     finally:
+        release.set()
         pool.shutdown()
     assert list(tmp_path.iterdir()) == []

@@ -96,8 +96,8 @@ def fleet_round(tmp: Path, base: dict[str, Any], env: dict[str, str] | None = No
     assert pinned == [len(PINNED) * CHUNK] * 3, pinned
     fleets = [r["status"]["fleet"] for r in reports]
     assert all(f["sync_errors"] == 0 for f in fleets), [f["last_error"] for f in fleets]
-    # Judged by the nodes that listed _fleet/ (those on the digest never meet them).
-    assert sum(f["quarantined"] for f in fleets) >= 2, [f["quarantined"] for f in fleets]
+    # Whether a node meets the stray files depends on timing (a node that catches up through the
+    # compactor's digest never lists them); tests/fleet/test_fleet_untrusted.py counts the quarantine.
 
 
 def _layout() -> Any:

@@ -99,7 +99,8 @@ def test_two_processes_with_a_garbage_file_under_fleet_settle_under_capacity(tmp
                        f["evicted_cross_node"]) for f in fleets})
     assert total <= 1.1 * CAPACITY, f"{total / CAPACITY:.2f}x capacity after settling"
     assert all(f["sync_errors"] == 0 and f["last_error"] is None for f in fleets), fleets
-    assert sum(f["quarantined"] for f in fleets) >= 1
+    # Whether a node meets the stray files depends on timing (a node that catches up through the
+    # compactor's digest never lists them); tests/fleet/test_fleet_untrusted.py counts the quarantine.
     assert all(r["hot_hits"] == r["hot_reads"] > 0 for r in reports)
     assert sum(r["status"]["evicted_keys"] for r in reports) > 0
 

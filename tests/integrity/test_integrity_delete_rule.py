@@ -210,3 +210,24 @@ def test_a_fleet_node_that_cannot_open_a_chunk_does_not_report_it_deleted(tmp_pa
     finally:
         a.close()
         b.close()
+
+
+def test_the_non_mp_connectors_lmcache_names_are_not_served_with_encryption_on(tmp_path: Path) -> None:
+    """The connector routes names through the same FormatStore (kvbucket.l2.format_store)."""
+    from kvbucket.l2.format_store import route_formats
+    from kvbucket.l2.naming import Naming
+    from kvbucket.stores.sealed import seal_store
+
+    naming = Naming(style="s3", connector=True)
+    k = key(1).to_string()
+    lm_name = naming.lmcache_name(k)
+    assert lm_name is not None and lm_name in naming.read_names(k)
+    raw = FileStore(tmp_path)
+    raw.put(lm_name, chunk_bytes(LAYOUT, 1))
+    plain = route_formats(seal_store(raw, tier="connector"), naming)
+    assert plain.get_many([lm_name])[0].found  # encryption off: LMCache's bytes, as LMCache reads them
+    enc = route_formats(seal_store(raw, tier="connector", encryption=ring(WRITER_RING)), naming)
+    before = failures("connector", "lmcache")
+    assert enc.head_many([lm_name])[0].size is None and list(enc.list()) == []
+    assert not enc.get_many([lm_name])[0].found
+    assert failures("connector", "lmcache") == before + 1 and raw.exists(lm_name)

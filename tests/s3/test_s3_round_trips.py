@@ -49,16 +49,16 @@ def test_a_fresh_process_looks_up_and_loads_in_two_round_trips(
         assert all(r.found for r in got)
         assert all(np.array_equal(o, c) for o, c in zip(outs, chunks, strict=True))
         methods = [m for m, _, _, _ in fault_proxy.log]
-        # n HEADs, n GETs, and the bucket probe (a one-key listing) sent alongside the HEADs.
+        # n HEADs and n GETs; no bucket probe (a one-key listing): hits prove the bucket.
         assert methods.count("HEAD") == n
         assert sum(1 for m, t, _, _ in fault_proxy.log if m == "GET" and "list-type" not in t) == n
-        assert sum(1 for _, t, _, _ in fault_proxy.log if "list-type" in t) == 1
+        assert sum(1 for _, t, _, _ in fault_proxy.log if "list-type" in t) == 0
         assert fault_proxy.round_trips() == 2
 
 
 def test_a_lookup_miss_still_finds_a_missing_bucket(seaweedfs: S3Server, fault_proxy: FaultProxy) -> None:
-    """The probe runs alongside the first lookup; a miss waits for it, so a missing bucket is
-    still an error of the call, not a miss."""
+    """A lookup's miss sends the bucket probe and waits for it, so a missing bucket is still an
+    error of the call, not a miss."""
     from kvbucket.errors import NotFoundError
 
     fault_proxy.latency = 0.05

@@ -123,7 +123,7 @@ class S3Store(RemoteStore):
         deadline = deadline_in(self.config.s3_load_timeout_secs)
         # The first answer (any response's headers) is a lookup: a hung endpoint costs the lookup budget.
         answer_by = min(deadline, deadline_in(self.config.s3_lookup_timeout_secs))
-        self._ready(bool(names), answer_by, wait=False)
+        self._ready(False)  # the bucket probe only on a miss (_bucket_answers)
         bufs: Sequence[Buffer | None] = out if out is not None else [None] * len(names)
         args = list(zip(names, bufs, strict=True))
         if self._direct is None or not names or (urls := self._direct.sign(names)) is None:
@@ -134,7 +134,7 @@ class S3Store(RemoteStore):
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         names = self._names(names)
         deadline = deadline_in(self.config.s3_lookup_timeout_secs)
-        self._ready(bool(names), deadline, wait=False)
+        self._ready(False)  # the bucket probe only on a miss (_bucket_answers)
         args = [(n,) for n in names]
         if self._direct is None or not names or (urls := self._direct.sign(names, "HEAD")) is None:
             return self._bucket_answers(self._run(self._head_one, args, deadline, "head"), deadline)
@@ -375,9 +375,9 @@ class S3Store(RemoteStore):
 
         The probe runs on its own thread; a caller waits for it at most until its own deadline
         (a probe still running then leaves the real requests to answer, or to time out).
-        ``wait=False`` only starts it: lookups and loads send their requests alongside it, so a
-        fresh process's first lookup costs one round trip, not two, and wait for it only when
-        an answer could mean a missing bucket (:meth:`_bucket_answers`).
+        ``wait=False`` only starts it. Lookups and loads do not send it at all unless an answer
+        could mean a missing bucket (:meth:`_bucket_answers`): a fresh process's lookup + load
+        of hits is then two round trips, its HEADs and its GETs, with no listing beside them.
         """
         if self._closed:
             raise StoreError(f"{self.url} is closed")
@@ -398,9 +398,10 @@ class S3Store(RemoteStore):
             return
 
     def _bucket_answers(self, results: list[ItemResult], deadline: float) -> list[ItemResult]:
-        """``results`` of a lookup or load sent alongside the bucket probe: a miss there may be a
-        missing bucket (S3 answers HEAD on one with the same bodiless 404), so the probe is
-        awaited then and raises NotFoundError for a missing bucket; all hits need no wait."""
+        """``results`` of a lookup or load before the bucket was checked: a miss there may be a
+        missing bucket (S3 answers HEAD on one with the same bodiless 404), so the probe is sent
+        (once per store) and awaited then, and raises NotFoundError for a missing bucket; hits
+        prove the bucket and need no probe."""
         if not self._bucket_checked and any(
                 (r.ok and r.size is None) or isinstance(r.error, NotFoundError) for r in results):
             self._ready(True, deadline)
