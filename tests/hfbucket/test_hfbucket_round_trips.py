@@ -168,3 +168,23 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_transparently(hub
         hub.emulator.requests(clear=True)
         assert [bytes(r.data) for r in store.get_many(names) if r.data is not None] == data
         assert count_routes(hub.emulator.requests(clear=True)) == {"fetch": 8}  # no paths-info: no retry
+
+
+def test_the_read_token_is_renewed_before_it_expires_and_only_then(hub_bucket: Any) -> None:
+    hub = hub_bucket.hub
+    names = ["t0", "t1", "t2"]
+    with _store(hub_bucket) as store:
+        assert all(r.ok for r in store.put_many([(n, os.urandom(10_000)) for n in names]))
+        hub.emulator.requests(clear=True)
+        assert all(r.ok for r in store.get_many(names))
+        assert all(r.ok for r in store.get_many(names))
+        assert count_routes(hub.emulator.requests(clear=True)).get("xet_token") == 1
+        client = store._client
+        token, _, cas = client._read_token
+        client._read_token = (token, int(time.time()) + 30, cas)  # as it is shortly before expiry
+        store._client._reader._cache.clear()  # the next load asks for reconstructions again
+        assert all(r.ok for r in store.get_many(names))
+        assert all(r.ok for r in store.get_many(names))
+        routes = count_routes(hub.emulator.requests(clear=True))
+        assert routes.get("xet_token") == 1, routes  # renewed once, by the loads that needed it
+        assert client._read_token[1] > time.time() + 600
