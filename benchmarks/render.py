@@ -284,9 +284,10 @@ def draw(data: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     desc = json.dumps(data, sort_keys=True)
     if path.suffix == ".svg":
-        fig.savefig(path, format="svg", metadata={"Date": None, "Description": desc})
+        fig.savefig(path, format="svg", bbox_inches="tight",  # the left-aligned title may pass the axes
+                    metadata={"Date": None, "Description": desc})
     else:  # a preview (.png)
-        fig.savefig(path, dpi=80)
+        fig.savefig(path, dpi=80, bbox_inches="tight")
     plt.close(fig)
 
 
