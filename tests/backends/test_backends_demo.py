@@ -70,7 +70,7 @@ def test_demo_bad_options_exit_2_with_a_clear_line(isolated_tmp: Path) -> None:
     assert "unknown model 'gpt-5'; choose one of qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b" in result.output
     result = run("--target", "redis://x", "--chunks", "1")
     assert result.exit_code == 2
-    assert "remote_url scheme 'redis' is not supported" in result.output
+    assert "unknown store URL scheme 'redis' in 'redis://x'" in result.output
 
 
 def test_demo_help() -> None:

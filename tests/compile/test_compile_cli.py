@@ -176,6 +176,7 @@ def test_directory_layout_from_the_command_line(cli: Any, tmp_path: Path) -> Non
     (src / "fxgraph" / "ab").mkdir(parents=True)
     (src / "fxgraph" / "ab" / "graph.py").write_text("x = 1")
     (src / "fxgraph" / "cd.tmp").write_text("half")
+    bucket.mkdir()  # a directory target must exist, as for `compile-cache set` (issue 24 item 17)
     args = ["--layout", "directory:inductor:2", "--target", str(bucket), "--json"]
     rep = _json(cli("sync", "--cache-dir", str(src), *args))
     assert rep["transferred"] == ["fxgraph/ab"] and rep["held_back"] == {"in_progress": 1}
