@@ -13,6 +13,7 @@ threads from the client libraries'.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import queue
 import threading
@@ -26,6 +27,9 @@ T = TypeVar("T")
 
 #: How long ``close()`` of a store or backend waits for calls in progress before abandoning them.
 DEFAULT_CLOSE_TIMEOUT_SECS = 5.0
+
+#: How long the interpreter's exit waits, in all, for calls still running on kvbucket's pools.
+EXIT_DRAIN_SECS = 2.0
 
 _STOP = object()
 _counter = itertools.count()
@@ -46,6 +50,7 @@ class DaemonThreadPool(Executor):
         self._shutdown = False
         # A pool dropped without shutdown() (a store never closed) ends its idle workers.
         weakref.finalize(self, self._q.put, _STOP)
+        _live.add(self)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         with self._lock:
@@ -88,6 +93,24 @@ class DaemonThreadPool(Executor):
     def threads(self) -> list[threading.Thread]:
         with self._lock:
             return list(self._threads)
+
+
+_live: weakref.WeakSet[DaemonThreadPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    """At exit, let calls still running on pools nobody closed end, for at most EXIT_DRAIN_SECS.
+
+    Daemon threads still inside a native call when the interpreter finalizes are ended when they
+    next take the GIL; inside C++ frames that aborts the process ("terminate called without an
+    active exception", seen in SGLang's processes with read-aheads still landing). Queued work
+    is cancelled; a call that outlasts the bound is abandoned as before.
+    """
+    pools = list(_live)
+    for pool in pools:
+        pool.shutdown(wait=False, cancel_futures=True)
+    join_all([t for pool in pools for t in pool.threads], EXIT_DRAIN_SECS)
 
 
 def _work(q: queue.SimpleQueue[Any], idle: threading.Semaphore) -> None:

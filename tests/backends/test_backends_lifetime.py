@@ -236,3 +236,26 @@ def test_a_pool_dropped_without_shutdown_ends_its_workers() -> None:
     for t in threads:
         t.join(5)
     assert not any(t.is_alive() for t in threads)
+
+
+def test_exit_lets_a_running_pool_call_end_within_the_drain_bound(tmp_path: Path) -> None:
+    """A call still running on a pool nobody closed (a read-ahead landing) ends before the
+    interpreter finalizes, instead of being cut off inside it (an abort in C++ frames); one that
+    outlasts EXIT_DRAIN_SECS is still abandoned, so exit stays bounded."""
+    marker, stuck = tmp_path / "landed", tmp_path / "stuck"
+    script = textwrap.dedent(f"""
+        import time
+        from kvbucket.threads import DaemonThreadPool
+        pool = DaemonThreadPool(2)
+        def land(path, secs):
+            time.sleep(secs)
+            open(path, "w").close()
+        pool.submit(land, {str(marker)!r}, 0.5)
+        pool.submit(land, {str(stuck)!r}, 60)
+        time.sleep(0.1)
+    """)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert marker.exists()  # the drain waited for the 0.5 s call
+    assert not stuck.exists() and time.monotonic() - started < 20  # the 60 s one was abandoned
