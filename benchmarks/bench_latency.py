@@ -90,13 +90,8 @@ def _timed_load(lookup: Any, load: Any, bufs: list[Any]) -> dict[str, Any]:
             "total_s": t2 - t0, "hits": hits, "loaded": loaded, "digests": [digest(b) for b in bufs]}
 
 
-def _kv_hub(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
-    from kvbucket.stores.hfbucket import HFBucketStore
-    from kvbucket.stores.hfbucket_config import build_config
-
-    store = HFBucketStore(build_config(bucket_handle=spec["handle"], token=TOKEN, endpoint=spec["endpoint"],
-                                      token_env="", create_bucket_if_missing=True,
-                                      load_timeout_secs=120.0, lookup_timeout_secs=30.0))
+def _kv_store_or_load(store: Any, spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
+    """kvbucket's side on any store: write the shape's objects, or time lookup (head_many) + load."""
     names = _names(n)
     if spec["mode"] == "store":
         res = store.put_many([(nm, payload(i, size, spec["constant"], spec["seed"].encode()))
@@ -108,6 +103,16 @@ def _kv_hub(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
                       lambda: sum(r.ok for r in store.get_many(names, bufs)), bufs)
     store.close()
     return out
+
+
+def _kv_hub(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
+    from kvbucket.stores.hfbucket import HFBucketStore
+    from kvbucket.stores.hfbucket_config import build_config
+
+    store = HFBucketStore(build_config(bucket_handle=spec["handle"], token=TOKEN, endpoint=spec["endpoint"],
+                                      token_env="", create_bucket_if_missing=True,
+                                      load_timeout_secs=120.0, lookup_timeout_secs=30.0))
+    return _kv_store_or_load(store, spec, n, size)
 
 
 def _hf_download(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
@@ -201,17 +206,7 @@ def _kv_s3(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
     from kvbucket.stores import open_store
 
     store = open_store(spec["url"], **spec["options"])
-    names = _names(n)
-    if spec["mode"] == "store":
-        res = store.put_many([(nm, payload(i, size, spec["constant"], spec["seed"].encode()))
-                              for i, nm in enumerate(names)])
-        assert all(r.ok for r in res), [str(r.error) for r in res if not r.ok][:2]
-        return {}
-    bufs = [bytearray(size) for _ in names]
-    out = _timed_load(lambda: sum(r.size is not None for r in store.head_many(names)),
-                      lambda: sum(r.ok for r in store.get_many(names, bufs)), bufs)
-    store.close()
-    return out
+    return _kv_store_or_load(store, spec, n, size)
 
 
 def _boto3(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
