@@ -65,3 +65,25 @@ def test_a_lookup_miss_still_finds_a_missing_bucket(seaweedfs: S3Server, fault_p
     with fresh_store(seaweedfs, "no-such-bucket-rt", fault_proxy) as store, \
             pytest.raises(NotFoundError, match="does not exist"):
         store.head_many(["a", "b"])
+
+
+def test_the_proxy_logs_a_request_before_its_answer_leaves(
+    seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy
+) -> None:
+    """A client holding its answer finds the request in ``log`` (CI once read the log while the
+    proxy was still appending the last request, after its bytes had gone)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    seaweedfs.client().put_object(Bucket=s3_bucket, Key="rt/one", Body=b"x" * 1024)
+    url = urlsplit(fault_proxy.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    try:
+        for i in range(200):
+            start = len(fault_proxy.log)
+            conn.request("GET", f"/{s3_bucket}/rt/one?i={i}")
+            resp = conn.getresponse()
+            resp.read()
+            assert len(fault_proxy.log) == start + 1, f"request {i} not logged when answered"
+    finally:
+        conn.close()

@@ -179,12 +179,23 @@ class FaultProxy:
                 return self.rfile.read(n) if n else b""
 
             def _handle(self) -> None:
-                arrived = time.monotonic()
+                self._arrived, self._logged = time.monotonic(), False
                 try:
                     self._relay()
                 finally:
+                    self._record()
+
+            def _record(self) -> None:
+                """Log the request once, before its answer leaves: a client that has its bytes
+                must find the request in ``log`` (logging after the write raced the client)."""
+                if not self._logged:
+                    self._logged = True
                     with proxy._lock:
-                        proxy.log.append((self.command, self.path, arrived, time.monotonic()))
+                        proxy.log.append((self.command, self.path, self._arrived, time.monotonic()))
+
+            def send_response(self, code: int, message: str | None = None) -> None:
+                self._record()
+                super().send_response(code, message)
 
             def _relay(self) -> None:
                 body = self._body()
