@@ -115,15 +115,19 @@ class LMCacheSide:
         assert ok, f"LMCache store failed: {res}"
         return len(self.keys)
 
-    def lookup(self, a: Any) -> int:
-        tid = a.submit_lookup_and_lock_task(self.lookup_keys, {})
+    def _lookup_and_lock(self, a: Any, keys: list[Any]) -> int:
+        """Hits of one lookup-and-lock task (the keys stay locked)."""
+        tid = a.submit_lookup_and_lock_task(keys, {})
         while True:
             assert self.wait(a.get_lookup_and_lock_event_fd(), 600)
             bm = a.query_lookup_and_lock_result(tid)
             if bm is not None:
-                break
+                return int(bm.popcount())
+
+    def lookup(self, a: Any) -> int:
+        hits = self._lookup_and_lock(a, self.lookup_keys)
         a.submit_unlock(self.lookup_keys)
-        return int(bm.popcount())
+        return hits
 
     def load(self, a: Any, zero: bool = True) -> int:
         if zero:
@@ -137,13 +141,8 @@ class LMCacheSide:
 
     def lookup_load(self, a: Any) -> int:
         """An engine's hit: lookup-and-lock the stored keys, load them, unlock."""
-        tid = a.submit_lookup_and_lock_task(self.keys, {})
-        while True:
-            assert self.wait(a.get_lookup_and_lock_event_fd(), 600)
-            bm = a.query_lookup_and_lock_result(tid)
-            if bm is not None:
-                break
-        got = self.load(a, zero=False) if int(bm.popcount()) == len(self.keys) else 0
+        hits = self._lookup_and_lock(a, self.keys)
+        got = self.load(a, zero=False) if hits == len(self.keys) else 0
         a.submit_unlock(self.keys)
         return got
 
