@@ -489,8 +489,9 @@ def main() -> int:
         print("\nkvbucket: sealed (verified) vs unsealed, and AES-256-GCM vs sealed. Ratios of the median "
               "rounds' ops/s,\nthen [paired]: the median (and quartiles) of per-round ratios, each round's "
               "adapters run back to back")
-        print(f"{'backend':<9} {'op':<7} {'unsealed':>10} {'sealed':>10} {'aes':>10} {'sealed/unsealed':>16} "
-              f"{'aes/sealed':>11}  {'[paired] sealed/unsealed':>25} {'aes/sealed':>19}")
+        print(f"{'backend':<9} {'op':<11} {'unsealed':>10} {'sealed':>10} {'aes':>10} "
+              f"{'sealed/unsealed':>16} {'aes/sealed':>11}  {'[paired] sealed/unsealed':>25} "
+              f"{'aes/sealed':>19}")
         cpu_rows: list[str] = []
         for backend, out in INTEGRITY_RUNS:
             for op in READ_AHEAD_OPS:  # all three have read-ahead on
@@ -499,16 +500,16 @@ def main() -> int:
                 secs = {w: out[w][op]["round_secs"] for w in trio}
                 p_sealed = _paired(secs["kvbucket-unsealed"], secs["kvbucket"])
                 p_aes = _paired(secs["kvbucket"], secs["kvbucket-aes"])
-                print(f"{backend:<9} {op:<7} {raw:>10.1f} {sealed:>10.1f} {aes:>10.1f} "
+                print(f"{backend:<9} {op:<11} {raw:>10.1f} {sealed:>10.1f} {aes:>10.1f} "
                       f"{sealed / raw if raw else 0:>16.3f} {aes / sealed if sealed else 0:>11.3f}  "
                       f"{p_sealed:>25} {p_aes:>19}")
                 c_raw, c_sealed, c_aes = (out[w][op]["cpu_secs"] for w in trio)
-                cpu_rows.append(f"{backend:<9} {op:<7} {_paired(c_raw, c_sealed):>25} "
+                cpu_rows.append(f"{backend:<9} {op:<11} {_paired(c_raw, c_sealed):>25} "
                                 f"{_paired(c_sealed, c_aes):>19}")
         print("\nThe same as client CPU (this process's CPU time per round, servers excluded): "
               "unsealed CPU / sealed CPU,\nsealed CPU / aes CPU, paired by round. On a machine whose "
               "cores are all busy, CPU is throughput.")
-        print(f"{'backend':<9} {'op':<7} {'sealed/unsealed':>25} {'aes/sealed':>19}")
+        print(f"{'backend':<9} {'op':<11} {'sealed/unsealed':>25} {'aes/sealed':>19}")
         print("\n".join(cpu_rows))
     if SERVER_RUNS:
         _print_server_stats(args.num_keys)
@@ -577,7 +578,7 @@ def _print_server_stats(num_keys: int) -> None:
 
     print(f"\nPer round (means; counters per key, {num_keys} keys a round): client CPU = the bench "
           "process's CPU time,\nserver CPU = the server process's (all threads, from /proc, 10 ms ticks)")
-    print(f"{'backend':<9} {'op':<7} {'adapter':<18} {'client ms':>9} {'server ms':>9}  counters per key")
+    print(f"{'backend':<9} {'op':<11} {'adapter':<18} {'client ms':>9} {'server ms':>9}  counters per key")
     for backend, out in SERVER_RUNS:
         for op in OPS:
             for who, res in out.items():
@@ -590,7 +591,7 @@ def _print_server_stats(num_keys: int) -> None:
                 keys = sorted({k for r in rounds for k in r if k != "cpu"})
                 per = {k: statistics.fmean(r.get(k, 0.0) for r in rounds) / num_keys for k in keys}
                 text = ", ".join(f"{k} {v:.3g}" for k, v in per.items() if v)
-                print(f"{backend:<9} {op:<7} {who:<18} {client:>9.1f} {srv:>9.1f}  {text}")
+                print(f"{backend:<9} {op:<11} {who:<18} {client:>9.1f} {srv:>9.1f}  {text}")
 
 
 if __name__ == "__main__":
