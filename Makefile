@@ -26,8 +26,9 @@ lint: install-test
 # The whole suite on TEST_WORKERS pytest-xdist workers (each starts its own servers: Hub emulator,
 # S3 server, on 127.0.0.1). Two workers on 2 cores: much of the suite waits (servers, deadlines,
 # child processes), so a second worker computes meanwhile; worksteal rebalances the long tests at
-# the end. `make test TEST_WORKERS=0` runs it in one process.
+# the end. `make test TEST_WORKERS=0` runs it in one process. The 25 slowest tests are listed at the
+# end, so that a CI log shows where the suite's time goes.
 TEST_WORKERS ?= 2
 
 test: install-test lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25

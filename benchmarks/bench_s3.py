@@ -6,7 +6,10 @@ For each client and round: **store** N chunks (one batch), **lookup** 1,000 keys
 plus absent ones) from a freshly opened client (LMCache's adapter caches sizes of what it stored,
 so a warm instance would skip the HEADs), then **load** the N chunks into preallocated buffers
 (LMCache: its TensorMemoryObj; kvbucket: numpy arrays via get_many(out=...); boto3: readinto).
-Loads are verified byte for byte outside the timed region. Figures are the median of the rounds;
+Loads are verified byte for byte outside the timed region. S3Store does nothing at lookup time
+for the load to come (read-ahead lives in the tiers and adapters in front of a store, not in the
+store), so its lookup and load are honest apart here; through LMCache's runner, with read-ahead,
+see bench_l2.py. Figures are the median of the rounds;
 client order rotates every round so drift on a shared machine hits everyone alike. CPU is the
 benchmark process's CPU time (the server runs in its own process).
 

@@ -4,7 +4,8 @@
 
 Nothing here measures anything: every figure comes from a results file a benchmark wrote
 (benchmarks/results.py), with its machine, load, command, date and commit. Generated files are
-overwritten whole; the README only between its ``<!-- benchmarks:headline -->`` markers.
+overwritten whole; the README only between its ``<!-- benchmarks:headline -->`` markers (the
+headline table) and its ``<!-- benchmarks:demo -->`` markers (the demo line, bench_demo.json).
 tests/docs/test_benchmarks_render.py renders again into a temporary directory and fails when a
 committed page, chart or table differs from what the results files give.
 
@@ -32,30 +33,35 @@ PAGE = Path("docs/benchmarks.md")
 IMG = Path("docs/img")
 README = Path("README.md")
 START, END = "<!-- benchmarks:headline:start -->", "<!-- benchmarks:headline:end -->"
+DEMO_START, DEMO_END = "<!-- benchmarks:demo:start -->", "<!-- benchmarks:demo:end -->"
 DATA_RE = re.compile(r"<dc:description>(.*?)</dc:description>", re.S)
 
-#: The README's headline rows, in order of priority: results file, comparison key, what the row
-#: says. The first 8 present are shown; a row whose file or key is missing (a benchmark not run
-#: yet) is left out.
-HEADLINE: list[tuple[str, str, str]] = [
-    ("bench_transformers", "hit hub 50 ms", "TTFT, cross-machine hit, 50 ms per request"),
-    ("bench_transformers", "hit hub 0 ms", "TTFT, cross-machine hit, loopback"),
-    ("bench_latency-hub", "hub-64x2-50ms-lmcache-hfbucket", "HF bucket lookup + load, 64 x 2 MiB, 50 ms"),
-    ("bench_latency-hub", "hub-64x2-0ms-lmcache-hfbucket", "HF bucket lookup + load, 64 x 2 MiB, 0 ms"),
-    ("bench_latency-hub", "hub-64x2-50ms-download_bucket_files",
-     "HF bucket lookup + load, 64 x 2 MiB, 50 ms"),
-    ("bench_latency-s3", "s3-64x2-50ms-lmcache-s3", "S3 lookup + load, 64 x 2 MiB, 50 ms"),
-    ("bench_hfbucket", "load", "HF bucket load, loopback"),
-    ("bench_s3", "load vs lmcache", "S3 load, loopback"),
-    ("bench_local", "LocalDiskBackend get", "local disk tier get"),
-    ("bench_hfbucket", "lookup cold", "HF bucket lookup, cold"),
-    ("bench_s3", "load vs boto3", "S3 load, loopback"),
+#: The README's headline rows, in order of priority: results file, comparison key(s), what the
+#: row says. A row of two keys shows both figures side by side (``0 / 50 ms``): the same measure
+#: on loopback and at wide-area latency. The first 8 present are shown; a row whose file or keys
+#: are all missing (a benchmark not run yet) is left out, one with a key missing shows the other.
+HEADLINE: list[tuple[str, tuple[str, ...], str]] = [
+    ("bench_transformers", ("hit hub 0 ms", "hit hub 50 ms"),
+     "TTFT, cross-machine hit, 0 / 50 ms per request"),
+    ("bench_latency-hub", ("hub-64x2-0ms-lmcache-hfbucket", "hub-64x2-50ms-lmcache-hfbucket"),
+     "HF bucket lookup + load, 64 x 2 MiB, 0 / 50 ms"),
+    ("bench_latency-hub", ("hub-64x2-0ms-download_bucket_files", "hub-64x2-50ms-download_bucket_files"),
+     "HF bucket lookup + load, 64 x 2 MiB, 0 / 50 ms"),
+    ("bench_latency-s3", ("s3-64x2-0ms-lmcache-s3", "s3-64x2-50ms-lmcache-s3"),
+     "S3 lookup + load, 64 x 2 MiB, 0 / 50 ms"),
+    ("bench_latency-s3", ("s3-64x2-0ms-boto3", "s3-64x2-50ms-boto3"),
+     "S3 lookup + load, 64 x 2 MiB, 0 / 50 ms"),
+    ("bench_l2", ("hfbucket lookup+load",), "HF bucket lookup + load in LMCache's own bench runner, 0 ms"),
+    ("bench_l2", ("hfbucket store",), "HF bucket store in LMCache's own bench runner, 0 ms"),
+    ("bench_local", ("LocalDiskBackend get",), "local disk tier get"),
+    ("bench_hfbucket", ("lookup + load",), "HF bucket lookup + load, loopback"),
+    ("bench_s3", ("load vs lmcache",), "S3 load, loopback"),
 ]
 MAX_HEADLINE = 8
 
 #: Order of the sections on the page (others follow, by name).
-ORDER = ["bench_transformers", "bench_latency-hub", "bench_latency-s3", "bench_latency", "bench_hfbucket",
-         "bench_s3", "bench_l2", "bench_local"]
+ORDER = ["bench_demo", "bench_transformers", "bench_latency-hub", "bench_latency-s3", "bench_latency",
+         "bench_hfbucket", "bench_s3", "bench_l2", "bench_local"]
 
 
 def fmt(v: Any) -> str:
@@ -181,27 +187,58 @@ def section(name: str, r: dict[str, Any]) -> list[str]:
 def headline(results: dict[str, dict[str, Any]]) -> str:
     rows = [_row(["measure (link: full table)", "kvbucket", "peer, same run", "ratio"]), _row(["---"] * 4)]
     shown = 0
-    for name, key, what in HEADLINE:
-        c = results.get(name, {}).get("comparisons", {}).get(key)
-        if c is None or shown == MAX_HEADLINE:
+    for name, keys, what in HEADLINE:
+        comps = [c for k in keys if (c := results.get(name, {}).get("comparisons", {}).get(k)) is not None]
+        if not comps or shown == MAX_HEADLINE:
             continue
         shown += 1
-        unit = c.get("unit", "")
+        unit = comps[0].get("unit", "")
         date = results[name]["date"][:10]
+        peers = [fmt(c.get("peer")) for c in comps]
+        peer = peers[0] if len(set(peers)) == 1 else " / ".join(peers)
+        ratios = " / ".join(f"{c['ratio']:.2f}x" if c.get("ratio") is not None else "-" for c in comps)
         rows.append(_row([f"[{what}](docs/benchmarks.md#{name}) ({date})",
-                          f"{fmt(c.get('ours'))} {unit}".strip(),
-                          f"{fmt(c.get('peer'))} {unit} {c.get('peer_name')}".strip(),
-                          f"**{c['ratio']:.2f}x**" if c.get("ratio") is not None else "-"]))
+                          " / ".join(f"{fmt(c.get('ours'))} {unit}".strip() for c in comps),
+                          f"{peer} {unit} {comps[0].get('peer_name')}".strip(), f"**{ratios}**"]))
     return "\n".join(rows)
 
 
-def splice_readme(text: str, table: str) -> str:
-    """README text with the headline table between its markers (which must be there)."""
-    if START not in text or END not in text:
-        raise SystemExit(f"README.md has no {START} ... {END} markers")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}\n{END}{tail}"
+def demo_line(results: dict[str, dict[str, Any]]) -> str:
+    """The README's demo line: `kvbucket demo`'s hit TTFT at each latency it was run with
+    (bench_demo.json), next to the recompute of the same runs."""
+    r = results.get("bench_demo") or {}
+    comps = sorted(r.get("comparisons", {}).values(), key=lambda c: c.get("latency_ms") or 0)
+    if not comps:
+        return "(`python benchmarks/bench_demo.py` has not been run: no figures yet.)"
+    hits = []
+    for c in comps:
+        ms = c.get("latency_ms") or 0
+        at = (f"with {ms:g} ms added to each of {fmt(c.get('delayed_requests'))} requests" if ms
+              else "at 0 ms (loopback)")
+        hits.append(f"**{fmt(c['ours'])} s** {at}")
+    refs = " and ".join(f"{fmt(c['peer'])} s" for c in comps)
+    ratios = " and ".join(f"{c['ratio']:.1f}x" for c in comps if c.get("ratio"))
+    load = r.get("load_average", {}).get("start") or [None]
+    cores = r.get("machine", {}).get("cores")
+    return (f"What `kvbucket demo` printed on a {cores}-core machine ([{r['date'][:10]}, load "
+            f"{fmt(load[0])}](docs/benchmarks.md#bench_demo)): machine B's time to first token through "
+            f"the cache (a cross-machine hit) {', '.join(hits)}, against {refs} recomputing the prompt "
+            f"with a plain `generate` in the same runs ({ratios} faster).")
+
+
+def splice(text: str, start: str, end: str, body: str) -> str:
+    """``text`` with ``body`` between its ``start`` and ``end`` markers (which must be there)."""
+    if start not in text or end not in text:
+        raise SystemExit(f"README.md has no {start} ... {end} markers")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def splice_readme(text: str, table: str, demo: str | None = None) -> str:
+    """README text with the headline table (and the demo line) between their markers."""
+    text = splice(text, START, END, table)
+    return text if demo is None else splice(text, DEMO_START, DEMO_END, demo)
 
 
 # ---- charts ------------------------------------------------------------------------------------
@@ -326,7 +363,8 @@ def render(results_dir: Path = RESULTS_DIR, out_root: Path = ROOT,
         if old.name not in drawn and DATA_RE.search(old.read_text(encoding="utf-8")):
             old.unlink()
     src = (readme_in or out_root / README).read_text(encoding="utf-8")
-    (out_root / README).write_text(splice_readme(src, headline(results)), encoding="utf-8")
+    readme = splice_readme(src, headline(results), demo_line(results))
+    (out_root / README).write_text(readme, encoding="utf-8")
     written.append(out_root / README)
     return written
 

@@ -8,6 +8,8 @@ the parts they use:
   guards it;
 - :class:`~kvbucket.l2.tasks.TaskRunner`: the loop thread and the store-call pool;
   :class:`~kvbucket.l2.tasks.Completions`: one table of finished results and one event fd per path;
+- :class:`~kvbucket.l2.context.AdapterContext`: the shared parts above (with the store, the
+  counters, the listener and the fleet), built once and handed to every path;
 - :mod:`kvbucket.l2.store_path`: store tasks (any sizes, mixed, unless ``full_chunk_bytes``);
 - :mod:`kvbucket.l2.lookup_path`: lookup-and-lock, answered from the index when it can;
 - :mod:`kvbucket.l2.load_path`: loads (exact sizes only; a gone object heals the index);
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
+from kvbucket.l2.context import AdapterContext
 from kvbucket.l2.core import L2Listener, Listeners, NameCache, Stats
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.l2.format_store import route_formats
@@ -102,8 +105,9 @@ class ObjectStoreL2Adapter(L2Adapter):
             seal_store(store, tier="l2", unsealed=unsealed, encryption=encryption), self._naming
         )
         # Every path goes through the read-ahead buffer (when on): lookups start loads, loads take
-        # them, and stores and deletes drop what they replace or remove.
-        self._io = with_read_ahead(self._store, read_ahead, label="l2")
+        # them, and stores and deletes drop what they replace or remove. Its series are labelled
+        # with the store's URL, as the store's own are (one lmcache server may run several adapters).
+        self._io = with_read_ahead(self._store, read_ahead, label=self._store.url)
         # A per-process working dir (LMCache's download session dir), removed on close.
         self._work_dir = work_dir
         self._owns_store = owns_store
@@ -132,21 +136,18 @@ class ObjectStoreL2Adapter(L2Adapter):
                 on_tick=self._fleet_tick,
                 on_ready=self._fleet_ready,
             )
-        parts = (
+        ctx = AdapterContext(
             self._state, self._names, self._runner, self._io, self._stats, self._listeners, self._fleet
         )
         self._removal = RemovalPath(
-            *parts, eviction=eviction, capacity=capacity, delete_timeout=delete_timeout_secs
+            ctx, eviction=eviction, capacity=capacity, delete_timeout=delete_timeout_secs
         )
-        self._stores = StorePath(*parts, after_store=self._removal.maybe_evict)
+        self._stores = StorePath(ctx, after_store=self._removal.maybe_evict)
         self._lookups = LookupPath(
-            *parts, breaker=breaker_of(self._store), negative_ttl=float(metadata_cache_ttl_secs)
+            ctx, breaker=breaker_of(self._store), negative_ttl=float(metadata_cache_ttl_secs)
         )
-        self._loads = LoadPath(*parts)
-        self._inventory = InventoryPath(
-            self._state, self._naming, self._runner, self._io, self._stats, self._fleet,
-            capacity=capacity, eviction=eviction,
-        )
+        self._loads = LoadPath(ctx)
+        self._inventory = InventoryPath(ctx, capacity=capacity, eviction=eviction)
         if self._fleet is not None:
             self._fleet.start()
         elif rebuild_usage:

@@ -10,20 +10,14 @@ import asyncio
 import time
 from bisect import bisect_right
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvbucket.fleet.layout import is_fleet_name
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import KeyPage, Usage
-from kvbucket.l2.core import Stats, log
+from kvbucket.l2.context import AdapterContext
+from kvbucket.l2.core import log
 from kvbucket.l2.eviction import EvictionConfig
-from kvbucket.l2.naming import Naming
-from kvbucket.l2.state import KeyState
-from kvbucket.l2.tasks import TaskRunner
-from kvbucket.stores.base import ObjectStore
-
-if TYPE_CHECKING:
-    from kvbucket.fleet.host import FleetLink
 
 _REBUILD_PAGE = 1000
 
@@ -33,28 +27,19 @@ class InventoryPath:
 
     def __init__(
         self,
-        state: KeyState,
-        naming: Naming,
-        runner: TaskRunner,
-        store: ObjectStore,
-        stats: Stats,
-        fleet: FleetLink | None,
+        ctx: AdapterContext,
         *,
         capacity: int,
         eviction: EvictionConfig | None,
     ) -> None:
-        self._state = state
-        self._naming = naming
-        self._prefix = naming.prefix
-        self._runner = runner
-        self._store = store
-        self._stats = stats
-        self._fleet = fleet
+        self._ctx = ctx
+        self._naming = ctx.names.naming
+        self._prefix = ctx.prefix
         self._capacity = capacity
         self._eviction = eviction
 
     def get_usage(self) -> Usage:
-        st = self._state
+        st = self._ctx.state
         with st.lock:
             return Usage(
                 bytes_used=st.index.bytes_used,
@@ -66,7 +51,7 @@ class InventoryPath:
     def wait_until_rebuilt(self, timeout: float | None = None) -> bool:
         """Block until the startup listing has been read (for tools and tests)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._state.rebuilt:
+        while not self._ctx.state.rebuilt:
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
@@ -74,19 +59,19 @@ class InventoryPath:
 
     async def rebuild(self) -> None:
         try:
-            await asyncio.get_running_loop().run_in_executor(self._runner.pool, self._rebuild_sync)
+            await asyncio.get_running_loop().run_in_executor(self._ctx.runner.pool, self._rebuild_sync)
         except Exception as e:
             log.exception(
-                "could not list %s to rebuild usage; usage counts only this run's stores", self._store.url
+                "could not list %s to rebuild usage; usage counts only this run's stores", self._ctx.store.url
             )
-            self._stats.last_error = f"usage rebuild failed: {type(e).__name__}: {e}"
+            self._ctx.stats.last_error = f"usage rebuild failed: {type(e).__name__}: {e}"
         finally:
-            with self._state.lock:
-                self._state.rebuilt = True
-                self._state.deleted_while_rebuilding.clear()
+            with self._ctx.state.lock:
+                self._ctx.state.rebuilt = True
+                self._ctx.state.deleted_while_rebuilding.clear()
 
     def _rebuild_sync(self) -> None:
-        st = self._state
+        st = self._ctx.state
         prefix = f"{self._prefix}/" if self._prefix else ""
         page: list[tuple[str, ObjectKey, int, float]] = []
 
@@ -103,13 +88,13 @@ class InventoryPath:
                         st.index.add(name, key, size, touch=False)
             page.clear()
 
-        for info in self._store.list(prefix):
+        for info in self._ctx.store.list(prefix):
             if st.closed:
                 return
             key = self._naming.parse(info.name)  # kvbucket's names and LMCache's
             if key is None:
                 if not is_fleet_name(info.name, self._prefix):
-                    self._stats["foreign_objects"] += 1
+                    self._ctx.stats["foreign_objects"] += 1
                 continue
             page.append((info.name, key, info.size, info.mtime or 0.0))
             if len(page) >= _REBUILD_PAGE:
@@ -123,7 +108,7 @@ class InventoryPath:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
         if cursor is not None and (not isinstance(cursor, str) or not cursor):
             raise ValueError("cursor must be the non-empty string returned as next_cursor")
-        st = self._state
+        st = self._ctx.state
         start = f"{self._prefix}/" if self._prefix else ""
         if st.rebuilt:
             with st.lock:
@@ -135,7 +120,7 @@ class InventoryPath:
                 )
         else:
             names = []
-            for info in self._store.list(start):
+            for info in self._ctx.store.list(start):
                 key = self._naming.parse(info.name)
                 if key is None or (model_name and key.model_name != model_name):
                     continue
@@ -147,14 +132,14 @@ class InventoryPath:
         return KeyPage(tuple((k, s) for _, k, s in chunk), chunk[-1][0] if more and chunk else None)
 
     def report_status(self) -> dict[str, Any]:
-        st = self._state
+        st = self._ctx.state
         usage = self.get_usage()
         with st.lock:
             locked = sum(1 for c in st.key_locks.values() if c > 0)
             keys = len(st.index)
         return {
             "is_healthy": not st.closed,
-            "store": self._store.url,
+            "store": self._ctx.store.url,
             "prefix": self._prefix,
             "keys": keys,
             "bytes_used": usage.bytes_used,
@@ -162,10 +147,10 @@ class InventoryPath:
             "usage_fraction": usage.usage_fraction,
             "usage_complete": usage.complete,
             "locked_keys": locked,
-            "inflight_tasks": len(self._runner.inflight),
+            "inflight_tasks": len(self._ctx.runner.inflight),
             "full_chunk_bytes": st.full_fixed if st.full_fixed is not None else dict(st.full),
             "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
-            "last_error": self._stats.last_error,
-            **self._stats,
-            **({"fleet": self._fleet.status()} if self._fleet is not None else {}),
+            "last_error": self._ctx.stats.last_error,
+            **self._ctx.stats,
+            **({"fleet": self._ctx.fleet.status()} if self._ctx.fleet is not None else {}),
         }

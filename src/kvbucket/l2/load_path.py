@@ -9,50 +9,32 @@ healing when another server deleted it).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvbucket.errors import SizeMismatchError
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import L2TaskId
-from kvbucket.l2.core import Listeners, NameCache, Stats, log, repeated
-from kvbucket.l2.state import KeyState
-from kvbucket.l2.tasks import Completions, TaskRunner
-from kvbucket.stores.base import Buffer, ObjectStore
-
-if TYPE_CHECKING:
-    from kvbucket.fleet.host import FleetLink
+from kvbucket.l2.context import AdapterContext
+from kvbucket.l2.core import log, repeated
+from kvbucket.l2.tasks import Completions
+from kvbucket.stores.base import Buffer
 
 
 class LoadPath:
     """Load tasks and their completions (``done``: this path's results and event fd)."""
 
-    def __init__(
-        self,
-        state: KeyState,
-        names: NameCache,
-        runner: TaskRunner,
-        store: ObjectStore,
-        stats: Stats,
-        listeners: Listeners,
-        fleet: FleetLink | None,
-    ) -> None:
-        self._state = state
-        self._names = names
-        self._runner = runner
-        self._store = store
-        self._stats = stats
-        self._listeners = listeners
-        self._fleet = fleet
+    def __init__(self, ctx: AdapterContext) -> None:
+        self._ctx = ctx
         self.done: Completions[list[bool]] = Completions()
 
     def submit(
         self, keys: Sequence[ObjectKey], buffers: Sequence[Buffer], *, keepalive: Any = None
     ) -> L2TaskId:
         keys, buffers = list(keys), list(buffers)
-        tid = self._runner.new_id()
-        with self._state.lock:
-            if not self._state.closed and len(keys) == len(buffers):
-                self._runner.schedule(self._run(tid, keys, buffers, keepalive))
+        tid = self._ctx.runner.new_id()
+        with self._ctx.state.lock:
+            if not self._ctx.state.closed and len(keys) == len(buffers):
+                self._ctx.runner.schedule(self._run(tid, keys, buffers, keepalive))
                 return tid
         self.done.publish(tid, [False] * len(keys))
         return tid
@@ -61,21 +43,21 @@ class LoadPath:
         self, tid: L2TaskId, keys: list[ObjectKey], buffers: list[Buffer], keepalive: Any = None
     ) -> None:
         n = len(keys)
-        st = self._state
+        st = self._ctx.state
         ok = [False] * n
         gone_keys: list[ObjectKey] = []
         gone_sizes: list[int] = []
         gone_names: list[str] = []
         try:
-            cands = [self._names.names(k) for k in keys]
+            cands = [self._ctx.names.names(k) for k in keys]
             with st.lock:
                 # The name the index knows first, then the others in order.
                 order = [_known_first(c, st.where(c)) for c in cands]
             todo = list(range(n))
             r = 0
             while todo:
-                results = await self._runner.sliced(
-                    self._store.get_many, [order[i][r] for i in todo], [buffers[i] for i in todo]
+                results = await self._ctx.runner.sliced(
+                    self._ctx.store.get_many, [order[i][r] for i in todo], [buffers[i] for i in todo]
                 )
                 retry: list[int] = []
                 with st.lock:
@@ -85,7 +67,7 @@ class LoadPath:
                             ok[i] = True
                             st.index.touch(name)
                         elif isinstance(res.error, SizeMismatchError):
-                            self._stats["size_mismatches"] += 1
+                            self._ctx.stats["size_mismatches"] += 1
                             repeated.warning("load task %d: %s; reported as a miss", tid, res.error, item=tid)
                         elif res.ok:  # not there (deleted elsewhere): forget it, try the next name
                             size = st.index.remove(name)
@@ -96,20 +78,20 @@ class LoadPath:
                             if r + 1 < len(order[i]):
                                 retry.append(i)
                         else:
-                            self._stats.last_error = str(res.error)
+                            self._ctx.stats.last_error = str(res.error)
                 todo, r = retry, r + 1
-            if gone_names and self._fleet is not None:
+            if gone_names and self._ctx.fleet is not None:
                 # A miss tells the fleet of a deletion only when the object is gone: one this
                 # reader refused and kept (no keyring, another key; docs/integrity.md, "What a
                 # reader may delete") is still there, and still counted, for the nodes that read it.
-                heads = await self._runner.sliced(self._store.head_many, gone_names)
-                self._fleet.deleted([h.name for h in heads if h.ok and h.size is None])
+                heads = await self._ctx.runner.sliced(self._ctx.store.head_many, gone_names)
+                self._ctx.fleet.deleted([h.name for h in heads if h.ok and h.size is None])
         except Exception as e:
             log.exception("load task %d failed", tid)
-            self._stats.last_error = f"{type(e).__name__}: {e}"
-        self._stats["loads"] += 1
-        self._stats["load_misses"] += ok.count(False)
-        self._listeners.deleted(gone_keys, gone_sizes)
+            self._ctx.stats.last_error = f"{type(e).__name__}: {e}"
+        self._ctx.stats["loads"] += 1
+        self._ctx.stats["load_misses"] += ok.count(False)
+        self._ctx.listeners.deleted(gone_keys, gone_sizes)
         self.done.publish(tid, ok)
 
 

@@ -16,20 +16,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvbucket.errors import InvalidKeyError
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import L2TaskId
-from kvbucket.l2.core import Listeners, NameCache, Stats, log
-from kvbucket.l2.state import KeyState
-from kvbucket.l2.tasks import Completions, TaskRunner
-from kvbucket.stores.base import ObjectStore
+from kvbucket.l2.context import AdapterContext
+from kvbucket.l2.core import log
+from kvbucket.l2.tasks import Completions
 from kvbucket.stores.breaker import CircuitBreaker
 from kvbucket.stores.prefetch import read_ahead
-
-if TYPE_CHECKING:
-    from kvbucket.fleet.host import FleetLink
 
 
 class LookupPath:
@@ -37,38 +33,26 @@ class LookupPath:
 
     def __init__(
         self,
-        state: KeyState,
-        names: NameCache,
-        runner: TaskRunner,
-        store: ObjectStore,
-        stats: Stats,
-        listeners: Listeners,
-        fleet: FleetLink | None,
+        ctx: AdapterContext,
         *,
         breaker: CircuitBreaker | None,
         negative_ttl: float,
     ) -> None:
-        self._state = state
-        self._names = names
-        self._runner = runner
-        self._store = store
-        self._stats = stats
-        self._listeners = listeners
-        self._fleet = fleet
+        self._ctx = ctx
         self._breaker = breaker  # while open, lookups answer from the index alone, at once
         self._neg_ttl = negative_ttl
         self.done: Completions[list[bool]] = Completions()
 
     def submit(self, keys: Sequence[ObjectKey], layout: Any | None = None) -> L2TaskId:
         keys = list(keys)
-        st = self._state
+        st = self._ctx.state
         try:
-            cands: list[tuple[str, ...]] | None = [self._names.names(k) for k in keys]
+            cands: list[tuple[str, ...]] | None = [self._ctx.names.names(k) for k in keys]
         except InvalidKeyError:
             cands = None  # the task reports it (as misses) from the loop
         accessed: list[ObjectKey] = []
         ahead: list[tuple[str, int]] = []  # (name, size) of hits: their loads start now
-        tid = self._runner.new_id()
+        tid = self._ctx.runner.new_id()
         with st.lock:
             if st.full_fixed is None:
                 if isinstance(layout, int) and layout > 0:
@@ -87,12 +71,12 @@ class LookupPath:
                     # no request and no hop through the loop thread (the engine recomputes).
                     done = self._lock_hits(keys, cands, accessed, ahead)
                     unasked = len(keys) - sum(done)
-                    self._stats["breaker_misses"] += unasked
+                    self._ctx.stats["breaker_misses"] += unasked
                     self._breaker.count_rejected("head", unasked)
             if done is None:
-                self._runner.schedule(self._run(tid, keys))
+                self._ctx.runner.schedule(self._run(tid, keys))
         if done is not None:
-            self._stats["lookups"] += 1
+            self._ctx.stats["lookups"] += 1
             self._finish(tid, done, accessed, ahead)
         return tid
 
@@ -103,9 +87,9 @@ class LookupPath:
         LMCache's hfbucket and s3 adapters call ``_notify_keys_accessed`` right after the lookup
         signal, which keeps LMCache's listeners and event bus off the lookup's latency."""
         if ahead:
-            read_ahead(self._store, [n for n, _ in ahead], [z for _, z in ahead])
+            read_ahead(self._ctx.store, [n for n, _ in ahead], [z for _, z in ahead])
         self.done.publish(tid, hits)
-        self._listeners.accessed(accessed)
+        self._ctx.listeners.accessed(accessed)
 
     def _from_index(
         self,
@@ -122,9 +106,9 @@ class LookupPath:
         when ``unknown_misses`` (or a fleet tells every store through its journals) or when each
         name is a fresh remembered miss; otherwise the store must be asked: None, nothing changed.
         Plain loops: this runs per key on every lookup."""
-        st = self._state
+        st = self._ctx.state
         get = st.index.get
-        unknown_misses = unknown_misses or (self._fleet is not None and st.rebuilt)
+        unknown_misses = unknown_misses or (self._ctx.fleet is not None and st.rebuilt)
         now = 0.0
         found: list[tuple[int, str, int]] = []
         for i, c in enumerate(cands):
@@ -154,8 +138,8 @@ class LookupPath:
             hit_names.append(name)
             if ahead is not None:
                 ahead.append((name, size))
-        if self._fleet is not None and hit_names:
-            self._fleet.accessed(hit_names)
+        if self._ctx.fleet is not None and hit_names:
+            self._ctx.fleet.accessed(hit_names)
         return hits
 
     def _lock_hits(
@@ -168,12 +152,12 @@ class LookupPath:
         return hits
 
     def unlock(self, keys: Sequence[ObjectKey]) -> None:
-        st = self._state
+        st = self._ctx.state
         with st.lock:
             locks = st.key_locks
             for key in keys:
                 try:
-                    cands = self._names.names(key)
+                    cands = self._ctx.names.names(key)
                 except InvalidKeyError:
                     continue
                 name = next((n for n in cands if locks.get(n)), None)
@@ -186,13 +170,13 @@ class LookupPath:
                     locks[name] = count - 1
 
     async def _run(self, tid: L2TaskId, keys: list[ObjectKey]) -> None:
-        st = self._state
+        st = self._ctx.state
         n = len(keys)
         hits = [False] * n
         accessed: list[ObjectKey] = []
         ahead: list[tuple[str, int]] = []
         try:
-            cands = [self._names.names(k) for k in keys]
+            cands = [self._ctx.names.names(k) for k in keys]
             found: list[ObjectKey] = []
             found_sizes: list[int] = []
             # Every name format in one round (one head_many): a key not found under kvbucket's
@@ -206,7 +190,7 @@ class LookupPath:
                         continue
                     ask.extend((i, nm) for nm in c if st.missing.get(nm, 0.0) <= now)
             if ask:
-                heads = await self._runner.sliced(self._store.head_many, [nm for _, nm in ask])
+                heads = await self._ctx.runner.sliced(self._ctx.store.head_many, [nm for _, nm in ask])
                 expiry = time.monotonic() + self._neg_ttl
                 with st.lock:
                     for (i, name), h in zip(ask, heads, strict=True):
@@ -217,11 +201,11 @@ class LookupPath:
                                 found_sizes.append(h.size)
                         elif h.ok and self._neg_ttl > 0:
                             st.missing[name] = expiry
-            self._listeners.stored(found, found_sizes)
+            self._ctx.listeners.stored(found, found_sizes)
             with st.lock:
                 hits = self._lock_hits(keys, cands, accessed, ahead)
         except Exception as e:
             log.exception("lookup task %d failed", tid)
-            self._stats.last_error = f"{type(e).__name__}: {e}"
-        self._stats["lookups"] += 1
+            self._ctx.stats.last_error = f"{type(e).__name__}: {e}"
+        self._ctx.stats["lookups"] += 1
         self._finish(tid, hits, accessed, ahead)

@@ -7,18 +7,12 @@ thread; everything else it touches is the adapter's :class:`~kvbucket.l2.state.K
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from kvbucket.errors import StoreError
 from kvbucket.keys import ObjectKey
-from kvbucket.l2.core import Listeners, NameCache, Stats
+from kvbucket.l2.context import AdapterContext
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
-from kvbucket.l2.state import KeyState
-from kvbucket.l2.tasks import TaskRunner
-from kvbucket.stores.base import ItemResult, ObjectStore
-
-if TYPE_CHECKING:
-    from kvbucket.fleet.host import FleetLink
+from kvbucket.stores.base import ItemResult
 
 
 class RemovalPath:
@@ -26,25 +20,13 @@ class RemovalPath:
 
     def __init__(
         self,
-        state: KeyState,
-        names: NameCache,
-        runner: TaskRunner,
-        store: ObjectStore,
-        stats: Stats,
-        listeners: Listeners,
-        fleet: FleetLink | None,
+        ctx: AdapterContext,
         *,
         eviction: EvictionConfig | None,
         capacity: int,
         delete_timeout: float,
     ) -> None:
-        self._state = state
-        self._names = names
-        self._runner = runner
-        self._store = store
-        self._stats = stats
-        self._listeners = listeners
-        self._fleet = fleet
+        self._ctx = ctx
         self._eviction = eviction
         self._capacity = capacity
         self._delete_timeout = delete_timeout
@@ -55,8 +37,8 @@ class RemovalPath:
         do, every removed key is reported to the listener, a key that was not stored included
         (with size 0); locked keys are skipped and not reported."""
         keys = list(keys)
-        st = self._state
-        cands = [self._names.names(k) for k in keys]
+        st = self._ctx.state
+        cands = [self._ctx.names.names(k) for k in keys]
         with st.lock:
             if st.closed:
                 return [False] * len(keys)
@@ -68,16 +50,16 @@ class RemovalPath:
             for i in take:
                 st.deleting.update(cands[i])
         flat = [nm for i in take for nm in cands[i]]
-        gone, sizes = self._runner.run(self._delete_names(flat, notify=False), self._delete_timeout)
+        gone, sizes = self._ctx.runner.run(self._delete_names(flat, notify=False), self._delete_timeout)
         removed = dict(zip(flat, gone, strict=True))
         out = [False] * len(keys)
         for i in take:
             out[i] = all(removed[nm] for nm in cands[i])
         told = [i for i in take if out[i]]
-        self._listeners.deleted(
+        self._ctx.listeners.deleted(
             [keys[i] for i in told], [sum(sizes.get(nm, 0) for nm in cands[i]) for i in told]
         )
-        self._stats["deleted_keys"] += sum(out)
+        self._ctx.stats["deleted_keys"] += sum(out)
         return out
 
     async def _delete_names(
@@ -87,9 +69,9 @@ class RemovalPath:
 
         Returns which names are gone and the indexed size of each removed indexed name; with
         ``notify`` the listener is told of the removed indexed keys."""
-        st = self._state
+        st = self._ctx.state
         try:
-            results = await self._runner.sliced(self._store.delete_many, names)
+            results = await self._ctx.runner.sliced(self._ctx.store.delete_many, names)
         except Exception as e:
             results = [ItemResult(n, error=StoreError(str(e))) for n in names]
         removed = [r.ok for r in results]
@@ -100,13 +82,13 @@ class RemovalPath:
             for name, r in zip(names, results, strict=True):
                 st.deleting.discard(name)
                 if not r.ok:
-                    self._stats["delete_failures"] += 1
-                    self._stats.last_error = str(r.error)
+                    self._ctx.stats["delete_failures"] += 1
+                    self._ctx.stats.last_error = str(r.error)
                     continue
                 if not st.rebuilt:
                     st.deleted_while_rebuilding.add(name)
-                if self._fleet is not None:
-                    self._fleet.deleted([name], evicted=evicted)
+                if self._ctx.fleet is not None:
+                    self._ctx.fleet.deleted([name], evicted=evicted)
                 entry = st.index.get(name)
                 size = st.index.remove(name)
                 if entry is not None:
@@ -114,31 +96,31 @@ class RemovalPath:
                     gone_keys.append(entry.key)
                     gone_sizes.append(size)
         if notify:
-            self._listeners.deleted(gone_keys, gone_sizes)
+            self._ctx.listeners.deleted(gone_keys, gone_sizes)
         return removed, sizes
 
     def maybe_evict(self) -> None:
         """Called on the loop thread after a store or a fleet round: start one eviction pass if needed."""
         cfg = self._eviction
-        st = self._state
+        st = self._ctx.state
         if cfg is None or self.evicting or st.closed:
             return
         with st.lock:
-            expired = self._fleet is not None and self._fleet.has_expired()
+            expired = self._ctx.fleet is not None and self._ctx.fleet.has_expired()
             if not expired and not cfg.triggered(st.index.bytes_used, self._capacity):
                 return
             self.evicting = True
-        self._runner.loop.create_task(self._evict())
+        self._ctx.runner.loop.create_task(self._evict())
 
     async def _evict(self) -> None:
         assert self._eviction is not None
-        st = self._state
+        st = self._ctx.state
         try:
             while not st.closed:
                 with st.lock:
                     busy = set(st.key_locks) | st.deleting
-                    if self._fleet is not None:
-                        victims = self._fleet.victims(busy)
+                    if self._ctx.fleet is not None:
+                        victims = self._ctx.fleet.victims(busy)
                     else:
                         victims = choose_victims(st.index, self._capacity, self._eviction, busy)
                     sizes = {v: e.size for v in victims if (e := st.index.get(v)) is not None}
@@ -146,11 +128,11 @@ class RemovalPath:
                 if not victims:
                     return
                 removed, _ = await self._delete_names(victims, evicted=True)
-                self._stats["evicted_keys"] += sum(removed)
-                self._stats["evicted_bytes"] += sum(
+                self._ctx.stats["evicted_keys"] += sum(removed)
+                self._ctx.stats["evicted_bytes"] += sum(
                     sizes.get(v, 0) for v, r in zip(victims, removed, strict=True) if r
                 )
-                if not any(removed) or self._fleet is not None:
+                if not any(removed) or self._ctx.fleet is not None:
                     # The store refuses deletes (try again after the next store), or a fleet
                     # node took its share of this round (the next sync round shows the rest).
                     return

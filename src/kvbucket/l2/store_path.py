@@ -9,41 +9,22 @@ are told to the listener before the completion is signalled (as LMCache's adapte
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import L2TaskId, StoreResult
-from kvbucket.l2.core import Listeners, NameCache, Stats, log, nbytes, repeated
-from kvbucket.l2.state import KeyState
-from kvbucket.l2.tasks import Completions, TaskRunner
-from kvbucket.stores.base import Buffer, ObjectStore
-
-if TYPE_CHECKING:
-    from kvbucket.fleet.host import FleetLink
+from kvbucket.l2.context import AdapterContext
+from kvbucket.l2.core import log, nbytes, repeated
+from kvbucket.l2.tasks import Completions
+from kvbucket.stores.base import Buffer
 
 
 class StorePath:
     """Store tasks and their completions (``done``: this path's results and event fd)."""
 
-    def __init__(
-        self,
-        state: KeyState,
-        names: NameCache,
-        runner: TaskRunner,
-        store: ObjectStore,
-        stats: Stats,
-        listeners: Listeners,
-        fleet: FleetLink | None,
-        after_store: Callable[[], None],
-    ) -> None:
+    def __init__(self, ctx: AdapterContext, after_store: Callable[[], None]) -> None:
         """``after_store``: called on the loop thread after each task (starts an eviction pass)."""
-        self._state = state
-        self._names = names
-        self._runner = runner
-        self._store = store
-        self._stats = stats
-        self._listeners = listeners
-        self._fleet = fleet
+        self._ctx = ctx
         self._after_store = after_store
         self.done: Completions[StoreResult] = Completions()
 
@@ -53,12 +34,12 @@ class StorePath:
         """``keepalive``: objects owning the buffers' memory, held until the task completes (a
         ctypes view of an LMCache MemoryObj does not keep the MemoryObj alive)."""
         keys, buffers = list(keys), list(buffers)
-        st = self._state
-        tid = self._runner.new_id()
+        st = self._ctx.state
+        tid = self._ctx.runner.new_id()
         with st.lock:
             failed_now = st.closed or len(keys) != len(buffers)
             if not failed_now:
-                self._runner.schedule(self._run(tid, keys, buffers, keepalive))
+                self._ctx.runner.schedule(self._run(tid, keys, buffers, keepalive))
         if failed_now:
             if len(keys) != len(buffers):
                 log.error("store task %d: %d keys but %d buffers; refused", tid, len(keys), len(buffers))
@@ -69,7 +50,7 @@ class StorePath:
         self, tid: L2TaskId, keys: list[ObjectKey], buffers: list[Buffer], keepalive: Any = None
     ) -> None:
         n = len(keys)
-        st = self._state
+        st = self._ctx.state
         new_keys: list[ObjectKey] = []
         new_sizes: list[int] = []
         try:
@@ -79,26 +60,26 @@ class StorePath:
             fixed = st.full_fixed
             take = [i for i in range(n) if fixed is None or sizes[i] == fixed]
             if len(take) < n:
-                self._stats["refused_unfull"] += n - len(take)
+                self._ctx.stats["refused_unfull"] += n - len(take)
                 log.warning(
                     "store task %d: refused %d chunk(s) whose size is not full_chunk_bytes=%d",
                     tid,
                     n - len(take),
                     fixed,
                 )
-            if self._fleet is not None and take:
+            if self._ctx.fleet is not None and take:
                 # The fleet's write cap: past it, a store fails like a full disk (docs/fleet.md).
-                kept = self._fleet.admit([sizes[i] for i in take])
+                kept = self._ctx.fleet.admit([sizes[i] for i in take])
                 if kept < len(take):
-                    self._stats["refused_full"] += len(take) - kept
+                    self._ctx.stats["refused_full"] += len(take) - kept
                     take = take[:kept]
-            write_item, name_of = self._names.naming.write_item, self._names.name
+            write_item, name_of = self._ctx.names.naming.write_item, self._ctx.names.name
             items = {i: write_item(keys[i], buffers[i], name_of(keys[i])) for i in take}
             names = {i: item[0] for i, item in items.items()}
             with st.lock:
                 st.mark_storing(names.values())
             try:
-                results = await self._runner.sliced(self._store.put_many, [items[i] for i in take])
+                results = await self._ctx.runner.sliced(self._ctx.store.put_many, [items[i] for i in take])
             except BaseException:
                 with st.lock:
                     st.unmark_storing(names.values())
@@ -121,7 +102,7 @@ class StorePath:
                     first_error,
                     same=f"store puts failed: {first_error}",
                 )
-                heads = await self._runner.sliced(self._store.head_many, [names[i] for i in failed])
+                heads = await self._ctx.runner.sliced(self._ctx.store.head_many, [names[i] for i in failed])
                 present: dict[int, int] = {}  # there, but not what we wrote (an older object)
                 for i, h in zip(failed, heads, strict=True):
                     if h.found and h.size == sizes[i]:
@@ -143,19 +124,19 @@ class StorePath:
                     if was_new:
                         new_keys.append(keys[i])
                         new_sizes.append(size)
-                if self._fleet is not None:
-                    self._fleet.stored([names[i] for i in landed], landed.values())
+                if self._ctx.fleet is not None:
+                    self._ctx.fleet.stored([names[i] for i in landed], landed.values())
             ok = len(landed) == n
             result = StoreResult(ok, sum(landed.values()), tuple(i in landed for i in range(n)))
         except Exception as e:
             log.exception("store task %d failed", tid)
-            self._stats.last_error = f"{type(e).__name__}: {e}"
+            self._ctx.stats.last_error = f"{type(e).__name__}: {e}"
             result = StoreResult.failed(n)
-        self._stats["stores"] += 1
+        self._ctx.stats["stores"] += 1
         if not result.success:
-            self._stats["store_failures"] += 1
+            self._ctx.stats["store_failures"] += 1
         # LMCache's adapters tell the listener BEFORE signalling the completion, so a controller
         # woken by the signal finds its listener already told.
-        self._listeners.stored(new_keys, new_sizes)
+        self._ctx.listeners.stored(new_keys, new_sizes)
         self.done.publish(tid, result)
         self._after_store()

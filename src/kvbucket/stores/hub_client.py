@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx2
-from huggingface_hub import HfApi
+from huggingface_hub import HfApi, get_session
 from huggingface_hub.errors import BucketNotFoundError, HfHubHTTPError
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 
@@ -136,6 +136,11 @@ class HubBucketClient:
         self._headers = build_hf_headers(token=token, library_name="kvbucket", library_version=__version__)
         self._api = HfApi(endpoint=self.endpoint, token=token, library_name="kvbucket",
                           library_version=__version__)
+        # huggingface_hub makes its process-wide HTTP client on first use, and that loads a CA
+        # bundle into a TLS context (30-90 ms of CPU in a fresh process). Made here, when the
+        # store is opened, rather than by the first lookup, on the inference path. (Its
+        # build_hf_headers already makes it, unless HF_HUB_DISABLE_TELEMETRY is set.)
+        get_session()
         self._base = f"{self.endpoint}/api/buckets/{bucket_id}"
         self._xet_lock = threading.Lock()
         self._write_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
@@ -151,6 +156,8 @@ class HubBucketClient:
             self._reader_token, lambda *a: self._requests.submit(*a), concurrency=load_concurrency,
             request_timeout_secs=request_timeout_secs, headers=self._headers,
         )
+        if self.endpoint.startswith("https:"):
+            self._reader.tls()  # the storage is HTTPS too: its reads' TLS context, made now as well
 
     def __repr__(self) -> str:
         return f"HubBucketClient({redact(self.endpoint)!r}, {self.bucket_id!r})"
@@ -488,11 +495,12 @@ class HubBucketClient:
                     self._read_token = None
         return self._xet_read_token(deadline)
 
-    def prefetch_reconstructions(self, files: Sequence[RemoteFile]) -> None:
+    def prefetch_reconstructions(self, files: Sequence[RemoteFile], *, background: bool = False) -> None:
         """Ask for the reconstruction of each file now, all at once, so that its load that
-        follows is the fetch alone (xet_reads; cached briefly)."""
+        follows is the fetch alone (xet_reads; cached briefly). ``background``: without making
+        the caller wait for the threads that send them (a lookup's read-ahead)."""
         if self.direct_reads:
-            self._reader.prefetch([(f.xet_hash, f.size) for f in files if f.xet_hash])
+            self._reader.prefetch([(f.xet_hash, f.size) for f in files if f.xet_hash], background=background)
 
     def _group(self, deadline: float | None = None) -> Any:
         """One download group per store: one read token (seeded, so no stream asks for its own),

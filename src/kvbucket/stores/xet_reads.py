@@ -31,6 +31,7 @@ import http.client
 import json
 import logging
 import queue
+import ssl
 import threading
 import time
 from collections import OrderedDict
@@ -132,6 +133,16 @@ class _Connections:
         self._idle: dict[tuple[str, str], queue.LifoQueue[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
         self._size = size
+        self._tls: ssl.SSLContext | None = None
+
+    def tls(self) -> ssl.SSLContext:
+        """One TLS context for every connection: ``http.client`` makes a new one per connection
+        by default, which loads the system's CA certificates each time (tens of milliseconds of
+        CPU, times a batch's new connections in a fresh process)."""
+        with self._lock:
+            if self._tls is None:
+                self._tls = ssl.create_default_context()  # what http.client would use, made once
+            return self._tls
 
     def get(self, scheme: str, netloc: str, timeout: float, fresh: bool = False
             ) -> tuple[http.client.HTTPConnection, bool]:
@@ -147,8 +158,9 @@ class _Connections:
                 return conn, True
             except queue.Empty:
                 pass
-        cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        return cls(netloc, timeout=timeout), False
+        if scheme == "https":
+            return http.client.HTTPSConnection(netloc, timeout=timeout, context=self.tls()), False
+        return http.client.HTTPConnection(netloc, timeout=timeout), False
 
     def send(self, scheme: str, netloc: str, timeout: float, target: str, headers: dict[str, str]
              ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
@@ -203,12 +215,27 @@ class XetReader:
         self._cache: OrderedDict[str, Reconstruction] = OrderedDict()
         self._pending: dict[str, Future[Reconstruction]] = {}
 
+    def tls(self) -> ssl.SSLContext:
+        """The TLS context of every HTTPS connection of this reader (made on first call)."""
+        return self._conns.tls()
+
     # ---- reconstructions -------------------------------------------------------------------
-    def prefetch(self, files: list[tuple[str, int]]) -> None:
-        """Ask for the reconstruction of each (xet_hash, size) not cached yet, all at once."""
-        for h, size in files:
-            if size > 0:
-                self._future(h, size, None)
+    def prefetch(self, files: list[tuple[str, int]], *, background: bool = False) -> None:
+        """Ask for the reconstruction of each (xet_hash, size) not cached yet, all at once.
+
+        With ``background``, one request thread sends them, so a lookup returns as soon as its
+        own answer is in: each query runs on a thread of its own, and in a fresh process
+        starting 64 of them took the lookup 20-60 ms on a 2-core machine.
+        """
+        todo = [(h, size) for h, size in files if size > 0]
+        if background and len(todo) > 1:
+            try:
+                self._submit(self.prefetch, todo)
+                return
+            except RuntimeError:  # closed: ask from here
+                pass
+        for h, size in todo:
+            self._future(h, size, None)
 
     def _future(self, h: str, size: int, deadline: float | None) -> Future[Reconstruction]:
         now = time.monotonic()

@@ -1,0 +1,99 @@
+"""What the read path of HFBucketStore prepares, and when (stores/hub_client.py, xet_reads.py).
+
+Counts and objects, never times: in a fresh process the first lookup paid for setting up HTTP
+clients (loading CA certificates into TLS contexts) on the inference path; opening the store
+now does that work instead, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvbucket.stores import xet_reads
+from kvbucket.stores.hfbucket import HFBucketStore
+from kvbucket.stores.hfbucket_config import build_config
+
+
+def test_https_connections_share_one_tls_context() -> None:
+    """http.client makes (and loads CA certificates into) a TLS context per connection unless
+    given one; the reader's connections share one."""
+    conns = xet_reads._Connections(4)
+    c1, reused1 = conns.get("https", "cas.example:443", 5.0)
+    c2, reused2 = conns.get("https", "cas.example:443", 5.0, fresh=True)
+    c3, _ = conns.get("https", "other.example:443", 5.0)
+    assert not reused1 and not reused2
+    assert c1 is not c2
+    assert c1._context is c2._context is c3._context is conns.tls()  # type: ignore[attr-defined]
+    conns.close()
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:9", "https://hub.example"])
+def test_opening_a_store_makes_its_http_clients_so_the_first_lookup_does_not(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """huggingface_hub's process-wide client (which build_hf_headers only makes when telemetry
+    is on) and, for an HTTPS Hub, the reader's TLS context exist once the store is open; no
+    request is made."""
+    from huggingface_hub.utils import _http
+
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY", True)
+    _http.close_session()
+    made: list[object] = []
+    factory = _http._GLOBAL_CLIENT_FACTORY
+
+    def counting() -> object:
+        made.append(factory())
+        return made[-1]
+
+    monkeypatch.setattr(_http, "_GLOBAL_CLIENT_FACTORY", counting)
+    store = HFBucketStore(build_config(bucket_handle="hf://buckets/o/b/p", token="hf_x", token_env="",
+                                       endpoint=endpoint))
+    try:
+        assert len(made) == 1 and _http.get_session() is made[0]
+        reader = store._client._reader
+        assert (reader._conns._tls is not None) == endpoint.startswith("https:")
+        assert not reader._conns._idle  # nothing was connected
+    finally:
+        store.close()
+        _http.close_session()
+
+
+def test_a_lookup_hands_its_hits_reconstructions_to_one_request_thread(hub_bucket: Any) -> None:
+    """The lookup's thread submits one task; that task (on a request thread) submits a query per
+    hit, so the lookup never waits for the threads that send them. A load that comes first asks
+    for the ones not asked for yet: either way, one query per hit."""
+    import os
+    import threading
+
+    from kvbucket.testing.hub_emulator.request_log import count_routes
+
+    names = [f"h{i}" for i in range(8)]
+    data = [os.urandom(20_000 + i) for i in range(8)]
+    with HFBucketStore(build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/p",
+                                    token=hub_bucket.hub.write_token, token_env="",
+                                    endpoint=hub_bucket.hub.endpoint)) as writer:
+        assert all(r.ok for r in writer.put_many(list(zip(names, data, strict=True))))
+    with HFBucketStore(build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/p",
+                                    token=hub_bucket.hub.write_token, token_env="",
+                                    endpoint=hub_bucket.hub.endpoint)) as store:
+        reader = store._client._reader
+        submits: list[tuple[str, str]] = []
+        real = reader._submit
+
+        def recording(fn: Any, *args: Any) -> Any:
+            submits.append((threading.current_thread().name, fn.__name__))
+            return real(fn, *args)
+
+        reader._submit = recording
+        hub_bucket.hub.emulator.requests(clear=True)
+        assert [r.size for r in store.head_many([*names, "missing"])] == [len(d) for d in data] + [None]
+        me = threading.current_thread().name
+        assert [s for s in submits if s[0] == me] == [(me, "prefetch")]
+        got = store.get_many(names)
+        assert [bytes(r.data) for r in got if r.data is not None] == data
+        assert sorted(fn for _, fn in submits) == ["_query"] * 8 + ["prefetch"]  # no query twice
+        routes = count_routes(hub_bucket.hub.emulator.requests(clear=True))
+        assert routes.get("reconstruction") == 8 and routes.get("paths_info") == 1, routes
