@@ -213,7 +213,7 @@ def demo_line(results: dict[str, dict[str, Any]]) -> str:
     hits = []
     for c in comps:
         ms = c.get("latency_ms") or 0
-        at = (f"with {fmt(ms)} ms added to each of {fmt(c.get('delayed_requests'))} requests" if ms
+        at = (f"with {ms:g} ms added to each of {fmt(c.get('delayed_requests'))} requests" if ms
               else "at 0 ms (loopback)")
         hits.append(f"**{fmt(c['ours'])} s** {at}")
     refs = " and ".join(f"{fmt(c['peer'])} s" for c in comps)

@@ -9,7 +9,9 @@ Instrumentation is a pair of thin wrappers, so no other module has to know about
 
 Counters count only what happened: a put that raised is an ``error``, never bytes written; a
 non-blocking put is ``accepted`` (it may still fail later), and its bytes are not counted.
-:func:`start_metrics_server` exposes the default registry over HTTP (``/metrics``), and
+:func:`start_metrics_server` exposes the default registry over HTTP (``/metrics``;
+:func:`serve_metrics` once per process, for the engines' ``metrics_port`` settings, both in
+:mod:`kvbucket.metrics_server`), and
 :func:`summarize` turns an exposition text back into per-tier / per-store rows for
 ``kvbucket stats``.
 """
@@ -21,14 +23,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvbucket.backends.base import DEFAULT_FLUSH_TIMEOUT_SECS, Chunk, FlushResult, Key, StorageBackend
 from kvbucket.errors import NoSpaceError
+from kvbucket.metrics_server import MetricsServer, serve_metrics, start_metrics_server
 from kvbucket.stores import prefetch as _prefetch
 from kvbucket.stores import sealed as _sealed
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, Revision
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
@@ -255,18 +258,38 @@ class InstrumentedBackend(StorageBackend):
 
 
 class InstrumentedStore(ObjectStore):
-    """An :class:`ObjectStore` that counts objects, bytes and batch latency, labelled ``store``."""
+    """An :class:`ObjectStore` that counts objects, bytes and batch latency, labelled ``store``.
+
+    Wrap the store that makes the requests (under the sealing layer and the read-ahead buffer),
+    so bytes and latency are those of real requests. Label children are made once per store
+    (``labels()`` takes a lock and a dict lookup per call)."""
+
+    _OPS = ("put", "get", "head", "delete", "get_if_changed")
 
     def __init__(self, inner: ObjectStore, name: str | None = None) -> None:
         self.inner = inner
         self.url = inner.url
         self.name = name or (inner.url.partition("://")[0] if "://" in inner.url else type(inner).__name__)
+        self._latency = {op: STORE_LATENCY.labels(self.name, op) for op in self._OPS}
+        self._read = STORE_BYTES.labels(self.name, "read")
+        self._written = STORE_BYTES.labels(self.name, "write")
+        self._objects: dict[tuple[str, str], Any] = {}
+        if hasattr(inner, "get_each"):  # a directory: the sealing layer's encrypted loads use it
+            self.get_each = self._get_each
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (during __init__ or unpickling)
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def __repr__(self) -> str:
         return f"InstrumentedStore({self.inner!r}, name={self.name!r})"
+
+    def _add(self, op: str, result: str, n: int) -> None:
+        child = self._objects.get((op, result))
+        if child is None:
+            child = self._objects[(op, result)] = STORE_OBJECTS.labels(self.name, op, result)
+        child.inc(n)
 
     def _count(self, op: str, results: Sequence[ItemResult], *, found: str, missing: str) -> None:
         tally: dict[str, int] = {}
@@ -274,30 +297,54 @@ class InstrumentedStore(ObjectStore):
             key = "error" if r.error is not None else (found if r.size is not None else missing)
             tally[key] = tally.get(key, 0) + 1
         for result, n in tally.items():
-            STORE_OBJECTS.labels(self.name, op, result).inc(n)
+            self._add(op, result, n)
 
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
-        with _Timer(STORE_LATENCY.labels(self.name, "put")):
+        with _Timer(self._latency["put"]):
             results = self.inner.put_many(items)
         self._count("put", results, found="ok", missing="ok")
-        STORE_BYTES.labels(self.name, "write").inc(sum(r.size or 0 for r in results if r.error is None))
+        self._written.inc(sum(r.size or 0 for r in results if r.error is None))
         return results
 
     def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
-        with _Timer(STORE_LATENCY.labels(self.name, "get")):
+        with _Timer(self._latency["get"]):
             results = self.inner.get_many(names, out)
+        return self._count_reads(results)
+
+    def _get_each(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None,
+                  after: Any = None) -> list[ItemResult]:
+        with _Timer(self._latency["get"]):
+            results = self.inner.get_each(names, out, after)  # type: ignore[attr-defined]
+        return self._count_reads(results)
+
+    def _count_reads(self, results: list[ItemResult]) -> list[ItemResult]:
         self._count("get", results, found="hit", missing="miss")
-        STORE_BYTES.labels(self.name, "read").inc(sum(r.size or 0 for r in results if r.error is None))
+        self._read.inc(sum(r.size or 0 for r in results if r.error is None))
         return results
 
+    def get_if_changed(self, name: str, tag: str | None) -> Revision:
+        """The inner store's conditional read (one small request when unchanged), counted as
+        ``get_if_changed``: ``hit`` (read), ``unchanged``, ``miss`` or ``error``."""
+        with _Timer(self._latency["get_if_changed"]):
+            try:
+                rev = self.inner.get_if_changed(name, tag)
+            except Exception:
+                self._add("get_if_changed", "error", 1)
+                raise
+        result = "miss" if rev.tag is None else ("unchanged" if rev.data is None else "hit")
+        self._add("get_if_changed", result, 1)
+        if rev.data is not None:
+            self._read.inc(len(rev.data))
+        return rev
+
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
-        with _Timer(STORE_LATENCY.labels(self.name, "head")):
+        with _Timer(self._latency["head"]):
             results = self.inner.head_many(names)
         self._count("head", results, found="hit", missing="miss")
         return results
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
-        with _Timer(STORE_LATENCY.labels(self.name, "delete")):
+        with _Timer(self._latency["delete"]):
             results = self.inner.delete_many(names)
         self._count("delete", results, found="ok", missing="miss")
         return results
@@ -324,46 +371,6 @@ class _Timer:
 
     def __exit__(self, *exc: object) -> None:
         self._child.observe(time.perf_counter() - self._t0)
-
-
-# ---- HTTP endpoint --------------------------------------------------------------------------
-
-
-@dataclass
-class MetricsServer:
-    """A running ``/metrics`` endpoint; ``close()`` stops it."""
-
-    port: int
-    addr: str
-    _server: Any = field(repr=False)
-    _thread: Any = field(repr=False)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.addr}:{self.port}/metrics"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> MetricsServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def start_metrics_server(
-    port: int = 0, addr: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
-) -> MetricsServer:
-    """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread.
-
-    ``port=0`` picks a free port (read it from ``.port``). The default address is loopback:
-    exposing metrics beyond the host is a deliberate choice (pass ``addr="0.0.0.0"``).
-    """
-    server, thread = start_http_server(port, addr=addr, registry=registry)
-    return MetricsServer(port=server.server_port, addr=addr, _server=server, _thread=thread)
 
 
 # ---- summaries (kvbucket stats, the demo) ----------------------------------------------------
@@ -547,6 +554,7 @@ __all__ = [
     "Summary",
     "integrity_failures",
     "integrity_totals",
+    "serve_metrics",
     "start_metrics_server",
     "summarize",
 ]

@@ -66,7 +66,7 @@ def test_the_readme_headline_is_short_and_linked() -> None:
     assert all("docs/benchmarks.md#" in r for r in rows)
 
 
-@pytest.mark.parametrize("where", ["results", "page", "readme", "chart"])
+@pytest.mark.parametrize("where", ["results", "page", "readme", "demo", "chart"])
 def test_a_hand_edit_or_a_changed_result_is_caught(tmp_path: Path, where: str) -> None:
     """The comparison above is not vacuous: each kind of drift is reported."""
     res, root = tmp_path / "results", tmp_path / "root"
@@ -89,9 +89,14 @@ def test_a_hand_edit_or_a_changed_result_is_caught(tmp_path: Path, where: str) -
     elif where == "page":
         page = root / render.PAGE
         page.write_text(page.read_text().replace("x", "y", 1))
-    elif where == "readme":
+    elif where == "readme":  # a hand-typed row in the headline table
         readme = root / render.README
-        readme.write_text(re.sub(r"\*\*[\d.]+x", "**9.99x", readme.read_text(), count=1))  # or **a / b**
+        row = "| [TTFT](docs/benchmarks.md#bench_x) (2026-11-27) | 0.1 s | 9 s recompute | **90.00x** |\n"
+        readme.write_text(readme.read_text().replace(render.END, row + render.END, 1))
+    elif where == "demo":  # a hand-typed figure in the demo line
+        readme = root / render.README
+        hand = "(0.1 s at 50 ms)\n"
+        readme.write_text(readme.read_text().replace(render.DEMO_END, hand + render.DEMO_END, 1))
     else:
         svg = next((root / render.IMG).glob("*.svg"))
         svg.write_text(re.sub(r'("ratio"|&quot;ratio&quot;|"seconds"|&quot;seconds&quot;): [\d.]+',

@@ -9,6 +9,7 @@ import pytest
 from kvbucket.errors import ConfigError, TransientStoreError
 from kvbucket.keys import ObjectKey, key_to_name
 from kvbucket.l2 import EvictionConfig, ObjectStoreL2Adapter, open_l2_adapter, parse_l2_config
+from kvbucket.metrics import InstrumentedStore
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
 from kvbucket.stores.file import FileStore
 from kvbucket.stores.memory import MemoryStore
@@ -222,7 +223,7 @@ def test_open_fs_adapter_from_json(tmp_path) -> None:
     with open_l2_adapter(spec) as a:
         assert t.store(a, [k(1)], [chunk(1)]).success
         assert a.get_usage().capacity_bytes == 1024**3
-        assert isinstance(a.store.inner, FileStore)
+        assert isinstance(a.store.inner, InstrumentedStore) and isinstance(a.store.inner.inner, FileStore)
     assert (tmp_path / "kv").stat().st_mode & 0o777 == 0o700
 
 

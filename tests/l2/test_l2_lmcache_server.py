@@ -11,7 +11,8 @@ In the same two server runs, LMCache's own MP client (``LMCacheMPWorkerAdapter``
 :mod:`kvbucket.testing.lmcache_mp`) stores chunks from a paged KV cache, LMCache's ``/cache/clear``
 drops them from L1, and a lookup (prefetch from L2) and retrieve bring them back, bytes checked:
 from ``hfbucket`` first, then, after the restart with those objects removed from the Hub bucket,
-from ``s3``.
+from ``s3``. Both adapters set ``metrics_port``: the server process serves kvbucket's metrics
+there, each store's requests under its URL, as it does on LMCache's own HTTP API ``/metrics``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pytest
 pytest.importorskip("lmcache", reason="the lmcache extra is not installed (pip install kvbucket[lmcache])")
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvbucket.keys import ObjectKey
 from kvbucket.l2 import open_l2_adapter
@@ -140,6 +142,12 @@ def mp_retrieve(srv: Server, engine: MPEngine, want: dict[str, Any]) -> None:
     assert all(bool((got[name] == want[name]).all()) for name in want)
 
 
+def store_objects(text: str, store: str) -> dict[tuple[str, str], float]:
+    """(op, result) -> objects, of one store label of a /metrics text."""
+    return {(s.labels["op"], s.labels["result"]): s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == "kvbucket_store_objects_total" and s.labels["store"] == store}
+
+
 def wait_keys(srv: Server, want: list[int], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while (got := [a["keys"] for a in srv.adapters()]) != want:
@@ -150,7 +158,8 @@ def wait_keys(srv: Server, want: list[int], timeout: float = 30) -> None:
 def test_lmcache_server_runs_the_plugin_on_hfbucket_and_s3(
     hub_bucket: HubBucket, seaweedfs: S3Server, s3_bucket: str, tmp_path: Path, servers: list[Server]
 ) -> None:
-    specs = [hf_params(hub_bucket), s3_params(seaweedfs, s3_bucket)]
+    mport = free_port()  # a metrics-only endpoint in the server process
+    specs = [{**p, "metrics_port": mport} for p in (hf_params(hub_bucket), s3_params(seaweedfs, s3_bucket))]
     for spec, model in zip(specs, ("org/hf-model", "org/s3-model"), strict=True):
         with open_l2_adapter(spec) as a:
             assert store(a, keys(model), [bytes([i + 1]) * CHUNK for i in range(N)]).success
@@ -179,6 +188,18 @@ def test_lmcache_server_runs_the_plugin_on_hfbucket_and_s3(
     finally:
         engine.close()
     assert [a["loads"] > 0 for a in srv.adapters()] == [True, False]  # served by hfbucket, the first
+    # both adapters count into one endpoint, each store under its URL: the 4 chunks written to
+    # both, and read from hfbucket each once (its read-ahead fetched them, the load took them).
+    # LMCache looks every key up in every adapter, so s3's lookup hits start read-aheads too,
+    # which no load takes (LMCache loads from one adapter): at most 4 reads there.
+    text = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=10).text
+    hf, s3 = (store_objects(text, a["store"]) for a in status)
+    assert (hf.get(("put", "ok")), s3.get(("put", "ok"))) == (4, 4)
+    assert hf.get(("get", "hit")) == 4 and s3.get(("get", "hit"), 0) <= 4
+    assert hub_bucket.hub.write_token not in text and seaweedfs.secret_key not in text
+    # LMCache 0.5.6's HTTP API serves the same default registry on /metrics (its common routes)
+    api = httpx.get(srv.url + "/metrics", timeout=10).text
+    assert store_objects(api, status[0]["store"]).get(("put", "ok")) == 4
 
     srv.stop()  # restart on the same buckets: the plugin finds what is there
     with open_l2_adapter(specs[0]) as hf:  # without the Hub's copies, retrieves must come from s3

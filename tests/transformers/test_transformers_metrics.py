@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from prometheus_client import REGISTRY
 from typer.testing import CliRunner
@@ -9,6 +11,8 @@ from typer.testing import CliRunner
 from kvbucket.cli import build_app
 from kvbucket.keys import CacheEngineKey
 from kvbucket.metrics import InstrumentedBackend, InstrumentedStore, start_metrics_server, summarize
+from kvbucket.stores.base import Revision
+from kvbucket.stores.file import FileStore
 from kvbucket.stores.memory import MemoryStore
 from kvbucket.testing.dict_backend import DictBackend as _DictBackend
 
@@ -74,6 +78,39 @@ def test_instrumented_store_counts_objects_and_bytes() -> None:
     assert value("kvbucket_store_bytes_total", store="t-store", direction="write") == 6
     assert value("kvbucket_store_bytes_total", store="t-store", direction="read") == 4
     assert [o.name for o in s.list()] == ["b"]
+
+
+def test_instrumented_store_counts_conditional_and_object_by_object_reads(tmp_path: Path) -> None:
+    """The wrapper keeps a store's own conditional read (one small request when unchanged; the
+    base class's would read the whole object) and its object-by-object reads (``get_each``, which
+    the sealing layer's encrypted loads use on a directory), counting both."""
+    asked: list[tuple[str, str | None]] = []
+
+    class Tagged(MemoryStore):
+        def get_if_changed(self, name: str, tag: str | None) -> Revision:
+            asked.append((name, tag))
+            data = self.get(name)
+            return Revision(None) if data is None else Revision("v1", None if tag == "v1" else data)
+
+    s = InstrumentedStore(Tagged(), name="t-cond")
+    s.put("a", b"12345")
+    assert s.get_if_changed("a", None) == Revision("v1", b"12345")
+    assert s.get_if_changed("a", "v1") == Revision("v1")
+    assert s.get_if_changed("gone", "v1") == Revision(None)
+    assert asked == [("a", None), ("a", "v1"), ("gone", "v1")]  # the store's own, each time
+    objs = "kvbucket_store_objects_total"
+    results = ("hit", "unchanged", "miss")
+    assert [value(objs, store="t-cond", op="get_if_changed", result=r) for r in results] == [1, 1, 1]
+    assert value("kvbucket_store_bytes_total", store="t-cond", direction="read") == 5
+    assert not hasattr(s, "get_each")  # only where the inner store has it
+
+    d = InstrumentedStore(FileStore(tmp_path), name="t-each")
+    d.put_many([("x", b"abc"), ("y", b"de")])
+    seen: list[int] = []
+    got = d.get_each(["x", "y", "z"], None, lambda i, r: seen.append(i) or r)  # type: ignore[attr-defined]
+    assert seen == [0, 1, 2] and [r.size for r in got] == [3, 2, None]
+    assert [value(objs, store="t-each", op="get", result=r) for r in ("hit", "miss")] == [2, 1]
+    assert value("kvbucket_store_bytes_total", store="t-each", direction="read") == 5
 
 
 def test_summary_over_http_and_kvbucket_stats() -> None:

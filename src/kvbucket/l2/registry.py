@@ -26,6 +26,7 @@ from kvbucket.l2.config import (
     load_spec,
 )
 from kvbucket.l2.naming import Naming
+from kvbucket.metrics import InstrumentedStore
 from kvbucket.stores.base import ObjectStore
 
 StoreBuilder = Callable[[Any], ObjectStore]
@@ -68,6 +69,14 @@ def build_store(config: L2CommonConfig) -> ObjectStore:
     return _TYPES[type_name][1](config)
 
 
+def instrumented(store: ObjectStore) -> InstrumentedStore:
+    """``store`` counted in kvbucket's per-store metrics, labelled with its URL (as its circuit
+    breaker and fleet series are; a URL never holds credentials). The adapter and the connector
+    wrap the store that makes the requests, under the sealing layer and the read-ahead buffer,
+    so the bytes and latency counted are those of real requests."""
+    return InstrumentedStore(store, name=store.url)
+
+
 def store_options(config: L2CommonConfig) -> dict[str, bool]:
     """How the adapter should drive this type's store: the S3 and bucket stores run a batch's
     items concurrently themselves (and a bucket batch is one commit), so they get whole batches."""
@@ -80,7 +89,7 @@ def open_l2_adapter(
     """Parse ``spec``, open its store and return a running adapter (close it when done)."""
     config = parse_l2_config(spec)
     naming = naming_for(config)
-    store = build_store(config)
+    store = instrumented(build_store(config))
     work_dir = None
     try:
         work_dir = make_work_dir(config, "hfbucket-mp-")
@@ -153,6 +162,7 @@ register_l2_type("s3", S3L2Config, _s3_store)
 
 __all__ = [
     "build_store",
+    "instrumented",
     "l2_types",
     "make_work_dir",
     "naming_for",

@@ -318,7 +318,8 @@ class HFBucketStore(RemoteStore):
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
         if self.config.prefetch_reconstructions:  # a hit is loaded next: its load is the fetch alone
-            self._client.prefetch_reconstructions([f for f in meta.values() if f is not None])
+            hits = [f for f in meta.values() if f is not None]
+            self._client.prefetch_reconstructions(hits, background=True)  # the lookup does not wait
         return [ItemResult(n, size=None if meta[p] is None else meta[p].size)  # type: ignore[union-attr]
                 for n, p in zip(names, paths, strict=True)]
 

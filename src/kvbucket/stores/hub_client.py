@@ -476,11 +476,12 @@ class HubBucketClient:
                     self._read_token = None
         return self._xet_read_token(deadline)
 
-    def prefetch_reconstructions(self, files: Sequence[RemoteFile]) -> None:
+    def prefetch_reconstructions(self, files: Sequence[RemoteFile], *, background: bool = False) -> None:
         """Ask for the reconstruction of each file now, all at once, so that its load that
-        follows is the fetch alone (xet_reads; cached briefly)."""
+        follows is the fetch alone (xet_reads; cached briefly). ``background``: without making
+        the caller wait for the threads that send them (a lookup's read-ahead)."""
         if self.direct_reads:
-            self._reader.prefetch([(f.xet_hash, f.size) for f in files if f.xet_hash])
+            self._reader.prefetch([(f.xet_hash, f.size) for f in files if f.xet_hash], background=background)
 
     def _group(self, deadline: float | None = None) -> Any:
         """One download group per store: one read token (seeded, so no stream asks for its own),

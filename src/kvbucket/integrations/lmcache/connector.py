@@ -25,8 +25,9 @@ from kvbucket.l2.config import (
 )
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.l2.format_store import route_formats
-from kvbucket.l2.registry import build_store, make_work_dir, naming_for
+from kvbucket.l2.registry import build_store, instrumented, make_work_dir, naming_for
 from kvbucket.log_once import RepeatedLog
+from kvbucket.metrics_server import MetricsServer, serve_metrics
 from kvbucket.stores.base import ItemResult, ObjectStore
 from kvbucket.stores.hfbucket_config import lenient_bool
 from kvbucket.stores.prefetch import read_ahead, with_read_ahead
@@ -166,18 +167,19 @@ class KVBucketConnector(RemoteConnector):
                 f"remote_storage_plugin.{plugin_name}.fleet object on the non-MP connector (it keeps no "
                 "index of its own; the fleet counts the whole prefix, see docs/fleet.md)"
             )
+        self.metrics = self._serve_metrics(metadata)  # before the store opens: nothing to undo
         self.naming = naming_for(self._cfg, connector=True)
         # Sealed like every persistent tier: writes go through SealedStore.put_many, loads are
         # verified before LMCache gets the memory object (kvbucket.stores.sealed); objects under
         # LMCache's names stay raw, exactly LMCache's bytes (kvbucket.l2.format_store).
-        raw = store if store is not None else build_store(self._cfg)
+        raw = instrumented(store if store is not None else build_store(self._cfg))
         sealed = seal_store(
             raw, tier="connector", unsealed=self._cfg.unsealed, encryption=self._cfg.encryption
         )
         # A lookup hit starts its load (read-ahead, kvbucket.stores.prefetch); every verb goes
         # through the buffer, so a store or delete drops what it replaces.
         self.store = with_read_ahead(route_formats(sealed, self.naming), self._cfg.read_ahead_settings(),
-                                     label="connector")
+                                     label=raw.url)
         self._fleet: StoreFleet | None = None
         if self._cfg.fleet is not None:
             from kvbucket.fleet.member import StoreFleet
@@ -193,6 +195,19 @@ class KVBucketConnector(RemoteConnector):
         self._sizes: dict[str, tuple[int | None, float]] = {}  # name -> (size, expiry)
         self.lookup_failures = 0  # names a lookup answered as misses because the store failed
         log.info("kvbucket connector %r on %s", plugin_name, self.store.url)
+
+    def _serve_metrics(self, metadata: Any) -> MetricsServer | None:
+        """``metrics_port``: LMCache builds one connector per GPU worker process, so each serves
+        on ``metrics_port`` + its ``local_worker_id``; a scheduler's connector (lookups only)
+        serves none."""
+        port = self._cfg.metrics_port
+        if port is None:
+            return None
+        if getattr(metadata, "role", None) == "scheduler":
+            return None
+        port += int(getattr(metadata, "local_worker_id", 0) or 0)
+        setting = f"remote_storage_plugin.{self.plugin_name}.metrics_port"
+        return serve_metrics(port, self._cfg.metrics_addr, setting=setting)
 
     # -- helpers
     def _name(self, key: Any) -> str:

@@ -21,6 +21,7 @@ from kvbucket.keys import ObjectKey
 from kvbucket.l2.adapter import ObjectStoreL2Adapter
 from kvbucket.l2.config import L2CommonConfig
 from kvbucket.l2.registry import open_l2_adapter, parse_l2_config
+from kvbucket.metrics_server import serve_metrics
 
 log = logging.getLogger("kvbucket.integrations.lmcache")
 
@@ -71,6 +72,10 @@ class KVBucketL2Adapter(L2AdapterInterface):
         cfg = parse_l2_config(config)  # ConfigError is a ValueError: LMCache reports it as a bad spec
         super().__init__(max_capacity_bytes=cfg.max_capacity_bytes)
         self.config = cfg
+        # metrics_port: a metrics-only endpoint (`lmcache server` also serves the registry on its
+        # HTTP API's /metrics, next to its admin routes); once per process, before the store
+        # opens, so a taken port fails with nothing to undo.
+        self.metrics = None if cfg.metrics_port is None else serve_metrics(cfg.metrics_port, cfg.metrics_addr)
         self._impl = open_l2_adapter(cfg, listener=_Listener(self))
         log.info("kvbucket L2 adapter on %s (%s workers)", self._impl.store.url, cfg.num_workers)
 
