@@ -98,7 +98,7 @@ class FakeHub(HubBucketClient):
     def warm_reads(self) -> None:  # no read token or reconstruction on this fake
         self._count("warm_reads")
 
-    def prefetch_reconstructions(self, files: Any) -> None:
+    def prefetch_reconstructions(self, files: Any, *, background: bool = False) -> None:
         self._count("prefetch_reconstructions")
 
     def reset_download_group(self) -> None:

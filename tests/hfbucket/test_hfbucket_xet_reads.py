@@ -7,6 +7,8 @@ now does that work instead, once.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvbucket.stores import xet_reads
@@ -57,3 +59,41 @@ def test_opening_a_store_makes_its_http_clients_so_the_first_lookup_does_not(
     finally:
         store.close()
         _http.close_session()
+
+
+def test_a_lookup_hands_its_hits_reconstructions_to_one_request_thread(hub_bucket: Any) -> None:
+    """The lookup's thread submits one task; that task (on a request thread) submits a query per
+    hit, so the lookup never waits for the threads that send them. A load that comes first asks
+    for the ones not asked for yet: either way, one query per hit."""
+    import os
+    import threading
+
+    from kvbucket.testing.hub_emulator.request_log import count_routes
+
+    names = [f"h{i}" for i in range(8)]
+    data = [os.urandom(20_000 + i) for i in range(8)]
+    with HFBucketStore(build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/p",
+                                    token=hub_bucket.hub.write_token, token_env="",
+                                    endpoint=hub_bucket.hub.endpoint)) as writer:
+        assert all(r.ok for r in writer.put_many(list(zip(names, data, strict=True))))
+    with HFBucketStore(build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/p",
+                                    token=hub_bucket.hub.write_token, token_env="",
+                                    endpoint=hub_bucket.hub.endpoint)) as store:
+        reader = store._client._reader
+        submits: list[tuple[str, str]] = []
+        real = reader._submit
+
+        def recording(fn: Any, *args: Any) -> Any:
+            submits.append((threading.current_thread().name, fn.__name__))
+            return real(fn, *args)
+
+        reader._submit = recording
+        hub_bucket.hub.emulator.requests(clear=True)
+        assert [r.size for r in store.head_many([*names, "missing"])] == [len(d) for d in data] + [None]
+        me = threading.current_thread().name
+        assert [s for s in submits if s[0] == me] == [(me, "prefetch")]
+        got = store.get_many(names)
+        assert [bytes(r.data) for r in got if r.data is not None] == data
+        assert sorted(fn for _, fn in submits) == ["_query"] * 8 + ["prefetch"]  # no query twice
+        routes = count_routes(hub_bucket.hub.emulator.requests(clear=True))
+        assert routes.get("reconstruction") == 8 and routes.get("paths_info") == 1, routes

@@ -77,6 +77,8 @@ def samples(text: str, store: str) -> dict[tuple[str, ...], float]:
                 out[("bytes", s.labels["direction"])] = s.value
             elif s.name == "kvbucket_store_latency_seconds_count":
                 out[("calls", s.labels["op"])] = s.value
+            elif s.name == "kvbucket_read_ahead_bytes_total":
+                out[("read_ahead", s.labels["outcome"])] = s.value
     return out
 
 
@@ -116,6 +118,7 @@ def test_plugin_adapter_serves_its_store_requests_on_metrics_port(hub_bucket: Hu
     assert delta[("objects", "put", "ok")] == 2 and delta[("bytes", "write")] == 2 * sealed
     assert delta[("objects", "get", "hit")] == 2 and delta[("bytes", "read")] == 2 * sealed
     assert delta[("calls", "put")] >= 1 and delta[("calls", "get")] >= 1
+    assert delta[("read_ahead", "used")] == 2 * CHUNK  # the read-ahead's series, under the same URL
     assert f'store="{url}"' in text
     assert hub_bucket.hub.write_token not in text  # the adapter's token never reaches the metrics
 

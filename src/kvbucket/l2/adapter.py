@@ -105,8 +105,9 @@ class ObjectStoreL2Adapter(L2Adapter):
             seal_store(store, tier="l2", unsealed=unsealed, encryption=encryption), self._naming
         )
         # Every path goes through the read-ahead buffer (when on): lookups start loads, loads take
-        # them, and stores and deletes drop what they replace or remove.
-        self._io = with_read_ahead(self._store, read_ahead, label="l2")
+        # them, and stores and deletes drop what they replace or remove. Its series are labelled
+        # with the store's URL, as the store's own are (one lmcache server may run several adapters).
+        self._io = with_read_ahead(self._store, read_ahead, label=self._store.url)
         # A per-process working dir (LMCache's download session dir), removed on close.
         self._work_dir = work_dir
         self._owns_store = owns_store

@@ -4,8 +4,10 @@ Objects live at ``<prefix>/<name>`` in the bucket named by ``hf://buckets/<ns>/<
 
 How each verb maps onto the Hub (at most 1,000 paths or operations a request, the Hub's limit):
 
-- ``put_many``: the bytes go to Xet storage straight from the caller's buffers (one upload
-  commit per 1,000 objects, batches in parallel up to ``num_workers``), then one ``batch``
+- ``put_many``: the bytes go to Xet storage (one upload commit per 1,000 objects, batches in
+  parallel up to ``num_workers``); hf_xet takes ``bytes``, so each object is copied once, just
+  before it is handed over (a :class:`Gather`, e.g. the envelope header + the caller's payload,
+  is joined then: the copy of one object overlaps the upload of those before). Then one ``batch``
   request adds the paths. Batch writes are not transactional, so after any failure the bucket
   is asked (paths-info) which paths now hold exactly the uploaded content; those are reported
   stored, every other item gets its own error.
@@ -46,7 +48,15 @@ from kvbucket.errors import (
     StoreError,
     TransientStoreError,
 )
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, Revision, check_buffer_size, check_name
+from kvbucket.stores.base import (
+    Buffer,
+    Gather,
+    ItemResult,
+    ObjectInfo,
+    Revision,
+    check_buffer_size,
+    check_name,
+)
 from kvbucket.stores.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.hfbucket_config import (
@@ -61,6 +71,8 @@ log = logging.getLogger(__name__)
 
 class HFBucketStore(RemoteStore):
     """An :class:`ObjectStore` on a Hugging Face bucket. Thread-safe; sync (call from threads)."""
+
+    gathers = True  # put_many takes a Gather: joined object by object as the upload takes them
 
     def __init__(self, config: HFBucketConfig, *, client: HubBucketClient | None = None) -> None:
         if not isinstance(config, HFBucketConfig):
@@ -212,10 +224,10 @@ class HFBucketStore(RemoteStore):
         return known
 
     # ---- the protocol -------------------------------------------------------------------
-    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+    def put_many(self, items: Sequence[tuple[str, Buffer | Gather]]) -> list[ItemResult]:
         return self._named(self._put_many(items), "a store", "store_timeout_secs")
 
-    def _put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+    def _put_many(self, items: Sequence[tuple[str, Buffer | Gather]]) -> list[ItemResult]:
         self._check_open()
         names = self._names([n for n, _ in items])
         views = [_byte_view(n, d) for n, (_, d) in zip(names, items, strict=True)]
@@ -249,7 +261,8 @@ class HFBucketStore(RemoteStore):
                 results[i] = ItemResult(n, size=views[i].nbytes) if winner and winner.ok else winner
         return [r for r in results if r is not None]
 
-    def _put_batch(self, batch: list[tuple[int, str, memoryview]], deadline: float) -> dict[int, ItemResult]:
+    def _put_batch(self, batch: list[tuple[int, str, memoryview | Gather]], deadline: float
+                   ) -> dict[int, ItemResult]:
         paths = [self._path(n) for _, n, _ in batch]
         try:
             uploaded = self._client.upload(
@@ -276,8 +289,8 @@ class HFBucketStore(RemoteStore):
         return self._reconcile_put(batch, paths, uploaded, failed, failure, deadline)
 
     def _reconcile_put(
-        self, batch: list[tuple[int, str, memoryview]], paths: list[str], uploaded: list[tuple[str, int]],
-        failed: dict[str, str], failure: StoreError | None, deadline: float,
+        self, batch: list[tuple[int, str, memoryview | Gather]], paths: list[str],
+        uploaded: list[tuple[str, int]], failed: dict[str, str], failure: StoreError | None, deadline: float,
     ) -> dict[int, ItemResult]:
         """After a failed or partial batch, count exactly the paths that hold our new content.
 
@@ -318,7 +331,8 @@ class HFBucketStore(RemoteStore):
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
         if self.config.prefetch_reconstructions:  # a hit is loaded next: its load is the fetch alone
-            self._client.prefetch_reconstructions([f for f in meta.values() if f is not None])
+            hits = [f for f in meta.values() if f is not None]
+            self._client.prefetch_reconstructions(hits, background=True)  # the lookup does not wait
         return [ItemResult(n, size=None if meta[p] is None else meta[p].size)  # type: ignore[union-attr]
                 for n, p in zip(names, paths, strict=True)]
 
@@ -532,7 +546,9 @@ class HFBucketStore(RemoteStore):
         self._cache.clear()
 
 
-def _byte_view(name: str, data: Buffer) -> memoryview:
+def _byte_view(name: str, data: Buffer | Gather) -> memoryview | Gather:
+    if isinstance(data, Gather):
+        return data
     try:
         view = memoryview(data)
     except TypeError:

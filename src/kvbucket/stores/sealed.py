@@ -31,7 +31,6 @@ import xxhash
 
 from kvbucket import envelope as env
 from kvbucket.chunks import as_view
-from kvbucket.encryption import BLOCK as _BLOCK
 from kvbucket.encryption import Keyring, encrypt_into
 from kvbucket.errors import ConfigError, SizeMismatchError, StoreError
 from kvbucket.stores.base import Buffer, Gather, ItemResult, ObjectInfo, ObjectStore, Scatter
@@ -84,32 +83,29 @@ class SealedStore(EnvelopeOpener, ObjectStore):
         return f"SealedStore({self.inner!r}, tier={self.tier!r}{crypt})"
 
     # ---- write --------------------------------------------------------------------------
-    def seal(self, name: str, data: Buffer | Gather) -> np.ndarray | Gather:
-        """The envelope bytes of ``data`` stored under ``name`` (one copy of the payload).
+    def seal(self, name: str, data: Buffer | Gather) -> bytes | np.ndarray | Gather:
+        """The envelope bytes of ``data`` stored under ``name`` (at most one copy of the payload).
 
-        A :class:`Gather` (a caller's regions, e.g. an engine's strided KV page) is hashed where it
-        lies and, for a store that ``gathers`` (a directory), returned as header + regions with no
-        copy; other stores (and encryption) get it joined.
+        Without encryption the payload is hashed where it lies. A store that ``gathers`` (a
+        directory, a Hub bucket) gets header + the caller's regions as a :class:`Gather`, with no
+        copy: a directory writes it with one ``writev``; a bucket joins each object just before
+        handing it to its uploader, so the copy of one object overlaps the upload of the one
+        before. Other stores get ``bytes`` (one copy; what their clients take without another).
         """
+        if self.keyring is None:
+            parts = data.parts if isinstance(data, Gather) else (as_view(data),)
+            h = xxhash.xxh3_64()
+            for part in parts:
+                h.update(part)
+            n = sum(p.nbytes for p in parts)
+            header = env.pack_header(n, h.intdigest(), name, self.identity)
+            if getattr(self.inner, "gathers", False):
+                return Gather(header, *parts)
+            return b"".join((header, *parts))
         if isinstance(data, Gather):
-            if self.keyring is None and getattr(self.inner, "gathers", False):
-                h = xxhash.xxh3_64()
-                for part in data.parts:
-                    h.update(part)
-                return Gather(env.pack_header(data.nbytes, h.intdigest(), name, self.identity), *data.parts)
             data = data.join()
         view = as_view(data)
         n = view.nbytes
-        if self.keyring is None:
-            blob = np.empty(env.HEADER_SIZE + n, dtype=np.uint8)
-            bv = memoryview(blob)
-            h = xxhash.xxh3_64()
-            for off in range(0, n, _BLOCK):  # copy and hash each block while it is in cache
-                block = view[off : off + _BLOCK]
-                bv[env.HEADER_SIZE + off : env.HEADER_SIZE + off + block.nbytes] = block
-                h.update(block)
-            bv[: env.HEADER_SIZE] = env.pack_header(n, h.intdigest(), name, self.identity)
-            return blob
         tenant = self.tenant_of(name)
         kid = self.keyring.write_key_id(tenant)
         if kid is None:
@@ -141,7 +137,7 @@ class SealedStore(EnvelopeOpener, ObjectStore):
                 continue
             todo.append(i)
             blobs.append((name, blob))
-            sizes.append(blob.nbytes - self.overhead)
+            sizes.append((len(blob) if isinstance(blob, bytes) else blob.nbytes) - self.overhead)
         for i, size, r in zip(todo, sizes, self.inner.put_many(blobs) if blobs else [], strict=True):
             results[i] = r if r.error is not None else ItemResult(r.name, size=size)
         return [r for r in results if r is not None]

@@ -220,11 +220,22 @@ class XetReader:
         return self._conns.tls()
 
     # ---- reconstructions -------------------------------------------------------------------
-    def prefetch(self, files: list[tuple[str, int]]) -> None:
-        """Ask for the reconstruction of each (xet_hash, size) not cached yet, all at once."""
-        for h, size in files:
-            if size > 0:
-                self._future(h, size, None)
+    def prefetch(self, files: list[tuple[str, int]], *, background: bool = False) -> None:
+        """Ask for the reconstruction of each (xet_hash, size) not cached yet, all at once.
+
+        With ``background``, one request thread sends them, so a lookup returns as soon as its
+        own answer is in: each query runs on a thread of its own, and in a fresh process
+        starting 64 of them took the lookup 20-60 ms on a 2-core machine.
+        """
+        todo = [(h, size) for h, size in files if size > 0]
+        if background and len(todo) > 1:
+            try:
+                self._submit(self.prefetch, todo)
+                return
+            except RuntimeError:  # closed: ask from here
+                pass
+        for h, size in todo:
+            self._future(h, size, None)
 
     def _future(self, h: str, size: int, deadline: float | None) -> Future[Reconstruction]:
         now = time.monotonic()

@@ -179,7 +179,7 @@ class KVBucketConnector(RemoteConnector):
         # A lookup hit starts its load (read-ahead, kvbucket.stores.prefetch); every verb goes
         # through the buffer, so a store or delete drops what it replaces.
         self.store = with_read_ahead(route_formats(sealed, self.naming), self._cfg.read_ahead_settings(),
-                                     label="connector")
+                                     label=raw.url)
         self._fleet: StoreFleet | None = None
         if self._cfg.fleet is not None:
             from kvbucket.fleet.member import StoreFleet

@@ -1,0 +1,99 @@
+"""The copies a store makes of a payload on its way to the bucket (issue 23: a store at 0 ms at
+least as fast as LMCache's hfbucket adapter).
+
+hf_xet's ``start_upload_bytes`` takes ``bytes``, so one copy is needed. The sealing layer hashes
+the caller's buffer where it lies and hands the bucket store header + payload as a ``Gather``;
+the upload joins each object just before handing it over. Before, the payload was copied twice
+(into the sealed blob, then into ``bytes``), all objects before the first was handed over.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvbucket import envelope as env
+from kvbucket.stores import hub_client
+from kvbucket.stores.base import Gather
+from kvbucket.stores.file import FileStore
+from kvbucket.stores.hfbucket import HFBucketStore
+from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.sealed import seal_store
+from kvbucket.testing.hub_emulator.request_log import count_routes
+
+
+def test_sealed_payloads_reach_the_uploader_uncopied_and_are_joined_once_each(
+    hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub = hub_bucket.hub
+    rng = np.random.default_rng()
+    data = [rng.integers(0, 256, 300_000 + i, dtype=np.uint8) for i in range(5)]
+    names = [f"k{i}" for i in range(len(data))]
+    handed: list[tuple[str, Any]] = []
+    joined: list[bytes | bytearray] = []
+    as_bytes = hub_client._as_bytes
+
+    def spy_join(d: Any) -> bytes | bytearray:
+        joined.append(as_bytes(d))
+        return joined[-1]
+
+    monkeypatch.setattr(hub_client, "_as_bytes", spy_join)
+    with HFBucketStore(build_config(
+        bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/c-{uuid.uuid4().hex[:6]}", token=hub.write_token,
+        endpoint=hub.endpoint, token_env="", retry_backoff_secs=0.01,
+    )) as raw:
+        put = raw.put_many
+        monkeypatch.setattr(raw, "put_many", lambda items: handed.extend(items) or put(items))
+        store = seal_store(raw, tier="test")
+        hub.emulator.requests(clear=True)
+        results = store.put_many(list(zip(names, data, strict=True)))
+        assert [r.size for r in results] == [d.nbytes for d in data]
+        # The bucket store got the caller's arrays themselves, behind a 64-byte header.
+        assert [type(x) for _, x in handed] == [Gather] * len(data)
+        assert all(g.parts[1].obj is d for (_, g), d in zip(handed, data, strict=True))
+        assert all(g.parts[0].nbytes == env.HEADER_SIZE for _, g in handed)
+        # One join per object: exactly the envelope hf_xet stores.
+        assert [len(b) for b in joined] == [env.HEADER_SIZE + d.nbytes for d in data]
+        assert all(bytes(b[env.HEADER_SIZE :]) == d.tobytes() for b, d in zip(joined, data, strict=True))
+        routes = count_routes(hub.emulator.requests(clear=True))
+        assert routes.get("batch") == 1 and routes.get("shard_upload") == 1, routes  # one commit
+        outs = [np.zeros_like(d) for d in data]
+        assert all(r.found for r in store.get_many(names, outs))
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+
+
+def test_as_bytes_copies_only_what_hf_xet_would_read_item_by_item() -> None:
+    whole = b"x" * 1000
+    assert hub_client._as_bytes(whole) is whole
+    assert hub_client._as_bytes(memoryview(whole)) is whole
+    arr = bytearray(b"y" * 10)
+    assert hub_client._as_bytes(arr) is arr
+    part = hub_client._as_bytes(memoryview(whole)[10:20])
+    assert type(part) is bytes and part == b"x" * 10
+    a = np.arange(12, dtype=np.uint16)
+    assert hub_client._as_bytes(a) == a.tobytes()
+    g = Gather(b"head", a)
+    assert hub_client._as_bytes(g) == b"head" + a.tobytes()
+
+
+@pytest.mark.parametrize("kind", ["dir", "memory"])
+def test_other_stores_get_one_copy_or_none(tmp_path: Any, kind: str) -> None:
+    """A directory gathers (header + the caller's buffer, one writev); a store that does not
+    gets ``bytes``, the one copy, which S3 and memory clients take as they are."""
+    raw = FileStore(tmp_path) if kind == "dir" else MemoryStore()
+    store = seal_store(raw, tier="test")
+    src = np.random.default_rng().integers(0, 256, 70_000, dtype=np.uint8)
+    blob = store.seal("m/x", src)
+    if kind == "dir":
+        assert isinstance(blob, Gather) and blob.parts[1].obj is src
+    else:
+        assert type(blob) is bytes and blob[env.HEADER_SIZE :] == src.tobytes()
+    (r,) = store.put_many([("m/x", src)])
+    assert r.size == src.nbytes
+    out = np.zeros_like(src)
+    (g,) = store.get_many(["m/x"], [out])
+    assert g.found and np.array_equal(out, src)
