@@ -67,6 +67,28 @@ class DaemonThreadPool(Executor):
                 self._threads.append(t)
         return fut
 
+    def prestart(self, n: int | None = None) -> int:
+        """Start up to ``n`` idle workers now (all ``max_workers`` by default); returns how many.
+
+        Why: a worker is otherwise started by the submit that needs it, and ``Thread.start`` waits
+        until the new thread holds the GIL, up to the 5 ms switch interval while other workers
+        copy bytes. A store that puts 64 loads in flight at once paid that in its first batch, on
+        the critical path, stretching one round trip into several; started when the store opens,
+        the workers wait idle instead.
+        """
+        started = 0
+        with self._lock:
+            want = self._max if n is None else min(n, self._max)
+            while not self._shutdown and len(self._threads) < want:
+                t = threading.Thread(
+                    target=_work, args=(self._q, self._idle, True),
+                    name=f"{self._prefix}_{next(_counter)}", daemon=True,
+                )
+                t.start()
+                self._threads.append(t)
+                started += 1
+        return started
+
     def shutdown(
         self, wait: bool = True, *, cancel_futures: bool = False, timeout: float | None = None
     ) -> None:
@@ -113,7 +135,9 @@ def _drain_at_exit() -> None:
     join_all([t for pool in pools for t in pool.threads], EXIT_DRAIN_SECS)
 
 
-def _work(q: queue.SimpleQueue[Any], idle: threading.Semaphore) -> None:
+def _work(q: queue.SimpleQueue[Any], idle: threading.Semaphore, start_idle: bool = False) -> None:
+    if start_idle:  # prestarted: counted idle, so the next submit hands work to this worker
+        idle.release()
     while True:
         item = q.get()
         if item is _STOP:

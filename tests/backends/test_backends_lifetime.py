@@ -259,3 +259,20 @@ def test_exit_lets_a_running_pool_call_end_within_the_drain_bound(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     assert marker.exists()  # the drain waited for the 0.5 s call
     assert not stuck.exists() and time.monotonic() - started < 20  # the 60 s one was abandoned
+
+
+def test_prestarted_workers_take_a_batch_without_starting_any() -> None:
+    """prestart() starts idle workers up to the bound; a batch as wide as the pool then runs all
+    at once on them (the barrier needs every call in flight together) and no thread is added."""
+    pool = DaemonThreadPool(6, "kvbucket-test-prestart")
+    try:
+        assert pool.prestart(4) == 4
+        assert pool.prestart() == 2 and pool.prestart(10) == 0  # capped at max_workers
+        threads = pool.threads
+        barrier = threading.Barrier(6, timeout=10)
+        futs = [pool.submit(barrier.wait) for _ in range(6)]
+        assert sorted(f.result(timeout=10) for f in futs) == list(range(6))
+        assert pool.threads == threads
+    finally:
+        pool.shutdown()
+    assert pool.prestart() == 0  # a pool shut down starts nothing

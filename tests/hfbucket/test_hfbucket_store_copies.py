@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kvbucket import envelope as env
-from kvbucket.stores import hub_client
+from kvbucket.stores import hub_client, xet_sessions
 from kvbucket.stores.base import Gather
 from kvbucket.stores.file import FileStore
 from kvbucket.stores.hfbucket import HFBucketStore
@@ -35,13 +35,13 @@ def test_sealed_payloads_reach_the_uploader_uncopied_and_are_joined_once_each(
     names = [f"k{i}" for i in range(len(data))]
     handed: list[tuple[str, Any]] = []
     joined: list[bytes | bytearray] = []
-    as_bytes = hub_client._as_bytes
+    as_bytes = xet_sessions.upload_bytes
 
     def spy_join(d: Any) -> bytes | bytearray:
         joined.append(as_bytes(d))
         return joined[-1]
 
-    monkeypatch.setattr(hub_client, "_as_bytes", spy_join)
+    monkeypatch.setattr(hub_client, "upload_bytes", spy_join)
     with HFBucketStore(build_config(
         bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/c-{uuid.uuid4().hex[:6]}", token=hub.write_token,
         endpoint=hub.endpoint, token_env="", retry_backoff_secs=0.01,
@@ -68,16 +68,16 @@ def test_sealed_payloads_reach_the_uploader_uncopied_and_are_joined_once_each(
 
 def test_as_bytes_copies_only_what_hf_xet_would_read_item_by_item() -> None:
     whole = b"x" * 1000
-    assert hub_client._as_bytes(whole) is whole
-    assert hub_client._as_bytes(memoryview(whole)) is whole
+    assert xet_sessions.upload_bytes(whole) is whole
+    assert xet_sessions.upload_bytes(memoryview(whole)) is whole
     arr = bytearray(b"y" * 10)
-    assert hub_client._as_bytes(arr) is arr
-    part = hub_client._as_bytes(memoryview(whole)[10:20])
+    assert xet_sessions.upload_bytes(arr) is arr
+    part = xet_sessions.upload_bytes(memoryview(whole)[10:20])
     assert type(part) is bytes and part == b"x" * 10
     a = np.arange(12, dtype=np.uint16)
-    assert hub_client._as_bytes(a) == a.tobytes()
+    assert xet_sessions.upload_bytes(a) == a.tobytes()
     g = Gather(b"head", a)
-    assert hub_client._as_bytes(g) == b"head" + a.tobytes()
+    assert xet_sessions.upload_bytes(g) == b"head" + a.tobytes()
 
 
 @pytest.mark.parametrize("kind", ["dir", "memory"])

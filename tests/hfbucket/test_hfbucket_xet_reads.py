@@ -97,3 +97,23 @@ def test_a_lookup_hands_its_hits_reconstructions_to_one_request_thread(hub_bucke
         assert sorted(fn for _, fn in submits) == ["_query"] * 8 + ["prefetch"]  # no query twice
         routes = count_routes(hub_bucket.hub.emulator.requests(clear=True))
         assert routes.get("reconstruction") == 8 and routes.get("paths_info") == 1, routes
+
+
+def test_opening_a_store_starts_its_load_and_request_threads() -> None:
+    """A batch puts every object in flight at once; each worker started in that batch waited for
+    the GIL while the first fetches copied bytes, stretching one round trip into several. Opening
+    the store starts them, idle; no request is made (the endpoint listens nowhere)."""
+    import threading
+
+    from kvbucket.stores import hub_client
+
+    before = {t.name for t in threading.enumerate()}
+    store = HFBucketStore(build_config(bucket_handle="hf://buckets/o/b/p", token="hf_x", token_env="",
+                                       endpoint="http://127.0.0.1:9", load_concurrency=16))
+    try:
+        new = [t.name for t in threading.enumerate() if t.name not in before]
+        assert sum(n.startswith("kvbucket-hfbucket-load") for n in new) == 16
+        assert sum(n.startswith("kvbucket-hub-request") for n in new) == hub_client._REQUEST_THREADS
+        assert store._client.prestart_threads() == 0  # already running: none more
+    finally:
+        store.close()

@@ -10,6 +10,8 @@ import os
 import threading
 from typing import Any
 
+from kvbucket.stores.base import Gather
+
 # hf_xet setting: ask the CAS server, for the first chunk of every uploaded object, whether
 # another upload already stored it (global deduplication).
 _GLOBAL_DEDUP = "deduplication.global_dedup_query_enabled"
@@ -81,4 +83,21 @@ def download_session(concurrency: int) -> Any:
         return session
 
 
-__all__ = ["download_session", "upload_session"]
+def upload_bytes(data: Any) -> bytes | bytearray:
+    """What hf_xet's ``start_upload_bytes`` takes fast, with at most one copy here.
+
+    It copies a ``bytes`` or ``bytearray`` into its own buffer at memory speed, but reads any
+    other buffer item by item (measured, 8 MiB: 8 ms as bytes, 0.2 s as a memoryview, 0.7 s as
+    a numpy array). A :class:`Gather` is joined here, object by object, so each copy overlaps
+    the ingestion of the objects handed over before it.
+    """
+    if type(data) in (bytes, bytearray):
+        return data  # type: ignore[no-any-return]
+    if isinstance(data, memoryview) and type(data.obj) in (bytes, bytearray) and data.nbytes == len(data.obj):
+        return data.obj  # type: ignore[no-any-return]  # a view of a whole bytes object: that object
+    if isinstance(data, Gather):
+        return b"".join(data.parts)
+    return bytes(data)
+
+
+__all__ = ["download_session", "upload_bytes", "upload_session"]
