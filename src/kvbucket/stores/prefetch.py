@@ -355,8 +355,8 @@ class PrefetchStore(ObjectStore):
                 else:
                     helper.result()
         finally:
-            if helper is not None:
-                wait([helper])  # never recycle a buffer the helper still reads
+            if helper is not None and not helper.cancelled():  # a cancelled one never runs; wait()
+                wait([helper])  # would block until its worker reaches it. Never recycle what it reads.
             with self._lock:
                 for e, _, _ in copies:
                     self._release(e, wasted=False, recycle=True)
