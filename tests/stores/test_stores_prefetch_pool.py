@@ -6,6 +6,7 @@ succeeded and the load copied out of it. Counts, never times."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -163,4 +164,25 @@ def test_large_loads_copy_on_two_threads_byte_for_byte(n: int) -> None:
         assert [h.tobytes() + t.tobytes() for h, t in zip(heads, tails, strict=True)] == data
         assert pf.allocated == n and pf.reused == 2 * n
     finally:
+        pf.close()
+
+
+def test_a_busy_copy_helper_never_holds_a_load_or_skips_a_copy() -> None:
+    size = PARALLEL_COPY_BYTES // 2 + 4096
+    raw, names, data = filled(4, size)
+    pf = PrefetchStore(raw, ReadAheadSettings(True, 16 * size, 10.0), label="pool")
+    release = threading.Event()
+    try:
+        blocker = pf._copier.submit(release.wait, 30)  # the helper is busy with another load
+        pf.prefetch(names, [size] * 4)
+        assert pf.settle()
+        got: list[list[bytes]] = []
+        t = threading.Thread(target=lambda: got.append(load(pf, names, size)))
+        t.start()
+        t.join(20)
+        assert not t.is_alive() and not blocker.done()  # served without the helper
+        assert got == [data]  # its half was copied by the loading thread
+        assert pf.held_bytes == 0 and pf.pooled_bytes == 4 * size
+    finally:
+        release.set()
         pf.close()

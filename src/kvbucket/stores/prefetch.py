@@ -36,6 +36,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import wait
 from typing import Any
 
 import numpy as np
@@ -335,21 +336,27 @@ class PrefetchStore(ObjectStore):
 
     def _copy(self, copies: list[tuple[_Entry, Any, np.ndarray]]) -> None:
         """Copy landed read-aheads into the callers' buffers, half on a helper thread when it pays
-        (``numpy.copyto`` releases the GIL), then recycle their buffers."""
+        (``numpy.copyto`` releases the GIL), then recycle their buffers. A helper that has not
+        started when this thread is done (busy with another load, or stopped) is called off and
+        its half copied here: every result served is copied before it is returned."""
         helper = None
+        mine, theirs = copies, copies[:0]
         if sum(e.size for e, v, _ in copies if v is not None) >= PARALLEL_COPY_BYTES and len(copies) > 1:
+            mine, theirs = copies[0::2], copies[1::2]
             try:
-                helper = self._copier.submit(_copy_each, copies[1::2])
-                mine = copies[0::2]
+                helper = self._copier.submit(_copy_each, theirs)
             except RuntimeError:  # stopped meanwhile
-                mine = copies
-        else:
-            mine = copies
+                mine, theirs = copies, copies[:0]
         try:
             _copy_each(mine)
-        finally:
             if helper is not None:
-                helper.result()
+                if helper.cancel():
+                    _copy_each(theirs)
+                else:
+                    helper.result()
+        finally:
+            if helper is not None and not helper.cancelled():  # a cancelled one never runs; wait()
+                wait([helper])  # would block until its worker reaches it. Never recycle what it reads.
             with self._lock:
                 for e, _, _ in copies:
                     self._release(e, wasted=False, recycle=True)
