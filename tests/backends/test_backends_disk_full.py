@@ -2,7 +2,7 @@
 never lose a good old copy.
 
 Each test runs on a real 20 MiB tmpfs (mounted for the test; needs root, as here and in CI) and
-on an injected ENOSPC (os.write fails once the files under the directory would pass 20 MiB), so
+on an injected ENOSPC (os.write and os.writev fail once the files under the directory would pass 20 MiB), so
 it also runs where mounting is not allowed.
 """
 
@@ -15,8 +15,9 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -93,22 +94,42 @@ def small_fs(
         finally:
             subprocess.run(["umount", "-l", str(mnt)], check=True)
         return
-    real_write = os.write
+    real_write, real_writev = os.write, os.writev
     root = str(mnt)
 
-    def quota_write(fd: int, data: bytes | memoryview) -> int:
+    def room_for(fd: int) -> int | None:
+        """Bytes the quota still allows on ``fd`` (None: not under the directory); ENOSPC at 0."""
         try:
             ours = os.readlink(f"/proc/self/fd/{fd}").startswith(root + "/")
         except OSError:
             ours = False
-        if ours:
-            room = FS_BYTES - _usage(mnt)
+        if not ours:
+            return None
+        room = FS_BYTES - _usage(mnt)
+        if room <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return room
+
+    def quota_write(fd: int, data: bytes | memoryview) -> int:
+        room = room_for(fd)
+        return real_write(fd, data if room is None else memoryview(data)[:room])
+
+    def quota_writev(fd: int, buffers: Sequence[Any]) -> int:
+        """The directory store writes sealed objects (header + payload) with one writev."""
+        room = room_for(fd)
+        if room is None:
+            return real_writev(fd, buffers)
+        cut: list[memoryview] = []
+        for b in buffers:
+            v = memoryview(b).cast("B")[:room]
+            cut.append(v)
+            room -= v.nbytes
             if room <= 0:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            data = memoryview(data)[:room]
-        return real_write(fd, data)
+                break
+        return real_writev(fd, cut)
 
     monkeypatch.setattr(os, "write", quota_write)
+    monkeypatch.setattr(os, "writev", quota_writev)
     yield SmallFS(mnt, "injected")
 
 
