@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -245,3 +246,26 @@ def test_connector_contains_then_get_blocking_makes_no_request(hub_bucket: HubBu
         loop.call_soon_threadsafe(loop.stop)
         th.join(5)
         loop.close()
+
+
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_mp_a_64_chunk_load_on_a_fresh_adapter_lands(hub_bucket: HubBucket, read_ahead: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup answered from the index sends nothing, so the load's 64 reconstruction queries
+    (on the client's 64 request threads) each need the read token first. Its fetch was queued on
+    those same threads and never started: every load passed load_timeout_secs (bench_l2 at
+    64 x 2 MiB, read-ahead and prefetch_reconstructions off)."""
+    monkeypatch.setattr(sys.modules[__name__], "CHUNK", 4096)
+    keys, data = [lmkey(500 + 100 * read_ahead + i) for i in range(64)], chunks(5, 64)
+    params = hub_params(hub_bucket, read_ahead=read_ahead, prefetch_reconstructions=False)
+    w = make_adapter(params)
+    try:
+        store_all(w, keys, data)
+    finally:
+        w.close()
+    a = ready(make_adapter(params))
+    try:
+        assert lookup(a, keys) == list(range(64))
+        assert load(a, keys) == data
+    finally:
+        a.close()

@@ -52,6 +52,7 @@ _RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 _RETRY_EXCEPTIONS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
 _MAX_WAIT = 8.0
 _REQUEST_THREADS = 64  # requests in flight at once per bucket client (threads start as needed)
+_REQUEST_THREAD_NAME = "kvbucket-hub-request"
 _TOKEN_SAFETY_SECS = 60
 
 T = TypeVar("T")
@@ -132,7 +133,7 @@ class HubBucketClient:
         self._warming = False
         self._download_group: Any = None
         self.load_concurrency = load_concurrency
-        self._requests = DaemonThreadPool(_REQUEST_THREADS, "kvbucket-hub-request")  # see _bounded
+        self._requests = DaemonThreadPool(_REQUEST_THREADS, _REQUEST_THREAD_NAME)  # see _bounded
         self.direct_reads = True  # plain-HTTP reads with cached reconstructions (xet_reads)
         self._reader = XetReader(
             self._reader_token, lambda *a: self._requests.submit(*a), concurrency=load_concurrency,
@@ -238,7 +239,12 @@ class HubBucketClient:
         )
 
     def _bounded(self, fn: Callable[[httpx2.Timeout], T], t: httpx2.Timeout, deadline: float, what: str) -> T:
-        """``fn(t)`` on a request thread; the caller stops waiting at ``deadline``."""
+        """``fn(t)`` on a request thread; the caller stops waiting at ``deadline``. Called on a
+        request thread already (a reconstruction query fetching the read token), it runs here:
+        queued behind the 64 queries waiting for it, it would never start (whoever waits for
+        this thread bounds it)."""
+        if threading.current_thread().name.startswith(_REQUEST_THREAD_NAME):
+            return fn(t)
         pool = self._requests
         try:
             fut = pool.submit(fn, t)
@@ -250,7 +256,7 @@ class HubBucketClient:
             if not fut.cancel():  # running: stuck on the server; later requests get fresh threads
                 with self._xet_lock:
                     if self._requests is pool:
-                        self._requests = DaemonThreadPool(_REQUEST_THREADS, "kvbucket-hub-request")
+                        self._requests = DaemonThreadPool(_REQUEST_THREADS, _REQUEST_THREAD_NAME)
                 pool.shutdown(wait=False)
             raise DeadlineExceededError(
                 f"the Hub did not answer in time for bucket {self.bucket_id!r} while trying to {what} "
