@@ -95,8 +95,7 @@ class HFBucketStore(RemoteStore):
         # costs one round trip (reconstruction, then fetch) whatever the number of objects.
         self._loads = DaemonThreadPool(config.load_concurrency, "kvbucket-hfbucket-load")
         self._loads.prestart()  # not in the first batch, where each start waits for the GIL
-        if (prestart := getattr(self._client, "prestart_threads", None)) is not None:
-            prestart()
+        self._client.prestart_threads()
         self._pool_lock = threading.Lock()
         # Stores and deletes may ask which objects landed after their budget (one lookup more).
         look, write = config.lookup_timeout_secs, config.store_timeout_secs + config.lookup_timeout_secs

@@ -355,8 +355,8 @@ class PrefetchStore(ObjectStore):
                 else:
                     helper.result()
         finally:
-            if helper is not None and not helper.cancelled():  # a cancelled one never runs; wait()
-                wait([helper])  # would block until its worker reaches it. Never recycle what it reads.
+            if helper is not None and not helper.cancel():  # running or done: never recycle what
+                wait([helper])  # it still reads (a cancelled one never runs: nothing to wait for)
             with self._lock:
                 for e, _, _ in copies:
                     self._release(e, wasted=False, recycle=True)
