@@ -62,6 +62,15 @@ def store_all(adapter: KVBucketL2Adapter, keys: list[LMKey], data: list[bytes]) 
     assert adapter.pop_completed_store_tasks()[tid].is_successful()
 
 
+def write_all(params: dict[str, Any], keys: list[LMKey], data: list[bytes]) -> None:
+    """Store ``data`` through an adapter of its own (another process's, in effect), closed after."""
+    w = make_adapter(params)
+    try:
+        store_all(w, keys, data)
+    finally:
+        w.close()
+
+
 def lookup(adapter: KVBucketL2Adapter, keys: list[LMKey]) -> list[int]:
     tid = adapter.submit_lookup_and_lock_task(keys, {})
     deadline = time.monotonic() + 30
@@ -103,11 +112,7 @@ def hub_params(b: HubBucket, **extra: Any) -> dict[str, Any]:
 def test_mp_load_after_lookup_and_lock_makes_no_request(hub_bucket: HubBucket) -> None:
     hub = hub_bucket.hub
     keys, data = [lmkey(i) for i in range(4)], chunks(1, 4)
-    w = make_adapter(hub_params(hub_bucket))
-    try:
-        store_all(w, keys, data)
-    finally:
-        w.close()
+    write_all(hub_params(hub_bucket), keys, data)
     seen = {}
     for on in (False, True):
         a = ready(make_adapter(hub_params(hub_bucket, read_ahead=on)))
@@ -132,11 +137,7 @@ def test_mp_load_after_lookup_and_lock_makes_no_request(hub_bucket: HubBucket) -
 def test_mp_a_load_during_the_read_ahead_fetches_nothing_twice(hub_bucket: HubBucket) -> None:
     hub = hub_bucket.hub
     keys, data = [lmkey(10 + i) for i in range(4)], chunks(2, 4)
-    w = make_adapter(hub_params(hub_bucket))
-    try:
-        store_all(w, keys, data)
-    finally:
-        w.close()
+    write_all(hub_params(hub_bucket), keys, data)
     totals = {}
     for on in (False, True):
         a = ready(make_adapter(hub_params(hub_bucket, read_ahead=on)))
@@ -165,11 +166,7 @@ def s3_params(seaweedfs: Any, s3_bucket: str, fault_proxy: Any) -> Iterator[tupl
 def test_mp_on_s3_lookup_then_load_is_one_round_trip(s3_params: Any, settled: bool) -> None:
     params, proxy = s3_params
     keys, data = [lmkey(20 + i) for i in range(16)], chunks(3, 16)
-    w = make_adapter(params)
-    try:
-        store_all(w, keys, data)
-    finally:
-        w.close()
+    write_all(params, keys, data)
     a = ready(make_adapter(params))
     try:
         proxy.latency = 0.4  # longer than the spread of a batch's arrivals on a busy machine
@@ -258,11 +255,7 @@ def test_mp_a_64_chunk_load_on_a_fresh_adapter_lands(hub_bucket: HubBucket, read
     monkeypatch.setattr(sys.modules[__name__], "CHUNK", 4096)
     keys, data = [lmkey(500 + 100 * read_ahead + i) for i in range(64)], chunks(5, 64)
     params = hub_params(hub_bucket, read_ahead=read_ahead, prefetch_reconstructions=False)
-    w = make_adapter(params)
-    try:
-        store_all(w, keys, data)
-    finally:
-        w.close()
+    write_all(params, keys, data)
     a = ready(make_adapter(params))
     try:
         assert lookup(a, keys) == list(range(64))
