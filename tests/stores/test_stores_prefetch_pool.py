@@ -211,3 +211,21 @@ def test_the_gauges_show_held_and_pooled_bytes() -> None:
     finally:
         pf.close()
     assert gauges() == (0, 0)
+
+
+def test_drop_unused_frees_only_what_no_load_took() -> None:
+    """``drop_unused``: the names whose read-ahead no load took, forgotten (counted wasted once
+    landed); taken ones and names never read ahead are left alone."""
+    raw, names, data = filled(4)
+    pf = PrefetchStore(raw, ReadAheadSettings(True, 64 * SIZE, 60.0), label="drop")
+    try:
+        pf.prefetch(names, [SIZE] * 4)
+        assert pf.settle()
+        assert load(pf, names[:2]) == data[:2]
+        assert sorted(pf.drop_unused([*names, "never"])) == names[2:]
+        assert pf.held_bytes == 0 and pf.drop_unused(names) == []
+        raw.reset()
+        assert load(pf, names[2:]) == data[2:]
+        assert raw.total_calls == 1  # dropped: the load asked the store
+    finally:
+        pf.close()

@@ -397,6 +397,18 @@ class PrefetchStore(ObjectStore):
                 self._drop(names)
                 self._publish()
 
+    def drop_unused(self, names: Sequence[str]) -> list[str]:
+        """Forget the read-aheads of ``names`` no load took (landed or on their way; counted
+        wasted when they land) and return those names: for a caller told that no load will come
+        (LMCache's L2 adapter, when LMCache unlocks a key it did not load from it)."""
+        if not self._entries:
+            return []
+        with self._lock:
+            unused = [n for n in names if n in self._entries]
+            self._drop(unused)
+            self._publish()
+        return unused
+
     def close(self) -> None:
         self.stop()
         self.inner.close()
@@ -432,6 +444,13 @@ def with_read_ahead(store: ObjectStore, settings: ReadAheadSettings | None, *, l
     return PrefetchStore(store, settings, label=label)
 
 
+def drop_unused(store: Any, names: Sequence[str]) -> list[str]:
+    """:meth:`PrefetchStore.drop_unused` on ``store`` if it has a read-ahead buffer (else [])."""
+    if not names or not getattr(store, "prefetches", False):
+        return []
+    return list(store.drop_unused(names))
+
+
 def read_ahead(store: Any, names: Sequence[str], sizes: Sequence[int | None]) -> int:
     """Start loading a lookup's hits into ``store``'s read-ahead buffer, if it has one (else 0)."""
     if not names or not getattr(store, "prefetches", False):
@@ -441,5 +460,5 @@ def read_ahead(store: Any, names: Sequence[str], sizes: Sequence[int | None]) ->
 
 __all__ = [
     "READ_AHEAD_BYTES", "READ_AHEAD_HELD", "READ_AHEAD_POOLED", "PrefetchStore", "ReadAheadConfig",
-    "ReadAheadSettings", "read_ahead", "with_read_ahead",
+    "ReadAheadSettings", "drop_unused", "read_ahead", "with_read_ahead",
 ]
