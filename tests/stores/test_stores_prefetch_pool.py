@@ -186,3 +186,28 @@ def test_a_busy_copy_helper_never_holds_a_load_or_skips_a_copy() -> None:
     finally:
         release.set()
         pf.close()
+
+
+def test_the_gauges_show_held_and_pooled_bytes() -> None:
+    """``kvbucket_read_ahead_held_bytes`` and ``..._pooled_bytes`` follow the buffer: an operator
+    sees the memory the read-ahead really holds (their sum), pooled buffers included."""
+    from prometheus_client import REGISTRY
+
+    def gauges() -> tuple[float | None, float | None]:
+        return tuple(REGISTRY.get_sample_value(f"kvbucket_read_ahead_{what}_bytes", {"store": "gauges"})
+                     for what in ("held", "pooled"))  # type: ignore[return-value]
+
+    raw, names, data = filled(3)
+    pf = PrefetchStore(raw, ReadAheadSettings(True, 64 * SIZE, 0.2), label="gauges")
+    try:
+        assert pf.prefetch(names, [SIZE] * 3) == 3 * SIZE
+        assert gauges() == (3 * SIZE, 0)
+        assert pf.settle()
+        assert load(pf, names) == data
+        assert gauges() == (0, 3 * SIZE)  # copied out: the buffers wait in the pool
+        assert pf.prefetch(names[:1], [SIZE]) == SIZE
+        assert gauges() == (SIZE, 2 * SIZE)  # one taken from the pool
+        assert until(lambda: gauges() == (0, 0), 5)  # expired, then the pool freed by the sweeper
+    finally:
+        pf.close()
+    assert gauges() == (0, 0)
