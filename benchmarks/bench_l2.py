@@ -27,7 +27,8 @@ What is timed, per round (keys/s = keys per second of the median round):
   reads come first: no reconstruction it cached for a lookup + load helps its load).
 
 Prints ops/s per operation and the ratio kvbucket / LMCache. Goals (issue 23, 0 ms, random
-payloads): >= 1.5x on load (and lookup + load), >= 1.0x on store.
+payloads, 64 x 2 MiB and 16 x 8 MiB, Hub bucket only): >= 1.5x on load, which kvbucket reports as
+lookup + load with read-ahead on, and >= 1.0x on store (see ``goal_for``).
 
     PYTHONPATH=src python benchmarks/bench_l2.py --backends hfbucket,s3 --num-keys 64 \
         --data-size-kb 2048 --rounds 5
@@ -61,7 +62,20 @@ RA_OFF = "kvbucket-ra-off"
 BENCH_KEYRING_ENV = "KVBUCKET_BENCH_KEYRING"
 INTEGRITY_RUNS: list[tuple[str, dict]] = []  # (backend, every adapter's ops/s), with --integrity
 SERVER_RUNS: list[tuple[str, dict]] = []  # (backend, every adapter's results), with --server-stats
-GOALS = {"Store": 1.0, "Lookup+Load": 1.5, "Lookup": 1.5, "Load": 1.5}
+#: Issue 23's goals in LMCache's runner at 0 ms, kvbucket / LMCache's ``hfbucket`` adapter: store
+#: >= 1.0x, load >= 1.5x (load = lookup + load with read-ahead on: the figure a hit costs). S3's
+#: goals are at 50 ms (bench_latency), and a lookup alone or a load with read-ahead off has none.
+GOALS = {("hfbucket", "Store"): 1.0, ("hfbucket", "Lookup+Load"): 1.5}
+#: The shapes (keys, KiB) those goals are set for, with random payloads.
+GOAL_SHAPES = {(64, 2048), (16, 8192)}
+
+
+def goal_for(backend: str, op: str, num_keys: int, data_size_kb: int, random_payloads: bool) -> float | None:
+    """The ratio issue 23 asks of this row, or None where it sets no goal (a ``goal`` column that
+    says MISSED on a row nobody set a goal for misleads the reader)."""
+    if not random_payloads or (num_keys, data_size_kb) not in GOAL_SHAPES:
+        return None
+    return GOALS.get((backend, op))
 
 
 def _omp(args: argparse.Namespace) -> dict[str, str]:
@@ -482,15 +496,7 @@ def main() -> int:
           f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)"
           + (", random payloads" if args.integrity or args.random_payloads
              else ", CONSTANT payloads (one repeated byte per chunk: the dedup case)"))
-    print(f"{'backend':<9} {'op':<34} {'lmcache ops/s':>14} {'kvbucket ops/s':>15} {'ratio':>7}  goal")
-    for backend, base, mine in pairs:
-        for op, who, _key, what, goal in COMPARED:
-            if op not in mine.get(who, {}):
-                continue
-            base_ops, my_ops = base[op]["ops_per_sec_avg"], mine[who][op]["ops_per_sec_avg"]
-            ratio = my_ops / base_ops if base_ops > 0 else float("inf")
-            mark = "" if goal is None else f">={goal}x " + ("ok" if ratio >= goal else "MISSED")
-            print(f"{backend:<9} {what:<34} {base_ops:>14.1f} {my_ops:>15.1f} {ratio:>6.2f}x  {mark}")
+    print("\n".join(ratio_table(pairs, args)))
     if INTEGRITY_RUNS:
         print("\nkvbucket: sealed (verified) vs unsealed, and AES-256-GCM vs sealed. Ratios of the median "
               "rounds' ops/s,\nthen [paired]: the median (and quartiles) of per-round ratios, each round's "
@@ -539,13 +545,29 @@ def _variant(args: argparse.Namespace) -> str | None:
 
 
 #: What is compared with LMCache's adapter: (operation, kvbucket side, results key, what the
-#: row says, goal). Lookup and load apart only with read-ahead off (see the module's docstring).
-COMPARED: list[tuple[str, str, str, str, float | None]] = [
-    ("Store", "kvbucket", "store", "store", GOALS["Store"]),
-    ("Lookup+Load", "kvbucket", "lookup+load", "lookup + load (read-ahead on)", GOALS["Lookup+Load"]),
-    ("Lookup", RA_OFF, "lookup", "lookup (read-ahead off)", GOALS["Lookup"]),
-    ("Load", RA_OFF, "load", "load (read-ahead off)", GOALS["Load"]),
+#: row says). Lookup and load apart only with read-ahead off (see the module's docstring).
+COMPARED: list[tuple[str, str, str, str]] = [
+    ("Store", "kvbucket", "store", "store"),
+    ("Lookup+Load", "kvbucket", "lookup+load", "lookup + load (read-ahead on)"),
+    ("Lookup", RA_OFF, "lookup", "lookup (read-ahead off)"),
+    ("Load", RA_OFF, "load", "load (read-ahead off)"),
 ]
+
+
+def ratio_table(pairs: list[tuple[str, dict, dict[str, dict]]], args: argparse.Namespace) -> list[str]:
+    """The printed ops/s and ratios; a goal only on the rows ``goal_for`` gives one."""
+    lines = [f"{'backend':<9} {'op':<34} {'lmcache ops/s':>14} {'kvbucket ops/s':>15} {'ratio':>7}  goal"]
+    for backend, base, mine in pairs:
+        for op, who, _key, what in COMPARED:
+            if op not in mine.get(who, {}):
+                continue
+            base_ops, my_ops = base[op]["ops_per_sec_avg"], mine[who][op]["ops_per_sec_avg"]
+            ratio = my_ops / base_ops if base_ops > 0 else float("inf")
+            goal = goal_for(backend, op, args.num_keys, args.data_size_kb, args.random_payloads)
+            mark = "" if goal is None else f">={goal}x " + ("ok" if ratio >= goal else "MISSED")
+            row = f"{backend:<9} {what:<34} {base_ops:>14.1f} {my_ops:>15.1f} {ratio:>6.2f}x  {mark}"
+            lines.append(row.rstrip())
+    return lines
 
 
 def _record(res: Any, args: argparse.Namespace, pairs: list[tuple[str, dict, dict[str, dict]]]) -> None:
@@ -563,9 +585,10 @@ def _record(res: Any, args: argparse.Namespace, pairs: list[tuple[str, dict, dic
             for i, tb in enumerate(base[op].get("round_secs", [])):
                 res.run(backend=backend, op=op, round=i + 1, lmcache_s=tb,
                         **{k: v[i] if i < len(v) else None for k, v in sides.items()})
-        for op, who, key, what, goal in COMPARED:
+        for op, who, key, what in COMPARED:
             if op not in base or op not in mine.get(who, {}):
                 continue
+            goal = goal_for(backend, op, args.num_keys, args.data_size_kb, args.random_payloads)
             b, m = base[op], mine[who][op]
             rb, rm = b.get("round_secs", []), m.get("round_secs", [])
             name, _, note = what.removesuffix(")").partition(" (")

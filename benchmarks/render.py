@@ -151,15 +151,17 @@ def section(name: str, r: dict[str, Any]) -> list[str]:
     if comps:
         if _has_chart(r):
             out += [f"![{name}](img/{name}.svg)", ""]
-        out += [_row(["what", "kvbucket", "peer", "ratio (per-round range)", "goal"]),
-                _row(["---"] * 5)]
+        goals = any(c.get("goal") for c in comps.values())  # a goal column only where one is set
+        out += [_row(["what", "kvbucket", "peer", "ratio (per-round range)", *(["goal"] if goals else [])]),
+                _row(["---"] * (4 + goals))]
         for c in comps.values():
             unit = c.get("unit", "")
             ours = f"{fmt(c.get('ours'))} {unit}".strip()
             if c.get("ours_name") not in (None, "kvbucket"):
                 ours += f" ({c['ours_name']})"
             peer = f"{fmt(c.get('peer'))} {unit} ({c.get('peer_name')})"
-            out.append(_row([c.get("label"), ours, peer, ratio_text(c), c.get("goal") or ""]))
+            out.append(_row([c.get("label"), ours, peer, ratio_text(c),
+                             *([c.get("goal") or ""] if goals else [])]))
         out.append("")
     figs = r.get("figures", {})
     if figs:

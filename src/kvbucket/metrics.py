@@ -106,9 +106,10 @@ PREFIX_SECONDS = Histogram(
 INTEGRITY_FAILURES = _sealed.INTEGRITY_FAILURES
 INTEGRITY_VERIFIED = _sealed.INTEGRITY_VERIFIED
 INTEGRITY_REMOVED = _sealed.INTEGRITY_REMOVED
-# Read-ahead counters (kvbucket.stores.prefetch): prefetched / used / wasted bytes, held bytes.
+# Read-ahead counters (kvbucket.stores.prefetch): prefetched / used / wasted bytes, held and pooled bytes.
 READ_AHEAD_BYTES = _prefetch.READ_AHEAD_BYTES
 READ_AHEAD_HELD = _prefetch.READ_AHEAD_HELD
+READ_AHEAD_POOLED = _prefetch.READ_AHEAD_POOLED
 
 
 def _nbytes(chunk: Any) -> int:
@@ -541,6 +542,7 @@ __all__ = [
     "PREFIX_TOKENS",
     "READ_AHEAD_BYTES",
     "READ_AHEAD_HELD",
+    "READ_AHEAD_POOLED",
     "STORE_BREAKER_OPENS",
     "STORE_BREAKER_REJECTED",
     "STORE_BREAKER_STATE",

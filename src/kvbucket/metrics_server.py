@@ -5,18 +5,22 @@
 L2 adapter and connector): an engine may build several of them in one process, all counting
 into the one default registry, so the endpoint is started once per port and process and lives
 as long as the process; a port another process holds is a :class:`~kvbucket.errors.ConfigError`
-naming the setting.
+naming the setting. :class:`MetricsEndpointConfig` holds those settings (``metrics_port``,
+``metrics_addr``) for every integration's configuration.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from pydantic import BaseModel, field_validator, model_validator
 
 from kvbucket.errors import ConfigError
 
@@ -88,6 +92,45 @@ def serve_metrics(port: int, addr: str = "127.0.0.1", *, setting: str = "metrics
     return server
 
 
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")  # metrics_addr: a host name (or an IP address)
+
+
+class MetricsEndpointConfig(BaseModel):
+    """``metrics_port`` and ``metrics_addr``, as every integration's settings take them (the L2
+    adapter, the non-MP connector, the vLLM tier): :meth:`serve_metrics` serves them."""
+
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _port(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= 65535:
+            raise ValueError("must be a TCP port from 1 to 65535 (where kvbucket's Prometheus metrics "
+                             "are served), or left out to serve none")
+        return v
+
+    @field_validator("metrics_addr")
+    @classmethod
+    def _addr(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            if not _HOSTNAME.match(v):
+                raise ValueError("must be an address of this host to listen on, e.g. 127.0.0.1 (this "
+                                 "host only, the default) or 0.0.0.0 (every interface); no scheme, no port"
+                                 ) from None
+        return v
+
+    @model_validator(mode="after")
+    def _addr_needs_port(self) -> Any:
+        if "metrics_addr" in self.model_fields_set and self.metrics_port is None:
+            raise ValueError("metrics_addr is set but metrics_port is not: set metrics_port too "
+                             "(e.g. 9464), or drop metrics_addr")
+        return self
+
+
 def _bind_error(port: int, addr: str, setting: str, e: OSError) -> str:
     where = f"cannot serve kvbucket's metrics on {addr}:{port} ({setting})"
     if e.errno == errno.EADDRINUSE:
@@ -98,4 +141,4 @@ def _bind_error(port: int, addr: str, setting: str, e: OSError) -> str:
     return f"{where}: {e.strerror or e}; give an address of this host (e.g. 127.0.0.1 or 0.0.0.0)"
 
 
-__all__ = ["MetricsServer", "serve_metrics", "start_metrics_server"]
+__all__ = ["MetricsEndpointConfig", "MetricsServer", "serve_metrics", "start_metrics_server"]

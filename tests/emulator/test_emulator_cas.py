@@ -6,6 +6,7 @@ a hand-built file that the server accepts must also download correctly through t
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -361,3 +362,48 @@ def test_a_body_cut_short_leaves_nothing_behind(hub_bucket: HubBucket) -> None:
     assert not list((hub_bucket.hub.data_dir / "xorbs").rglob(".tmp-*"))
     assert not (hub_bucket.hub.data_dir / "xorbs" / xh[:2] / xh).exists()
     assert upload_xorb(cas, tok, xh, body)[0] == 200  # and the server carries on
+
+
+def test_a_received_xorb_is_written_back_as_it_comes(
+    hub_bucket: HubBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk starts on a xorb's bytes every WRITEBACK_STEP while the body comes in (the fsync
+    before the reply then has less left to write), on the zero-copy path and the ordinary one."""
+    from kvbucket.testing.hub_emulator import state
+
+    started: list[tuple[int, int]] = []
+    monkeypatch.setattr(state, "start_writeback", lambda fd, off, n: started.append((off, n)))
+    monkeypatch.setattr(state, "WRITEBACK_STEP", 1 << 20)
+    cas, tok = xet_token(hub_bucket)
+    xh, body = build_xorb(_big_chunks(50))  # ~5 MB, spliced
+    assert json.loads(upload_xorb(cas, tok, xh, body)[2]) == {"was_inserted": True}
+    assert started and started[0][0] == 0 and all(n >= 1 << 20 for _, n in started)
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(started))  # in order
+    assert len(body) - (1 << 20) < started[-1][0] + started[-1][1] <= len(body)
+    assert (hub_bucket.hub.data_dir / "xorbs" / xh[:2] / xh).read_bytes() == body
+
+    started.clear()
+    st = state.State(hub_bucket.hub.data_dir / "unit")
+    data = os.urandom(5 * (1 << 20) + 7)
+    from kvbucket.testing.hub_emulator.xet import XorbIndex
+
+    assert st.put_xorb(XorbIndex("ab" * 32, [0, len(data)], [len(data)], [bytes(32)]), data)
+    assert started == [(k << 20, 1 << 20) for k in range(5)]  # the last 7 bytes: the fsync's
+    assert st.xorb_path("ab" * 32).read_bytes() == data
+    st.close()
+
+
+def test_writeback_is_available_on_linux(tmp_path: Path) -> None:
+    """On Linux the head start is real: libc's sync_file_range is found and accepts the call."""
+    import sys
+
+    from kvbucket.testing.hub_emulator.state import _sync_file_range
+
+    fn = _sync_file_range()
+    if not sys.platform.startswith("linux"):
+        assert fn is None
+        return
+    with open(tmp_path / "f", "wb") as f:
+        f.write(os.urandom(1 << 16))
+        f.flush()
+        assert fn(f.fileno(), 0, 1 << 16, 2) == 0

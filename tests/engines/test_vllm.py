@@ -22,7 +22,7 @@ from kvbucket.testing.engines import assert_all_passed, engine_venv, run_checks,
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("vllm_checks.py")
-N_CHECKS = 13  # test functions in vllm_checks.py
+N_CHECKS = 14  # test functions in vllm_checks.py
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +62,22 @@ def test_settings_from_the_tier_config() -> None:
         integ.VLLMTierSettings.from_tier_config({"store_url": "/x", "cache_sault": "typo"})
     with pytest.raises(ConfigError, match="lookup"):
         integ.VLLMTierSettings.from_tier_config({"store_url": "/x", "lookup": "sometimes"})
+
+
+def test_metrics_keys_as_the_lmcache_adapters_take_them() -> None:
+    """``metrics_port`` / ``metrics_addr`` are the L2 adapter's keys, checked the same way."""
+    s = integ.VLLMTierSettings.from_tier_config({"store_url": "/x", "metrics_port": 9464,
+                                                 "metrics_addr": "0.0.0.0"})
+    assert (s.metrics_port, s.metrics_addr) == (9464, "0.0.0.0")
+    assert integ.VLLMTierSettings.from_tier_config({"store_url": "/x", "metrics_port": 9464}).metrics_addr \
+        == "127.0.0.1"
+    with pytest.raises(ConfigError, match=r"metrics_port.*from 1 to 65535"):
+        integ.VLLMTierSettings.from_tier_config({"store_url": "/x", "metrics_port": 0})
+    with pytest.raises(ConfigError, match="metrics_addr is set but metrics_port is not"):
+        integ.VLLMTierSettings.from_tier_config({"store_url": "/x", "metrics_addr": "0.0.0.0"})
+    with pytest.raises(ConfigError, match=r"metrics_addr.*no scheme, no port"):
+        integ.VLLMTierSettings.from_tier_config({"store_url": "/x", "metrics_port": 9464,
+                                                 "metrics_addr": "http://0.0.0.0:9464"})
 
 
 def test_known_chunks_are_bounded_and_misses_expire() -> None:

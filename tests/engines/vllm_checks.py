@@ -511,3 +511,34 @@ def test_a_lookup_hit_reads_ahead_for_the_load_job(target: dict[str, Any]) -> No
     assert hits == N and torch.equal(got, kv)
     assert _tier_metric("kvbucket_read_ahead_bytes_total", {"store": "vllm", "outcome": "used"}) == used
     off.close()
+
+
+def test_metrics_port_serves_once_per_process_and_a_taken_port_says_so(target: dict[str, Any]) -> None:
+    """``metrics_port``: the tier serves kvbucket's metrics (its store's requests among them) on
+    loopback; a second tier of the process shares the endpoint; a port another socket holds stops
+    the tier with an error naming the key and the fix (not a bare OSError)."""
+    import socket
+    import urllib.request
+
+    from kvbucket.errors import ConfigError
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    a = engine(target, metrics_port=port)
+    keys = offload_keys(31, n=1)
+    a.store(keys, kv_data(a, 31, n=1))
+    b = engine(target, metrics_port=port)  # the same process and port: shared, no error
+    assert b.tier.metrics is a.tier.metrics
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    puts = [ln for ln in body.splitlines() if ln.startswith("kvbucket_store_objects_total{")
+            and all(lab in ln for lab in ('store="vllm"', 'op="put"', 'result="ok"'))]
+    assert len(puts) == 1 and float(puts[0].split()[-1]) >= 1
+    a.close()
+    b.close()
+    with socket.socket() as held:  # another process's port, as the kernel reports it
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        with pytest.raises(ConfigError, match=rf"127\.0\.0\.1:{held.getsockname()[1]} \(metrics_port\): "
+                                              r"the port is in use by another process; set metrics_port"):
+            engine(target, metrics_port=held.getsockname()[1])

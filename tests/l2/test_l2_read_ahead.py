@@ -265,3 +265,108 @@ def test_mp_a_64_chunk_load_on_a_fresh_adapter_lands(hub_bucket: HubBucket, read
         assert load(a, keys) == data
     finally:
         a.close()
+
+
+
+def _gets(url: str) -> float:
+    """Objects the adapter on ``url`` read from its store (kvbucket_store_objects_total)."""
+    from prometheus_client import REGISTRY
+
+    return sum(REGISTRY.get_sample_value("kvbucket_store_objects_total",
+                                         {"store": url, "op": "get", "result": r}) or 0.0
+               for r in ("hit", "miss", "error"))
+
+
+def _lookup_bitmap(adapter: KVBucketL2Adapter, keys: list[LMKey]) -> Any:
+    tid = adapter.submit_lookup_and_lock_task(keys, {})
+    deadline = time.monotonic() + 30
+    while (bm := adapter.query_lookup_and_lock_result(tid)) is None and time.monotonic() < deadline:
+        wait_fd(adapter.get_lookup_and_lock_event_fd(), 1)
+    assert bm is not None
+    return bm
+
+
+@pytest.mark.parametrize("held_in_l1", [False, True])
+def test_mp_keys_lmcache_loads_elsewhere_are_not_read_ahead_again(hub_bucket: HubBucket,
+                                                                  held_in_l1: bool) -> None:
+    """LMCache 0.5.6's MP prefetch controller looks every key up in every L2 adapter, L1 hits
+    included (``_start_lookup_phase``), lets ``DefaultPrefetchPolicy`` pick one tier per key (L1
+    first, then the lowest adapter index) and unlocks the rest (``_plan_load``); a loaded key is
+    unlocked after its load (``_poll_load_results``). Driven here step by step with LMCache's own
+    policy and bitmap helpers, on two kvbucket adapters that both hold the keys: the second
+    adapter's read-ahead (both, when L1 holds the keys) is freed at the unlock, and the next
+    request's lookup reads nothing ahead there; once LMCache loads from it, read-ahead resumes."""
+    import torch
+    from lmcache.v1.distributed.api import GroupedObjectKeys, MemoryLayoutDesc
+    from lmcache.v1.distributed.storage_controllers.prefetch_controller import (
+        _gather_keys,
+        _scatter_bitmaps_full_global,
+    )
+    from lmcache.v1.distributed.storage_controllers.prefetch_policy import DefaultPrefetchPolicy
+    from lmcache.v1.distributed.storage_controllers.utils import (
+        Bitmap2D,
+        L1ManagerDescriptor,
+        L2AdapterDescriptor,
+        MapState,
+    )
+
+    keys, data = [lmkey(900 + 10 * held_in_l1 + i) for i in range(4)], chunks(9, 4)
+    params = [hub_params(hub_bucket, read_ahead_ttl_secs=300.0)
+              | {"bucket_handle": f"hf://buckets/{hub_bucket.bucket_id}/kv{i}"} for i in range(2)]
+    for p in params:
+        write_all(p, keys, data)
+    adapters = [ready(make_adapter(p)) for p in params]
+    ahead = [a.impl.read_ahead_store for a in adapters]
+    urls = [r.url for r in ahead]
+    group = [GroupedObjectKeys(keys=keys, object_group_id=0,
+                               layout_desc=MemoryLayoutDesc([torch.Size([CHUNK])], [torch.uint8]))]
+    policy = DefaultPrefetchPolicy()
+
+    def request(l2_holds: list[int], in_l1: bool) -> dict[int, list[LMKey]]:
+        """One prefetch request as the controller runs it; returns the keys loaded per adapter."""
+        l1, l1_descs = MapState(), {}
+        if in_l1:
+            l1[0] = Bitmap2D.zeros(1, len(keys)).ones_like()
+            l1_descs = {0: L1ManagerDescriptor(index=0, config=None)}  # type: ignore[arg-type]
+        l2 = MapState()
+        for i in l2_holds:  # every adapter, every key
+            bm = _lookup_bitmap(adapters[i], keys)
+            assert bm.popcount() == len(keys)
+            l2[i] = _scatter_bitmaps_full_global(bm, 1, len(keys))
+        l2_descs = {i: L2AdapterDescriptor(index=i, config=None) for i in l2_holds}  # type: ignore[arg-type]
+        plan = policy.plan_load(group, l1, l2, l1_descs, l2_descs, "prefix")
+        for i, cells in (l2 - plan.l2_planned_keys).items():  # dropped by the plan: unlocked
+            if dropped := _gather_keys(group, cells):
+                adapters[i].submit_unlock(dropped)
+        loaded = {}
+        for i, cells in plan.l2_planned_keys.items():  # loaded, then unlocked
+            loaded[i] = _gather_keys(group, cells)
+            assert load(adapters[i], loaded[i]) == [data[keys.index(k)] for k in loaded[i]]
+            adapters[i].submit_unlock(loaded[i])
+        return loaded
+
+    try:
+        assert request([0, 1], held_in_l1) == ({} if held_in_l1 else {0: keys})
+        unloaded = [0, 1] if held_in_l1 else [1]
+        for i in unloaded:  # dropped at the unlock (freed once landed), not after read_ahead_ttl_secs
+            assert until(lambda i=i: ahead[i].held_bytes == 0, 20)
+        gets = [_gets(u) for u in urls]
+        assert request([0, 1], held_in_l1) == ({} if held_in_l1 else {0: keys})
+        for i in unloaded:  # the second request read nothing ahead where LMCache did not load
+            assert ahead[i].settle()
+            assert _gets(urls[i]) == gets[i]
+            assert adapters[i].impl.report_status()["read_ahead_skipped"] == len(keys)
+        if not held_in_l1:  # the first adapter, loaded from, read ahead and loaded once each key
+            assert _gets(urls[0]) == gets[0] + len(keys)
+        # The keys leave L1 and the first adapter: LMCache loads them from the second, which
+        # fetches them with the load, then reads them ahead again on the next lookup.
+        adapters[0].delete(keys)
+        gets = [_gets(u) for u in urls]
+        assert request([1], False) == {1: keys}
+        assert _gets(urls[1]) == gets[1] + len(keys)  # fetched by the load, nothing read ahead
+        assert _lookup_bitmap(adapters[1], keys).popcount() == len(keys)
+        assert ahead[1].settle() and ahead[1].held_bytes > 0  # read ahead again
+        adapters[1].submit_unlock(keys)
+    finally:
+        for a in adapters:
+            a.close()

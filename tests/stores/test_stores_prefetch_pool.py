@@ -186,3 +186,46 @@ def test_a_busy_copy_helper_never_holds_a_load_or_skips_a_copy() -> None:
     finally:
         release.set()
         pf.close()
+
+
+def test_the_gauges_show_held_and_pooled_bytes() -> None:
+    """``kvbucket_read_ahead_held_bytes`` and ``..._pooled_bytes`` follow the buffer: an operator
+    sees the memory the read-ahead really holds (their sum), pooled buffers included."""
+    from prometheus_client import REGISTRY
+
+    def gauges() -> tuple[float | None, float | None]:
+        return tuple(REGISTRY.get_sample_value(f"kvbucket_read_ahead_{what}_bytes", {"store": "gauges"})
+                     for what in ("held", "pooled"))  # type: ignore[return-value]
+
+    raw, names, data = filled(3)
+    pf = PrefetchStore(raw, ReadAheadSettings(True, 64 * SIZE, 0.2), label="gauges")
+    try:
+        assert pf.prefetch(names, [SIZE] * 3) == 3 * SIZE
+        assert gauges() == (3 * SIZE, 0)
+        assert pf.settle()
+        assert load(pf, names) == data
+        assert gauges() == (0, 3 * SIZE)  # copied out: the buffers wait in the pool
+        assert pf.prefetch(names[:1], [SIZE]) == SIZE
+        assert gauges() == (SIZE, 2 * SIZE)  # one taken from the pool
+        assert until(lambda: gauges() == (0, 0), 5)  # expired, then the pool freed by the sweeper
+    finally:
+        pf.close()
+    assert gauges() == (0, 0)
+
+
+def test_drop_unused_frees_only_what_no_load_took() -> None:
+    """``drop_unused``: the names whose read-ahead no load took, forgotten (counted wasted once
+    landed); taken ones and names never read ahead are left alone."""
+    raw, names, data = filled(4)
+    pf = PrefetchStore(raw, ReadAheadSettings(True, 64 * SIZE, 60.0), label="drop")
+    try:
+        pf.prefetch(names, [SIZE] * 4)
+        assert pf.settle()
+        assert load(pf, names[:2]) == data[:2]
+        assert sorted(pf.drop_unused([*names, "never"])) == names[2:]
+        assert pf.held_bytes == 0 and pf.drop_unused(names) == []
+        raw.reset()
+        assert load(pf, names[2:]) == data[2:]
+        assert raw.total_calls == 1  # dropped: the load asked the store
+    finally:
+        pf.close()

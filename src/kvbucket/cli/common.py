@@ -17,7 +17,7 @@ import typer
 
 from kvbucket.errors import AuthError, ConfigError, InvalidKeyError, KVBucketError, NotFoundError, StoreError
 from kvbucket.secrets import redact
-from kvbucket.stores import ObjectStore, open_store
+from kvbucket.stores import ObjectStore, open_store, store_scheme
 from kvbucket.stores.deadline import deadline_in, run_abandonable
 
 T = TypeVar("T")
@@ -150,21 +150,32 @@ def probe_or_exit(store: Any, url: str, timeout: float) -> None:
         raise
 
 
+def open_for_command(url: str, *, create: bool | None = False) -> ObjectStore:
+    """Open a store for one command. ``create=False`` (the default, for inspection) never creates
+    a missing directory or bucket; an opener that does not know the option (it never creates
+    anything) is opened without it; ``None`` leaves the opener's default. A Hub bucket store
+    starts no thread at open (``prestart=False``): its 64 load and 64 request threads are for a
+    serving engine's first batch, and a one-shot command would pay ~20 ms per open for them."""
+    opts: dict[str, Any] = {} if create is None else {"create": create}
+    if store_scheme(url) == "hf":
+        opts["prestart"] = False
+    try:
+        return open_store(url, **opts)
+    except TypeError as e:
+        if "create" not in opts or "create" not in str(e):
+            raise
+        del opts["create"]
+        return open_store(url, **opts)
+
+
 @contextlib.contextmanager
 def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[ObjectStore]:
-    """Open a store for inspection; never create a missing directory or bucket.
-
-    ``create=False`` is the opener option for that; an opener that does not know the option
-    (it never creates anything) is opened without it. A remote store is probed first, so a
-    missing bucket, a refused token or an endpoint that never answers is one line at once.
+    """Open a store for inspection (:func:`open_for_command`: never create a missing directory or
+    bucket). A remote store is probed first, so a missing bucket, a refused token or an endpoint
+    that never answers is one line at once.
     """
     try:
-        try:
-            store = open_store(url, create=False)
-        except TypeError as e:
-            if "create" not in str(e):
-                raise
-            store = open_store(url)
+        store = open_for_command(url)
     except KVBucketError as e:
         raise fail(str(e), exit_code_for(e)) from None
     except (OSError, ValueError, TypeError) as e:

@@ -24,6 +24,7 @@ from kvbucket.cli.common import (
     exit_code_for,
     exit_now,
     is_remote,
+    open_for_command,
     probe_or_exit,
     unreachable_hint,
 )
@@ -99,13 +100,12 @@ def _target(explicit: str | None, neuron_remote: str | None) -> str:
 def _open(target: str, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Open the target; a remote one must answer a first listing within ``timeout`` seconds."""
     from kvbucket.compile_cache.session import hub_offline
-    from kvbucket.stores import open_store
 
     if hub_offline() and target.startswith("hf://"):
         raise ConfigError("HF_HUB_OFFLINE is set: unset it to reach the bucket")
     if not is_remote(target):  # as `set`: a directory must exist (a typo would start an empty cache)
         _existing_dir(target)
-    store = open_store(target)
+    store = open_for_command(target, create=None)
     probe_or_exit(store, target, timeout)
     return store
 

@@ -28,6 +28,7 @@ from kvbucket.cli.common import (
     endpoint_hint,
     exit_code_for,
     is_remote,
+    open_for_command,
     probe,
 )
 from kvbucket.remote_hit import (
@@ -147,17 +148,10 @@ def check_endpoint(name: str, url: str, timeout: float) -> Check:
 
 
 def check_store(url: str, source: str, timeout: float) -> Check:
-    from kvbucket.stores import open_store
-
     what = f"{url} ({source})"
     t0 = time.monotonic()
     try:
-        try:
-            store = bounded(lambda: open_store(url, create=False), timeout, url)
-        except TypeError as e:
-            if "create" not in str(e):
-                raise
-            store = bounded(lambda: open_store(url), timeout, url)
+        store = bounded(lambda: open_for_command(url), timeout, url)
     except NoAnswerError as e:
         return Check(what, False, _line(e), stuck=True)
     except Exception as e:

@@ -59,6 +59,7 @@ from kvbucket.integrations.engine_fleet import REFUSED, FleetSettings, open_flee
 from kvbucket.integrations.naming import path_segment, salt_segment
 from kvbucket.l2.config import format_validation_error
 from kvbucket.log_once import RepeatedLog
+from kvbucket.metrics_server import MetricsEndpointConfig, serve_metrics
 from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
 from kvbucket.stores.prefetch_config import ReadAheadConfig
 
@@ -103,9 +104,9 @@ except ImportError:  # pragma: no cover - depends on the venv
 _MIN_PART = 8  # chunks: a directory job of fewer is not split over threads
 
 
-class VLLMTierSettings(FleetSettings, ReadAheadConfig):
+class VLLMTierSettings(FleetSettings, ReadAheadConfig, MetricsEndpointConfig):
     """kvbucket's keys of one ``secondary_tiers`` entry (besides vLLM's ``type``/``module_path``),
-    with the fleet and read-ahead keys."""
+    with the fleet, read-ahead and metrics endpoint (``metrics_port``, ``metrics_addr``) keys."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -127,8 +128,6 @@ class VLLMTierSettings(FleetSettings, ReadAheadConfig):
     enable_kv_events: bool = Field(False, description="emit vLLM KV events: BlockStored for chunks stored "
                                    "here, BlockRemoved when the fleet deletes one of them")
     locality: Literal["LOCAL", "REMOTE"] | None = Field(None, description="vLLM's locality of this tier")
-    metrics_port: int | None = Field(None, ge=0, le=65535,
-                                     description="serve kvbucket's Prometheus metrics from the scheduler")
 
     @classmethod
     def from_tier_config(cls, config: dict[str, Any]) -> VLLMTierSettings:
@@ -227,13 +226,17 @@ class KVBucketSecondaryTier(_TierBase):
             raise ConfigError("kvbucket.integrations.vllm needs vLLM: pip install vllm")
         import numpy as np
 
-        from kvbucket.metrics import InstrumentedStore, start_metrics_server
+        from kvbucket.metrics import InstrumentedStore
         from kvbucket.stores import open_store
         from kvbucket.stores.sealed import seal_store
         from kvbucket.threads import DaemonThreadPool
 
         self.settings = s = VLLMTierSettings.from_tier_config(config)
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        # Once per process and port, up while the process runs (several tiers share it); before the
+        # store opens, so a port another process holds (a ConfigError naming metrics_port) leaves
+        # nothing to close.
+        self.metrics = None if s.metrics_port is None else serve_metrics(s.metrics_port, s.metrics_addr)
         self.locality = Locality(s.locality) if s.locality else None
         bs = self.block_size_bytes
         self._chunks = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(-1, bs)
@@ -262,7 +265,6 @@ class KVBucketSecondaryTier(_TierBase):
         self._done: list[tuple[Any, list[Any]]] = []  # (JobResult, keys that failed to load)
         self._stop = threading.Event()
         self.listed = threading.Event()
-        self._metrics = start_metrics_server(s.metrics_port) if s.metrics_port is not None else None
         self._lookup = _Lookup(self)
         self._fleet = open_fleet(s, self._raw, self.store, self._gone)
         if self.lookup_mode == "index":
@@ -495,9 +497,6 @@ class KVBucketSecondaryTier(_TierBase):
             self._fleet = None
         self.store.close()
         self._chunks = None  # our view of the CPU tier: vLLM unmaps it after the tiers shut down
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
 
 
 __all__ = ["HAVE_VLLM", "KVBucketSecondaryTier", "VLLMTierSettings", "namespace"]

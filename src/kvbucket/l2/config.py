@@ -37,28 +37,25 @@ Fields shared by every type (kvbucket's, on top of each type's own):
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import json
-import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError
 
 from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2.eviction import EvictionConfig
+from kvbucket.metrics_server import MetricsEndpointConfig
 from kvbucket.stores.hfbucket_config import HFBucketConfig
 from kvbucket.stores.prefetch_config import ReadAheadConfig
 from kvbucket.stores.s3_config import S3Config
 
 GIB = 1024**3
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOSTNAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")  # metrics_addr: a host name (or an IP address)
 
 
-class L2CommonConfig(ReadAheadConfig):
+class L2CommonConfig(ReadAheadConfig, MetricsEndpointConfig):
     """The fields every kvbucket L2 adapter type accepts."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
@@ -72,35 +69,6 @@ class L2CommonConfig(ReadAheadConfig):
     fleet: FleetConfig | None = None
     encryption: EncryptionConfig | None = None
     unsealed: Literal["miss", "accept"] = "miss"
-    metrics_port: int | None = None
-    metrics_addr: str = "127.0.0.1"
-
-    @field_validator("metrics_port")
-    @classmethod
-    def _port(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= 65535:
-            raise ValueError("must be a TCP port from 1 to 65535 (where kvbucket's Prometheus metrics "
-                             "are served), or left out to serve none")
-        return v
-
-    @field_validator("metrics_addr")
-    @classmethod
-    def _addr(cls, v: str) -> str:
-        try:
-            ipaddress.ip_address(v)
-        except ValueError:
-            if not _HOSTNAME.match(v):
-                raise ValueError("must be an address of this host to listen on, e.g. 127.0.0.1 (this "
-                                 "host only, the default) or 0.0.0.0 (every interface); no scheme, no port"
-                                 ) from None
-        return v
-
-    @model_validator(mode="after")
-    def _addr_needs_port(self) -> L2CommonConfig:
-        if "metrics_addr" in self.model_fields_set and self.metrics_port is None:
-            raise ValueError("metrics_addr is set but metrics_port is not: set metrics_port too "
-                             "(e.g. 9464), or drop metrics_addr")
-        return self
 
     @property
     def max_capacity_bytes(self) -> int:

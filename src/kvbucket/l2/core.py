@@ -88,6 +88,7 @@ class Stats(dict[str, int]):
             delete_failures=0,
             foreign_objects=0,
             breaker_misses=0,  # keys a lookup answered as misses, unasked, while the breaker was open
+            read_ahead_skipped=0,  # lookup hits not read ahead: LMCache did not load them from here last time
         )
         self.last_error: str | None = None
 

@@ -53,6 +53,10 @@ class LoadPath:
             with st.lock:
                 # The name the index knows first, then the others in order.
                 order = [_known_first(c, st.where(c)) for c in cands]
+                if st.not_loaded:  # LMCache loads these from here now: read them ahead again
+                    for c in cands:
+                        for nm in c:
+                            st.not_loaded.pop(nm, None)
             todo = list(range(n))
             r = 0
             while todo:

@@ -10,6 +10,14 @@ the full size, known from ``full_chunk_bytes`` or from the layout passed with a 
 told to the listener right after the lookup's signal, as LMCache's hfbucket and s3 adapters do.
 Hits start their loads before the signal (read-ahead, :mod:`kvbucket.stores.prefetch`), so
 LMCache's ``load`` that follows finds the bytes landed or on their way.
+
+LMCache 0.5.6's MP prefetch controller looks every key up in every L2 adapter, L1 hits included,
+then loads each key from one tier only (L1 first, then the lowest-indexed adapter holding it) and
+unlocks the rest (``storage_controllers/prefetch_controller.py``: ``_start_lookup_phase``,
+``_plan_load``; ``prefetch_policy.DefaultPrefetchPolicy``). A key unlocked with its read-ahead
+untaken was not loaded from here: its buffer is freed at once and its later lookups start no
+read-ahead (``KeyState.not_loaded``) until a load of it comes, so a prefix held in LMCache's L1,
+or by an adapter listed before this one, is not fetched again on every request.
 """
 
 from __future__ import annotations
@@ -25,7 +33,10 @@ from kvbucket.l2.context import AdapterContext
 from kvbucket.l2.core import log
 from kvbucket.l2.tasks import Completions
 from kvbucket.stores.breaker import CircuitBreaker
-from kvbucket.stores.prefetch import read_ahead
+from kvbucket.stores.prefetch import drop_unused, read_ahead
+
+#: Names remembered as not loaded from this adapter (:attr:`KeyState.not_loaded`), oldest dropped.
+NOT_LOADED_LIMIT = 65536
 
 
 class LookupPath:
@@ -86,6 +97,12 @@ class LookupPath:
         them on their way), publish and signal the result, then tell the listener of the hits:
         LMCache's hfbucket and s3 adapters call ``_notify_keys_accessed`` right after the lookup
         signal, which keeps LMCache's listeners and event bus off the lookup's latency."""
+        st = self._ctx.state
+        if ahead and st.not_loaded:
+            with st.lock:
+                kept = [(n, z) for n, z in ahead if n not in st.not_loaded]
+            self._ctx.stats["read_ahead_skipped"] += len(ahead) - len(kept)
+            ahead = kept
         if ahead:
             read_ahead(self._ctx.store, [n for n, _ in ahead], [z for _, z in ahead])
         self.done.publish(tid, hits)
@@ -152,7 +169,10 @@ class LookupPath:
         return hits
 
     def unlock(self, keys: Sequence[ObjectKey]) -> None:
+        """Drop one lock per key; a name no lookup holds any more whose read-ahead no load took
+        was not loaded from here (module docstring): freed, and remembered as not loaded."""
         st = self._ctx.state
+        released: list[str] = []
         with st.lock:
             locks = st.key_locks
             for key in keys:
@@ -166,8 +186,20 @@ class LookupPath:
                 count = locks[name]
                 if count <= 1:
                     locks.pop(name, None)
+                    released.append(name)
                 else:
                     locks[name] = count - 1
+        unused = drop_unused(self._ctx.store, released)
+        if unused or st.not_loaded:
+            with st.lock:
+                marks = st.not_loaded
+                for name in unused:
+                    marks[name] = None
+                for name in released:  # still not loaded (a load clears the mark): keep it longest
+                    if name in marks:
+                        marks.move_to_end(name)
+                while len(marks) > NOT_LOADED_LIMIT:
+                    marks.popitem(last=False)
 
     async def _run(self, tid: L2TaskId, keys: list[ObjectKey]) -> None:
         st = self._ctx.state

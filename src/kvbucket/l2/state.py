@@ -13,6 +13,7 @@ scheduling a task on the loop; never while waiting for the store.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from kvbucket.keys import ObjectKey
@@ -32,6 +33,10 @@ class KeyState:
         # which reports them to the listener as stored.
         self.storing: dict[str, int] = {}
         self.missing: dict[str, float] = {}  # name -> monotonic expiry of a remembered miss
+        # Names LMCache unlocked without loading them from this adapter (read-ahead wasted: held
+        # in its L1 or loaded from another adapter); their lookups start no read-ahead until a
+        # load of theirs comes. Oldest first, at most NOT_LOADED_LIMIT (lookup_path).
+        self.not_loaded: OrderedDict[str, None] = OrderedDict()
         # Full chunk size: fixed by config, or learnt per object group (kv_rank >> 32, see
         # kvbucket.integrations.lmcache) from lookups' layouts and the fleet.
         self.full_fixed = full_chunk_bytes

@@ -75,7 +75,10 @@ class HFBucketStore(RemoteStore):
     gathers = True  # put_many takes a Gather: joined object by object as the upload takes them
     redirectable_reads = True  # every write into a Scatter is ``dst[a:b] = data`` (a read-ahead may move it)
 
-    def __init__(self, config: HFBucketConfig, *, client: HubBucketClient | None = None) -> None:
+    def __init__(self, config: HFBucketConfig, *, client: HubBucketClient | None = None,
+                 prestart: bool = True) -> None:
+        """``prestart=False``: start no thread until a batch needs it (one-shot CLI commands,
+        which would pay ~20 ms per open starting threads they never use)."""
         if not isinstance(config, HFBucketConfig):
             raise ConfigError(f"HFBucketStore needs an HFBucketConfig, got {type(config).__name__}")
         self.config = config
@@ -95,8 +98,9 @@ class HFBucketStore(RemoteStore):
         # Loads: every object of a batch in flight at once (up to load_concurrency), so a load
         # costs one round trip (reconstruction, then fetch) whatever the number of objects.
         self._loads = DaemonThreadPool(config.load_concurrency, "kvbucket-hfbucket-load")
-        self._loads.prestart()  # not in the first batch, where each start waits for the GIL
-        self._client.prestart_threads()
+        if prestart:  # not in the first batch, where each start waits for the GIL
+            self._loads.prestart()
+            self._client.prestart_threads()
         self._pool_lock = threading.Lock()
         # Stores and deletes may ask which objects landed after their budget (one lookup more).
         look, write = config.lookup_timeout_secs, config.store_timeout_secs + config.lookup_timeout_secs

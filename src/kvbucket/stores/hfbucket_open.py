@@ -13,19 +13,22 @@ from kvbucket.stores.hfbucket import HFBucketStore
 from kvbucket.stores.hfbucket_config import build_config, config_from_plugin_options, lenient_bool
 
 
-def open_hfbucket_store(url: str, *, create: bool | None = None, **options: Any) -> HFBucketStore:
+def open_hfbucket_store(url: str, *, create: bool | None = None, prestart: bool = True,
+                        **options: Any) -> HFBucketStore:
     """``open_store("hf://buckets/ns/name[/prefix]", **options)``; options are HFBucketConfig fields.
 
     Endpoint and token follow huggingface_hub: ``$HF_ENDPOINT`` and ``$HF_TOKEN`` (or the saved
     login) unless ``endpoint``/``token``/``token_env`` say otherwise. ``create`` is the generic
     opener flag (the CLI passes ``create=False`` to inspect without creating anything); it sets
-    ``create_bucket_if_missing`` unless that option is given too.
+    ``create_bucket_if_missing`` unless that option is given too. ``prestart=False`` starts the
+    store's load and request threads when a batch needs them, not when it opens (the CLI's
+    one-shot commands: see :class:`HFBucketStore`).
     """
     if "bucket_handle" in options:
         raise ConfigError("give the bucket either as the URL or as bucket_handle, not both")
     if create is not None:
         options.setdefault("create_bucket_if_missing", bool(create))
-    return HFBucketStore(build_config(bucket_handle=url, **options))
+    return HFBucketStore(build_config(bucket_handle=url, **options), prestart=prestart)
 
 
 def _check_engine(engine: Any, where: str) -> None:

@@ -36,7 +36,9 @@ lands there and the load copies nothing. A read that fails still leaves the load
 
 Counters (re-exported by :mod:`kvbucket.metrics`): ``kvbucket_read_ahead_bytes{store, outcome}``
 with ``prefetched`` (landed), ``used`` (served to a load) and ``wasted`` (dropped unused), and the
-``kvbucket_read_ahead_held_bytes`` gauge.
+gauges ``kvbucket_read_ahead_held_bytes`` (reserved by read-aheads) and
+``kvbucket_read_ahead_pooled_bytes`` (free buffers kept for reuse): their sum is the memory the
+read-ahead really holds, never above ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ READ_AHEAD_BYTES = Counter(
 )
 READ_AHEAD_HELD = Gauge(
     "kvbucket_read_ahead_held_bytes", "Bytes the read-ahead buffer holds (in flight or landed).", ["store"]
+)
+READ_AHEAD_POOLED = Gauge(
+    "kvbucket_read_ahead_pooled_bytes",
+    "Bytes of free read-ahead buffers kept for the next read-aheads (held + pooled: the memory the "
+    "read-ahead holds, within read_ahead_max_gb).", ["store"]
 )
 
 
@@ -121,7 +128,8 @@ class PrefetchStore(ObjectStore):
         self._prefetched = READ_AHEAD_BYTES.labels(label, "prefetched")
         self._used = READ_AHEAD_BYTES.labels(label, "used")
         self._wasted = READ_AHEAD_BYTES.labels(label, "wasted")
-        self._gauge = READ_AHEAD_HELD.labels(label)
+        self._held_gauge = READ_AHEAD_HELD.labels(label)
+        self._pooled_gauge = READ_AHEAD_POOLED.labels(label)
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":
@@ -140,6 +148,11 @@ class PrefetchStore(ObjectStore):
     def pooled_bytes(self) -> int:
         """Bytes of free buffers kept for the next read-aheads (held + pooled never pass the bound)."""
         return self._pooled
+
+    def _publish(self) -> None:
+        """Set the held and pooled gauges (lock held)."""
+        self._held_gauge.set(self._held)
+        self._pooled_gauge.set(self._pooled)
 
     def settle(self, timeout: float = 30.0) -> bool:
         """Wait until every read-ahead held has landed (or failed); False if ``timeout`` passed."""
@@ -169,7 +182,7 @@ class PrefetchStore(ObjectStore):
                 self._entries[name] = e
                 self._held += size
                 picked.append(e)
-            self._gauge.set(self._held)
+            self._publish()
             if picked:
                 self._schedule_sweep()
         if not picked:
@@ -278,7 +291,7 @@ class PrefetchStore(ObjectStore):
                     e.state = DROPPED
                     self._release(e, wasted=False, recycle=False)
                 # TAKEN: the waiting load releases it
-            self._gauge.set(self._held)
+            self._publish()
         self._prefetched.inc(landed)
         if entries:
             entries[0].done.set()
@@ -312,7 +325,7 @@ class PrefetchStore(ObjectStore):
         old = [n for n, e in self._entries.items() if now - e.born > ttl]
         if old:
             self._drop(old)
-            self._gauge.set(self._held)
+            self._publish()
 
     def _schedule_sweep(self) -> None:
         """Expire untaken entries even when no call comes (lock held)."""
@@ -332,6 +345,7 @@ class PrefetchStore(ObjectStore):
             if self._free and now - self._last_prefetch > self.settings.ttl_secs:
                 self._free.clear()  # no read-ahead for a while: give the memory back
                 self._pooled = 0
+                self._publish()
             if self._entries or self._free:
                 self._schedule_sweep()
 
@@ -396,7 +410,7 @@ class PrefetchStore(ObjectStore):
             in_place = good and e.redirected is not None
             if not good or buf is None or in_place:  # None: the caller keeps the buffer itself
                 self._release(e, wasted=False, recycle=in_place)
-                self._gauge.set(self._held)
+                self._publish()
         if not good or data is None:
             return None
         self._used.inc(e.size)
@@ -438,7 +452,7 @@ class PrefetchStore(ObjectStore):
             with self._lock:
                 for e, _, _ in copies:
                     self._release(e, wasted=False, recycle=True)
-                self._gauge.set(self._held)
+                self._publish()
 
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
         self.forget([n for n, _ in items])
@@ -459,7 +473,19 @@ class PrefetchStore(ObjectStore):
         if self._entries:
             with self._lock:
                 self._drop(names)
-                self._gauge.set(self._held)
+                self._publish()
+
+    def drop_unused(self, names: Sequence[str]) -> list[str]:
+        """Forget the read-aheads of ``names`` no load took (landed or on their way; counted
+        wasted when they land) and return those names: for a caller told that no load will come
+        (LMCache's L2 adapter, when LMCache unlocks a key it did not load from it)."""
+        if not self._entries:
+            return []
+        with self._lock:
+            unused = [n for n in names if n in self._entries]
+            self._drop(unused)
+            self._publish()
+        return unused
 
     def close(self) -> None:
         self.stop()
@@ -473,7 +499,7 @@ class PrefetchStore(ObjectStore):
                 self._drop(list(self._entries))
                 self._free.clear()
                 self._pooled = 0
-                self._gauge.set(self._held)
+                self._publish()
                 if self._sweeper is not None:
                     self._sweeper.cancel()
                     self._sweeper = None
@@ -496,6 +522,13 @@ def with_read_ahead(store: ObjectStore, settings: ReadAheadSettings | None, *, l
     return PrefetchStore(store, settings, label=label)
 
 
+def drop_unused(store: Any, names: Sequence[str]) -> list[str]:
+    """:meth:`PrefetchStore.drop_unused` on ``store`` if it has a read-ahead buffer (else [])."""
+    if not names or not getattr(store, "prefetches", False):
+        return []
+    return list(store.drop_unused(names))
+
+
 def read_ahead(store: Any, names: Sequence[str], sizes: Sequence[int | None]) -> int:
     """Start loading a lookup's hits into ``store``'s read-ahead buffer, if it has one (else 0)."""
     if not names or not getattr(store, "prefetches", False):
@@ -504,6 +537,6 @@ def read_ahead(store: Any, names: Sequence[str], sizes: Sequence[int | None]) ->
 
 
 __all__ = [
-    "READ_AHEAD_BYTES", "READ_AHEAD_HELD", "PrefetchStore", "ReadAheadConfig", "ReadAheadSettings",
-    "read_ahead", "with_read_ahead",
+    "READ_AHEAD_BYTES", "READ_AHEAD_HELD", "READ_AHEAD_POOLED", "PrefetchStore", "ReadAheadConfig",
+    "ReadAheadSettings", "drop_unused", "read_ahead", "with_read_ahead",
 ]

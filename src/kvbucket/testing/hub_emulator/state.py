@@ -8,6 +8,7 @@ half-written xorb under its final name. Xorb files are served to clients as byte
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime as dt
 import errno
 import functools
@@ -15,11 +16,13 @@ import json
 import os
 import sqlite3
 import struct
+import sys
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .xet import EMPTY_FILE_HASH_HEX, FileRecord, Segment, XorbIndex
 
@@ -102,10 +105,62 @@ def preallocate(fd: int, size: int) -> None:
         # a file system without fallocate: write as before
 
 
-def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+#: Bytes received between two writeback starts (see ``Writeback``).
+WRITEBACK_STEP = 8 << 20
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, no wait
+
+
+@functools.cache
+def _sync_file_range() -> Any:
+    """libc's ``sync_file_range`` (Linux; ``os`` has no binding), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing ``[offset, offset + length)`` of ``fd`` to disk; best effort.
+
+    Durability still comes from the fsync before a xorb is acknowledged; this only moves the
+    disk's work earlier. Left alone, a received xorb's 64 MiB stay dirty in the page cache until
+    that fsync, so the disk starts only once the body is in and verified (on this project's
+    2-core VM, two 64 MiB files fsynced after 0.1 s of other work: 0.34-0.35 s, and 0.27-0.28 s
+    when their writeback had been started every 8 MiB as they were written).
+    """
+    fn = _sync_file_range()
+    if fn is not None and length > 0:
+        fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # a failure only means no head start
+
+
+class Writeback:
+    """Starts the disk writes of a file being filled front to back, every ``WRITEBACK_STEP`` bytes."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.written = 0  # bytes written so far, from offset 0
+        self.started = 0  # bytes whose writeback was started
+
+    def wrote(self, n: int) -> None:
+        self.written += n
+        if self.written - self.started >= WRITEBACK_STEP:
+            start_writeback(self.fd, self.started, self.written - self.started)
+            self.started = self.written
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview, writeback: Writeback | None = None) -> None:
+    """Write all of ``data``; with ``writeback``, its disk writes start every step on the way."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        n = os.write(fd, view[:WRITEBACK_STEP] if writeback is not None else view)
+        if writeback is not None:
+            writeback.wrote(n)
+        view = view[n:]
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -369,7 +424,7 @@ class State:
         try:
             try:
                 preallocate(fd, len(data))
-                write_all(fd, data)
+                write_all(fd, data, Writeback(fd))
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -35,7 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .state import is_disk_full, preallocate, write_all
+from .state import Writeback, is_disk_full, preallocate, write_all
 from .wire import body_wait
 
 _PIPE_SIZE = 1 << 20
@@ -153,6 +153,7 @@ class _Sink:
     def __init__(self, fd: int) -> None:
         self.file_fd = self.fd = fd
         self.full: OSError | None = None
+        self.writeback = Writeback(fd)  # the disk starts writing as the body comes (see state)
 
     def _overflow(self, e: OSError) -> None:
         if self.full is not None or not is_disk_full(e):
@@ -163,7 +164,7 @@ class _Sink:
     def start(self, head: bytes, total: int) -> None:
         try:
             preallocate(self.fd, total)
-            write_all(self.fd, head)
+            write_all(self.fd, head, self.writeback)
         except OSError as e:
             self._overflow(e)
 
@@ -171,9 +172,13 @@ class _Sink:
         """Move ``n`` bytes from the pipe ``r`` into the sink."""
         while n:
             try:
-                n -= os.splice(r, self.fd, n)
+                moved = os.splice(r, self.fd, n)
             except OSError as e:
                 self._overflow(e)
+                continue
+            n -= moved
+            if self.full is None:
+                self.writeback.wrote(moved)
 
     def close(self) -> None:
         os.close(self.file_fd)
