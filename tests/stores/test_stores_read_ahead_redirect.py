@@ -86,7 +86,8 @@ def setup(n: int) -> tuple[HeldStore, PrefetchStore, list[str], list[bytes]]:
     return raw, PrefetchStore(sealed, ReadAheadSettings(True, 64 * SIZE, 10.0), label="redirect"), names, data
 
 
-def load_while_held(pf: PrefetchStore, raw: HeldStore, names: list[str]) -> tuple[list[ItemResult], list[bytes]]:
+def load_while_held(pf: PrefetchStore, raw: HeldStore, names: list[str]
+                    ) -> tuple[list[ItemResult], list[bytes]]:
     bufs = [np.zeros(SIZE, np.uint8) for _ in names]
     got: list[ItemResult] = []
     t = threading.Thread(target=lambda: got.extend(pf.get_many(names, bufs)))
