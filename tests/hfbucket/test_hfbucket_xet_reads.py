@@ -117,3 +117,50 @@ def test_opening_a_store_starts_its_load_and_request_threads() -> None:
         assert store._client.prestart_threads() == 0  # already running: none more
     finally:
         store.close()
+
+
+def test_a_load_reads_at_most_read_slots_bodies_at_once(hub_bucket: Any) -> None:
+    """Every object is requested at once, but only ``read_slots`` bodies are read and parsed at
+    once (the others wait in their sockets): each fetch takes a slot, never more than two at a
+    time here, and the load still makes one reconstruction query and one fetch per object."""
+    import os
+    import threading
+    import time
+
+    from kvbucket.testing.hub_emulator.request_log import count_routes
+
+    names = [f"s{i}" for i in range(8)]
+    data = [os.urandom(300_000 + i) for i in range(8)]
+    cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/slots",
+                       token=hub_bucket.hub.write_token, token_env="", endpoint=hub_bucket.hub.endpoint)
+    with HFBucketStore(cfg) as writer:
+        assert all(r.ok for r in writer.put_many(list(zip(names, data, strict=True))))
+
+    class Recording:
+        def __init__(self, n: int) -> None:
+            self.sem, self.lock = threading.BoundedSemaphore(n), threading.Lock()
+            self.held = self.most = self.taken = 0
+
+        def acquire(self, timeout: float | None = None) -> bool:
+            if not self.sem.acquire(timeout=timeout):
+                return False
+            with self.lock:
+                self.held, self.taken = self.held + 1, self.taken + 1
+                self.most = max(self.most, self.held)
+            time.sleep(0.01)  # hold it a while, so that the others would overlap without the bound
+            return True
+
+        def release(self) -> None:
+            with self.lock:
+                self.held -= 1
+            self.sem.release()
+
+    with HFBucketStore(cfg) as store:
+        slots = store._client._reader._slots = Recording(2)  # type: ignore[assignment]
+        hub_bucket.hub.emulator.requests(clear=True)
+        got = store.get_many(names)
+        assert [bytes(r.data) for r in got if r.data is not None] == data
+        routes = count_routes(hub_bucket.hub.emulator.requests(clear=True))
+    assert routes.get("reconstruction") == 8 and routes.get("fetch") == 8, routes
+    assert slots.taken == 8 and slots.most <= 2
+    assert xet_reads.READ_SLOTS >= 2
