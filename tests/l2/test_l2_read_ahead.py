@@ -147,6 +147,9 @@ def test_mp_a_load_during_the_read_ahead_fetches_nothing_twice(hub_bucket: HubBu
             assert lookup(a, keys) == [0, 1, 2, 3]
             assert load(a, keys) == data
             totals[on] = delta(requests(hub), s0)
+            ahead = a.impl.read_ahead_store
+            if ahead is not None:  # the load took the reads' destinations: nothing to copy after
+                assert (ahead.redirected, ahead.redirect_copied) == (4, 0)
         finally:
             hub.faults.reset()
             a.close()

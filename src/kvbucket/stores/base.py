@@ -16,7 +16,8 @@ import abc
 import functools
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -132,7 +133,8 @@ class Scatter:
     result is the ``Scatter`` itself.
     """
 
-    __slots__ = ("_spans", "hash_from", "hashed", "hasher", "nbytes", "parts", "rewritten")
+    __slots__ = ("_lock", "_spans", "_written", "hash_from", "hashed", "hasher", "nbytes", "on_wrap", "parts",
+                 "rewritten")
     readonly = False
 
     def __init__(self, *parts: Buffer, hasher: Any = None, hash_from: int = 0) -> None:
@@ -157,6 +159,11 @@ class Scatter:
         self.hash_from = hash_from
         self.hashed = hash_from
         self.rewritten = False  # bytes already hashed were written again (a retried transfer)
+        # A layer that reads into these parts through a Scatter of its own (the sealing layer:
+        # header + these parts) calls this with that Scatter (a read-ahead redirects through it).
+        self.on_wrap: Callable[[Scatter], Any] | None = None
+        self._lock: threading.Lock | None = None  # set by allow_redirect(): writes then lock
+        self._written: list[tuple[int, int]] = []
 
     def __len__(self) -> int:
         return self.nbytes
@@ -183,7 +190,47 @@ class Scatter:
                 out.append(part[lo - pstart : hi - pstart])
         return out
 
+    def allow_redirect(self) -> None:
+        """Let :meth:`redirect` move a part while writes land (call before any write). Only
+        for writers that write through ``dst[a:b] = data`` (never :meth:`views_from`)."""
+        self._lock = threading.Lock()
+
+    def redirect(self, index: int, view: memoryview) -> int:
+        """From now on, write part ``index``'s bytes into ``view`` (same size) instead; the
+        bytes already written there are copied over first. Why: a read-ahead still on its way
+        when its load arrives lands in the load's buffer, with no copy afterwards. Returns the
+        bytes copied."""
+        lock = self._lock
+        if lock is None:
+            raise RuntimeError("this Scatter does not allow redirects (allow_redirect before writing)")
+        with lock:
+            old = self.parts[index]
+            if view.nbytes != old.nbytes:
+                raise ValueError(f"a redirect needs {old.nbytes} bytes, got {view.nbytes}")
+            pstart, copied = self._spans[index][0], 0
+            for a, b in self._written:
+                lo, hi = max(a, pstart), min(b, pstart + old.nbytes)
+                if lo < hi:
+                    view[lo - pstart : hi - pstart] = old[lo - pstart : hi - pstart]
+                    copied += hi - lo
+            parts = list(self.parts)
+            parts[index] = view
+            self.parts = tuple(parts)
+            spans = list(self._spans)
+            spans[index] = (pstart, pstart + view.nbytes, view)
+            self._spans = tuple(spans)
+        return copied
+
     def __setitem__(self, key: slice, data: Buffer) -> None:
+        lock = self._lock
+        if lock is None:
+            self._set(key, data)
+            return
+        with lock:
+            self._set(key, data)
+            self._written.append(key.indices(self.nbytes)[:2])
+
+    def _set(self, key: slice, data: Buffer) -> None:
         # The hot path (a network frame or file read inside one part, continuing the hash): one
         # slice copy, then the hash fed from the source while it is still in cache. Called once
         # per received frame, so it is kept to a few operations.

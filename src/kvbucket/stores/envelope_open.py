@@ -87,11 +87,15 @@ class EnvelopeOpener:
                              "store reads into one contiguous buffer")
         try:
             if self.keyring is None:
-                return Scatter(bytearray(env.HEADER_SIZE), *parts, hasher=xxhash.xxh3_64(),
-                               hash_from=env.HEADER_SIZE)
-            return Scatter(bytearray(env.HEADER_SIZE), parts[0], bytearray(env.TAG_SIZE))
+                dst = Scatter(bytearray(env.HEADER_SIZE), *parts, hasher=xxhash.xxh3_64(),
+                              hash_from=env.HEADER_SIZE)
+            else:
+                dst = Scatter(bytearray(env.HEADER_SIZE), parts[0], bytearray(env.TAG_SIZE))
         except (ValueError, TypeError) as e:
             raise StoreError(f"the buffer given for {name!r} cannot be read into: {e}") from None
+        if isinstance(buf, Scatter) and buf.on_wrap is not None:
+            buf.on_wrap(dst)  # the caller's regions are written through dst (a read-ahead redirects it)
+        return dst
 
     def _open_whole(self, name: str, data: Buffer) -> ItemResult:
         view = memoryview(data)

@@ -73,6 +73,7 @@ class HFBucketStore(RemoteStore):
     """An :class:`ObjectStore` on a Hugging Face bucket. Thread-safe; sync (call from threads)."""
 
     gathers = True  # put_many takes a Gather: joined object by object as the upload takes them
+    redirectable_reads = True  # every write into a Scatter is ``dst[a:b] = data`` (a read-ahead may move it)
 
     def __init__(self, config: HFBucketConfig, *, client: HubBucketClient | None = None,
                  prestart: bool = True) -> None:

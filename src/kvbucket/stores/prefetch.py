@@ -26,6 +26,14 @@ fetch took up to twice the load's), so a buffer a load copied out of goes to a f
 read-ahead needs the room, and all of them once no read-ahead came for ``ttl_secs``). The copy
 is ``numpy.copyto``, which releases the GIL, split between the loading thread and one helper.
 
+Why a load redirects a read-ahead still on its way: at 0 ms the load arrives a few milliseconds
+after the lookup, before most bytes landed, and copying 128 MiB out of the buffer afterwards cost
+a lookup + load ~15-25% against a load alone. When the store writes through the destination's
+item assignment (``redirectable_reads``: a Hub bucket), the read-ahead reads through a
+:class:`Scatter` over its buffer that the sealing layer wraps; the load moves that destination to
+its own buffer (:meth:`Scatter.redirect`, which copies what had already landed), so the rest
+lands there and the load copies nothing. A read that fails still leaves the load to ask the store.
+
 Counters (re-exported by :mod:`kvbucket.metrics`): ``kvbucket_read_ahead_bytes{store, outcome}``
 with ``prefetched`` (landed), ``used`` (served to a load) and ``wasted`` (dropped unused), and the
 gauges ``kvbucket_read_ahead_held_bytes`` (reserved by read-aheads) and
@@ -45,7 +53,7 @@ import numpy as np
 from prometheus_client import Counter, Gauge
 
 from kvbucket.errors import StoreError
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_buffer_size
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, Scatter, check_buffer_size
 from kvbucket.stores.prefetch_config import ReadAheadConfig, ReadAheadSettings
 from kvbucket.threads import DaemonThreadPool
 
@@ -73,7 +81,8 @@ PARALLEL_COPY_BYTES = 4 << 20
 
 
 class _Entry:
-    __slots__ = ("born", "buf", "done", "name", "result", "size", "state")
+    __slots__ = ("born", "buf", "done", "dst", "landing", "name", "redirected", "result", "size", "state",
+                 "target")
 
     def __init__(self, name: str, size: int, done: threading.Event, born: float, buf: np.ndarray) -> None:
         self.name = name
@@ -83,6 +92,10 @@ class _Entry:
         self.result: ItemResult | None = None
         self.state = HELD
         self.born = born
+        self.landing: Scatter | None = None  # what the read-ahead reads into (over buf), when redirectable
+        self.dst: tuple[Scatter, int] | None = None  # the Scatter the bytes go through, and buf's part
+        self.target: memoryview | None = None  # a load's buffer, given before dst was known
+        self.redirected: memoryview | None = None  # the load's buffer the bytes now land in
 
 
 class PrefetchStore(ObjectStore):
@@ -97,6 +110,9 @@ class PrefetchStore(ObjectStore):
         self.settings = settings
         self.label = label
         self.wait_secs = wait_secs  # longest wait for a read-ahead on its way (store deadlines are shorter)
+        self.redirects = bool(getattr(inner, "redirectable_reads", False))
+        self.redirected = 0  # loads that took a read-ahead's destination on its way (tests)
+        self.redirect_copied = 0  # bytes that had landed before (copied by the redirects)
         self._entries: dict[str, _Entry] = {}
         self._held = 0
         self._free: dict[int, list[np.ndarray]] = {}  # buffers loads copied out of, by size
@@ -171,6 +187,11 @@ class PrefetchStore(ObjectStore):
                 self._schedule_sweep()
         if not picked:
             return 0
+        if self.redirects:
+            for e in picked:
+                e.landing = Scatter(e.buf)
+                e.landing.allow_redirect()
+                e.landing.on_wrap = lambda dst, e=e: self._wrapped(e, dst)
         try:
             self._pool.submit(self._fetch, picked)
         except RuntimeError:  # closed meanwhile
@@ -198,9 +219,58 @@ class PrefetchStore(ObjectStore):
         self.allocated += 1
         return np.empty(size, dtype=np.uint8)
 
+    def _wrapped(self, e: _Entry, dst: Scatter) -> None:
+        """The sealing layer reads ``e`` through ``dst``: remember it (and redirect it at once
+        to a load's buffer given before, so nothing is copied)."""
+        assert e.landing is not None
+        index = next((i for i, p in enumerate(dst.parts) if p is e.landing.parts[0]), None)
+        if index is None:
+            return
+        dst.allow_redirect()
+        with self._lock:
+            e.dst = (dst, index)
+            target = e.target
+        if target is not None:
+            dst.redirect(index, target)
+
+    def _redirect(self, e: _Entry, buf: Buffer | None) -> None:
+        """Point a read-ahead still on its way at the load's ``buf`` (when it is one flat buffer
+        of the entry's size): what landed is copied once, the rest lands there."""
+        if e.landing is None or buf is None or e.done.is_set():
+            return
+        if isinstance(buf, Scatter):
+            if len(buf.parts) != 1 or buf.nbytes != e.size or buf.hasher is not None:
+                return
+            view = buf.parts[0]
+        else:
+            try:
+                view = check_buffer_size(e.name, e.size, buf)
+            except (StoreError, TypeError, ValueError):
+                return  # _serve reports it
+        with self._lock:
+            dst, e.target = e.dst, view
+        copied = e.landing.redirect(0, view)  # a store that wrote straight into the landing (no wrap)
+        if dst is not None:
+            copied += dst[0].redirect(dst[1], view)
+        e.redirected = view
+        self.redirected += 1
+        self.redirect_copied += copied
+
+    def _take_back(self, e: _Entry) -> None:
+        """Point a read the load stops waiting for back at the read-ahead's own buffer."""
+        assert e.landing is not None and e.buf is not None
+        view = memoryview(e.buf)
+        with self._lock:
+            dst, e.target = e.dst, None
+        if dst is not None:
+            dst[0].redirect(dst[1], view)
+        e.landing.redirect(0, view)
+        e.redirected = None
+
     def _fetch(self, entries: list[_Entry]) -> None:
         try:
-            results = self.inner.get_many([e.name for e in entries], [e.buf for e in entries])
+            results = self.inner.get_many([e.name for e in entries],
+                                          [e.buf if e.landing is None else e.landing for e in entries])
         except Exception as e:  # the whole call failed: the loads ask the store themselves
             err = e if isinstance(e, StoreError) else StoreError(f"read-ahead failed: {e}")
             results = [ItemResult(x.name, error=err) for x in entries]
@@ -297,6 +367,9 @@ class PrefetchStore(ObjectStore):
         taken = [self._take(n) for n in names]
         rest = [i for i, e in enumerate(taken) if e is None]
         results: list[ItemResult | None] = [None] * len(names)
+        for i, e in enumerate(taken):  # all before any wait: the rest of each lands in place
+            if e is not None:
+                self._redirect(e, None if out is None else out[i])
         self._ask(rest, names, out, results)  # what no lookup read ahead, while the read-aheads finish
         again: list[int] = []
         copies: list[tuple[_Entry, Any, np.ndarray]] = []
@@ -325,6 +398,8 @@ class PrefetchStore(ObjectStore):
         """The load's result from a read-ahead, or None when the store must be asked. A copy into
         ``buf`` is appended to ``copies`` (done by :meth:`_copy`, which releases the entry)."""
         e.done.wait(self.wait_secs)
+        if not e.done.is_set() and e.redirected is not None:
+            self._take_back(e)  # later bytes must not land in a buffer the load gives up on
         with self._lock:
             if not e.done.is_set():  # still on its way after wait_secs: its fetch releases it
                 e.state = DROPPED
@@ -332,12 +407,15 @@ class PrefetchStore(ObjectStore):
             r, data = e.result, e.buf
             e.state = DROPPED
             good = r is not None and r.found and r.size == e.size and data is not None
-            if not good or buf is None:  # None: the caller keeps the buffer itself
-                self._release(e, wasted=False, recycle=False)
+            in_place = good and e.redirected is not None
+            if not good or buf is None or in_place:  # None: the caller keeps the buffer itself
+                self._release(e, wasted=False, recycle=in_place)
                 self._publish()
         if not good or data is None:
             return None
         self._used.inc(e.size)
+        if in_place:
+            return ItemResult(e.name, size=e.size, data=buf)
         if buf is None:
             return ItemResult(e.name, size=e.size, data=data)
         try:
