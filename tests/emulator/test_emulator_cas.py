@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import struct
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -407,3 +408,39 @@ def test_writeback_is_available_on_linux(tmp_path: Path) -> None:
         f.write(os.urandom(1 << 16))
         f.flush()
         assert fn(f.fileno(), 0, 1 << 16, 2) == 0
+
+
+def test_a_spliced_xorb_is_fsynced_on_the_disk_pool_before_it_is_stored(
+    hub_bucket: HubBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fsync runs on the disk pool (alongside the verification, not after it), on the temp
+    file, before the xorb is renamed into place and acknowledged; a bad xorb is still refused."""
+    from kvbucket.testing.hub_emulator import state
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_put = state.fsync_file, state.State.put_xorb_file
+
+    def fsync(path: str) -> None:
+        events.append(("fsync", threading.current_thread().name))
+        assert Path(path).name.startswith(".tmp-")
+        real_fsync(path)
+
+    def put(self: state.State, idx: Any, tmp: str, synced: bool = False) -> bool:
+        events.append(("store", "synced" if synced else "not synced"))
+        return real_put(self, idx, tmp, synced)
+
+    monkeypatch.setattr(state, "fsync_file", fsync)
+    monkeypatch.setattr(state.State, "put_xorb_file", put)
+    cas, tok = xet_token(hub_bucket)
+    chunks = _big_chunks()
+    xh, body = build_xorb(chunks)
+    other, _ = build_xorb(chunks[:-1])
+    assert upload_xorb(cas, tok, other, body)[0] == 400  # the wrong hash: refused, nothing stored
+    assert [e[0] for e in events] == ["fsync"]
+    assert not (hub_bucket.hub.data_dir / "xorbs" / other[:2] / other).exists()
+    events.clear()
+    assert json.loads(upload_xorb(cas, tok, xh, body)[2]) == {"was_inserted": True}
+    assert [e[0] for e in events] == ["fsync", "store"] and events[1][1] == "synced"
+    assert events[0][1].startswith("emu-disk")
+    assert (hub_bucket.hub.data_dir / "xorbs" / xh[:2] / xh).read_bytes() == body
+    assert not list((hub_bucket.hub.data_dir / "xorbs").rglob(".tmp-*"))

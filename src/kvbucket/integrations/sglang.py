@@ -39,18 +39,17 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from kvbucket.errors import ConfigError
-from kvbucket.integrations.engine_fleet import REFUSED, FleetSettings, open_fleet
+from kvbucket.integrations.engine_fleet import REFUSED, open_fleet
+from kvbucket.integrations.engine_settings import EngineTierSettings
 from kvbucket.integrations.naming import path_segment as _segment
 from kvbucket.integrations.naming import salt_segment as _salt_segment
 from kvbucket.integrations.tensor_regions import StorageViews
-from kvbucket.l2.config import format_validation_error
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import Gather, Scatter
 from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
-from kvbucket.stores.prefetch_config import ReadAheadConfig
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)
@@ -73,34 +72,22 @@ except ImportError:  # pragma: no cover - depends on the venv
 _SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
 
 
-class SGLangStorageSettings(FleetSettings, ReadAheadConfig):
-    """kvbucket's part of ``--hicache-storage-backend-extra-config`` (with the fleet and read-ahead
-    keys)."""
+class SGLangStorageSettings(EngineTierSettings):
+    """kvbucket's part of ``--hicache-storage-backend-extra-config`` (with the store, fleet and
+    read-ahead keys of every engine tier)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    store_url: str = Field(description="store URL: hf://buckets/ORG/NAME[/p], s3://BUCKET[/p], a path")
-    store_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of open_store")
     cache_salt: str = Field("", description="deployment-wide namespace: other salts never see these pages")
     prefix: str = Field("sglang", description="first path segment of every page object")
-    unsealed: str = Field("miss", description="objects without kvbucket's envelope: miss (default) or accept")
-    encryption: Any = Field(None, description="encryption setting, as for kvbucket's other tiers")
     known_pages: int = Field(65536, ge=0, description="page names remembered as stored (skips rewrites)")
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> SGLangStorageSettings:
         extra = dict(extra or {})
         ours = {k: v for k, v in extra.items() if k not in _SGLANG_KEYS and k not in _SGLANG_PASSTHROUGH}
-        if "store_url" not in ours:
-            raise ConfigError(
-                "the kvbucket HiCache backend needs \"store_url\" in --hicache-storage-backend-extra-config, "
-                "e.g. {\"store_url\": \"hf://buckets/my-org/kv-cache\"}"
-            )
-        try:
-            return cls.model_validate(ours)
-        except ValidationError as e:
-            raise ConfigError(
-                format_validation_error(e, "invalid kvbucket HiCache settings", cls.model_fields)) from None
+        return cls.validated(
+            ours, invalid="invalid kvbucket HiCache settings",
+            no_store_url="the kvbucket HiCache backend needs \"store_url\" in "
+            "--hicache-storage-backend-extra-config, e.g. {\"store_url\": \"hf://buckets/my-org/kv-cache\"}")
 
 
 # SGLang's own tuning keys of the extra config that other backends read (not ours either).

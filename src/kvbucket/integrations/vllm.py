@@ -52,16 +52,15 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, wait
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from kvbucket.errors import ConfigError
-from kvbucket.integrations.engine_fleet import REFUSED, FleetSettings, open_fleet
+from kvbucket.integrations.engine_fleet import REFUSED, open_fleet
+from kvbucket.integrations.engine_settings import EngineTierSettings
 from kvbucket.integrations.naming import path_segment, salt_segment
-from kvbucket.l2.config import format_validation_error
 from kvbucket.log_once import RepeatedLog
 from kvbucket.metrics_server import MetricsEndpointConfig, serve_metrics
 from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
-from kvbucket.stores.prefetch_config import ReadAheadConfig
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)
@@ -104,18 +103,13 @@ except ImportError:  # pragma: no cover - depends on the venv
 _MIN_PART = 8  # chunks: a directory job of fewer is not split over threads
 
 
-class VLLMTierSettings(FleetSettings, ReadAheadConfig, MetricsEndpointConfig):
+class VLLMTierSettings(EngineTierSettings, MetricsEndpointConfig):
     """kvbucket's keys of one ``secondary_tiers`` entry (besides vLLM's ``type``/``module_path``),
-    with the fleet, read-ahead and metrics endpoint (``metrics_port``, ``metrics_addr``) keys."""
+    with the store, fleet and read-ahead keys of every engine tier and the metrics endpoint's
+    (``metrics_port``, ``metrics_addr``)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    store_url: str = Field(description="store URL: hf://buckets/ORG/NAME[/p], s3://BUCKET[/p], a path")
-    store_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of open_store")
     cache_salt: str = Field("", description="deployment-wide namespace: other salts never see these chunks")
     prefix: str = Field("vllm", description="first path segment of every chunk object")
-    unsealed: str = Field("miss", description="objects without kvbucket's envelope: miss (default) or accept")
-    encryption: Any = Field(None, description="encryption setting, as for kvbucket's other tiers")
     lookup: Literal["auto", "head", "index"] = Field(
         "auto", description="head: batched head_many for chunks not known; index: a listing only; "
         "auto: index on s3://, head elsewhere")
@@ -131,17 +125,11 @@ class VLLMTierSettings(FleetSettings, ReadAheadConfig, MetricsEndpointConfig):
 
     @classmethod
     def from_tier_config(cls, config: dict[str, Any]) -> VLLMTierSettings:
-        if "store_url" not in config:
-            raise ConfigError(
-                "the kvbucket vLLM tier needs \"store_url\" in its secondary_tiers entry, "
-                "e.g. {\"type\": \"KVBucketSecondaryTier\", \"module_path\": \"kvbucket.integrations.vllm\", "
-                "\"store_url\": \"hf://buckets/my-org/kv-cache\"}"
-            )
-        try:
-            return cls.model_validate(config)
-        except ValidationError as e:
-            raise ConfigError(
-                format_validation_error(e, "invalid kvbucket vLLM tier settings", cls.model_fields)) from None
+        return cls.validated(
+            config, invalid="invalid kvbucket vLLM tier settings",
+            no_store_url="the kvbucket vLLM tier needs \"store_url\" in its secondary_tiers entry, "
+            "e.g. {\"type\": \"KVBucketSecondaryTier\", \"module_path\": \"kvbucket.integrations.vllm\", "
+            "\"store_url\": \"hf://buckets/my-org/kv-cache\"}")
 
 
 def namespace(spec: Any, block_size_bytes: int, settings: VLLMTierSettings) -> str:

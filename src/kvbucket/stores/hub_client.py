@@ -41,7 +41,7 @@ from kvbucket.errors import AuthError, DeadlineExceededError, NotFoundError, Sto
 from kvbucket.secrets import redact
 from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
 from kvbucket.stores.xet_reads import XetReader, XetReadUnsupported
-from kvbucket.stores.xet_sessions import download_session, upload_bytes, upload_session
+from kvbucket.stores.xet_sessions import UploadCommits, download_session, upload_bytes
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,8 @@ class HubBucketClient:
         self._base = f"{self.endpoint}/api/buckets/{bucket_id}"
         self._xet_lock = threading.Lock()
         self._write_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
+        self._commits = UploadCommits(f"{self._base}/xet-write-token", self._headers,
+                                      safety_secs=_TOKEN_SAFETY_SECS)
         self._read_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
         self._group_lock = threading.Lock()  # one group made at a time (see _group)
         self._read_token_lock = threading.Lock()  # one read-token request at a time
@@ -391,19 +393,12 @@ class HubBucketClient:
         what it uploaded is never added.
         """
         from hf_xet import SKIP_SHA256
-        from huggingface_hub.utils._xet import xet_headers_without_auth
 
         token, exp, cas_url = self._xet_write_token(deadline)
-        session = upload_session()
-
         started: list[Any] = []
 
         def xet_upload() -> list[tuple[str, int]]:
-            with session.new_upload_commit(
-                endpoint=cas_url, token=token, token_expiry_unix_secs=exp,
-                token_refresh_url=f"{self._base}/xet-write-token", token_refresh_headers=self._headers,
-                custom_headers=xet_headers_without_auth(self._headers),
-            ) as commit:
+            with self._commits.take(token, exp, cas_url) as commit:  # opened ahead (UploadCommits)
                 started.append(commit)
                 # One object at a time: its copy (upload_bytes) overlaps the ingestion of the others.
                 handles = [commit.start_upload_bytes(upload_bytes(d), sha256=SKIP_SHA256) for _, d in items]
@@ -578,6 +573,7 @@ class HubBucketClient:
         with self._xet_lock:
             group, self._download_group = self._download_group, None
             self._write_token = self._read_token = None
+        self._commits.close()
         self._requests.shutdown(wait=False)  # idle threads end; a stuck one ends with its request
         self._reader.close()
         if group is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import zerocopy
+from . import state, zerocopy
 from .core import Emulator
 from .faults import Fault
 from .state import is_disk_full
@@ -88,7 +88,7 @@ class CasRoutes:
         except XetFormatError as e:
             log.warning("refused xorb %s: %s", xorb_hex, e)
             raise HubError(400, f"xorb refused: {e}", "InvalidXorb") from None
-        inserted = await self.emu.cpu(self.state.put_xorb, idx, data)
+        inserted = await self.emu.disk(self.state.put_xorb, idx, data)
         return web.json_response({"was_inserted": inserted})
 
     async def _upload_xorb_spliced(
@@ -106,8 +106,17 @@ class CasRoutes:
             if self.state.has_xorb(xorb_hex):
                 resp: web.StreamResponse = web.json_response({"was_inserted": False})
             else:
-                idx = await self.emu.cpu(verify_xorb_file, tmp, xorb_hex)
-                inserted = await self.emu.cpu(self.state.put_xorb_file, idx, tmp)
+                # Verified (CPU) while it is fsynced (disk), not one after the other; stored and
+                # acknowledged only once both are done.
+                verified, synced = await asyncio.gather(
+                    self.emu.cpu(verify_xorb_file, tmp, xorb_hex),
+                    self.emu.disk(state.fsync_file, tmp),
+                    return_exceptions=True,
+                )
+                for outcome in (verified, synced):
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                inserted = await self.emu.disk(self.state.put_xorb_file, verified, tmp, True)
                 resp = web.json_response({"was_inserted": inserted})
         except XetFormatError as e:
             log.warning("refused xorb %s: %s", xorb_hex, e)

@@ -163,6 +163,15 @@ def write_all(fd: int, data: bytes | bytearray | memoryview, writeback: Writebac
         view = view[n:]
 
 
+def fsync_file(path: str) -> None:
+    """Make the bytes written to ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """Did ``exc`` come from a full disk (or quota), in a file write or in SQLite?"""
     if isinstance(exc, OSError):
@@ -392,17 +401,15 @@ class State:
         self._xorb_cache[xorb_hex] = idx
         return idx
 
-    def put_xorb_file(self, idx: XorbIndex, tmp: str) -> bool:
-        """Store a verified xorb already written to ``tmp`` (in ``xorb_dir``): fsync, rename, index."""
+    def put_xorb_file(self, idx: XorbIndex, tmp: str, synced: bool = False) -> bool:
+        """Store a verified xorb already written to ``tmp`` (in ``xorb_dir``): fsync (unless
+        ``synced``: the caller fsynced it, see ``fsync_file``), rename, index."""
         if self.has_xorb(idx.hash_hex):
             return False
         final = self.xorb_path(idx.hash_hex)
         final.parent.mkdir(exist_ok=True, mode=0o700)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if not synced:
+            fsync_file(tmp)
         os.replace(tmp, final)
         return self._index_xorb(idx)
 
