@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import xxhash
 
 from kvbucket import envelope as env
 from kvbucket.stores import hub_client, xet_sessions
@@ -97,3 +98,57 @@ def test_other_stores_get_one_copy_or_none(tmp_path: Any, kind: str) -> None:
     out = np.zeros_like(src)
     (g,) = store.get_many(["m/x"], [out])
     assert g.found and np.array_equal(out, src)
+
+
+def test_each_object_is_hashed_when_the_uploader_takes_it(
+    hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seal hands the bucket store Gathers whose header (the payload's checksum) is made
+    when the upload first reads them, one object at a time: when object i is joined, the later
+    objects are not hashed yet. The stored envelope is the one an eager seal makes."""
+    hub = hub_bucket.hub
+    rng = np.random.default_rng()
+    data = [rng.integers(0, 256, 200_000 + i, dtype=np.uint8) for i in range(4)]
+    names = [f"h{i}" for i in range(len(data))]
+    handed: list[Gather] = []
+    pending_when_joined: list[int] = []
+    as_bytes = xet_sessions.upload_bytes
+
+    def spy_join(d: Any) -> bytes | bytearray:
+        out = as_bytes(d)
+        pending_when_joined.append(sum(g._head is not None for g in handed))
+        return out
+
+    monkeypatch.setattr(hub_client, "upload_bytes", spy_join)
+    with HFBucketStore(build_config(
+        bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/h-{uuid.uuid4().hex[:6]}", token=hub.write_token,
+        endpoint=hub.endpoint, token_env="", retry_backoff_secs=0.01,
+    )) as raw:
+        put = raw.put_many
+        monkeypatch.setattr(raw, "put_many", lambda items: handed.extend(g for _, g in items) or put(items))
+        store = seal_store(raw, tier="test")
+        assert all(r.ok for r in store.put_many(list(zip(names, data, strict=True))))
+        assert pending_when_joined == [3, 2, 1, 0]
+        for g, name, d in zip(handed, names, data, strict=True):
+            ident = store.identity
+            eager = env.pack_header(d.nbytes, xxhash.xxh3_64_intdigest(d.tobytes()), name, ident)
+            assert bytes(g.parts[0]) == eager
+        outs = [np.zeros_like(d) for d in data]
+        assert all(r.found for r in store.get_many(names, outs))
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+
+
+def test_a_headed_gather_makes_its_head_once_and_checks_its_size() -> None:
+    calls: list[int] = []
+
+    def make(parts: tuple[memoryview, ...]) -> bytes:
+        calls.append(len(parts))
+        return b"H" * 4
+
+    g = Gather.headed(4, make, b"ab", b"cd")
+    assert g.nbytes == 8 and calls == []
+    assert g.join() == b"HHHHabcd" and [bytes(p) for p in g.parts] == [b"HHHH", b"ab", b"cd"]
+    assert calls == [2]
+    assert [bytes(v) for v in g.views_from(5)] == [b"b", b"cd"]
+    with pytest.raises(ValueError, match="3 bytes, 4 were announced"):
+        _ = Gather.headed(4, lambda parts: b"xyz", b"a").parts

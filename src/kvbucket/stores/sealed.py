@@ -94,14 +94,17 @@ class SealedStore(EnvelopeOpener, ObjectStore):
         """
         if self.keyring is None:
             parts = data.parts if isinstance(data, Gather) else (as_view(data),)
-            h = xxhash.xxh3_64()
-            for part in parts:
-                h.update(part)
-            n = sum(p.nbytes for p in parts)
-            header = env.pack_header(n, h.intdigest(), name, self.identity)
-            if getattr(self.inner, "gathers", False):
-                return Gather(header, *parts)
-            return b"".join((header, *parts))
+            identity = self.identity
+
+            def header(payload: tuple[memoryview, ...]) -> bytes:
+                h = xxhash.xxh3_64()
+                for part in payload:
+                    h.update(part)
+                return env.pack_header(sum(p.nbytes for p in payload), h.intdigest(), name, identity)
+
+            if getattr(self.inner, "gathers", False):  # hashed when the store takes it (Gather.headed)
+                return Gather.headed(env.HEADER_SIZE, header, *parts)
+            return b"".join((header(parts), *parts))
         if isinstance(data, Gather):
             data = data.join()
         view = as_view(data)
