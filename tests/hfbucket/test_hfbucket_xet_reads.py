@@ -122,7 +122,8 @@ def test_opening_a_store_starts_its_load_and_request_threads() -> None:
 def test_a_load_reads_at_most_read_slots_bodies_at_once(hub_bucket: Any) -> None:
     """Every object is requested at once, but only ``read_slots`` bodies are read and parsed at
     once (the others wait in their sockets): each fetch takes a slot, never more than two at a
-    time here, and the load still makes one reconstruction query and one fetch per object."""
+    time here, and the load still makes one reconstruction query and one fetch per object. The
+    parse windows are kept per slot: at most two were made."""
     import os
     import threading
     import time
@@ -161,6 +162,8 @@ def test_a_load_reads_at_most_read_slots_bodies_at_once(hub_bucket: Any) -> None
         got = store.get_many(names)
         assert [bytes(r.data) for r in got if r.data is not None] == data
         routes = count_routes(hub_bucket.hub.emulator.requests(clear=True))
+        windows = len(store._client._reader._windows)
     assert routes.get("reconstruction") == 8 and routes.get("fetch") == 8, routes
     assert slots.taken == 8 and slots.most <= 2
+    assert 1 <= windows <= 2  # parse windows: one per slot in use, not one per load thread
     assert xet_reads.READ_SLOTS >= 2

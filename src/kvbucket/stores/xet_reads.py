@@ -53,7 +53,7 @@ RECONSTRUCTION_TTL_SECS = 60.0
 #: Reconstructions kept at most (a few KiB each): several prompts' worth of chunks.
 RECONSTRUCTION_CACHE_ENTRIES = 8192
 _MAX_CHUNK = 1 << 20  # chunks are ~64 KiB (at most 128 KiB); a header beyond this is garbage
-_WINDOW = 2 << 20  # bytes read from the socket at once, per load thread (>= 8 + _MAX_CHUNK)
+_WINDOW = 2 << 20  # bytes read from the socket at once, per read slot (>= 8 + _MAX_CHUNK)
 #: Fetched bodies read and parsed at once, per reader. Why a bound below the fetches in flight:
 #: every object of a batch is requested at once (one round trip), but reading a body is CPU work
 #: under the GIL (socket reads, chunk parsing, copies); 64 threads doing it at once on a 2-core
@@ -223,6 +223,7 @@ class XetReader:
         self._cache: OrderedDict[str, Reconstruction] = OrderedDict()
         self._pending: dict[str, Future[Reconstruction]] = {}
         self._slots = threading.BoundedSemaphore(max(1, read_slots))  # bodies read at once
+        self._windows: list[bytearray] = []  # one per slot in use, reused (LIFO: warm in cache)
 
     def tls(self) -> ssl.SSLContext:
         """The TLS context of every HTTPS connection of this reader (made on first call)."""
@@ -362,7 +363,11 @@ class XetReader:
             if not self._slots.acquire(timeout=max(0.001, left(deadline))):
                 raise TimeoutError("no read slot before the deadline")
             try:
-                self._copy(resp, f, view, gate)
+                window = self._take_window()
+                try:
+                    self._copy(resp, f, view, gate, window)
+                finally:
+                    self._give_window(window)
             finally:
                 self._slots.release()
             reusable = not resp.will_close and resp.isclosed()
@@ -374,21 +379,30 @@ class XetReader:
             elif conn is not None:
                 conn.close()
 
+    def _take_window(self) -> bytearray:
+        """A parse window (the caller holds a read slot, so at most ``read_slots`` exist). Why
+        not one per load thread: 64 threads held 128 MiB of them, each paying its first-touch
+        page faults in a fresh process's first loads, and each cold in cache when used."""
+        with self._lock:
+            return self._windows.pop() if self._windows else bytearray(_WINDOW)
+
+    def _give_window(self, window: bytearray) -> None:
+        with self._lock:
+            self._windows.append(window)
+
     @staticmethod
-    def _copy(resp: http.client.HTTPResponse, f: _Fetch, view: memoryview, gate: Gate | None) -> None:
+    def _copy(resp: http.client.HTTPResponse, f: _Fetch, view: memoryview, gate: Gate | None,
+              buf: bytearray) -> None:
         """Walk the chunks of the fetched range, laying each term's chunks out at its offset.
 
         The body is read in windows of up to ``_WINDOW`` bytes (a few reads per object instead
-        of two per ~64 KiB chunk) into a per-thread buffer, and parsed there.
+        of two per ~64 KiB chunk) into a window kept per read slot, and parsed there.
         """
         cursor = [off for _, _, off, _ in f.targets]
         users: dict[int, list[int]] = {}  # chunk index -> the terms that hold it
         for k, (cs, ce, _, _) in enumerate(f.targets):
             for c in range(cs, ce):
                 users.setdefault(c, []).append(k)
-        buf = getattr(_scratch, "buf", None)
-        if buf is None:  # one per load thread, reused
-            buf = _scratch.buf = bytearray(_WINDOW)
         mv = memoryview(buf)
         body_left = f.last - f.first + 1
         start = end = 0  # buf[start:end] holds read, unparsed bytes
@@ -445,7 +459,6 @@ class XetReader:
         self._conns.close()
 
 
-_scratch = threading.local()
 
 
 class _Refused(Exception):
