@@ -167,3 +167,63 @@ def test_a_load_reads_at_most_read_slots_bodies_at_once(hub_bucket: Any) -> None
     assert slots.taken == 8 and slots.most <= 2
     assert 1 <= windows <= 2  # parse windows: one per slot in use, not one per load thread
     assert xet_reads.READ_SLOTS >= 2
+
+
+def test_a_load_from_a_server_over_the_network_reads_every_body_as_it_arrives(
+    hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read slots only apply to a server on this machine: over a network a body left unread keeps
+    its TCP window small and stalls its sender. With the peer taken for a remote one, no fetch
+    waits for a slot, and the bytes are the same."""
+    import os
+
+    names = [f"n{i}" for i in range(6)]
+    data = [os.urandom(200_000 + i) for i in range(6)]
+    cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/remote",
+                       token=hub_bucket.hub.write_token, token_env="", endpoint=hub_bucket.hub.endpoint)
+    with HFBucketStore(cfg) as writer:
+        assert all(r.ok for r in writer.put_many(list(zip(names, data, strict=True))))
+
+    class Counting:
+        taken = 0
+
+        def acquire(self, timeout: float | None = None) -> bool:
+            Counting.taken += 1
+            return True
+
+        def release(self) -> None:
+            pass
+
+    seen: list[bool] = []
+    real = xet_reads._on_loopback
+
+    def remote(conn: Any) -> bool:
+        seen.append(real(conn))
+        return False
+
+    monkeypatch.setattr(xet_reads, "_on_loopback", remote)
+    with HFBucketStore(cfg) as store:
+        store._client._reader._slots = Counting()  # type: ignore[assignment]
+        got = store.get_many(names)
+    assert [bytes(r.data) for r in got if r.data is not None] == data
+    assert Counting.taken == 0
+    assert seen and all(seen)  # the emulator itself is on loopback: the real check said so
+
+
+@pytest.mark.parametrize(
+    ("peer", "near"),
+    [(("127.0.0.1", 80), True), (("127.3.4.5", 80), True), (("::1", 80, 0, 0), True),
+     (("::ffff:127.0.0.1", 80, 0, 0), True), (("10.0.0.7", 443), False), (("2001:db8::1", 443, 0, 0), False),
+     (("fe80::1%eth0", 443, 0, 2), False), (OSError("not connected"), False), (None, False)],
+)
+def test_only_a_loopback_peer_counts_as_this_machine(peer: Any, near: bool) -> None:
+    class Sock:
+        def getpeername(self) -> Any:
+            if isinstance(peer, Exception):
+                raise peer
+            return peer
+
+    class Conn:
+        sock = None if peer is None else Sock()
+
+    assert xet_reads._on_loopback(Conn()) is near  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ grouping 4 + LZ4).
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import logging
 import os
@@ -54,12 +55,17 @@ RECONSTRUCTION_TTL_SECS = 60.0
 RECONSTRUCTION_CACHE_ENTRIES = 8192
 _MAX_CHUNK = 1 << 20  # chunks are ~64 KiB (at most 128 KiB); a header beyond this is garbage
 _WINDOW = 2 << 20  # bytes read from the socket at once, per read slot (>= 8 + _MAX_CHUNK)
-#: Fetched bodies read and parsed at once, per reader. Why a bound below the fetches in flight:
-#: every object of a batch is requested at once (one round trip), but reading a body is CPU work
-#: under the GIL (socket reads, chunk parsing, copies); 64 threads doing it at once on a 2-core
-#: machine spent their time handing the GIL around (futex wake-ups, context switches). With two
-#: at a time, a 64 x 2 MiB load on the emulator took 0.90x the time and 0.8-0.9x the client CPU
-#: (paired rounds, three runs); the other responses wait in their sockets, already answered.
+#: Fetched bodies read and parsed at once, per reader, from a storage server on this machine.
+#: Why a bound below the fetches in flight: every object of a batch is requested at once (one
+#: round trip), but reading a body is CPU work under the GIL (socket reads, chunk parsing,
+#: copies); 64 threads doing it at once on a 2-core machine spent their time handing the GIL
+#: around (futex wake-ups, context switches). With two at a time, a 64 x 2 MiB load on the
+#: emulator took 0.80-0.91x the time and 0.8x the client CPU (paired rounds, four runs).
+#: Why only on loopback: over a network a socket nobody reads keeps its TCP receive window at
+#: its initial size (Linux grows it as the application reads), so the sender stalls after a
+#: few hundred KiB and each waiting body would later cost several round trips to ramp up: at
+#: 50 ms, 64 bodies read four at a time would take seconds. There every body is read as it
+#: arrives, the network being the bound.
 READ_SLOTS = min(4, max(2, os.cpu_count() or 2))
 
 
@@ -360,7 +366,8 @@ class XetReader:
                 raise _status_error(resp.status, "fetch an object's bytes")
             if resp.length is not None and resp.length != f.last - f.first + 1:
                 raise StoreError(f"a fetch answered {resp.length} bytes for {f.last - f.first + 1} asked")
-            if not self._slots.acquire(timeout=max(0.001, left(deadline))):
+            slots = self._slots if _on_loopback(conn) else None
+            if slots is not None and not slots.acquire(timeout=max(0.001, left(deadline))):
                 raise TimeoutError("no read slot before the deadline")
             try:
                 window = self._take_window()
@@ -369,7 +376,8 @@ class XetReader:
                 finally:
                     self._give_window(window)
             finally:
-                self._slots.release()
+                if slots is not None:
+                    slots.release()
             reusable = not resp.will_close and resp.isclosed()
         except (OSError, http.client.HTTPException) as e:
             raise TransientStoreError(f"fetching an object's bytes failed: {type(e).__name__}: {e}") from None
@@ -380,9 +388,10 @@ class XetReader:
                 conn.close()
 
     def _take_window(self) -> bytearray:
-        """A parse window (the caller holds a read slot, so at most ``read_slots`` exist). Why
-        not one per load thread: 64 threads held 128 MiB of them, each paying its first-touch
-        page faults in a fresh process's first loads, and each cold in cache when used."""
+        """A parse window, reused (from a server on this machine the caller holds a read slot, so
+        at most ``read_slots`` exist; over a network, one per body being read). Why not one per
+        load thread: 64 threads held 128 MiB of them, each paying its first-touch page faults in
+        a fresh process's first loads, and each cold in cache when used."""
         with self._lock:
             return self._windows.pop() if self._windows else bytearray(_WINDOW)
 
@@ -459,6 +468,17 @@ class XetReader:
         self._conns.close()
 
 
+
+
+def _on_loopback(conn: http.client.HTTPConnection) -> bool:
+    """Whether the connection's peer is this machine (a loopback address): read slots apply."""
+    try:
+        host = conn.sock.getpeername()[0]  # type: ignore[union-attr]
+        ip = ipaddress.ip_address(str(host).split("%", 1)[0])
+    except (AttributeError, OSError, ValueError, TypeError, IndexError):
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool((mapped or ip).is_loopback)
 
 
 class _Refused(Exception):
