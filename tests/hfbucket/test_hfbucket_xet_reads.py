@@ -13,7 +13,21 @@ import pytest
 
 from kvbucket.stores import xet_reads
 from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.hfbucket_config import HFBucketConfig, build_config
+
+
+def stored(hub_bucket: Any, prefix: str, names: list[str], sizes: list[int]
+           ) -> tuple[HFBucketConfig, list[bytes]]:
+    """Random objects of ``sizes`` written under ``prefix`` of the emulator's bucket: the store's
+    config (to read them back with a store of the test's own) and their bytes."""
+    import os
+
+    data = [os.urandom(n) for n in sizes]
+    cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/{prefix}",
+                       token=hub_bucket.hub.write_token, token_env="", endpoint=hub_bucket.hub.endpoint)
+    with HFBucketStore(cfg) as writer:
+        assert all(r.ok for r in writer.put_many(list(zip(names, data, strict=True))))
+    return cfg, data
 
 
 def test_https_connections_share_one_tls_context() -> None:
@@ -124,18 +138,13 @@ def test_a_load_reads_at_most_read_slots_bodies_at_once(hub_bucket: Any) -> None
     once (the others wait in their sockets): each fetch takes a slot, never more than two at a
     time here, and the load still makes one reconstruction query and one fetch per object. The
     parse windows are kept per slot: at most two were made."""
-    import os
     import threading
     import time
 
     from kvbucket.testing.hub_emulator.request_log import count_routes
 
     names = [f"s{i}" for i in range(8)]
-    data = [os.urandom(300_000 + i) for i in range(8)]
-    cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/slots",
-                       token=hub_bucket.hub.write_token, token_env="", endpoint=hub_bucket.hub.endpoint)
-    with HFBucketStore(cfg) as writer:
-        assert all(r.ok for r in writer.put_many(list(zip(names, data, strict=True))))
+    cfg, data = stored(hub_bucket, "slots", names, [300_000 + i for i in range(8)])
 
     class Recording:
         def __init__(self, n: int) -> None:
@@ -175,14 +184,8 @@ def test_a_load_from_a_server_over_the_network_reads_every_body_as_it_arrives(
     """Read slots only apply to a server on this machine: over a network a body left unread keeps
     its TCP window small and stalls its sender. With the peer taken for a remote one, no fetch
     waits for a slot, and the bytes are the same."""
-    import os
-
     names = [f"n{i}" for i in range(6)]
-    data = [os.urandom(200_000 + i) for i in range(6)]
-    cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/remote",
-                       token=hub_bucket.hub.write_token, token_env="", endpoint=hub_bucket.hub.endpoint)
-    with HFBucketStore(cfg) as writer:
-        assert all(r.ok for r in writer.put_many(list(zip(names, data, strict=True))))
+    cfg, data = stored(hub_bucket, "remote", names, [200_000 + i for i in range(6)])
 
     class Counting:
         taken = 0

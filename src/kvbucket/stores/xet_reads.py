@@ -468,8 +468,6 @@ class XetReader:
         self._conns.close()
 
 
-
-
 def _on_loopback(conn: http.client.HTTPConnection) -> bool:
     """Whether the connection's peer is this machine (a loopback address): read slots apply."""
     try:
