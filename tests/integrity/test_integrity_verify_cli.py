@@ -54,14 +54,15 @@ def test_verify_reports_and_deletes_bad_objects(tmp_path: Path) -> None:
     assert raw.head(key_to_name(key(1))) == full  # nothing removed without --delete-bad
 
     proc = kvbucket("verify", f"file://{tmp_path}", "--delete-bad")
-    assert proc.returncode == 1 and "removed 2 of 2 damaged objects" in proc.stdout
-    assert raw.head(key_to_name(key(1))) is None and raw.head(key_to_name(key(2))) is None
+    assert proc.returncode == 1 and "removed 1 of 1 damaged objects" in proc.stdout
+    assert raw.head(key_to_name(key(1))) is None
+    assert raw.head(key_to_name(key(2))) == full  # intact, under another name: not damage, kept
     assert raw.exists("legacy-object")  # legacy objects are reported, never removed
 
     proc = kvbucket("verify", str(tmp_path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and table_rows(proc.stdout)["corrupt"] == "0", proc.stdout + proc.stderr
     with RemoteBackend(FileStore(tmp_path), LAYOUT) as b:
-        assert sorted(b.list()) == sorted(key(i).to_string() for i in (0, 3, 4))
+        assert sorted(b.list()) == sorted(key(i).to_string() for i in (0, 2, 3, 4))
 
 
 def test_verify_on_the_parent_of_a_tiers_directory_says_so_and_removes_nothing(tmp_path: Path) -> None:
@@ -75,7 +76,7 @@ def test_verify_on_the_parent_of_a_tiers_directory_says_so_and_removes_nothing(t
     assert "hint: the URL looks wrong: 7 of 7 objects written under another name verify under a " \
            "directory below it (7 under 'remote/')" in proc.stdout, proc.stdout
     assert f"kvbucket verify {tmp_path}/remote" in proc.stdout
-    assert "removed 0 of 0 damaged objects (none written under another name" in proc.stdout
+    assert "removed 0 of 0 damaged objects" in proc.stdout
     assert len(list(tier.list())) == 7
     proc = kvbucket("verify", f"file://{tmp_path}/remote")  # the URL the hint gives
     assert proc.returncode == 0 and table_rows(proc.stdout)["good"] == "7", proc.stdout

@@ -15,11 +15,10 @@ record (see :mod:`kvbucket.compile_cache.sums`); they are ``good`` or ``corrupt`
 
 Exit status 1 when anything is corrupt or foreign, 2 for unusable input, 0 otherwise.
 ``--delete-bad`` removes what the one rule of :mod:`kvbucket.stores.refusals` removes: objects
-whose own bytes prove them damaged (corrupt ones, and ones written under another name). Legacy
-objects and objects this run cannot open (another layout, format or key) are reported, never
-deleted: they may be valid for another reader. A name proves damage only relative to the right
-root: when misnamed objects verify under a directory below the URL, or most objects are
-misnamed, the URL is said to look wrong (with the one to give) and none of them is removed.
+whose bytes contradict their own envelope (corrupt ones). Legacy objects and foreign ones
+(written under another name, for another layout, format or key) are reported, never deleted:
+they may be valid for another reader. When misnamed objects verify under a directory below the
+URL, or most objects are misnamed, the URL is said to look wrong (with the one to give).
 """
 
 from __future__ import annotations
@@ -101,9 +100,9 @@ class Scan:
     def wrong_url(self, url: str) -> str | None:
         """Why the URL looks wrong (names bound to another root), with the fix; None if it does not.
 
-        Objects written under another name prove damage only relative to the right root: when
-        some verify under a root below the URL, or most enveloped objects are misnamed, the URL
-        is the likelier culprit and none of them is removed.
+        Objects written under another name are kept either way (not damage: their writer's root
+        may differ); when some verify under a root below the URL, or most enveloped objects are
+        misnamed, the URL is the likelier culprit.
         """
         misnamed = sum(1 for _, _, reason in self.bad if reason == "name")
         enveloped = sum(self.totals[s][0] for s in ("good", "corrupt", "foreign"))
@@ -155,8 +154,8 @@ def register(app: typer.Typer) -> None:
         ),
         delete_bad: bool = typer.Option(
             False, "--delete-bad",
-            help="Remove damaged objects: corrupt ones and ones written under another name (legacy "
-            "objects and ones of another layout, format or key are kept).",
+            help="Remove damaged objects (corrupt: their bytes contradict their envelope). Legacy and "
+            "foreign objects (another name, layout, format or key) are kept.",
         ),
         prefix: str = typer.Option("", "--prefix", help="Only objects whose name starts with this."),
         keyring_file: Path = typer.Option(
@@ -183,8 +182,7 @@ def register(app: typer.Typer) -> None:
             totals, bad = found.totals, found.bad
             wrong_url = found.wrong_url(url)
             removed = 0
-            to_remove = [name for name, _, reason in bad
-                         if removable(reason) and not (reason == "name" and wrong_url)]
+            to_remove = [name for name, _, reason in bad if removable(reason)]
             if delete_bad and to_remove:
                 for i in range(0, len(to_remove), 1000):
                     results = store.delete_many(to_remove[i : i + 1000])
@@ -204,7 +202,6 @@ def register(app: typer.Typer) -> None:
         if wrong_url:
             console.print(f"hint: {wrong_url}", markup=False, highlight=False, soft_wrap=True)
         if delete_bad:
-            kept = " (none written under another name: the URL looks wrong)" if wrong_url else ""
-            console.print(f"removed {removed} of {len(to_remove)} damaged objects{kept}", markup=False)
+            console.print(f"removed {removed} of {len(to_remove)} damaged objects", markup=False)
         if any(status in ("corrupt", "foreign") for _, status, _ in bad):
             raise typer.Exit(1)

@@ -146,7 +146,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._lookups = LookupPath(
             ctx, breaker=breaker_of(self._store), negative_ttl=float(metadata_cache_ttl_secs)
         )
-        self._loads = LoadPath(ctx)
+        self._loads = LoadPath(ctx, refused_ttl=float(metadata_cache_ttl_secs))
         self._inventory = InventoryPath(ctx, capacity=capacity, eviction=eviction)
         if self._fleet is not None:
             self._fleet.start()

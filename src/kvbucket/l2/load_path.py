@@ -3,11 +3,14 @@
 A load fills a buffer only from an object of exactly the buffer's size (another size is a miss
 and the buffer is untouched). It tries the name the index knows first, then the key's other
 names; a load that finds an object gone removes it from the index and tells the listener (self-
-healing when another server deleted it).
+healing when another server deleted it). An object the load refused but that is still there
+(intact, not for this reader: docs/integrity.md, "What a reader may delete") is remembered as a
+lookup miss for ``refused_ttl`` seconds, so lookups do not answer hits this reader cannot load.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,8 +26,9 @@ from kvbucket.stores.base import Buffer
 class LoadPath:
     """Load tasks and their completions (``done``: this path's results and event fd)."""
 
-    def __init__(self, ctx: AdapterContext) -> None:
+    def __init__(self, ctx: AdapterContext, *, refused_ttl: float = 0.0) -> None:
         self._ctx = ctx
+        self._refused_ttl = refused_ttl
         self.done: Completions[list[bool]] = Completions()
 
     def submit(
@@ -84,12 +88,19 @@ class LoadPath:
                         else:
                             self._ctx.stats.last_error = str(res.error)
                 todo, r = retry, r + 1
-            if gone_names and self._ctx.fleet is not None:
+            if gone_names:
                 # A miss tells the fleet of a deletion only when the object is gone: one this
-                # reader refused and kept (no keyring, another key; docs/integrity.md, "What a
-                # reader may delete") is still there, and still counted, for the nodes that read it.
+                # reader refused and kept (another root or name, no keyring, another key;
+                # docs/integrity.md, "What a reader may delete") is still there, and still
+                # counted, for the nodes that read it; here it is a remembered lookup miss.
                 heads = await self._ctx.runner.sliced(self._ctx.store.head_many, gone_names)
-                self._ctx.fleet.deleted([h.name for h in heads if h.ok and h.size is None])
+                kept = [h.name for h in heads if h.found]
+                if kept and self._refused_ttl > 0:
+                    expiry = time.monotonic() + self._refused_ttl
+                    with st.lock:
+                        st.missing.update(dict.fromkeys(kept, expiry))
+                if self._ctx.fleet is not None:
+                    self._ctx.fleet.deleted([h.name for h in heads if h.ok and h.size is None])
         except Exception as e:
             log.exception("load task %d failed", tid)
             self._ctx.stats.last_error = f"{type(e).__name__}: {e}"

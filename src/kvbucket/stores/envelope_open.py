@@ -220,7 +220,7 @@ def inspect_object(name: str, data: Buffer, keyring: Keyring | None = None,
     except env.EnvelopeError as e:
         if e.reason == "unsealed":
             return "legacy", e.reason
-        if e.reason in DAMAGE and e.reason != "name":
+        if e.reason in DAMAGE:
             return "corrupt", e.reason
         return "foreign", e.reason  # another name, layout, key or format: maybe good for its writer
     return "good", None

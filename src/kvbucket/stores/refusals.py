@@ -1,12 +1,14 @@
 """What a reader may delete: the one rule, for every tier and ``kvbucket verify``.
 
 A bucket is shared by engines, tenants and machines that do not read alike. An object is removed
-only when its own bytes prove it damaged (:data:`DAMAGE`: a bad checksum, a truncation, a
-length or header that disagrees with itself, a name that does not match its digest). An object
-this reader cannot open (:data:`UNREADABLE`: no keyring, a key id its keyring lacks, another
-tenant's key, another KV layout, a newer format, no envelope, a plaintext object or LMCache's
-raw format while encryption is on) is a miss that is counted and left in place: it may be
-valid for its writer. Only in a tier's private directory (``private``: the disk tier's, locked
+only when its bytes contradict their own envelope (:data:`DAMAGE`: a bad checksum, a truncation,
+a length or header that disagrees with itself). An object that is intact but not for this
+reader (:data:`UNREADABLE`: written under another relative name or prefix, for another model or
+KV layout, under a key id its keyring lacks or another tenant's key, no keyring, a newer format,
+no envelope, a plaintext object or LMCache's raw format while encryption is on) is a miss that
+is counted and left in place: it may be valid for its writer. A name proves nothing on its own:
+a reader whose root is one level above or below the writer's sees every intact chunk under
+another name. Only in a tier's private directory (``private``: the disk tier's, locked
 to one backend, that no one else reads) is such an object removed too, since it would hold space
 outside the tier's byte bound forever. docs/integrity.md, "What a reader may delete".
 
@@ -32,15 +34,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Reasons that the object's own bytes prove it damaged: the object is removed.
-DAMAGE = frozenset({"checksum", "truncated", "length", "header", "name"})
-#: Reasons of the reader's own (it cannot open the object; others may): counted, kept.
+DAMAGE = frozenset({"checksum", "truncated", "length", "header"})
+#: Not for this reader (it cannot open the object; others may): counted, kept.
 UNREADABLE = frozenset(env.REASONS) - DAMAGE
 
 INTEGRITY_FAILURES = Counter(
     "kvbucket_integrity_failures",
     "Stored objects refused on read (served as a miss), by tier and reason (damage: checksum, "
-    "truncated, length, header, name, removed; this reader cannot open it: unsealed, version, "
-    "identity, no_keyring, key, plaintext, decrypt, lmcache, kept).",
+    "truncated, length, header, removed; not for this reader: name, unsealed, version, identity, "
+    "no_keyring, key, plaintext, decrypt, lmcache, kept).",
     ["tier", "reason"],
 )
 INTEGRITY_REMOVED = Counter(
@@ -56,6 +58,8 @@ INTEGRITY_VERIFIED = Counter(
 )
 _LOGGED_MAX = 10000
 _KEPT_HINT = {
+    "name": "written under another name: by a writer whose store root or prefix differs from this "
+            "reader's (give both the same URL and prefix), or copied/renamed",
     "unsealed": "no kvbucket envelope (another program's, or written before sealing)",
     "version": "an envelope format this kvbucket does not read (a newer writer?)",
     "identity": "written for another model or KV layout",
