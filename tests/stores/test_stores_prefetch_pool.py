@@ -213,6 +213,32 @@ def test_the_gauges_show_held_and_pooled_bytes() -> None:
     assert gauges() == (0, 0)
 
 
+def test_the_gauges_add_up_over_stores_of_one_label() -> None:
+    """Issue 29 item 10: each store set the label's gauge to its own bytes, so two stores of one
+    label (two tiers, two adapters) showed whichever moved last."""
+    from prometheus_client import REGISTRY
+
+    def gauges() -> tuple[float | None, float | None]:
+        return tuple(REGISTRY.get_sample_value(f"kvbucket_read_ahead_{what}_bytes", {"store": "shared"})
+                     for what in ("held", "pooled"))  # type: ignore[return-value]
+
+    (raw_a, names_a, data_a), (raw_b, names_b, _) = filled(3, prefix="a"), filled(2, prefix="b")
+    a = PrefetchStore(raw_a, ReadAheadSettings(True, 64 * SIZE, 60.0), label="shared")
+    b = PrefetchStore(raw_b, ReadAheadSettings(True, 64 * SIZE, 60.0), label="shared")
+    try:
+        assert a.prefetch(names_a, [SIZE] * 3) == 3 * SIZE
+        assert b.prefetch(names_b, [SIZE] * 2) == 2 * SIZE
+        assert gauges() == (5 * SIZE, 0)
+        assert a.settle() and load(a, names_a) == data_a
+        assert gauges() == (2 * SIZE, 3 * SIZE)  # a's buffers pooled, b's still held
+        b.stop()
+        assert gauges() == (0, 3 * SIZE)
+    finally:
+        a.close()
+        b.close()
+    assert gauges() == (0, 0)
+
+
 def test_drop_unused_frees_only_what_no_load_took() -> None:
     """``drop_unused``: the names whose read-ahead no load took, forgotten (counted wasted once
     landed); taken ones and names never read ahead are left alone."""

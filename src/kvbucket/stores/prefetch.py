@@ -130,6 +130,7 @@ class PrefetchStore(ObjectStore):
         self._wasted = READ_AHEAD_BYTES.labels(label, "wasted")
         self._held_gauge = READ_AHEAD_HELD.labels(label)
         self._pooled_gauge = READ_AHEAD_POOLED.labels(label)
+        self._held_shown = self._pooled_shown = 0  # this store's share of the gauges (_publish)
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":
@@ -150,9 +151,11 @@ class PrefetchStore(ObjectStore):
         return self._pooled
 
     def _publish(self) -> None:
-        """Set the held and pooled gauges (lock held)."""
-        self._held_gauge.set(self._held)
-        self._pooled_gauge.set(self._pooled)
+        """Move the held and pooled gauges by this store's change since it last did (lock held):
+        stores of one label (every tier's, every process-wide adapter's) add up, never overwrite."""
+        self._held_gauge.inc(self._held - self._held_shown)
+        self._pooled_gauge.inc(self._pooled - self._pooled_shown)
+        self._held_shown, self._pooled_shown = self._held, self._pooled
 
     def settle(self, timeout: float = 30.0) -> bool:
         """Wait until every read-ahead held has landed (or failed); False if ``timeout`` passed."""
