@@ -339,3 +339,37 @@ def test_the_docs_example_builds_a_tier_with_those_settings() -> None:
         reads = b.reads  # type: ignore[attr-defined]
         assert isinstance(reads, PrefetchStore)
         assert reads.settings == ReadAheadSettings(True, 512 * 1024**2, 5.0)
+
+
+@pytest.mark.parametrize(("key_name", "value", "allowed"), [
+    ("read_ahead_ttl_secs", 1e300, "a number of seconds above 0, at most 86400"),
+    ("read_ahead_ttl_secs", 0, "a number of seconds above 0, at most 86400"),
+    ("read_ahead_max_gb", float("inf"), "a number of GB from 0 to 1024"),
+    ("read_ahead_max_gb", float("nan"), "a number of GB from 0 to 1024"),
+    ("read_ahead_max_gb", -1, "a number of GB from 0 to 1024"),
+])
+def test_out_of_range_read_ahead_settings_are_config_errors(key_name: str, value: float,
+                                                            allowed: str) -> None:
+    """Issue 29 item 13: a TTL of 1e300 s was accepted (the sweeper then died with OverflowError)
+    and read_ahead_max_gb=inf raised a raw OverflowError. Every config surface now refuses them
+    with a ConfigError naming the key and the allowed range."""
+    from kvbucket.errors import ConfigError
+    from kvbucket.integrations.sglang import SGLangStorageSettings
+    from kvbucket.integrations.vllm import VLLMTierSettings
+    from kvbucket.l2.registry import parse_l2_config
+
+    surfaces = {
+        "engine config": lambda: build_backend(EngineConfig.from_dict(
+            {"chunk_size": 64, "local_cpu": False, "remote_url": "memory://ra-range",
+             "extra_config": {key_name: value}}), LAYOUT),
+        "L2 adapter": lambda: parse_l2_config({"type": "fs", "base_path": "/tmp/kv", key_name: value}),
+        "SGLang": lambda: SGLangStorageSettings.from_extra_config(
+            {"store_url": "memory://x", key_name: value}),
+        "vLLM": lambda: VLLMTierSettings.from_tier_config({"store_url": "memory://x", key_name: value}),
+        "the library": lambda: ReadAheadSettings(True, **(
+            {"ttl_secs": value} if key_name == "read_ahead_ttl_secs" else {"max_bytes": value * 1024**3})),
+    }
+    for where, make in surfaces.items():
+        with pytest.raises(ConfigError) as info:
+            make()
+        assert key_name in str(info.value) and allowed in str(info.value), (where, str(info.value))
