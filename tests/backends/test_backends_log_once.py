@@ -94,7 +94,7 @@ def test_a_missing_bucket_is_one_line_per_kind_not_per_chunk(
         RemoteBackend(store, LAYOUT).batched_get_into(keys, bufs)
     finally:
         backend.close()  # flushes the counts
-    lines = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if "not found" in r.getMessage()]
     firsts = [ln for ln in lines if "repeated" not in ln]
     counts = [ln for ln in lines if "repeated" in ln]
     assert len(firsts) == 2, lines  # one per kind of failure (put, get), not one per chunk

@@ -67,7 +67,8 @@ class FakeHub(HubBucketClient):
             out.append((h, len(b)))
         return out
 
-    def commit_batch(self, ops: Sequence[dict[str, Any]], deadline: float | None = None) -> dict[str, str]:
+    def commit_batch(self, ops: Sequence[dict[str, Any]], deadline: float | None = None,
+                     what: str = "commit a batch of writes") -> dict[str, str]:
         assert len(ops) <= 1000
         self._count("batch")
         self._need_bucket()

@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, exit_code_for, fail, opened_store
 from kvbucket.errors import InvalidKeyError
 from kvbucket.keys import name_to_key
 from kvbucket.secrets import redact
@@ -107,14 +107,22 @@ def register(app: typer.Typer) -> None:
                 # A store may answer size=None for a removal it cannot size cheaply, so whether a
                 # named object existed is asked first: only objects that were there count.
                 existed = [r.found for r in store.head_many(batch)] if names else [True] * len(batch)
+                errors: dict[str, list[str]] = {}
                 for r, was_there in zip(store.delete_many(batch), existed, strict=True):
                     if r.error is not None:
                         failed += 1
-                        typer.echo(f"error: {redact(f'{r.name}: {r.error}')}", err=True)
+                        if exit_code_for(r.error) == 2:  # a refused token: no other object will go
+                            done = f" ({removed} removed before)" if removed else ""
+                            raise _fail(f"{r.error}{done}", 2)
+                        errors.setdefault(str(r.error), []).append(r.name)
                     elif r.size is not None or was_there:
                         removed += 1
                     else:
                         missing += 1
+                for text, failed_names in errors.items():  # one line per cause, not per object
+                    which = failed_names[0] if len(failed_names) == 1 else \
+                        f"{len(failed_names)} objects ({failed_names[0]}, ...)"
+                    typer.echo(f"error: {redact(f'{which}: {text}')}", err=True)
         parts = [f"removed {removed}"]
         if missing:
             parts.append(f"{missing} not found")

@@ -503,7 +503,8 @@ class HFBucketStore(RemoteStore):
         err: StoreError | None = None
         failed: dict[str, str] = {}
         try:
-            failed = self._client.commit_batch([{"type": "deleteFile", "path": p} for p in chunk], deadline)
+            failed = self._client.commit_batch([{"type": "deleteFile", "path": p} for p in chunk], deadline,
+                                               "remove objects")
         except TransientStoreError as e:
             err = e
         except StoreError as e:

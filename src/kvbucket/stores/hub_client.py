@@ -163,17 +163,26 @@ class HubBucketClient:
         detail = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
                         *self._secrets())
         endpoint = redact(self.endpoint)  # userinfo in $HF_ENDPOINT is never shown
+        if status == 401 and "authorization" not in self._headers:
+            # The Hub answers a caller without a token 401 for a private bucket and a missing one
+            # alike (RepoNotFound), and for any write: the first fix is a token, as `hf` says.
+            return AuthError(
+                f"no token found: {endpoint} answered HTTP 401 for bucket {self.bucket_id!r} while trying "
+                f"to {what} (a private or missing bucket looks the same without a token); set HF_TOKEN or "
+                f"run `hf auth login` (to create the bucket: hf buckets create {self.bucket_id} --private)"
+            )
         if isinstance(exc, BucketNotFoundError) or (status == 404 and "bucket" in what):
             return NotFoundError(
-                f"bucket {self.bucket_id!r} does not exist on {endpoint} (or the token cannot see it) "
-                f"while trying to {what}; create it, or set create_bucket_if_missing: true"
+                f"bucket {self.bucket_id!r} not found on {endpoint} (or the token from {self._token_source} "
+                f"cannot see it) while trying to {what}; create it with: hf buckets create "
+                f"{self.bucket_id} --private (a store's config may set create_bucket_if_missing: true)"
             )
         if status in (401, 403) or type(exc).__name__ == "XetAuthenticationError":
+            need = "write access" if status == 403 or "write" in what or "remove" in what else "access"
             return AuthError(
                 f"the Hub refused access to bucket {self.bucket_id!r} on {endpoint} "
-                f"(HTTP {status or 'auth'}) while trying to {what}; "
-                f"check the token from {self._token_source}: "
-                "it must exist and have write access for stores"
+                f"(HTTP {status or 'auth'}) while trying to {what}; the token from {self._token_source} "
+                f"needs {need} to the bucket: use a token with {need} (hf auth login, or set HF_TOKEN)"
             )
         if status in _RETRY_STATUS or isinstance(exc, (*_RETRY_EXCEPTIONS, TimeoutError, ConnectionError)):
             return TransientStoreError(
@@ -340,7 +349,8 @@ class HubBucketClient:
             params = None
 
     # ---- writes --------------------------------------------------------------------------
-    def commit_batch(self, ops: Sequence[dict[str, Any]], deadline: float | None = None) -> dict[str, str]:
+    def commit_batch(self, ops: Sequence[dict[str, Any]], deadline: float | None = None,
+                     what: str = "commit a batch of writes") -> dict[str, str]:
         """POST one NDJSON batch (<= 1,000 operations); return ``{path: error}`` of failed ones.
 
         Retried on 429/5xx/timeouts: addFile with a given hash and deleteFile are idempotent.
@@ -362,7 +372,7 @@ class HubBucketClient:
             hf_raise_for_status(r)
             return {}
 
-        return self.retrying(call, "commit a batch of writes", deadline)
+        return self.retrying(call, what, deadline)
 
     def _xet_write_token(self, deadline: float | None = None) -> tuple[str, int, str]:
         with self._xet_lock:
