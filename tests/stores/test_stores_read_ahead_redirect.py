@@ -148,3 +148,48 @@ def test_stores_that_lend_their_memory_are_not_redirected() -> None:
         assert [b.tobytes() for b in bufs] == data and pf.redirected == 0
     finally:
         pf.close()
+
+
+def test_a_load_arriving_while_its_read_ahead_is_decrypted_gets_plaintext(monkeypatch: pytest.MonkeyPatch
+                                                                           ) -> None:
+    """Issue 29 item 1: the read has landed and is being decrypted in place when the load comes.
+    A redirect then would copy ciphertext into the load's buffer (and decryption go on in the
+    read-ahead's own buffer): the load must get the plaintext, or a miss, never ciphertext."""
+    from kvbucket.encryption import Keyring
+    from kvbucket.stores import envelope_open
+
+    raw = HeldStore()
+    raw.first_half_early = True
+    raw.release.set()  # the store writes everything at once: the read is over before the load
+    sealed = seal_store(raw, tier="l2", encryption=Keyring({"*": {1: os.urandom(32)}}))
+    names = ["a", "b"]
+    data = [os.urandom(SIZE) for _ in names]
+    assert all(r.ok for r in sealed.put_many(list(zip(names, data, strict=True))))
+    pf = PrefetchStore(sealed, ReadAheadSettings(True, 64 * SIZE, 10.0), label="decrypting")
+    decrypting, redirect_tried = threading.Event(), threading.Event()
+    real_decrypt, real_redirect = envelope_open.decrypt_in_place, pf._redirect
+
+    def decrypt(*args: object, **kw: object) -> None:  # the read-ahead's decryption: held until the load came
+        decrypting.set()
+        redirect_tried.wait(10)
+        real_decrypt(*args, **kw)  # type: ignore[arg-type]
+
+    def redirect(*args: object) -> None:
+        try:
+            real_redirect(*args)  # type: ignore[arg-type]
+        finally:
+            redirect_tried.set()
+
+    monkeypatch.setattr(envelope_open, "decrypt_in_place", decrypt)
+    monkeypatch.setattr(pf, "_redirect", redirect)
+    try:
+        assert pf.redirects and pf.prefetch(names, [SIZE] * 2) == 2 * SIZE
+        assert decrypting.wait(10)
+        bufs = [np.zeros(SIZE, np.uint8) for _ in names]
+        got = pf.get_many(names, bufs)
+        for r, b, d in zip(got, bufs, data, strict=True):
+            assert not r.found or b.tobytes() == d, "a found=True result carries other bytes (ciphertext)"
+        assert [r.found for r in got] == [True, True]  # served (copied from the decrypted read-ahead)
+        assert raw.calls["get"] == 1  # the read-ahead's read only
+    finally:
+        pf.close()

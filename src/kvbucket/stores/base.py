@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError
+from kvbucket.stores.deadline import Abandoned
 
 # Anything exposing the buffer protocol: bytes, bytearray, memoryview, numpy arrays,
 # contiguous CPU torch tensors viewed through ``memoryview(t.numpy())``.
@@ -131,10 +132,17 @@ class Scatter:
     accepts a ``Scatter`` wherever ``get_many`` accepts a buffer. Stores write into it exactly as
     into a flat view (``dst[a:b] = data``; :meth:`views_from` for ``readv``); ``data`` of the
     result is the ``Scatter`` itself.
+
+    A redirectable Scatter (:meth:`allow_redirect`, a read-ahead's) keeps the served-bytes
+    invariant (docs/integrity.md, "Every byte served is the byte verified") with two steps taken
+    by the layer that reads through it: :meth:`close` when the store's read is over (no write and
+    no redirect after it: the bytes are where :attr:`parts` say, and every in-place stage,
+    checksum or decryption, works there) and :meth:`settle` when those stages are done. A
+    redirect is accepted only before ``close``, so no stage ever runs on bytes that then move.
     """
 
-    __slots__ = ("_lock", "_spans", "_written", "hash_from", "hashed", "hasher", "nbytes", "on_wrap", "parts",
-                 "rewritten")
+    __slots__ = ("_closed", "_lock", "_settled", "_spans", "_written", "hash_from", "hashed", "hasher",
+                 "nbytes", "on_wrap", "parts", "rewritten")
     readonly = False
 
     def __init__(self, *parts: Buffer, hasher: Any = None, hash_from: int = 0) -> None:
@@ -164,6 +172,8 @@ class Scatter:
         self.on_wrap: Callable[[Scatter], Any] | None = None
         self._lock: threading.Lock | None = None  # set by allow_redirect(): writes then lock
         self._written: list[tuple[int, int]] = []
+        self._closed = False  # close(): the read is over (redirectable Scatters refuse writes then)
+        self._settled: threading.Event | None = None  # set by settle() (made by allow_redirect)
 
     def __len__(self) -> int:
         return self.nbytes
@@ -192,18 +202,51 @@ class Scatter:
 
     def allow_redirect(self) -> None:
         """Let :meth:`redirect` move a part while writes land (call before any write). Only
-        for writers that write through ``dst[a:b] = data`` (never :meth:`views_from`)."""
-        self._lock = threading.Lock()
+        for writers that write through ``dst[a:b] = data`` (never :meth:`views_from`, nor into
+        the parts' memory any other way: such a writer's store sets no ``redirectable_reads``)."""
+        if self._lock is None:
+            self._lock = threading.Lock()
+            self._settled = threading.Event()
 
-    def redirect(self, index: int, view: memoryview) -> int:
+    @property
+    def redirectable(self) -> bool:
+        return self._lock is not None
+
+    def close(self) -> tuple[memoryview, ...]:
+        """The read through this Scatter is over: refuse every later write (an abandoned transfer's)
+        and redirect; returns the parts, where the bytes now stay. Call before any stage that
+        reads or transforms the bytes in place (checksum, decryption). Idempotent."""
+        lock = self._lock
+        if lock is None:
+            self._closed = True
+            return self.parts
+        with lock:
+            self._closed = True
+            return self.parts
+
+    def settle(self) -> None:
+        """Every stage on these bytes is done (they are final, or refused): a reader whose buffer
+        they are in may take it back (:meth:`wait_settled`). Implies :meth:`close`. Idempotent."""
+        self.close()
+        if self._settled is not None:
+            self._settled.set()
+
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        """Wait for :meth:`settle` (True at once for a Scatter that does not allow redirects)."""
+        return True if self._settled is None else self._settled.wait(timeout)
+
+    def redirect(self, index: int, view: memoryview) -> int | None:
         """From now on, write part ``index``'s bytes into ``view`` (same size) instead; the
         bytes already written there are copied over first. Why: a read-ahead still on its way
         when its load arrives lands in the load's buffer, with no copy afterwards. Returns the
-        bytes copied."""
+        bytes copied, or None when the Scatter is closed (the read is over: the bytes stay where
+        they are, and any stage that works on them in place works there)."""
         lock = self._lock
         if lock is None:
             raise RuntimeError("this Scatter does not allow redirects (allow_redirect before writing)")
         with lock:
+            if self._closed:
+                return None
             old = self.parts[index]
             if view.nbytes != old.nbytes:
                 raise ValueError(f"a redirect needs {old.nbytes} bytes, got {view.nbytes}")
@@ -227,6 +270,8 @@ class Scatter:
             self._set(key, data)
             return
         with lock:
+            if self._closed:  # an abandoned transfer: its bytes must not land where the read's did
+                raise Abandoned("this read is over: a late write into its destination was refused")
             self._set(key, data)
             self._written.append(key.indices(self.nbytes)[:2])
 

@@ -81,8 +81,8 @@ PARALLEL_COPY_BYTES = 4 << 20
 
 
 class _Entry:
-    __slots__ = ("born", "buf", "done", "dst", "landing", "name", "redirected", "result", "size", "state",
-                 "target")
+    __slots__ = ("born", "buf", "done", "home", "landing", "lock", "name", "redirected", "result", "size",
+                 "state", "writer")
 
     def __init__(self, name: str, size: int, done: threading.Event, born: float, buf: np.ndarray) -> None:
         self.name = name
@@ -92,9 +92,13 @@ class _Entry:
         self.result: ItemResult | None = None
         self.state = HELD
         self.born = born
-        self.landing: Scatter | None = None  # what the read-ahead reads into (over buf), when redirectable
-        self.dst: tuple[Scatter, int] | None = None  # the Scatter the bytes go through, and buf's part
-        self.target: memoryview | None = None  # a load's buffer, given before dst was known
+        # When the store is redirectable: what the read-ahead reads into (a Scatter over buf), buf's
+        # view in it, and the Scatter the bytes are written through with buf's part in it (the
+        # landing, or the sealing layer's Scatter around it). ``lock`` orders redirects and wraps.
+        self.landing: Scatter | None = None
+        self.home: memoryview | None = None
+        self.writer: tuple[Scatter, int] | None = None
+        self.lock = threading.Lock()
         self.redirected: memoryview | None = None  # the load's buffer the bytes now land in
 
 
@@ -194,6 +198,8 @@ class PrefetchStore(ObjectStore):
             for e in picked:
                 e.landing = Scatter(e.buf)
                 e.landing.allow_redirect()
+                e.home = e.landing.parts[0]
+                e.writer = (e.landing, 0)
                 e.landing.on_wrap = lambda dst, e=e: self._wrapped(e, dst)
         try:
             self._pool.submit(self._fetch, picked)
@@ -223,23 +229,25 @@ class PrefetchStore(ObjectStore):
         return np.empty(size, dtype=np.uint8)
 
     def _wrapped(self, e: _Entry, dst: Scatter) -> None:
-        """The sealing layer reads ``e`` through ``dst``: remember it (and redirect it at once
-        to a load's buffer given before, so nothing is copied)."""
-        assert e.landing is not None
-        index = next((i for i, p in enumerate(dst.parts) if p is e.landing.parts[0]), None)
-        if index is None:
-            return
-        dst.allow_redirect()
-        with self._lock:
-            e.dst = (dst, index)
-            target = e.target
-        if target is not None:
-            dst.redirect(index, target)
+        """The sealing layer reads ``e`` through ``dst``: from now on the bytes are written (and
+        redirected) there; the landing itself is closed (nothing writes it directly any more). A
+        load's buffer given before is carried over, so nothing is copied."""
+        with e.lock:
+            index = next((i for i, p in enumerate(dst.parts) if p is e.home or p is e.redirected), None)
+            if index is None or e.landing is None:
+                return  # not our part: the landing stays the writer
+            dst.allow_redirect()
+            e.landing.close()
+            e.writer = (dst, index)
+            if e.redirected is not None and dst.parts[index] is not e.redirected:
+                dst.redirect(index, e.redirected)  # open (the read has not started): accepted
 
     def _redirect(self, e: _Entry, buf: Buffer | None) -> None:
         """Point a read-ahead still on its way at the load's ``buf`` (when it is one flat buffer
-        of the entry's size): what landed is copied once, the rest lands there."""
-        if e.landing is None or buf is None or e.done.is_set():
+        of the entry's size): what landed is copied once, the rest lands there. Refused once the
+        read is over (its Scatter closed): the bytes then stay in the read-ahead's buffer, where
+        every stage (checksum, decryption) runs, and the load copies them once they are served."""
+        if e.writer is None or buf is None or e.done.is_set():
             return
         if isinstance(buf, Scatter):
             if len(buf.parts) != 1 or buf.nbytes != e.size or buf.hasher is not None:
@@ -250,25 +258,27 @@ class PrefetchStore(ObjectStore):
                 view = check_buffer_size(e.name, e.size, buf)
             except (StoreError, TypeError, ValueError):
                 return  # _serve reports it
-        with self._lock:
-            dst, e.target = e.dst, view
-        copied = e.landing.redirect(0, view)  # a store that wrote straight into the landing (no wrap)
-        if dst is not None:
-            copied += dst[0].redirect(dst[1], view)
-        e.redirected = view
+        with e.lock:
+            writer, index = e.writer
+            copied = writer.redirect(index, view)
+            if copied is None:  # closed: the read is over
+                return
+            e.redirected = view
         self.redirected += 1
         self.redirect_copied += copied
 
-    def _take_back(self, e: _Entry) -> None:
-        """Point a read the load stops waiting for back at the read-ahead's own buffer."""
-        assert e.landing is not None and e.buf is not None
-        view = memoryview(e.buf)
-        with self._lock:
-            dst, e.target = e.dst, None
-        if dst is not None:
-            dst[0].redirect(dst[1], view)
-        e.landing.redirect(0, view)
-        e.redirected = None
+    def _take_back(self, e: _Entry) -> bool:
+        """Point a read the load stops waiting for back at the read-ahead's own buffer; False when
+        the read is over (its Scatter closed): its stages may still be running in the load's
+        buffer, which the load must not reuse before :meth:`Scatter.wait_settled`."""
+        with e.lock:
+            if e.redirected is None or e.writer is None or e.home is None:
+                return True
+            writer, index = e.writer
+            if writer.redirect(index, e.home) is None:
+                return False
+            e.redirected = None
+            return True
 
     def _fetch(self, entries: list[_Entry]) -> None:
         try:
@@ -277,6 +287,12 @@ class PrefetchStore(ObjectStore):
         except Exception as e:  # the whole call failed: the loads ask the store themselves
             err = e if isinstance(e, StoreError) else StoreError(f"read-ahead failed: {e}")
             results = [ItemResult(x.name, error=err) for x in entries]
+        finally:
+            for e in entries:  # every stage is done (a sealing layer settled its own Scatters)
+                if e.writer is not None:
+                    e.writer[0].settle()
+                if e.landing is not None:
+                    e.landing.settle()
         self._finish(entries, results)
 
     def _finish(self, entries: list[_Entry], results: list[ItemResult] | None) -> None:
@@ -365,8 +381,9 @@ class PrefetchStore(ObjectStore):
             return self.inner.get_many(names, out)
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
+        began = time.monotonic()
         with self._lock:
-            self._expire(time.monotonic())
+            self._expire(began)
         taken = [self._take(n) for n in names]
         rest = [i for i, e in enumerate(taken) if e is None]
         results: list[ItemResult | None] = [None] * len(names)
@@ -379,7 +396,7 @@ class PrefetchStore(ObjectStore):
         for i, e in enumerate(taken):
             if e is None:
                 continue
-            r = self._serve(e, None if out is None else out[i], copies)
+            r = self._serve(e, None if out is None else out[i], copies, began)
             if r is None:
                 again.append(i)
             else:
@@ -396,15 +413,24 @@ class PrefetchStore(ObjectStore):
             for i, r in zip(idx, self.inner.get_many([names[i] for i in idx], bufs), strict=True):
                 results[i] = r
 
-    def _serve(self, e: _Entry, buf: Buffer | None, copies: list[tuple[_Entry, Any, np.ndarray]]
-               ) -> ItemResult | None:
+    def _serve(self, e: _Entry, buf: Buffer | None, copies: list[tuple[_Entry, Any, np.ndarray]],
+               began: float) -> ItemResult | None:
         """The load's result from a read-ahead, or None when the store must be asked. A copy into
-        ``buf`` is appended to ``copies`` (done by :meth:`_copy`, which releases the entry)."""
-        e.done.wait(self.wait_secs)
-        if not e.done.is_set() and e.redirected is not None:
-            self._take_back(e)  # later bytes must not land in a buffer the load gives up on
+        ``buf`` is appended to ``copies`` (done by :meth:`_copy`, which releases the entry).
+
+        The gate of served bytes (docs/integrity.md, "Every byte served is the byte verified"): a
+        read-ahead's result is found only once its batch returned from the verifying store, i.e.
+        after every stage (checksum, decryption) ran on the bytes where they stay; a redirect is
+        refused once the read is over (:meth:`Scatter.close`), so those are the load's buffer when
+        it was redirected in time, else the read-ahead's buffer, copied from here."""
+        e.done.wait(max(0.0, began + self.wait_secs - time.monotonic()))
+        if not e.done.is_set() and not self._take_back(e):
+            # The read is over and its checks may still run in the load's buffer (CPU work, no
+            # network): the buffer is the load's again only once they are done.
+            assert e.writer is not None
+            e.writer[0].wait_settled()
         with self._lock:
-            if not e.done.is_set():  # still on its way after wait_secs: its fetch releases it
+            if not e.done.is_set():  # still on its way: its fetch releases it
                 e.state = DROPPED
                 return None
             r, data = e.result, e.buf

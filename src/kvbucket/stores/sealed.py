@@ -155,34 +155,52 @@ class SealedStore(EnvelopeOpener, ObjectStore):
         inner_out: list[Buffer | None] | None = None
         if out is not None and any(b is not None for b in out):
             inner_out = [None if b is None else self._scatter(names[i], b) for i, b in enumerate(out)]
-        results = self.inner.get_many(names, inner_out)
+        try:
+            results = self.inner.get_many(names, inner_out)
+        finally:
+            # The gate (docs/integrity.md, "Every byte served is the byte verified"): the read is
+            # over, so a redirect (a load taking a read-ahead on its way) is refused from here on
+            # and every stage below checks or decrypts the bytes where they now stay, in the
+            # buffer whose result it becomes. Each is settled once its stages are done.
+            for dst in inner_out or ():
+                if dst is not None:
+                    dst.close()
         final: list[ItemResult] = []
         bad: list[tuple[str, env.EnvelopeError]] = []
         sized: list[int] = []
-        for i, (name, r) in enumerate(zip(names, results, strict=True)):
-            dst = inner_out[i] if inner_out is not None else None
-            if r.error is not None:
-                if dst is not None and isinstance(r.error, SizeMismatchError):
-                    sized.append(i)
-                final.append(r)
-                continue
-            if r.size is None:
-                final.append(r)
-                continue
-            try:
-                if dst is None:
-                    final.append(self._open_whole(name, r.data))
-                else:
-                    assert out is not None
-                    self._open_scattered(name, dst)
-                    final.append(ItemResult(name, size=dst.nbytes - self.overhead, data=out[i]))
-            except env.EnvelopeError as e:
-                if e.reason == "unsealed" and self.unsealed == "accept" and dst is None:
-                    final.append(r)
-                    continue
-                bad.append((name, e))
-                final.append(ItemResult(name))
+        try:
+            for i, (name, r) in enumerate(zip(names, results, strict=True)):
+                dst = inner_out[i] if inner_out is not None else None
+                final.append(self._open_one(i, name, r, dst, out, sized, bad))
+                if dst is not None:
+                    dst.settle()
+        finally:
+            for dst in inner_out or ():
+                if dst is not None:
+                    dst.settle()
         return self._conclude(names, out, sized, final, bad)  # type: ignore[arg-type]
+
+    def _open_one(self, i: int, name: str, r: ItemResult, dst: Scatter | None,
+                  out: Sequence[Buffer | None] | None, sized: list[int],
+                  bad: list[tuple[str, env.EnvelopeError]]) -> ItemResult:
+        """The verified result of item ``i`` of a load (read into ``dst`` when not None)."""
+        if r.error is not None:
+            if dst is not None and isinstance(r.error, SizeMismatchError):
+                sized.append(i)
+            return r
+        if r.size is None:
+            return r
+        try:
+            if dst is None:
+                return self._open_whole(name, r.data)
+            assert out is not None
+            self._open_scattered(name, dst)
+            return ItemResult(name, size=dst.nbytes - self.overhead, data=out[i])
+        except env.EnvelopeError as e:
+            if e.reason == "unsealed" and self.unsealed == "accept" and dst is None:
+                return r
+            bad.append((name, e))
+            return ItemResult(name)
 
     def _conclude(self, names: list[str], out: Sequence[Buffer | None], sized: list[int],
                   final: list[ItemResult], bad: list[tuple[str, env.EnvelopeError]]) -> list[ItemResult]:
