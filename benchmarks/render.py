@@ -164,7 +164,9 @@ def section(name: str, r: dict[str, Any]) -> list[str]:
                              *([c.get("goal") or ""] if goals else [])]))
         out.append("")
     figs = r.get("figures", {})
-    if figs:
+    if figs and r.get("bench") == "bench_ceiling":
+        out += ceiling_table(figs)
+    elif figs:
         goals = any(f.get("goal") for f in figs.values())
         out += [_row(["figure", "value", *(["goal"] if goals else [])]), _row(["---"] * (2 + goals))]
         out += [_row([f.get("label"), f"{fmt(f.get('value'))} {f.get('unit', '')}".strip(),
@@ -183,6 +185,28 @@ def section(name: str, r: dict[str, Any]) -> list[str]:
                 _row(cols), _row(["---"] * len(cols))]
         out += [_row([fmt(row.get(k)) for k in cols]) for row in runs]
         out += ["", "</details>", ""]
+    return out
+
+
+def ceiling_table(figs: dict[str, Any]) -> list[str]:
+    """bench_ceiling's figures as one row per path, operation, payload and phase, the sizes side
+    by side (``2 / 8 / 32``): client CPU, GIL-held and the projected ceiling (1 / GIL-held)."""
+    rows: dict[tuple[str, ...], dict[int, dict[str, Any]]] = {}
+    for f in figs.values():
+        key = (f.get("backend"), f.get("side"), f.get("op"), f.get("payload"), f.get("phase"))
+        rows.setdefault(key, {})[f.get("size_mib")] = f
+    sizes = sorted({s for cells in rows.values() for s in cells})
+    label = " / ".join(f"{s}" for s in sizes)
+    out = [_row(["path", "op", "payload", "phase", f"GiB/s ({label} MiB)", f"client CPU s/GiB ({label} MiB)",
+                 f"GIL-held s/GiB ({label} MiB)", f"projected ceiling GiB/s ({label} MiB)"]),
+           _row(["---"] * 8)]
+    for (backend, side, op, payload, phase), cells in rows.items():
+        def col(k: str, cells: dict[int, dict[str, Any]] = cells) -> str:
+            return " / ".join(fmt(cells[s].get(k)) if s in cells else "-" for s in sizes)
+        ok = all(c.get("verified", True) for c in cells.values())
+        out.append(_row([f"{side} ({backend})", op, payload, phase if ok else f"{phase} (WRONG BYTES)",
+                         col("gibs"), col("cpu_s_per_gib"), col("gil_s_per_gib"), col("ceiling_gibs")]))
+    out.append("")
     return out
 
 

@@ -1,0 +1,40 @@
+"""bench_ceiling runs end to end (tiny: ``--quick``) and writes the figures docs/benchmarks.md shows.
+
+Only fields and verification are checked here, never timings: the figures themselves are the
+benchmark's (docs/benchmarks.md, rendered from benchmarks/results/bench_ceiling*.json).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import render  # noqa: E402
+
+
+def test_a_quick_run_writes_cpu_gil_and_ceiling_per_path_payload_phase_and_op(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_ceiling.py"), "--quick",
+                          "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    data = json.loads((tmp_path / "bench_ceiling.json").read_text())
+    runs = data["runs"]
+    assert runs and all(r["verified"] for r in runs), [r for r in runs if not r["verified"]]
+    cells = {(r["side"], r["op"], r["payload"], r["phase"]) for r in runs}
+    for side in ("kvbucket-s3", "obstore", "boto3", "kvbucket-hub", "hf_xet-stream", "download_bucket_files"):
+        for payload in ("kv", "random"):
+            assert {(side, "load", payload, "cold"), (side, "load", payload, "warm")} <= cells
+    for side in ("kvbucket-s3", "kvbucket-hub"):  # kvbucket's stores are measured too
+        assert (side, "store", "kv", "cold") in cells and (side, "store", "random", "warm") in cells
+    for r in runs:
+        assert r["size_mib"] == 2 and r["cpu_s_per_gib"] > 0 and r["gibs"] > 0
+        assert "gil_s_per_gib" in r and "ceiling_gibs" in r
+        if r["gil_s_per_gib"]:
+            assert abs(r["ceiling_gibs"] * r["gil_s_per_gib"] - 1) < 1e-3
+    fig = data["figures"]["s3 kvbucket-s3 load kv 2 MiB warm"]
+    assert {"cpu_s_per_gib", "gil_s_per_gib", "ceiling_gibs", "rounds", "verified"} <= set(fig)
+    page = "\n".join(render.section("bench_ceiling", data))
+    assert "| kvbucket-s3 (s3) | load | kv | warm |" in page and "GIL-held s/GiB (2 MiB)" in page
