@@ -117,6 +117,13 @@ def make_middleware(emu: Emulator) -> Any:
                     resp.force_close()
             except web.HTTPException:
                 raise
+            except ConnectionError as e:  # the client went away mid-answer (a reset, a closed socket)
+                log.debug("%s %s: the client disconnected before the answer was sent (%s)",
+                          request.method, name, type(e).__name__)
+                if request.transport is not None:
+                    request.transport.close()  # nothing more is sent on it (an answer had begun)
+                resp = error_response(499, "the client closed the connection")  # nginx's code for it
+                resp.force_close()  # aiohttp finds the connection gone and drops it quietly
             except Exception as e:
                 if is_disk_full(e):
                     log.error("disk full on %s %s: %s", request.method, name, e)

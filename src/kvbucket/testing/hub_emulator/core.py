@@ -7,6 +7,7 @@ without importing the module that imports them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections import defaultdict
@@ -21,6 +22,11 @@ from .faults import FaultPlan
 from .request_log import RequestLog
 from .state import State
 from .wire import BODY_TIMEOUT_S
+
+log = logging.getLogger("kvbucket.emulator")
+#: A xorb temp file not written for this long has no writer left (``State.sweep_temps``): well
+#: past a body's idle timeout plus its verification and fsync.
+STALE_TEMP_S = 120.0
 
 
 @dataclass
@@ -59,10 +65,31 @@ class Emulator:
         # pool stalled every other xorb's verification behind them.
         self.disk_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="emu-disk")
         self.started = time.monotonic()
+        self.stale_temp_s = max(STALE_TEMP_S, 4 * body_timeout_s)
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweeping: asyncio.Future[None] | None = None
 
     def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
         self.pool.shutdown(wait=True)
         self.disk_pool.shutdown(wait=True)
+
+    async def sweep_temps(self, paths: list[Any] | None = None) -> None:
+        """Remove the xorb temp files a killed server left (at start: all of them old enough),
+        then look again at the younger ones once they are old enough: a kill just before this
+        start, or another live server on this data dir whose files are renamed by then."""
+        removed, freed, young = await self.disk(self.state.sweep_temps, self.stale_temp_s, paths)
+        if removed:
+            log.info("removed %d xorb temp files (%d bytes) left by an upload that never finished "
+                     "(a server killed mid-upload)", removed, freed)
+        if young:
+            loop = asyncio.get_running_loop()
+
+            def again() -> None:
+                self._sweeping = asyncio.ensure_future(self.sweep_temps(young))
+
+            self._sweep = loop.call_later(self.stale_temp_s, again)
 
     async def cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)

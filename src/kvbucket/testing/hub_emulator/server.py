@@ -128,6 +128,7 @@ class ThreadServer:
         self._emu = Emulator(
             self._state, auth, FaultPlan(cfg.fault_seed), cfg.admin_key, cfg.zero_copy, cfg.body_timeout_s
         )
+        await self._emu.sweep_temps()  # what a server killed mid-upload left (preallocated xorbs)
         # lingering_time: after a reply to a body it did not read (a 413 or 408), aiohttp reads
         # and drops the rest so the client sees the reply rather than a reset; 1 s, not the
         # default 10 s, so an oversized or stalled body is not consumed for long

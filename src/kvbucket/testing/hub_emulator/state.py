@@ -15,10 +15,12 @@ import functools
 import json
 import os
 import sqlite3
+import stat
 import struct
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,6 +380,32 @@ class State:
         return FileRecord(file_hash, [Segment(*s) for s in json.loads(row[0])])
 
     # -- xorbs -----------------------------------------------------------------------------
+    def sweep_temps(self, older_than_s: float, paths: Iterable[Path] | None = None
+                    ) -> tuple[int, int, list[Path]]:
+        """Remove xorb temp files (``.tmp-*`` under ``xorbs``, or ``paths``) not written for
+        ``older_than_s``: left by a server killed mid-upload (SIGKILL runs no cleanup), each
+        preallocated to its xorb's full size. A live upload writes its file as bytes come and
+        renames or removes it within its body timeout and a verification, so an old file has no
+        writer; a younger one is returned, to be looked at again once it is old enough.
+        Returns (files removed, bytes freed, younger temp files)."""
+        now = time.time()
+        removed = freed = 0
+        young: list[Path] = []
+        for path in self.xorb_dir.rglob(".tmp-*") if paths is None else paths:
+            try:
+                st = path.lstat()
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if now - st.st_mtime < older_than_s:
+                    young.append(path)
+                    continue
+                path.unlink()
+            except OSError:  # renamed or removed by its writer meanwhile, or not ours to remove
+                continue
+            removed += 1
+            freed += st.st_blocks * 512
+        return removed, freed, young
+
     def xorb_path(self, xorb_hex: str) -> Path:
         return self.xorb_dir / xorb_hex[:2] / xorb_hex
 
