@@ -228,3 +228,20 @@ def test_reading_a_truncated_xorb_fails_within_the_load_deadline(hub_bucket: Any
         assert took < store.config.load_timeout_secs + 3.0  # was 250 s
     finally:
         store.close()
+
+
+
+def test_close_ends_the_breakers_watch_thread_with_a_call_stuck() -> None:
+    """A store closed while a lookup hangs leaves no watch thread behind (it stayed for up to the
+    lookup's budget plus the grace: issue 29 item 11). The thread is compared as an object."""
+    with SilentServer() as server:
+        store = silent_store(server, lookup_timeout_secs=60.0, request_timeout_secs=60.0)
+        hung = threading.Thread(target=store.head_many, args=(["a"],), daemon=True)
+        hung.start()
+        while store.breaker._watcher is None:
+            time.sleep(0.01)
+        watcher = store.breaker._watcher
+        assert watcher in threading.enumerate()
+        store.close()
+        assert not watcher.is_alive() and watcher not in threading.enumerate()
+        assert hung.is_alive()  # the lookup itself still waits on the hung server

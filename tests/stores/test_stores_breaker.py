@@ -162,3 +162,36 @@ def test_a_call_stuck_past_its_budget_opens_the_breaker_at_its_deadline_and_coun
     s2 = StuckStore(failures=2, cooldown_secs=600, budgets={"head": 5.0})
     s2.release.set()
     assert s2.head_many(["k"])[0].ok and s2.breaker.state is CLOSED  # a call in budget: no effect
+
+
+
+def _watcher(breaker: CircuitBreaker) -> threading.Thread:
+    """The breaker's watch thread, once started (as a thread object: idents are reused)."""
+    while breaker._watcher is None:
+        time.sleep(0.01)
+    t = breaker._watcher
+    assert t in threading.enumerate() and t.name == "kvbucket-breaker-watch"
+    return t
+
+
+def test_close_ends_the_watchdog_at_once_with_a_call_stuck_or_none() -> None:
+    """The watch thread outlived close() by up to the longest budget in flight plus the grace
+    (issue 29 item 11), or by its idle time."""
+    s = StuckStore(failures=1, cooldown_secs=600, budgets={"head": 600.0}, grace_secs=0.1)
+    stuck = threading.Thread(target=s.head_many, args=(["k"],), daemon=True)
+    stuck.start()
+    watcher = _watcher(s.breaker)  # the call began: its watchdog waits for a 600 s budget
+    s.breaker.close()
+    assert not watcher.is_alive() and watcher not in threading.enumerate()  # gone when close() returns
+    assert stuck.is_alive() and s.breaker.state is CLOSED  # the stuck call was not counted
+    s.release.set()
+    stuck.join(30)
+    assert s.head_many(["k"])[0].ok
+    assert s.breaker._watcher is None and s.breaker.state is CLOSED  # a call after close: none started
+
+    idle = StuckStore(failures=1, budgets={"head": 600.0})
+    idle.release.set()
+    assert idle.head_many(["k"])[0].ok
+    watcher = _watcher(idle.breaker)  # idle now: it would linger for its idle time
+    idle.breaker.close()
+    assert not watcher.is_alive()

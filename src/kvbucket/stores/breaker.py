@@ -16,9 +16,10 @@ A call still running past its budget (``budgets``: seconds per operation, the st
 deadlines, plus ``grace_secs``) counts as failed *then*, while its thread is still stuck (a
 caller that gave up on it is not kept waiting, and the next lookups already see the breaker
 open); when it finally ends it is not counted again. A watchdog thread per breaker, started with
-the first call in flight and ended when idle, does this. A caller with a shorter timeout of its
-own (``RemoteBackend``'s ``blocking_timeout_secs``) reports the call it gave up on at once
-(:meth:`CircuitBreaker.abandoned`).
+the first call in flight and ended when idle or when the store closes (:meth:`CircuitBreaker.close`
+ends it at once and waits for it: a closed store leaves no thread of its own behind), does this.
+A caller with a shorter timeout of its own (``RemoteBackend``'s ``blocking_timeout_secs``)
+reports the call it gave up on at once (:meth:`CircuitBreaker.abandoned`).
 
 :class:`RemoteStore` is the one place this is applied: subclasses (``HFBucketStore``,
 ``S3Store``) get their ``put_many``/``get_many``/``head_many``/``delete_many`` wrapped. With the
@@ -84,7 +85,8 @@ class CircuitBreaker:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._calls: set[_Call] = set()
-        self._watching = False
+        self._watcher: threading.Thread | None = None
+        self._closed = False
         self._publish()
 
     def __repr__(self) -> str:
@@ -142,12 +144,15 @@ class CircuitBreaker:
             return None
         call = _Call(time.monotonic() + budget + self.grace_secs)
         with self._lock:
+            if self._closed:  # the store refuses the call itself; nothing to watch
+                return None
             self._calls.add(call)
-            if self._watching:
+            if self._watcher is not None:
                 self._wake.notify()  # it may be waiting for a later deadline than this one
             else:
-                self._watching = True
-                threading.Thread(target=self._watch, name="kvbucket-breaker-watch", daemon=True).start()
+                self._watcher = threading.Thread(target=self._watch, name="kvbucket-breaker-watch",
+                                                 daemon=True)
+                self._watcher.start()
         return call
 
     def end(self, call: _Call | None, failed: bool) -> None:
@@ -169,10 +174,24 @@ class CircuitBreaker:
                 min(live, key=lambda c: c.due).counted = True
         self.record(True)
 
+    def close(self) -> None:
+        """End the watchdog now (the store closes): it would otherwise outlive the store by up to
+        the longest budget in flight plus the grace, or by its idle time. Calls still running are
+        not counted any more; a call begun after this is not watched."""
+        with self._lock:
+            self._closed = True
+            watcher, self._watcher = self._watcher, None
+            self._wake.notify_all()
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join()  # it only waits on the condition: it ends as soon as it runs
+
     def _watch(self) -> None:
         """Count each call still running past its budget as a failed call, once, at that moment."""
+        me = threading.current_thread()
         while True:
             with self._lock:
+                if self._closed:
+                    return
                 now = time.monotonic()
                 live = [c for c in self._calls if not c.counted]
                 overdue = [c for c in live if c.due <= now]
@@ -180,7 +199,8 @@ class CircuitBreaker:
                     c.counted = True
                 if not overdue:
                     if not live and not self._wake.wait(_WATCH_IDLE_SECS) and not self._calls:
-                        self._watching = False
+                        if self._watcher is me:
+                            self._watcher = None
                         return
                     if live:
                         self._wake.wait(min(c.due for c in live) - now)

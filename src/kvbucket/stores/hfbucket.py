@@ -548,6 +548,7 @@ class HFBucketStore(RemoteStore):
         if self._closed:
             return
         self._closed = True
+        self.breaker.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._loads.shutdown(wait=True, cancel_futures=True)
         self._client.close()

@@ -185,6 +185,7 @@ class S3Store(RemoteStore):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self.breaker.close()
             self._pool.shutdown(wait=True, cancel_futures=True)
             if self._direct is not None:
                 self._direct.close()
