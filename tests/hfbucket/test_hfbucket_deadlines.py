@@ -238,9 +238,11 @@ def test_close_ends_the_breakers_watch_thread_with_a_call_stuck() -> None:
         store = silent_store(server, lookup_timeout_secs=60.0, request_timeout_secs=60.0)
         hung = threading.Thread(target=store.head_many, args=(["a"],), daemon=True)
         hung.start()
-        while store.breaker._watcher is None:
+        until = time.monotonic() + 30
+        while server.accepted < 2 and time.monotonic() < until:  # the lookup and the read token sent
             time.sleep(0.01)
         watcher = store.breaker._watcher
+        assert watcher is not None
         assert watcher in threading.enumerate()
         store.close()
         assert not watcher.is_alive() and watcher not in threading.enumerate()
