@@ -191,3 +191,31 @@ def test_the_read_token_is_renewed_before_it_expires_and_only_then(hub_bucket: A
         routes = count_routes(hub.emulator.requests(clear=True))
         assert routes.get("xet_token") == 1, routes  # renewed once, by the loads that needed it
         assert client._read_token[1] > time.time() + 600
+
+
+def test_short_lived_xet_tokens_are_used_for_most_of_their_life(tmp_path: Any) -> None:
+    """Tokens issued for 30 s (``kvbucket emulator --xet-token-ttl 30``): with a flat 60 s safety
+    margin each was stale on arrival, and a 32-object load asked for 33 (issue 29 item 8). Now
+    a token is renewed a quarter of its lifetime before it expires: one read token for two
+    loads, and kvbucket's write token reused by a second store (hf_xet renews the tokens of its
+    upload requests itself through the refresh URL, by its own rule: those are not counted)."""
+    from kvbucket.testing.hub_emulator import HubEmulator
+
+    with HubEmulator(tmp_path / "hub", xet_token_ttl_s=30) as emu:
+        names = [f"s{i:02d}" for i in range(32)]
+        data = [os.urandom(4096) for _ in names]
+        config = build_config(bucket_handle="hf://buckets/local/short-tokens", token_env="",
+                              endpoint=emu.endpoint, create_bucket_if_missing=True, retry_backoff_secs=0.01)
+        with HFBucketStore(config) as store:
+            assert all(r.ok for r in store.put_many(list(zip(names[:16], data[:16], strict=True))))
+            first = store._client._write_token
+            assert all(r.ok for r in store.put_many(list(zip(names[16:], data[16:], strict=True))))
+            reused = first is not None and store._client._write_token is first
+            assert reused, "the write token was asked for again"  # (a message: no token in the output)
+        with HFBucketStore(config) as store:
+            emu.requests(clear=True)
+            assert [bytes(r.data) for r in store.get_many(names) if r.data is not None] == data
+            store._client._reader._cache.clear()  # the second load asks for reconstructions again
+            assert [bytes(r.data) for r in store.get_many(names) if r.data is not None] == data
+            routes = count_routes(emu.requests(clear=True))
+            assert routes.get("xet_token") == 1 and routes.get("reconstruction") == 64, routes

@@ -53,9 +53,21 @@ _RETRY_EXCEPTIONS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.Remote
 _MAX_WAIT = 8.0
 _REQUEST_THREADS = 64  # requests in flight at once per bucket client (threads start as needed)
 _REQUEST_THREAD_NAME = "kvbucket-hub-request"
+#: A Xet token counts as expiring this long before its ``exp`` (huggingface_hub's
+#: XET_CONNECTION_INFO_SAFETY_PERIOD), or a quarter of its lifetime when that is shorter than
+#: four times this (see token_margin).
 _TOKEN_SAFETY_SECS = 60
+_TOKEN_SAFETY_SHARE = 0.25
 
 T = TypeVar("T")
+
+
+def token_margin(exp: float, now: float) -> float:
+    """How long before ``exp`` a token received at ``now`` is renewed: 60 s, or a quarter of its
+    lifetime when it lives less than 4 minutes. Why not a flat 60 s: a token issued for 60 s or
+    less was stale when it arrived, so every reconstruction query of a load asked for a new one
+    (33 token requests for a 32-object load at a 30 s TTL)."""
+    return min(float(_TOKEN_SAFETY_SECS), max(0.0, exp - now) * _TOKEN_SAFETY_SHARE)
 
 @dataclass(frozen=True, slots=True)
 class RemoteFile:
@@ -130,6 +142,8 @@ class HubBucketClient:
         self._commits = UploadCommits(f"{self._base}/xet-write-token", self._headers,
                                       safety_secs=_TOKEN_SAFETY_SECS)
         self._read_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
+        # renewed this long before exp (token_margin of each token when it arrived)
+        self._write_margin = self._read_margin = float(_TOKEN_SAFETY_SECS)
         self._group_lock = threading.Lock()  # one group made at a time (see _group)
         self._read_token_lock = threading.Lock()  # one read-token request at a time
         self._warming = False
@@ -377,7 +391,7 @@ class HubBucketClient:
     def _xet_write_token(self, deadline: float | None = None) -> tuple[str, int, str]:
         with self._xet_lock:
             tok = self._write_token
-            if tok is not None and tok[1] > time.time() + _TOKEN_SAFETY_SECS:
+            if tok is not None and tok[1] > time.time() + self._write_margin:
                 return tok
 
         def call(t: httpx2.Timeout) -> tuple[str, int, str]:
@@ -388,7 +402,7 @@ class HubBucketClient:
 
         tok = self.retrying(call, "get a write token for the bucket's storage", deadline)
         with self._xet_lock:
-            self._write_token = tok
+            self._write_token, self._write_margin = tok, token_margin(tok[1], time.time())
         return tok
 
     def upload(
@@ -408,7 +422,8 @@ class HubBucketClient:
         started: list[Any] = []
 
         def xet_upload() -> list[tuple[str, int]]:
-            with self._commits.take(token, exp, cas_url) as commit:  # opened ahead (UploadCommits)
+            # opened ahead (UploadCommits)
+            with self._commits.take(token, exp, cas_url, self._write_margin) as commit:
                 started.append(commit)
                 # One object at a time: its copy (upload_bytes) overlaps the ingestion of the others.
                 handles = [commit.start_upload_bytes(upload_bytes(d), sha256=SKIP_SHA256) for _, d in items]
@@ -439,7 +454,7 @@ class HubBucketClient:
         once), renewed shortly before it expires."""
         with self._xet_lock:
             tok = self._read_token
-        if tok is not None and tok[1] > time.time() + _TOKEN_SAFETY_SECS:
+        if tok is not None and tok[1] > time.time() + self._read_margin:
             return tok
 
         def call(t: httpx2.Timeout) -> tuple[str, int, str]:
@@ -451,11 +466,11 @@ class HubBucketClient:
         with self._read_token_lock:
             with self._xet_lock:
                 tok = self._read_token
-            if tok is not None and tok[1] > time.time() + _TOKEN_SAFETY_SECS:
+            if tok is not None and tok[1] > time.time() + self._read_margin:
                 return tok  # fetched by another thread while this one waited
             tok = self.retrying(call, "get a read token for the bucket's storage", deadline)
             with self._xet_lock:
-                self._read_token = tok
+                self._read_token, self._read_margin = tok, token_margin(tok[1], time.time())
             return tok
 
     def warm_reads(self) -> None:
@@ -463,7 +478,7 @@ class HubBucketClient:
         instead of following it."""
         with self._xet_lock:
             tok = self._read_token
-            if self._warming or (tok is not None and tok[1] > time.time() + _TOKEN_SAFETY_SECS):
+            if self._warming or (tok is not None and tok[1] > time.time() + self._read_margin):
                 return
             self._warming = True
         with contextlib.suppress(RuntimeError):  # closed: nothing to warm

@@ -80,9 +80,10 @@ class UploadCommits:
             custom_headers=xet_headers_without_auth(self._headers),
         )  # fmt: skip
 
-    def take(self, token: str, exp: int, cas_url: str) -> Any:
+    def take(self, token: str, exp: int, cas_url: str, safety_secs: float | None = None) -> Any:
         """An open commit for these credentials (the one opened ahead if it fits); the next is
-        opened in the background."""
+        opened in the background while the token has more than ``safety_secs`` left (default:
+        the constructor's; the client passes each token's own margin)."""
         key = (os.getpid(), cas_url, token, exp)
         with self._lock:
             spare, self._spare = self._spare, None
@@ -94,7 +95,7 @@ class UploadCommits:
                 _abort(spare[2])  # stale: another token, or idle too long (a fork's is left alone)
         if commit is None:
             commit = self._open(token, exp, cas_url)
-        if exp - time.time() > self._safety_secs:
+        if exp - time.time() > (self._safety_secs if safety_secs is None else safety_secs):
             self._open_ahead(key)
         return commit
 
