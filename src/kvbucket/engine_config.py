@@ -151,6 +151,13 @@ class EngineConfig(BaseModel):
         return self.extra_config.get("encryption")
 
     @property
+    def model_identity(self) -> Any:
+        """``extra_config.model_identity``: the remote tiers' model identity (kvbucket.identity):
+        a token, text naming the weights, an absolute path to the model directory, or a dict of
+        model name -> one of those. Unset: chunks are shared by model name only."""
+        return self.extra_config.get("model_identity")
+
+    @property
     def unsealed(self) -> str:
         """``extra_config.unsealed``: remote objects without a kvbucket envelope, miss or accept."""
         return str(self.extra_config.get("unsealed", "miss"))

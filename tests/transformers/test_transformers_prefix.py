@@ -203,7 +203,8 @@ def test_isolation_by_salt_model_and_dtype(model) -> None:  # type: ignore[no-un
         cache.flush()
         assert cache.lookup(ids) == 4 * T
         key = cache.chunk_keys(ids)[0]
-        assert key.model_name == "tiny-llama" and key.dtype == "float32"
+        # the model's name with its identity (kvbucket.identity): other weights, other names
+        assert key.model_name == f"tiny-llama~{cache.identity.token}" and key.dtype == "float32"
     with KVBucketPrefixCache(model, backend, chunk_tokens=T, salt="tenant-b") as other_salt:
         assert other_salt.lookup(ids) == 0
     same_name_other_weights = build_model(TINY, seed=2, name="tiny-llama")

@@ -62,6 +62,7 @@ def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
                     encryption=keyring,
                     fleet=spec.fleet,
                     read_ahead=spec.read_ahead,
+                    model_identity=config.model_identity,
                 ))
             except BaseException:
                 store.close()

@@ -80,7 +80,7 @@ def _resolve(factory: Factory, what: str) -> Callable[..., ObjectStore]:
 
 
 #: extra_config keys that configure kvbucket itself (every tier), not a store: see EngineConfig.
-ENGINE_KEYS = frozenset({"encryption", "unsealed"})
+ENGINE_KEYS = frozenset({"encryption", "unsealed", "model_identity"})
 
 
 def plugin_type(instance: str) -> str:

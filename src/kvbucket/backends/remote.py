@@ -50,6 +50,13 @@ from kvbucket.errors import (
     StoreError,
     TransientStoreError,
 )
+from kvbucket.identity.core import (
+    SEP,
+    IdentitySetting,
+    qualify_key_string,
+    split_key_string,
+    warn_name_only,
+)
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
@@ -101,7 +108,12 @@ class RemoteBackend(QueuedBackend):
         encryption: Any = None,
         fleet: FleetSettings | None = None,
         read_ahead: ReadAheadSettings | None = None,
+        model_identity: str | dict[str, str] | None = None,
     ) -> None:
+        # Names carry the model's identity (kvbucket.identity): chunks of another identity are
+        # other objects, a miss; without one they are shared by model name only, as before.
+        self._identity = IdentitySetting(model_identity)
+        self._name_only_seen = False  # a key without an identity was named (warned once)
         # Every object is sealed on write and verified on read (kvbucket.stores.sealed); the
         # envelope names the KV layout, so a chunk written for another layout is a miss. A
         # lookup hit starts its load behind that check (kvbucket.stores.prefetch).
@@ -274,9 +286,12 @@ class RemoteBackend(QueuedBackend):
             if not self._size_ok(info.size):
                 continue
             try:
-                keys.append(name_to_key(info.name, self.prefix))
+                key, token = split_key_string(name_to_key(info.name, self.prefix))
             except InvalidKeyError:
                 continue  # an object kvbucket did not write (or nested deeper): not a chunk
+            if self._identity and token != self._identity.token(key.partition("@")[0]):
+                continue  # another identity's chunk (or a name-only one) is not this tier's
+            keys.append(name_to_key(info.name, self.prefix) if token and not self._identity else key)
         return self._with_pending(keys)
 
     def note_accessed(self, keys: Sequence[Key]) -> None:
@@ -309,6 +324,11 @@ class RemoteBackend(QueuedBackend):
             self.store.close()
 
     def _name(self, key: str) -> str:
+        if self._identity:
+            key = qualify_key_string(key, self._identity.token(key.partition("@")[0]))
+        elif not self._name_only_seen and SEP not in key.partition("@")[0]:
+            self._name_only_seen = True  # keys carry no identity (the transformers cache's do)
+            warn_name_only("kvbucket remote tier")
         return key_to_name(key, self.prefix)
 
     def _size_ok(self, size: int) -> bool:

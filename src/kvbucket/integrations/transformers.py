@@ -43,6 +43,7 @@ import numpy as np
 from kvbucket import metrics
 from kvbucket.backends.base import StorageBackend
 from kvbucket.errors import ConfigError, KVBucketError
+from kvbucket.identity.core import qualify
 
 # torch and DynamicCache come through transformers_model, whose import says how to install them
 from kvbucket.integrations.transformers_model import (
@@ -59,6 +60,7 @@ from kvbucket.integrations.transformers_model import (
     key_model_name,
     logits_to_keep_kwarg,
     model_fingerprint,
+    model_identity,
     new_dynamic_cache,
     np_view,
     probe_kv_layout,
@@ -159,7 +161,10 @@ class KVBucketPrefixCache:
         self.fetch_window = fetch_window
         self.layout = probe_kv_layout(model, chunk_tokens)
         self.model_name = key_model_name(model, model_id)
-        self._seed = self._hash_seed(model)
+        fingerprint = model_fingerprint(model)
+        self._seed = self._hash_seed(fingerprint)
+        self.identity = model_identity(model, self.model_name, fingerprint, self.layout)
+        self._key_model = qualify(self.model_name, self.identity.token)  # the model part of every key
         self.last_stats = PrefillStats()
         self.store_stats = StoreStats()
         self._queue: queue.Queue[_StoreJob | None] = queue.Queue(maxsize=max_pending_chunks)
@@ -168,11 +173,11 @@ class KVBucketPrefixCache:
         self._closed = False
 
     # ---- keys ------------------------------------------------------------------------------
-    def _hash_seed(self, model: PreTrainedModel) -> bytes:
+    def _hash_seed(self, fingerprint: bytes) -> bytes:
         h = blake3.blake3(_HASH_VERSION)
         for part in (
             self.model_name.encode(),
-            model_fingerprint(model),
+            fingerprint,
             self.layout.dtype_name.encode(),
             repr(self.layout.shape).encode(),
             self.salt.encode(),
@@ -191,7 +196,7 @@ class KVBucketPrefixCache:
             prev = blake3.blake3(prev + np.asarray(ids[start : start + t], dtype="<i8").tobytes()).digest()
             chunk_hash = int.from_bytes(prev[:16], "big")
             configs = {"tenant": self.tenant} if self.tenant else None
-            keys.append(CacheEngineKey(self.model_name, 1, 0, chunk_hash, self.layout.dtype_name, configs))
+            keys.append(CacheEngineKey(self._key_model, 1, 0, chunk_hash, self.layout.dtype_name, configs))
         return keys
 
     # ---- lookup / load -----------------------------------------------------------------------

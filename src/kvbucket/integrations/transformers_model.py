@@ -14,6 +14,8 @@ import blake3
 import numpy as np
 
 from kvbucket.errors import ConfigError, KVBucketError
+from kvbucket.identity.core import ModelIdentity, config_fields
+from kvbucket.identity.weights import hub_commit
 
 try:
     import torch
@@ -202,6 +204,19 @@ def model_fingerprint(model: Any, samples_per_tensor: int = 16) -> bytes:
     return h.digest()
 
 
+def model_identity(model: Any, name: str, fingerprint: bytes, layout: KVChunkLayout) -> ModelIdentity:
+    """The model's identity in chunk names (:mod:`kvbucket.identity`): the sampled weights (and
+    the resolved Hub commit, when transformers loaded it from the Hub), the attention and
+    position config fields, and the KV layout."""
+    weights = f"sampled:{fingerprint.hex()[:32]}"
+    commit = hub_commit(config=model.config)
+    if commit:
+        weights += f" hub:{commit}"
+    fields = config_fields(model.config)
+    fields.update(kv_dtype=layout.dtype_name, kv_shape=list(layout.shape))
+    return ModelIdentity(name, weights, fields)
+
+
 # ---- small helpers -------------------------------------------------------------------------
 
 
@@ -308,5 +323,6 @@ __all__ = [
     "KVChunkLayout",
     "UnsupportedModelError",
     "model_fingerprint",
+    "model_identity",
     "probe_kv_layout",
 ]

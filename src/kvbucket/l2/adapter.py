@@ -45,7 +45,7 @@ from kvbucket.l2.format_store import route_formats
 from kvbucket.l2.inventory import InventoryPath
 from kvbucket.l2.load_path import LoadPath
 from kvbucket.l2.lookup_path import LookupPath
-from kvbucket.l2.naming import Naming
+from kvbucket.l2.naming import Naming, watch_identities
 from kvbucket.l2.removal import RemovalPath
 from kvbucket.l2.state import KeyState
 from kvbucket.l2.store_path import StorePath
@@ -120,6 +120,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._stats = Stats()
         self._listeners = Listeners(listener)
         self._names = NameCache(self._naming)
+        watch_identities(self._naming, store, "kvbucket L2 adapter")
         self._runner = TaskRunner(num_workers, split_batches=split_batches, stats=self._stats)
         self._fleet: FleetLink | None = None
         if fleet is not None:

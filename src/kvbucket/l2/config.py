@@ -29,6 +29,13 @@ Fields shared by every type (kvbucket's, on top of each type's own):
 - ``fleet`` (dict, optional): share the prefix's capacity with every other node using it
   (see :class:`kvbucket.fleet.config.FleetConfig` and docs/fleet.md); ``max_capacity_gb``
   then bounds the whole prefix, not this node's stores;
+- ``model_identity`` (string, or an object of model name -> string, ``"*"`` for the others):
+  the identity of the model(s) whose keys this adapter serves, a token ``kvbucket du`` shows or
+  text naming the weights (``org/model@<commit>``); kvbucket's names then carry it and chunks of
+  other identities are misses, never deleted (:mod:`kvbucket.identity`). Unset, chunks are
+  shared by model name only (a warning says so once);
+- ``accept_name_only`` (bool, default false): with ``model_identity``, also read chunks named
+  by model name only (written before identities, or by LMCache's own adapters);
 - ``metrics_port`` (int, optional), ``metrics_addr`` (default ``"127.0.0.1"``): LMCache's
   adapter and connector serve kvbucket's Prometheus metrics on ``http://addr:port/metrics``,
   once per process (:func:`kvbucket.metrics_server.serve_metrics`; docs/monitoring.md).
@@ -69,6 +76,8 @@ class L2CommonConfig(ReadAheadConfig, MetricsEndpointConfig):
     fleet: FleetConfig | None = None
     encryption: EncryptionConfig | None = None
     unsealed: Literal["miss", "accept"] = "miss"
+    model_identity: str | dict[str, str] | None = None
+    accept_name_only: bool = False
 
     @property
     def max_capacity_bytes(self) -> int:

@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvbucket.fleet.layout import is_fleet_name
+from kvbucket.identity.manifest import is_manifest_name
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import KeyPage, Usage
 from kvbucket.l2.context import AdapterContext
@@ -93,7 +94,7 @@ class InventoryPath:
                 return
             key = self._naming.parse(info.name)  # kvbucket's names and LMCache's
             if key is None:
-                if not is_fleet_name(info.name, self._prefix):
+                if not (is_fleet_name(info.name, self._prefix) or is_manifest_name(info.name, self._prefix)):
                     self._ctx.stats["foreign_objects"] += 1
                 continue
             page.append((info.name, key, info.size, info.mtime or 0.0))

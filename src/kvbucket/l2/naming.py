@@ -31,6 +31,7 @@ from typing import Any, Literal
 from urllib.parse import unquote
 
 from kvbucket.errors import InvalidKeyError
+from kvbucket.identity.core import IdentitySetting, qualify_key_string, split_key_string, warn_name_only
 from kvbucket.keys import ObjectKey, as_key_string, key_to_name, name_to_key
 from kvbucket.stores.base import Buffer, check_name, check_prefix
 
@@ -126,6 +127,11 @@ class Naming:
     ``object_format="kvbucket"`` (default): write kvbucket's names; read kvbucket's, then
     LMCache's. ``"lmcache"``: write LMCache's names, raw bytes (so LMCache nodes read them);
     read LMCache's, then kvbucket's. ``style`` None: kvbucket's names only.
+
+    ``identity`` (a ``model_identity`` setting, :mod:`kvbucket.identity`): kvbucket's names carry
+    the model's identity token (``<model>~<token>@...``); names of other identities are not this
+    reader's (a miss, never deleted), nor are name-only ones (kvbucket's names without a token,
+    LMCache's) unless ``accept_name_only``. Without an identity every name is name-only, as before.
     """
 
     def __init__(
@@ -135,6 +141,8 @@ class Naming:
         style: str | None = None,
         object_format: str = "kvbucket",
         connector: bool = False,
+        identity: IdentitySetting | None = None,
+        accept_name_only: bool = False,
     ) -> None:
         if object_format not in OBJECT_FORMATS:
             raise ValueError(f"object_format must be one of {', '.join(OBJECT_FORMATS)}: {object_format!r}")
@@ -154,10 +162,35 @@ class Naming:
         self.object_format = object_format
         self.writes_lmcache = object_format == "lmcache"
         self._is_lm: dict[str, bool] = {}
+        self.identity = identity if identity is not None else IdentitySetting(None)
+        if self.identity and self.writes_lmcache:
+            raise ValueError('object_format "lmcache" writes LMCache\'s names, which cannot carry a model '
+                             'identity: drop model_identity, or use object_format "kvbucket"')
+        self.accept_name_only = accept_name_only or not self.identity
+        #: Called with a model name when a key of it is named (first sight) and written (manifests).
+        self.on_model: Callable[[str], None] | None = None
+        self.on_write: Callable[[str], None] | None = None
+
+    # -- identity
+    def _token(self, key: Any) -> str | None:
+        if not self.identity:
+            return None
+        model = _model_of(key)
+        if self.on_model is not None:
+            self.on_model(model)
+        return self.identity.token(model)
+
+    def readable(self, model: str, token: str | None) -> bool:
+        """Whether a name of ``model`` written with ``token`` (None: name-only) is this reader's."""
+        mine = self.identity.token(model) if self.identity else None
+        return (self.accept_name_only or mine is None) if token is None else token == mine
 
     # -- names
     def kvbucket_name(self, key: Any) -> str:
-        return key_to_name(key, self.prefix)
+        token = self._token(key)
+        if token is None:
+            return key_to_name(key, self.prefix)
+        return key_to_name(qualify_key_string(as_key_string(key), token), self.prefix)
 
     def lmcache_name(self, key: Any) -> str | None:
         if self._lm is None:
@@ -174,15 +207,18 @@ class Naming:
         return self.kvbucket_name(key)
 
     def read_names(self, key: Any) -> tuple[str, ...]:
-        """Names to try, in order; the first is the one this adapter writes."""
+        """Names to try, in order; the first is the one this adapter writes. Name-only names
+        (LMCache's, kvbucket's without a token) only when this reader accepts them."""
         kv = self.kvbucket_name(key)
+        if not self.accept_name_only:
+            return (kv,)
+        legacy = key_to_name(key, self.prefix) if self.identity else None
         try:
             lm = self.lmcache_name(key)
         except InvalidKeyError:  # LMCache's spelling would leave the prefix: never read it
             lm = None
-        if lm is None or lm == kv:
-            return (kv,)
-        return (lm, kv) if self.writes_lmcache else (kv, lm)
+        ordered = (lm, kv) if self.writes_lmcache else (kv, legacy, lm)
+        return tuple(dict.fromkeys(n for n in ordered if n is not None))
 
     def is_lmcache_name(self, name: str) -> bool:
         """Whether ``name`` is in LMCache's format (raw chunk bytes, no kvbucket envelope)."""
@@ -201,6 +237,8 @@ class Naming:
         the key's :meth:`write_name`, when the caller already has it (the L2 adapter caches
         names, so a key stored and then looked up is encoded once).
         """
+        if self.on_write is not None:
+            self.on_write(_model_of(key))
         return (name if name is not None else self.write_name(key)), data
 
     # -- parsing (listings)
@@ -225,22 +263,46 @@ class Naming:
         return parse_lmcache_key_string(s, fs=self._fs)
 
     def parse(self, name: str) -> ObjectKey | None:
-        """The MP key an object name holds (either format), or None for a foreign object."""
+        """The MP key an object name holds (either format), or None for a foreign object or one
+        this reader does not read (another identity; name-only unless accepted)."""
         try:
-            return ObjectKey.from_string(name_to_key(name, self.prefix))
+            bare, token = split_key_string(name_to_key(name, self.prefix))
+            key = ObjectKey.from_string(bare)
         except InvalidKeyError:
             pass
-        key = self.parse_lmcache(name)
-        return key if isinstance(key, ObjectKey) else None
+        else:
+            return key if self.readable(key.model_name, token) else None
+        lm = self.parse_lmcache(name)
+        return lm if isinstance(lm, ObjectKey) and self.readable(lm.model_name, None) else None
 
     def parse_key_string(self, name: str) -> str | None:
-        """Connector listings: the key string of an object name (either format), or None."""
+        """Connector listings: the key string of an object name (either format), or None (as
+        :meth:`parse`)."""
         try:
-            return name_to_key(name, self.prefix)
+            bare, token = split_key_string(name_to_key(name, self.prefix))
         except InvalidKeyError:
             pass
+        else:
+            return bare if self.readable(bare.partition("@")[0], token) else None
         s = self.parse_lmcache(name)
-        return s if isinstance(s, str) else None
+        return s if isinstance(s, str) and self.readable(s.partition("@")[0], None) else None
+
+
+def watch_identities(naming: Naming, store: Any, where: str) -> None:
+    """Keep the identity manifests of ``naming``'s models on ``store`` (the raw store: readers of
+    every identity read them), or warn once that reuse is keyed by the model's name only."""
+    if not naming.identity:
+        warn_name_only(where)
+        return
+    from kvbucket.identity.manifest import ManifestBook
+
+    book = ManifestBook(store, naming.prefix, naming.identity, where)
+    naming.on_model, naming.on_write = book.seen, book.wrote
+
+
+def _model_of(key: Any) -> str:
+    model = getattr(key, "model_name", None)
+    return model if isinstance(model, str) else as_key_string(key).partition("@")[0]
 
 
 __all__ = [
@@ -252,4 +314,5 @@ __all__ = [
     "ObjectFormat",
     "lmcache_key_string",
     "parse_lmcache_key_string",
+    "watch_identities",
 ]

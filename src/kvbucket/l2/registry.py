@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvbucket.errors import ConfigError
+from kvbucket.identity.core import IdentitySetting
 from kvbucket.l2.adapter import L2Listener, ObjectStoreL2Adapter
 from kvbucket.l2.config import (
     FsL2Config,
@@ -121,7 +122,9 @@ def naming_for(config: L2CommonConfig, *, connector: bool = False) -> Naming:
     and those of LMCache's built-in for the same type (names relative to the store's prefix)."""
     try:
         style = getattr(config, "type", None)
-        return Naming(style=style, object_format=config.object_format, connector=connector)
+        return Naming(style=style, object_format=config.object_format, connector=connector,
+                      identity=IdentitySetting(config.model_identity),
+                      accept_name_only=config.accept_name_only)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -25,6 +25,7 @@ from kvbucket.l2.config import (
 )
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.l2.format_store import route_formats
+from kvbucket.l2.naming import watch_identities
 from kvbucket.l2.registry import build_store, instrumented, make_work_dir, naming_for
 from kvbucket.log_once import RepeatedLog
 from kvbucket.metrics_server import MetricsServer, serve_metrics
@@ -180,6 +181,7 @@ class KVBucketConnector(RemoteConnector):
         # through the buffer, so a store or delete drops what it replaces.
         self.store = with_read_ahead(route_formats(sealed, self.naming), self._cfg.read_ahead_settings(),
                                      label=raw.url)
+        watch_identities(self.naming, raw, f"kvbucket connector {plugin_name!r}")
         self._fleet: StoreFleet | None = None
         if self._cfg.fleet is not None:
             from kvbucket.fleet.member import StoreFleet

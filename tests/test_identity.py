@@ -1,0 +1,102 @@
+"""kvbucket.identity: what a model's identity holds, its token, names with it, and the library's
+remote tier keyed by it (built from an engine config's ``extra_config.model_identity``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvbucket.chunks import KVLayout
+from kvbucket.config import EngineConfig, build_backend
+from kvbucket.identity import weights as weights_mod
+from kvbucket.identity.core import (
+    IdentitySetting,
+    ModelIdentity,
+    config_fields,
+    identity_of_dir,
+    qualify_key_string,
+    split,
+    split_key_string,
+)
+from kvbucket.identity.weights import files_fingerprint, hub_commit
+from kvbucket.testing.backend_tests import as_bytes, chunk_bytes, key
+from kvbucket.testing.identity_models import COMMITS, OTHER_VARIANTS, make_model_dirs
+
+LAYOUT = KVLayout(2, 2, 16, "bfloat16", chunk_tokens=16)
+
+
+def test_each_kind_of_redeploy_is_another_identity(tmp_path: Path) -> None:
+    dirs = make_model_dirs(tmp_path)
+    ids = {k: identity_of_dir(p, "org/llama") for k, p in dirs.items()}
+    assert ids["revision"].weights == f"hub:{COMMITS[0]}" and ids["revision2"].weights == f"hub:{COMMITS[1]}"
+    assert ids["base"].weights.startswith("files:")
+    tokens = {k: i.token for k, i in ids.items()}
+    assert len({tokens[k] for k in ("base", "revision2", *OTHER_VARIANTS)}) == 5
+    # copied to another path with other mtimes: the same identity (fleet nodes share chunks)
+    assert tokens["copy"] == tokens["base"]
+    # the same weights with another rope_scaling differ by config only
+    assert ids["rope"].weights == ids["base"].weights and ids["rope"].fields["rope_scaling"]["factor"] == 4.0
+    assert len(tokens["base"]) == 16 and int(tokens["base"], 16) >= 0
+
+
+def test_the_weight_files_are_read_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = make_model_dirs(tmp_path)["base"]
+    reads: list[Path] = []
+    real = weights_mod._sample
+    monkeypatch.setattr(weights_mod, "_sample", lambda f, size, h: (reads.append(f), real(f, size, h)))
+    first = files_fingerprint(base)
+    assert files_fingerprint(base) == first and len(reads) == 1
+    (base / "model.safetensors").write_bytes((base / "model.safetensors").read_bytes()[:-1] + b"\x00")
+    assert files_fingerprint(base) != first and len(reads) == 2  # rewritten: read again
+
+
+def test_hub_commit_from_config_or_snapshot_path() -> None:
+    assert hub_commit(config={"_commit_hash": COMMITS[1]}) == COMMITS[1]
+    assert hub_commit("/c/hub/models--o--m/snapshots/" + COMMITS[0] + "/model.safetensors") == COMMITS[0]
+    assert hub_commit("/models/llama") is None and hub_commit(config={"_commit_hash": "main"}) is None
+
+
+def test_config_fields_keep_what_shapes_attention_only() -> None:
+    cfg = {"rope_scaling": {"factor": 2.0, "rope_type": "linear"}, "num_key_value_heads": 8,
+           "transformers_version": "4.57", "_name_or_path": "/x", "max_position_embeddings": 8192}
+    assert config_fields(cfg) == {"rope_scaling": {"factor": 2.0, "rope_type": "linear"},
+                                  "num_key_value_heads": 8, "max_position_embeddings": 8192}  # fmt: skip
+
+
+def test_names_carry_the_token_and_give_it_back() -> None:
+    tok = ModelIdentity.from_setting("org/m", "org/m@abc").token
+    assert qualify_key_string("org/m@1@0@ff@bfloat16", tok) == f"org/m~{tok}@1@0@ff@bfloat16"
+    assert split_key_string(f"org/m~{tok}@1@0@ff") == ("org/m@1@0@ff", tok)
+    assert split_key_string("org/m@1@0@ff") == ("org/m@1@0@ff", None)
+    assert split("org/m~nothex") == ("org/m~nothex", None)
+    # a token as the setting is taken as is (what `kvbucket du` shows, set to reuse those chunks)
+    assert ModelIdentity.from_setting("org/m", tok).token == tok
+    setting = IdentitySetting({"org/a": "a-v1"})
+    assert setting.token("org/a") and setting.token("org/b") is None
+
+
+def test_remote_tier_other_identity_misses_and_deletes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "remote"
+
+    def tier(identity: str | None):  # type: ignore[no-untyped-def]
+        extra = {} if identity is None else {"model_identity": identity}
+        return build_backend(EngineConfig(local_cpu=False, remote_url=str(root), chunk_size=16,
+                                          extra_config=extra), LAYOUT)  # fmt: skip
+
+    keys = [key(i) for i in range(4)]
+    data = [chunk_bytes(LAYOUT, i) for i in range(4)]
+    with tier("org/model@rev-1") as first:
+        first.batched_put(list(zip(keys, data, strict=True)))
+        assert first.batched_contains(keys) == [True] * 4
+    stored = {p.name: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert len(stored) == 4 and all("~" in n.split("@")[0] for n in stored)
+    for other in ("org/model@rev-2", None):  # another identity, and name-only
+        with tier(other) as t:
+            assert t.batched_contains(keys) == [False] * 4 and t.batched_get(keys) == [None] * 4
+            # listed as the keys they were written under (with the token), never as this tier's
+            assert not set(t.list()) & {k.to_string() for k in keys}
+    assert {p.name: p.read_bytes() for p in root.rglob("*") if p.is_file()} == stored
+    with tier("org/model@rev-1") as again:
+        assert [as_bytes(c) for c in again.batched_get(keys)] == data
+        assert sorted(again.list()) == sorted(k.to_string() for k in keys)
