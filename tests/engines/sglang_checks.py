@@ -360,3 +360,81 @@ def test_batch_exists_reads_ahead_for_batch_get_v1(target: dict[str, Any]) -> No
     gets = _store_gets()
     assert off.batch_exists(keys) == N_PAGES
     assert _store_gets() == gets  # off: a lookup reads nothing
+
+
+def _listing(target: dict[str, Any]) -> dict[str, int]:
+    from kvbucket.stores import open_store
+
+    store = open_store(target["url"], **target.get("options", {}))
+    try:
+        return {i.name: i.size for i in store.list(target["prefix"] + "/")}
+    finally:
+        store.close()
+
+
+def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
+        target: dict[str, Any], tmp_path: Any) -> None:
+    """SGLang's model path redeployed with other weights or another rope_scaling, and a Hub repo id
+    at another revision (the local Hub cache's refs/main moved): every lookup and read misses,
+    nothing is deleted; the first model's files again (copied anew) hit every page, byte-identical."""
+    import shutil
+    from pathlib import Path
+
+    from huggingface_hub import constants
+
+    from kvbucket.testing.identity_models import COMMITS, make_model_dirs
+
+    dirs = make_model_dirs(Path(tmp_path) / "models")
+    live = Path(tmp_path) / "serve" / "llama"
+
+    def deploy(variant: str) -> None:
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.copytree(dirs[variant], live)
+        now = time.time_ns()
+        os.utime(live / "model.safetensors", ns=(now, now))
+
+    def read_all(b: KVBucketHiCacheStorage, keys: list[str]) -> tuple[int, list[bool], list[bytes]]:
+        dst = b.mem_pool_host
+        idx2 = dst.alloc(N_PAGES * PAGE)
+        got = b.batch_get_v1(keys, idx2)
+        return b.batch_exists(keys), got, page_bytes(dst, idx2, N_PAGES)
+
+    src = host_pool()
+    idx = fill(src, N_PAGES, seed=41)
+    keys = page_keys(41)
+    deploy("base")
+    a = backend(target, src, model=str(live))
+    assert a.identity is not None and a.identity.weights.startswith("files:")
+    assert a.batch_set_v1(keys, idx) == [True] * N_PAGES
+    want = page_bytes(src, idx, N_PAGES)
+    before = _listing(target)
+    assert any(f"~{a.identity.token}/" in k for k in before)
+    assert any("/_identity/" in k for k in before), "the first writer records its identity"
+    for variant in ("weights", "rope"):
+        deploy(variant)
+        b = backend(target, host_pool(), model=str(live))
+        assert b.identity is not None and b.identity.token != a.identity.token, variant
+        hits, got, _ = read_all(b, keys)
+        assert hits == 0 and got == [False] * N_PAGES, variant
+        assert _listing(target) == before, f"{variant}: nothing deleted"
+    deploy("base")
+    c = backend(target, host_pool(), model=str(live))
+    hits, got, data = read_all(c, keys)
+    assert hits == N_PAGES and got == [True] * N_PAGES and data == want
+    # a Hub repo id: the weights are the local Hub cache's refs/main commit (no request)
+    repo = Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE) / "models--org--llama"
+    for commit in COMMITS:
+        shutil.copytree(dirs["base"], repo / "snapshots" / commit, dirs_exist_ok=True)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(COMMITS[0])
+    d = backend(target, src, model="org/llama")
+    assert d.identity is not None and d.identity.weights == f"hub:{COMMITS[0]}"
+    assert d.batch_set_v1(keys, idx) == [True] * N_PAGES
+    before = _listing(target)
+    (repo / "refs" / "main").write_text(COMMITS[1])  # a new revision was pulled
+    e = backend(target, host_pool(), model="org/llama")
+    assert read_all(e, keys)[:2] == (0, [False] * N_PAGES)
+    assert _listing(target) == before
+    f = backend(target, host_pool(), model="org/llama", revision=COMMITS[0])
+    hits, got, data = read_all(f, keys)
+    assert hits == N_PAGES and got == [True] * N_PAGES and data == want

@@ -22,7 +22,7 @@ from kvbucket.testing.engines import assert_all_passed, engine_venv, run_checks,
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("sglang_checks.py")
-N_CHECKS = 11  # test functions in sglang_checks.py
+N_CHECKS = 12  # test functions in sglang_checks.py
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from kvbucket.testing.engines import assert_all_passed, engine_venv, run_checks,
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("vllm_checks.py")
-N_CHECKS = 14  # test functions in vllm_checks.py
+N_CHECKS = 15  # test functions in vllm_checks.py
 
 
 @pytest.fixture(scope="session")

@@ -57,14 +57,14 @@ def target(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 def engine(target: dict[str, Any], *, salt: str = "", tp: int = 1, agnostic: bool = True,
-           cpu_chunks: int = 32, **tier: Any) -> Engine:
+           cpu_chunks: int = 32, model: str = "org/Model-7B", **tier: Any) -> Engine:
     """An engine whose one secondary tier is kvbucket on ``target``."""
     entry = {"type": "KVBucketSecondaryTier", "module_path": "kvbucket.integrations.vllm",
              "store_url": target["url"], "store_options": target.get("options", {}),
              "prefix": target["prefix"], **tier}
     if salt:
         entry["cache_salt"] = salt
-    e = Engine([entry], block_bytes=BLOCK_BYTES, tp=tp, agnostic=agnostic, cpu_chunks=cpu_chunks)
+    e = Engine([entry], block_bytes=BLOCK_BYTES, tp=tp, agnostic=agnostic, cpu_chunks=cpu_chunks, model=model)
     assert isinstance(e.tier, KVBucketSecondaryTier)
     return e
 
@@ -542,3 +542,78 @@ def test_metrics_port_serves_once_per_process_and_a_taken_port_says_so(target: d
         with pytest.raises(ConfigError, match=rf"127\.0\.0\.1:{held.getsockname()[1]} \(metrics_port\): "
                                               r"the port is in use by another process; set metrics_port"):
             engine(target, metrics_port=held.getsockname()[1])
+
+
+def _listing(target: dict[str, Any]) -> dict[str, int]:
+    store = open_store(target["url"], **target.get("options", {}))
+    try:
+        return {i.name: i.size for i in store.list(target["prefix"] + "/")}
+    finally:
+        store.close()
+
+
+def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
+        target: dict[str, Any], tmp_path: Path) -> None:
+    """One model path redeployed with other weights or another rope_scaling, and one Hub repo id
+    at another revision (refs/main moved in the local Hub cache): every lookup misses, nothing is
+    deleted; the first model's files again (copied anew, other mtimes) hit every chunk."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    from kvbucket.testing.identity_models import COMMITS, make_model_dirs
+
+    dirs = make_model_dirs(tmp_path / "models")
+    live = tmp_path / "serve" / "llama"  # the path the engine serves; a redeploy writes over it
+
+    def deploy(variant: str) -> None:
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.copytree(dirs[variant], live)
+        now = time.time_ns()
+        os.utime(live / "model.safetensors", ns=(now, now))
+
+    keys, n = offload_keys(31), N
+    deploy("base")
+    a = engine(target, model=str(live))
+    kv = kv_data(a, 31)
+    a.store(keys, kv)
+    a.close()
+    assert a.tier.identity is not None and a.tier.identity.weights.startswith("files:")
+    assert f"~{a.tier.identity.token}/" in a.tier.namespace
+    before = _listing(target)
+    assert sum(1 for k in before if k.endswith("-g0")) == n
+    assert any("/_identity/" in k for k in before), "the first writer records its identity"
+    for variant in ("weights", "rope"):
+        deploy(variant)
+        b = engine(target, model=str(live))
+        assert b.tier.identity is not None and b.tier.identity.token != a.tier.identity.token, variant
+        assert b.load(keys)[0] == 0, variant
+        b.close()
+        assert _listing(target) == before, f"{variant}: nothing deleted"
+    deploy("base")
+    c = engine(target, model=str(live))
+    hits, got = c.load(keys)
+    assert hits == n and torch.equal(got, kv)
+    c.close()
+    # a Hub repo id: the weights are the local Hub cache's refs/main commit (no request)
+    repo = Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE) / "models--org--llama"
+    for commit in COMMITS:
+        shutil.copytree(dirs["base"], repo / "snapshots" / commit, dirs_exist_ok=True)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(COMMITS[0])
+    hub_keys = offload_keys(32)
+    d = engine(target, model="org/llama")
+    assert d.tier.identity is not None and d.tier.identity.weights == f"hub:{COMMITS[0]}"
+    hub_kv = kv_data(d, 32)
+    d.store(hub_keys, hub_kv)
+    d.close()
+    before = _listing(target)
+    (repo / "refs" / "main").write_text(COMMITS[1])  # a new revision was pulled
+    e = engine(target, model="org/llama")
+    assert e.load(hub_keys)[0] == 0
+    e.close()
+    assert _listing(target) == before
+    f = engine(target, model="org/llama", revision=COMMITS[0])  # pinned to the first revision
+    hits, got = f.load(hub_keys)
+    assert hits == n and torch.equal(got, hub_kv)
+    f.close()

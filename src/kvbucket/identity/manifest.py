@@ -72,8 +72,12 @@ class Manifest:
     runs once, in the background; :meth:`record` once, after the first chunk this process stored.
     """
 
-    def __init__(self, store: Any, prefix: str, identity: ModelIdentity, where: str) -> None:
+    def __init__(self, store: Any, prefix: str, identity: ModelIdentity, where: str,
+                 model_key: str | None = None) -> None:
+        """``model_key``: the model as the names spell it (engine tiers: its path segment),
+        default the identity's model name."""
         self.store, self.prefix, self.identity, self.where = store, prefix, identity, where
+        self.model_key = model_key or identity.model
         self._recorded = False
         self._lock = threading.Lock()
         self.seen: dict[str, dict[str, Any]] | None = None
@@ -85,7 +89,7 @@ class Manifest:
     def check(self) -> dict[str, dict[str, Any]]:
         """Read the namespace's identities; log once when this one is not among them."""
         try:
-            seen = read_identities(self.store, self.prefix, self.identity.model)
+            seen = read_identities(self.store, self.prefix, self.model_key)
         except Exception as e:
             log.debug("%s: cannot read the identity manifest: %s", self.where, e)
             seen = {}
@@ -113,7 +117,7 @@ class Manifest:
             if self._recorded:
                 return
             self._recorded = True
-        name = manifest_name(self.prefix, self.identity.model, self.identity.token)
+        name = manifest_name(self.prefix, self.model_key, self.identity.token)
         try:
             if self.store.head(name) is None:
                 body = {**self.identity.manifest(), "first_write": time.time(), "host": socket.gethostname()}

@@ -14,14 +14,15 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from kvbucket.errors import ConfigError
 from kvbucket.integrations.engine_fleet import FleetSettings
+from kvbucket.integrations.engine_identity import IdentitySettings
 from kvbucket.l2.config import format_validation_error
 from kvbucket.stores.prefetch_config import ReadAheadConfig
 
 
-class EngineTierSettings(FleetSettings, ReadAheadConfig):
-    """``store_url``, ``store_options``, ``unsealed`` and ``encryption``, with the fleet and
-    read-ahead keys. ``cache_salt`` and ``prefix`` are each engine's own (their defaults and
-    the objects they name differ)."""
+class EngineTierSettings(FleetSettings, ReadAheadConfig, IdentitySettings):
+    """``store_url``, ``store_options``, ``unsealed`` and ``encryption``, with the fleet,
+    read-ahead and model identity keys. ``cache_salt`` and ``prefix`` are each engine's own
+    (their defaults and the objects they name differ)."""
 
     model_config = ConfigDict(extra="forbid")
 

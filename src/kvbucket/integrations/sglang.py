@@ -11,7 +11,8 @@ Pages are stored as sealed objects (:mod:`kvbucket.stores.sealed`: a failed chec
 
     ``<prefix>/<model>/<salt>/<shard>/<layout>/<page hash>``
 
-- ``model``: SGLang's ``model_name`` (``/`` -> ``--``).
+- ``model``: SGLang's ``model_name`` (``/`` -> ``--``) and ``~<token>``, the model's identity
+  (:mod:`kvbucket.integrations.engine_identity`: SGLang's ModelConfig, else the model's files).
 - ``salt``: ``cache_salt`` of the extra config (a deployment-wide namespace, hashed: never stored
   in clear). Per-request ``cache_salt``/``extra_key`` need nothing here: SGLang seeds the page
   hash chain with them (``storage_namespace_seed``), so their pages already have other hashes.
@@ -42,7 +43,10 @@ from typing import Any
 from pydantic import Field
 
 from kvbucket.errors import ConfigError
+from kvbucket.identity.core import qualify
+from kvbucket.identity.manifest import Manifest
 from kvbucket.integrations.engine_fleet import REFUSED, open_fleet
+from kvbucket.integrations.engine_identity import resolve
 from kvbucket.integrations.engine_settings import EngineTierSettings
 from kvbucket.integrations.naming import path_segment as _segment
 from kvbucket.integrations.naming import salt_segment as _salt_segment
@@ -94,6 +98,17 @@ class SGLangStorageSettings(EngineTierSettings):
 _SGLANG_PASSTHROUGH = {"prefetch_threshold", "enable_metadata_cache", "metadata_ttl", "tp_lcm_size"}
 
 
+def _sglang_model_config() -> Any:
+    """The ModelConfig SGLang built for this process (memoized on its published server args), or
+    None (not published: a backend built outside a server, as in tests). Never builds one."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return getattr(get_server_args(), "_model_config", None)
+    except Exception:
+        return None
+
+
 def salt_segment(cache_salt: str) -> str:
     """The salt part of a page name: a digest, so a secret salt never appears in the bucket."""
     return _salt_segment(cache_salt, "sglang")
@@ -143,9 +158,19 @@ class KVBucketHiCacheStorage(_Base):
             seal_store(InstrumentedStore(raw, name="sglang"), tier="sglang", unsealed=self.settings.unsealed,
                        encryption=self.settings.encryption),
             self.settings.read_ahead_settings(), label="sglang")
-        model = _segment(storage_config.model_name or "model")
+        model_name = storage_config.model_name or "model"
+        # What SGLang resolved (its ModelConfig, memoized on the published server args) or the
+        # model's files (kvbucket.integrations.engine_identity): the model's identity in every name.
+        self.identity = resolve("kvbucket HiCache storage", model_name, self.settings, {},
+                                _sglang_model_config())
+        model = qualify(_segment(model_name), self.identity.token if self.identity else None)
         self._base = "/".join((_segment(self.settings.prefix), model, salt_segment(self.settings.cache_salt),
                                shard_segment(storage_config)))
+        self.manifest = None if self.identity is None else Manifest(
+            raw, _segment(self.settings.prefix), self.identity, "kvbucket HiCache storage",
+            model_key=_segment(model_name))
+        if self.manifest is not None:
+            self.manifest.start()
         self.prefix = f"{self._base}/unregistered"
         self.mem_pool_host: Any = None
         self.page_size = 1
@@ -401,6 +426,8 @@ class KVBucketHiCacheStorage(_Base):
                 log.warning("kvbucket HiCache: page %s not stored: %s", pages[i][0], r.error)
         stored = [(items[k][0], r.size or 0) for k, r in enumerate(results) if r.error is None]
         self._remember([n for n, _ in stored])
+        if stored and self.manifest is not None:
+            self.manifest.record()  # once: this identity wrote here
         if self._fleet is not None:
             self._fleet.stored([n for n, _ in stored], [size for _, size in stored])
         self._record("set", len(stored), sum(size for _, size in stored), time.perf_counter() - t0)

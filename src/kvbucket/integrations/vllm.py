@@ -15,7 +15,11 @@ A secondary tier never touches GPU memory: vLLM hands it a ``memoryview`` of the
 chunks and asks it to move whole chunks (``chunk_ids``) to and from its storage, asynchronously,
 from the scheduler process. Each chunk is one sealed object (a failed check is a miss) named
 
-    ``<prefix>/<model>/<salt>/<parallel>-<layout digest>/<block hash>-g<group>``
+    ``<prefix>/<model>~<identity>/<salt>/<parallel>-<layout digest>/<block hash>-g<group>``
+
+- ``identity``: the model's identity token (weights, attention config, KV dtype:
+  :mod:`kvbucket.integrations.engine_identity`), so a redeploy under the same name with other
+  weights, revision or ``rope_scaling`` never reads the old chunks (a miss, nothing deleted).
 
 - ``block hash``/``group``: vLLM's own ``OffloadKey``. vLLM chains block hashes over the prompt
   and mixes a request's ``cache_salt`` (and LoRA, multimodal inputs) into them, so per-request
@@ -55,7 +59,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from kvbucket.errors import ConfigError
+from kvbucket.identity.core import qualify
+from kvbucket.identity.manifest import Manifest
 from kvbucket.integrations.engine_fleet import REFUSED, open_fleet
+from kvbucket.integrations.engine_identity import engine_config_on_stack, resolve
 from kvbucket.integrations.engine_settings import EngineTierSettings
 from kvbucket.integrations.naming import path_segment, salt_segment
 from kvbucket.log_once import RepeatedLog
@@ -132,7 +139,7 @@ class VLLMTierSettings(EngineTierSettings, MetricsEndpointConfig):
             "\"store_url\": \"hf://buckets/my-org/kv-cache\"}")
 
 
-def namespace(spec: Any, block_size_bytes: int, settings: VLLMTierSettings) -> str:
+def namespace(spec: Any, block_size_bytes: int, settings: VLLMTierSettings, token: str | None = None) -> str:
     """The object-name prefix of one engine configuration (see the module docstring)."""
     mapper = FileMapper.from_offloading_spec("", spec, blocks_per_file=spec.blocks_per_chunk,
                                              parallel_agnostic=True)
@@ -144,7 +151,7 @@ def namespace(spec: Any, block_size_bytes: int, settings: VLLMTierSettings) -> s
         par = "tp{tp_size}-pp{pp_size}-pcp{pcp_size}-dcp{dcp_size}".format(**fields)
     else:  # vLLM certified the bytes as the same under any parallel layout
         par = "anytp"
-    return "/".join((path_segment(settings.prefix), path_segment(spec.config.model.name),
+    return "/".join((path_segment(settings.prefix), qualify(path_segment(spec.config.model.name), token),
                      salt_segment(settings.cache_salt, "vllm"), f"{par}-{digest}"))
 
 
@@ -228,8 +235,19 @@ class KVBucketSecondaryTier(_TierBase):
         self.locality = Locality(s.locality) if s.locality else None
         bs = self.block_size_bytes
         self._chunks = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(-1, bs)
-        self.namespace = namespace(offloading_spec, bs, s)
+        model = offloading_spec.config.model
+        # What vLLM resolved (its VllmConfig, held by the scheduler's frames) or the model's files.
+        engine = engine_config_on_stack("model_config", ("vllm_config",))
+        self.identity = resolve("kvbucket vLLM tier", model.name, s,
+                                {"kv_cache_dtype": model.dtype, "max_model_len": model.max_model_len},
+                                getattr(engine, "model_config", None))
+        self.namespace = namespace(offloading_spec, bs, s, self.identity.token if self.identity else None)
         self._raw = open_store(s.store_url, **s.store_options)
+        self.manifest = None if self.identity is None else Manifest(
+            self._raw, path_segment(s.prefix), self.identity, "kvbucket vLLM tier",
+            model_key=path_segment(model.name))
+        if self.manifest is not None:
+            self.manifest.start()
         # Lookup hits start their loads (read-ahead, kvbucket.stores.prefetch), behind the check.
         self.store = with_read_ahead(
             seal_store(InstrumentedStore(self._raw, name="vllm"), tier="vllm", unsealed=s.unsealed,
@@ -383,6 +401,8 @@ class KVBucketSecondaryTier(_TierBase):
             if r.error is not None:
                 log.warning("kvbucket vLLM tier: chunk %s not stored: %s", self.name(k), r.error)
         self.known.add(stored)
+        if stored and self.manifest is not None:
+            self.manifest.record()  # once: this identity wrote here (a no-op after the first time)
         if self.events is not None and stored:  # before the fleet hears of them: it may delete them
             with self._lock:
                 self._reported.update(stored)

@@ -51,7 +51,8 @@ class Engine:
     """One engine's ``TieringOffloadingSpec`` and manager with the given secondary tier entries."""
 
     def __init__(self, tiers: list[dict[str, Any]], *, block_bytes: int = 8192, cpu_chunks: int = 32,
-                 tp: int = 1, agnostic: bool = True, poll_secs: float = 0.01) -> None:
+                 tp: int = 1, agnostic: bool = True, poll_secs: float = 0.01,
+                 model: str = "org/Model-7B") -> None:
         extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": cpu_chunks * block_bytes * tp,
                  "secondary_tiers": tiers}
         cfg = OffloadingConfig(
@@ -59,7 +60,7 @@ class Engine:
                                           layer_names=("model.layers.0.attn", "model.layers.1.attn")),),
             worker_kv_bytes_per_block=block_bytes, enable_kv_cache_events=False, extra_config=extra,
             engine_id=f"kvb-{uuid.uuid4().hex[:12]}",
-            model=OffloadingModelConfig(name="org/Model-7B", dtype="bfloat16", max_model_len=4096),
+            model=OffloadingModelConfig(name=model, dtype="bfloat16", max_model_len=4096),
             cache=OffloadingCacheConfig(tokens_per_hash=TOKENS, blocks_per_chunk=1),
             parallel=OffloadingParallelConfig(rank=0, world_size=tp, tp_size=tp, pp_size=1, pcp_size=1,
                                               dcp_size=1, data_parallel_index=0, data_parallel_size=1,
