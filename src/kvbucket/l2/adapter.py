@@ -259,6 +259,8 @@ class ObjectStoreL2Adapter(L2Adapter):
                         gone.append((entry.key, entry.size))
                     continue
                 key = key_of(name, self._prefix) or self._naming.parse(name)
+                if key is not None and self._naming.identity:  # another identity's chunk: not ours
+                    key = self._naming.own_key(key)
                 if key is None:
                     continue
                 was_new = name not in st.index

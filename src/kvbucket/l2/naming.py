@@ -31,7 +31,13 @@ from typing import Any, Literal
 from urllib.parse import unquote
 
 from kvbucket.errors import InvalidKeyError
-from kvbucket.identity.core import IdentitySetting, qualify_key_string, split_key_string, warn_name_only
+from kvbucket.identity.core import (
+    IdentitySetting,
+    qualify_key_string,
+    split,
+    split_key_string,
+    warn_name_only,
+)
 from kvbucket.keys import ObjectKey, as_key_string, key_to_name, name_to_key
 from kvbucket.stores.base import Buffer, check_name, check_prefix
 
@@ -184,6 +190,14 @@ class Naming:
         """Whether a name of ``model`` written with ``token`` (None: name-only) is this reader's."""
         mine = self.identity.token(model) if self.identity else None
         return (self.accept_name_only or mine is None) if token is None else token == mine
+
+    def own_key(self, key: ObjectKey) -> ObjectKey | None:
+        """``key`` as parsed from a name (its model may carry a token) as this reader's key, or
+        None when the name is not this reader's (another identity; name-only unless accepted)."""
+        bare, token = split(key.model_name)
+        if not self.readable(bare, token):
+            return None
+        return key if token is None else ObjectKey(bare, key.kv_rank, key.chunk_hash, key.cache_salt)
 
     # -- names
     def kvbucket_name(self, key: Any) -> str:
