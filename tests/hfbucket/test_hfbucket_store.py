@@ -42,14 +42,22 @@ def requests(hub: Any, route: str) -> int:
 class TestHFBucketStoreOnEmulator(StoreTests):
     supports_reopen = True
     lists_sorted = False  # the Hub documents no listing order
+    decoder = "numba"  # KVBUCKET_XET_DECODER: the compiled Xet decoder from the first read
 
     @pytest.fixture
-    def store(self, hub_bucket: Any) -> Iterator[HFBucketStore]:
+    def store(self, hub_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[HFBucketStore]:
+        monkeypatch.setenv("KVBUCKET_XET_DECODER", self.decoder)
         with make_store(hub_bucket.hub, hub_bucket.bucket_id, prefix=f"p-{uuid.uuid4().hex[:6]}") as s:
             yield s
 
     def reopen(self, store: HFBucketStore) -> HFBucketStore:
         return HFBucketStore(store.config)
+
+
+class TestHFBucketStoreOnEmulatorPythonDecoder(TestHFBucketStoreOnEmulator):
+    """The same suite with the pure-Python Xet decoder, the fallback (stores/xet_decode.py)."""
+
+    decoder = "python"
 
 
 class TestHFBucketStoreAtBucketRoot(StoreTests):

@@ -202,8 +202,9 @@ class Scatter:
 
     def allow_redirect(self) -> None:
         """Let :meth:`redirect` move a part while writes land (call before any write). Only
-        for writers that write through ``dst[a:b] = data`` (never :meth:`views_from`, nor into
-        the parts' memory any other way: such a writer's store sets no ``redirectable_reads``)."""
+        for writers that write through ``dst[a:b] = data`` or :meth:`fill` (both under the lock,
+        recorded), never :meth:`views_from`, nor into the parts' memory any other way: such a
+        writer's store sets no ``redirectable_reads``)."""
         if self._lock is None:
             self._lock = threading.Lock()
             self._settled = threading.Event()
@@ -274,6 +275,32 @@ class Scatter:
                 raise Abandoned("this read is over: a late write into its destination was refused")
             self._set(key, data)
             self._written.append(key.indices(self.nbytes)[:2])
+
+    def fill(self, start: int, limit: int, write: Callable[[memoryview], int]) -> int:
+        """Let ``write`` produce bytes in place from ``start``: it gets the writable view of the
+        part holding ``start`` (up to ``limit`` or the part's end), fills a prefix of it and
+        returns that prefix's length, which is returned. For decoders that write their output
+        straight into the destination (stores/xet_decode.py) instead of building it elsewhere
+        and copying it: like an item write, it runs under the redirect lock, is recorded for a
+        redirect's copy and feeds the hash. 0 when no part holds ``start`` (``write`` not called)."""
+        lock = self._lock
+        if lock is None:
+            return self._fill(start, limit, write)
+        with lock:
+            if self._closed:  # as for an item write: an abandoned transfer's bytes must not land
+                raise Abandoned("this read is over: a late write into its destination was refused")
+            n = self._fill(start, limit, write)
+            self._written.append((start, start + n))
+        return n
+
+    def _fill(self, start: int, limit: int, write: Callable[[memoryview], int]) -> int:
+        for pstart, pend, part in self._spans:
+            if pstart <= start < pend:
+                n = write(part[start - pstart : min(limit, pend) - pstart])
+                if n:
+                    self.landed(start, start + n)
+                return n
+        return 0
 
     def _set(self, key: slice, data: Buffer) -> None:
         # The hot path (a network frame or file read inside one part, continuing the hash): one

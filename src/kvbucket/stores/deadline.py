@@ -71,6 +71,14 @@ class Gate:
                 raise Abandoned("the caller stopped waiting for this read")
             view[start : start + len(data)] = data
 
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)``, a write into the caller's buffer done in place (a decoder writing
+        straight into it), while holding the gate, as :meth:`write` does."""
+        with self._lock:
+            if not self.open:
+                raise Abandoned("the caller stopped waiting for this read")
+            return fn(*args)
+
     def close(self) -> None:
         with self._lock:
             self.open = False

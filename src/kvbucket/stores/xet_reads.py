@@ -5,8 +5,9 @@ reconstruction and only then fetches, so a load after a lookup always costs two 
 and hf_xet offers no way to hand it a reconstruction asked for earlier. Here the reconstruction
 of each lookup hit is asked for as soon as the lookup answers (all at once, cached briefly:
 its fetch URLs are presigned and expire), so the load that follows is the fetches alone. The
-bytes are read from the socket into a small per-chunk buffer and copied once into the caller's
-buffer; nothing touches the disk.
+bytes are read from the socket into a parse window and decoded from there straight into the
+caller's buffer (:mod:`.xet_decode`: compiled, without the GIL, or pure Python); nothing
+touches the disk.
 
 What is checked (the reconstruction is the server's word for what the file is): every fetched
 range has the announced length; every chunk header has version 0, a known compression scheme
@@ -44,7 +45,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvbucket.errors import AuthError, DeadlineExceededError, StoreError, TransientStoreError
+from kvbucket.stores import xet_decode
 from kvbucket.stores.deadline import Gate, left
+from kvbucket.stores.xet_decode import Window, XetReadUnsupported
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +56,6 @@ log = logging.getLogger(__name__)
 RECONSTRUCTION_TTL_SECS = 60.0
 #: Reconstructions kept at most (a few KiB each): several prompts' worth of chunks.
 RECONSTRUCTION_CACHE_ENTRIES = 8192
-_MAX_CHUNK = 1 << 20  # chunks are ~64 KiB (at most 128 KiB); a header beyond this is garbage
-_WINDOW = 2 << 20  # bytes read from the socket at once, per read slot (>= 8 + _MAX_CHUNK)
 #: Fetched bodies read and parsed at once, per reader, from a storage server on this machine.
 #: Why a bound below the fetches in flight: every object of a batch is requested at once (one
 #: round trip), but reading a body is CPU work under the GIL (socket reads, chunk parsing,
@@ -67,10 +68,6 @@ _WINDOW = 2 << 20  # bytes read from the socket at once, per read slot (>= 8 + _
 #: 50 ms, 64 bodies read four at a time would take seconds. There every body is read as it
 #: arrives, the network being the bound.
 READ_SLOTS = min(4, max(2, os.cpu_count() or 2))
-
-
-class XetReadUnsupported(Exception):
-    """The reconstruction or the bytes are not what this reader knows: use hf_xet instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,26 +115,6 @@ def parse_reconstruction(body: dict[str, Any], size: int, now: float) -> Reconst
         return Reconstruction(tuple(fetches), size, now + RECONSTRUCTION_TTL_SECS)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise XetReadUnsupported(f"unexpected reconstruction answer: {e!r}") from None
-
-
-def _decode(scheme: int, payload: memoryview, n: int) -> bytes | memoryview:
-    if scheme == 0:
-        return payload
-    import lz4.frame
-
-    try:
-        data = lz4.frame.decompress(payload)
-    except RuntimeError as e:
-        raise StoreError(f"a fetched chunk is not a valid LZ4 frame: {e}") from None
-    if scheme == 2:  # byte grouping 4: lanes data[k::4] were concatenated
-        out = bytearray(len(data))
-        pos = 0
-        for k in range(4):
-            lane = (len(data) - k + 3) // 4
-            out[k::4] = data[pos : pos + lane]
-            pos += lane
-        data = bytes(out)
-    return data
 
 
 class _Connections:
@@ -229,7 +206,8 @@ class XetReader:
         self._cache: OrderedDict[str, Reconstruction] = OrderedDict()
         self._pending: dict[str, Future[Reconstruction]] = {}
         self._slots = threading.BoundedSemaphore(max(1, read_slots))  # bodies read at once
-        self._windows: list[bytearray] = []  # one per slot in use, reused (LIFO: warm in cache)
+        self._windows: list[Window] = []  # one per slot in use, reused (LIFO: warm in cache)
+        xet_decode.kernel()  # the compiled decoder starts loading (in the background by default)
 
     def tls(self) -> ssl.SSLContext:
         """The TLS context of every HTTPS connection of this reader (made on first call)."""
@@ -372,7 +350,8 @@ class XetReader:
             try:
                 window = self._take_window()
                 try:
-                    self._copy(resp, f, view, gate, window)
+                    xet_decode.copy_range(resp, f.last - f.first + 1, (f.chunk_start, f.chunk_end), f.targets,
+                                          view, gate, window, xet_decode.kernel())
                 finally:
                     self._give_window(window)
             finally:
@@ -387,82 +366,17 @@ class XetReader:
             elif conn is not None:
                 conn.close()
 
-    def _take_window(self) -> bytearray:
+    def _take_window(self) -> Window:
         """A parse window, reused (from a server on this machine the caller holds a read slot, so
         at most ``read_slots`` exist; over a network, one per body being read). Why not one per
         load thread: 64 threads held 128 MiB of them, each paying its first-touch page faults in
         a fresh process's first loads, and each cold in cache when used."""
         with self._lock:
-            return self._windows.pop() if self._windows else bytearray(_WINDOW)
+            return self._windows.pop() if self._windows else Window()
 
-    def _give_window(self, window: bytearray) -> None:
+    def _give_window(self, window: Window) -> None:
         with self._lock:
             self._windows.append(window)
-
-    @staticmethod
-    def _copy(resp: http.client.HTTPResponse, f: _Fetch, view: memoryview, gate: Gate | None,
-              buf: bytearray) -> None:
-        """Walk the chunks of the fetched range, laying each term's chunks out at its offset.
-
-        The body is read in windows of up to ``_WINDOW`` bytes (a few reads per object instead
-        of two per ~64 KiB chunk) into a window kept per read slot, and parsed there.
-        """
-        cursor = [off for _, _, off, _ in f.targets]
-        users: dict[int, list[int]] = {}  # chunk index -> the terms that hold it
-        for k, (cs, ce, _, _) in enumerate(f.targets):
-            for c in range(cs, ce):
-                users.setdefault(c, []).append(k)
-        mv = memoryview(buf)
-        body_left = f.last - f.first + 1
-        start = end = 0  # buf[start:end] holds read, unparsed bytes
-
-        def ensure(n: int) -> None:
-            nonlocal start, end, body_left
-            if end - start >= n:
-                return
-            if n > body_left + end - start:
-                raise StoreError("a fetched range ended in the middle of a chunk")
-            if start + n > _WINDOW:  # move the partial chunk to the front
-                mv[: end - start] = mv[start:end]
-                end, start = end - start, 0
-            want = min(_WINDOW - end, body_left)
-            while end - start < n:
-                k = resp.readinto(mv[end : end + want])
-                if not k:
-                    raise TransientStoreError("the storage closed the connection in the middle of an object")
-                end, body_left, want = end + k, body_left - k, want - k
-
-        for c in range(f.chunk_start, f.chunk_end):
-            ensure(8)
-            if buf[start] != 0:
-                raise XetReadUnsupported(f"chunk header version {buf[start]}")
-            clen = int.from_bytes(mv[start + 1 : start + 4], "little")
-            scheme = buf[start + 4]
-            ulen = int.from_bytes(mv[start + 5 : start + 8], "little")
-            if clen > _MAX_CHUNK or ulen > _MAX_CHUNK or scheme > 2:
-                raise XetReadUnsupported(f"chunk header out of bounds ({clen}, {scheme}, {ulen})")
-            ensure(8 + clen)
-            payload = mv[start + 8 : start + 8 + clen]
-            start += 8 + clen
-            if c not in users:
-                continue
-            data = _decode(scheme, payload, ulen)
-            if len(data) != ulen:
-                raise StoreError(f"a chunk decoded to {len(data)} bytes, its header says {ulen}")
-            for k in users[c]:
-                off = cursor[k]
-                if off + ulen > view.nbytes:
-                    raise StoreError("the reconstruction places bytes past the end of the object")
-                if gate is None:
-                    view[off : off + ulen] = data
-                else:
-                    gate.write(view, off, data)
-                cursor[k] = off + ulen
-        if body_left or end != start:
-            raise StoreError(f"a fetched range held {body_left + end - start} bytes more than its chunks")
-        for (_, _, off, length), stop in zip(f.targets, cursor, strict=True):
-            if stop - off != length:
-                raise StoreError(f"a term's chunks hold {stop - off} bytes; its reconstruction says {length}")
 
     def close(self) -> None:
         self._conns.close()

@@ -1,0 +1,304 @@
+"""Fetched Xet ranges into the caller's buffer: the compiled decoder, or the pure-Python one.
+
+A fetched range is a run of chunks (8-byte header, then raw, LZ4-frame or byte-grouped LZ4-frame
+payload: :mod:`.xet_kernel` describes the format). Two ways to lay them out at their offsets in
+the object, giving the same bytes (tests/hfbucket/test_xet_decode.py compares them on random and
+bf16 KV data, every scheme and frame option, odd lengths and window boundaries):
+
+- **compiled** (:mod:`.xet_kernel`, numba): one call per window of fetched bytes walks the chunk
+  headers and decodes every chunk of a term straight into the destination, the GIL released;
+- **pure Python**: per chunk, ``lz4.frame.decompress`` and slice assignments, then one item write
+  ``dst[a:b] = data``. Kept as the fallback: where numba is missing, for what the compiled
+  decoder declines (a header or frame option it does not know: that chunk only, so the error a
+  user sees is the same), and selectable.
+
+``KVBUCKET_XET_DECODER``: ``auto`` (default) uses the compiled decoder once it is loaded and the
+pure-Python one meanwhile: the first reader of a process loads it on a background thread (0.3-0.5
+s of CPU from numba's cache, ~2 s the first time on a machine, when it is compiled); ``numba``
+waits for it at the first read; ``python`` never uses it (the whole test suite runs once so).
+
+**Invariant (where decoded bytes land).** A byte reaches the caller's destination in one of two
+ways, both of which keep the rules item writes keep: an item write ``dst[a:b] = data``, or an
+in-place decode run by :func:`_in_place`, which holds the read's :class:`Gate` (an abandoned read
+writes nothing) and, for a :class:`Scatter`, goes through :meth:`Scatter.fill` (under the
+redirect lock, recorded for a redirect's copy, fed to the hash) into one part. No decoder keeps a
+view of the destination between calls: a read-ahead redirect (stores/prefetch.py) moves a part
+between two writes, never under one.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvbucket.errors import StoreError, TransientStoreError
+from kvbucket.stores.base import Scatter
+from kvbucket.stores.deadline import Gate
+from kvbucket.threads import in_daemon_thread
+
+log = logging.getLogger(__name__)
+
+DECODER_ENV = "KVBUCKET_XET_DECODER"
+DECODERS = ("auto", "numba", "python")
+MAX_CHUNK = 1 << 20  # chunks are ~64 KiB (at most 128 KiB); a header beyond this is garbage
+WINDOW = 2 << 20  # bytes read from the socket at once, per read slot (>= 8 + MAX_CHUNK)
+
+
+class XetReadUnsupported(Exception):
+    """The reconstruction or the bytes are not what this reader knows: use hf_xet instead."""
+
+
+# ---- choosing the decoder -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """The compiled decoder: :func:`.xet_kernel.decode_run` and the C LZ4 decoder's address."""
+
+    run: Callable[..., None]
+    lz4: int
+    outcomes: tuple[int, int, int, int, int]  # DONE, NEED, BAD_HEADER, BAD_PAYLOAD, NO_ROOM
+
+
+_lock = threading.Lock()
+_kernel: Kernel | None = None
+_failed: str | None = None
+_loading: Any = None  # the background load's future
+
+
+def decoder_mode() -> str:
+    """``KVBUCKET_XET_DECODER``, checked (an unknown value is reported once and read as auto)."""
+    raw = os.environ.get(DECODER_ENV, "auto").strip().lower() or "auto"
+    if raw not in DECODERS:
+        log.warning("ignoring %s=%r: use one of %s", DECODER_ENV, raw, ", ".join(DECODERS))
+        return "auto"
+    return raw
+
+
+def _load() -> Kernel | None:
+    global _kernel, _failed
+    with _lock:
+        if _kernel is not None or _failed is not None:
+            return _kernel
+        try:
+            if sys.byteorder != "little":
+                raise ImportError("the compiled Xet decoder assumes a little-endian host")
+            from kvbucket.stores import xet_kernel as k
+
+            _kernel = Kernel(k.decode_run, k.lz4_address(), (k.DONE, k.NEED, k.BAD_HEADER, k.BAD_PAYLOAD,
+                                                             k.NO_ROOM))
+        except Exception as e:  # numba missing or failing: the pure-Python decoder does the work
+            _failed = f"{type(e).__name__}: {e}"
+            log.warning("the compiled Xet decoder is not available (%s); Hub reads decode in Python, "
+                        "holding the GIL (pip install numba)", _failed)
+        return _kernel
+
+
+def kernel(*, wait: bool = False) -> Kernel | None:
+    """The compiled decoder to use now, or None for the pure-Python one (see the module doc)."""
+    global _loading
+    mode = decoder_mode()
+    if mode == "python":
+        return None
+    if _kernel is not None or _failed is not None:
+        return _kernel
+    if wait or mode == "numba":
+        return _load()
+    with _lock:
+        if _loading is None:
+            _loading = in_daemon_thread(_load, "kvbucket-xet-decoder-load")
+    return None
+
+
+def decode_chunk(scheme: int, payload: memoryview, n: int) -> bytes | memoryview:
+    """One chunk's bytes, the pure-Python way (``n``, the announced length, is checked by the caller)."""
+    if scheme == 0:
+        return payload
+    import lz4.frame
+
+    try:
+        data = lz4.frame.decompress(payload)
+    except RuntimeError as e:
+        raise StoreError(f"a fetched chunk is not a valid LZ4 frame: {e}") from None
+    if scheme == 2:  # byte grouping 4: lanes data[k::4] were concatenated
+        out = bytearray(len(data))
+        pos = 0
+        for k in range(4):
+            lane = (len(data) - k + 3) // 4
+            out[k::4] = data[pos : pos + lane]
+            pos += lane
+        data = bytes(out)
+    return data
+
+
+# ---- the walk over one fetched range --------------------------------------------------------
+class Window:
+    """Where a fetched body is read and parsed: kept per read slot and reused (see xet_reads)."""
+
+    __slots__ = ("arr", "buf", "chunk", "info", "mv", "scratch")
+
+    def __init__(self, size: int = WINDOW) -> None:
+        self.buf = bytearray(size)
+        self.mv = memoryview(self.buf)
+        self.arr = np.frombuffer(self.buf, dtype=np.uint8)
+        self.scratch = np.empty(MAX_CHUNK, dtype=np.uint8)  # a byte-grouped chunk before ungrouping
+        self.chunk = np.empty(MAX_CHUNK, dtype=np.uint8)  # a chunk decoded here, then item-written
+        self.info = np.zeros(5, dtype=np.int64)
+
+
+class _Body:
+    """The unparsed bytes of a response in ``window[start:end]``; ``left`` still on the socket."""
+
+    __slots__ = ("end", "left", "resp", "size", "start", "w")
+
+    def __init__(self, resp: http.client.HTTPResponse, w: Window, nbytes: int) -> None:
+        self.resp, self.w, self.left, self.size = resp, w, nbytes, len(w.buf)
+        self.start = self.end = 0
+
+    def ensure(self, n: int) -> None:
+        """At least ``n`` unparsed bytes in the window (reading more from the socket)."""
+        start, end, mv = self.start, self.end, self.w.mv
+        if end - start >= n:
+            return
+        if n > self.left + end - start:
+            raise StoreError("a fetched range ended in the middle of a chunk")
+        if start + n > self.size:  # move the partial chunk to the front
+            mv[: end - start] = mv[start:end]
+            end, start = end - start, 0
+        want = min(self.size - end, self.left)
+        while end - start < n:
+            k = self.resp.readinto(mv[end : end + want])
+            if not k:
+                raise TransientStoreError("the storage closed the connection in the middle of an object")
+            end, self.left, want = end + k, self.left - k, want - k
+        self.start, self.end = start, end
+
+
+def copy_range(resp: http.client.HTTPResponse, nbytes: int, chunks: tuple[int, int],
+               targets: tuple[tuple[int, int, int, int], ...], dst: Any, gate: Gate | None, w: Window,
+               fast: Kernel | None) -> None:
+    """Read a fetched range of ``nbytes`` (chunks ``[chunks[0], chunks[1])`` of a xorb) from
+    ``resp`` and lay each term of ``targets`` (first chunk, end chunk, offset, length) out at its
+    offset in ``dst`` (a memoryview or a :class:`Scatter`), through ``gate``."""
+    cursor = [off for _, _, off, _ in targets]
+    users: dict[int, list[int]] = {}  # chunk index -> the terms that hold it
+    for k, (cs, ce, _, _) in enumerate(targets):
+        for c in range(cs, ce):
+            users.setdefault(c, []).append(k)
+    body = _Body(resp, w, nbytes)
+    c, last = chunks
+    size = len(dst)
+    run_end = c  # chunks [c, run_end) all belong to one term only (decoded in place)
+    while c < last:
+        us = users.get(c)
+        if fast is not None and us is not None and len(us) == 1:
+            k = us[0]
+            if run_end <= c:
+                run_end = c + 1
+                while run_end < last and users.get(run_end) == us:
+                    run_end += 1
+            c += _run(fast, body, run_end - c, dst, gate, cursor, k, min(targets[k][2] + targets[k][3], size))
+            if c < run_end and _stuck(fast, body):
+                c = _one(body, c, users, cursor, dst, gate, size, fast)  # one chunk, item-written
+            continue
+        c = _one(body, c, users, cursor, dst, gate, size, fast)
+    if body.left or body.end != body.start:
+        extra = body.left + body.end - body.start
+        raise StoreError(f"a fetched range held {extra} bytes more than its chunks")
+    for (_, _, off, length), stop in zip(targets, cursor, strict=True):
+        if stop - off != length:
+            raise StoreError(f"a term's chunks hold {stop - off} bytes; its reconstruction says {length}")
+
+
+def _run(fast: Kernel, body: _Body, chunks: int, dst: Any, gate: Gate | None, cursor: list[int], k: int,
+         limit: int) -> int:
+    """Decode up to ``chunks`` chunks of term ``k`` in place at ``cursor[k]``; how many it decoded.
+    ``info[3]`` then says why it stopped (more bytes are read here when that is the reason)."""
+    w = body.w
+    info = w.info
+    info[3] = -1
+
+    def write(view: memoryview) -> int:
+        out = np.frombuffer(view, dtype=np.uint8)
+        fast.run(fast.lz4, w.arr, body.start, body.end, chunks, out, 0, out.size, w.scratch, MAX_CHUNK, info)
+        return int(info[2])
+
+    if limit > cursor[k]:
+        cursor[k] += _in_place(dst, gate, cursor[k], limit, write)
+    if info[3] < 0:  # nothing decoded (no room left, or the term starts in another part)
+        info[1] = 0
+        return 0
+    body.start = int(info[0])
+    if info[3] == fast.outcomes[1]:  # NEED: read on; the next call decodes it
+        body.ensure(int(info[4]))
+        info[3] = fast.outcomes[0]
+    return int(info[1])
+
+
+def _stuck(fast: Kernel, body: _Body) -> bool:
+    """Whether the compiled decoder declined the next chunk (it goes the Python way)."""
+    return int(body.w.info[3]) not in (fast.outcomes[0], fast.outcomes[1])
+
+
+def _in_place(dst: Any, gate: Gate | None, start: int, limit: int, write: Callable[[memoryview], int]) -> int:
+    """Let ``write`` fill the destination from ``start`` (up to ``limit``) in place; the bytes it
+    wrote. The one place an in-place decode touches a caller's buffer (see the module doc)."""
+    if gate is not None:
+        return gate.run(_in_place, dst, None, start, limit, write)
+    if isinstance(dst, Scatter):
+        return dst.fill(start, limit, write)
+    return write(dst[start:limit])
+
+
+def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], dst: Any, gate: Gate | None,
+         size: int, fast: Kernel | None) -> int:
+    """Chunk ``c`` decoded on its own and item-written to each term that holds it (a chunk several
+    terms share, one that straddles two parts of a Scatter, one the compiled decoder declined in
+    place, or every chunk without it); the next chunk. Decoded by the compiled decoder into a
+    scratch buffer when it accepts the chunk, else the pure-Python way (which raises for a bad one)."""
+    body.ensure(8)
+    buf, mv, start = body.w.buf, body.w.mv, body.start
+    if buf[start] != 0:
+        raise XetReadUnsupported(f"chunk header version {buf[start]}")
+    clen = int.from_bytes(mv[start + 1 : start + 4], "little")
+    scheme = buf[start + 4]
+    ulen = int.from_bytes(mv[start + 5 : start + 8], "little")
+    if clen > MAX_CHUNK or ulen > MAX_CHUNK or scheme > 2:
+        raise XetReadUnsupported(f"chunk header out of bounds ({clen}, {scheme}, {ulen})")
+    body.ensure(8 + clen)
+    start = body.start
+    payload = body.w.mv[start + 8 : start + 8 + clen]
+    body.start = start + 8 + clen
+    if c not in users:
+        return c + 1
+    data: Any = None
+    if fast is not None:
+        w = body.w
+        end = start + 8 + clen
+        fast.run(fast.lz4, w.arr, start, end, 1, w.chunk, 0, MAX_CHUNK, w.scratch, MAX_CHUNK, w.info)
+        if w.info[3] == fast.outcomes[0]:
+            data = memoryview(w.chunk)[:ulen]
+    if data is None:
+        data = decode_chunk(scheme, payload, ulen)
+    if len(data) != ulen:
+        raise StoreError(f"a chunk decoded to {len(data)} bytes, its header says {ulen}")
+    for k in users[c]:
+        off = cursor[k]
+        if off + ulen > size:
+            raise StoreError("the reconstruction places bytes past the end of the object")
+        if gate is None:
+            dst[off : off + ulen] = data
+        else:
+            gate.write(dst, off, data)
+        cursor[k] = off + ulen
+    return c + 1
+
+
+__all__ = ["DECODERS", "DECODER_ENV", "MAX_CHUNK", "WINDOW", "Kernel", "Window", "XetReadUnsupported",
+           "copy_range", "decode_chunk", "decoder_mode", "kernel"]

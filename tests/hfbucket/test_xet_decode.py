@@ -1,0 +1,296 @@
+"""The compiled Xet decoder against the pure-Python one and the original bytes (stores/xet_decode.py).
+
+Randomized and differential: fetched ranges are built from random bytes and bf16 KV (per-channel
+scales, outlier channels), in every chunk scheme (raw, LZ4 frame, byte grouping 4 + LZ4) and
+every LZ4 frame option python-lz4 writes (linked or independent blocks, 64 KiB-4 MiB blocks,
+block and content checksums, content size, raw blocks of incompressible data, HC levels), with
+odd chunk lengths, terms that share chunks, chunks no term uses, and a body that arrives in
+pieces across small parse windows. Both decoders lay them out into plain buffers and into
+Scatters (several parts, a hash, redirects) and must give the original bytes; damaged ranges
+must fail the same way. The same decoders over real hf_xet uploads: tests/hfbucket/
+test_hfbucket_store.py (the conformance suite once per decoder).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+from typing import Any
+
+import lz4.frame
+import numpy as np
+import pytest
+import xxhash
+
+from kvbucket.errors import StoreError
+from kvbucket.stores import xet_decode
+from kvbucket.stores.base import Scatter
+from kvbucket.stores.deadline import Abandoned, Gate
+from kvbucket.stores.xet_decode import Window, XetReadUnsupported, copy_range
+
+KERNEL = xet_decode.kernel(wait=True)
+
+
+def test_the_compiled_decoder_is_there() -> None:
+    """numba is a dependency: without it every other test here would only compare Python with itself."""
+    assert KERNEL is not None and KERNEL.lz4 != 0
+
+
+def bf16_kv(n: int, rng: np.random.Generator) -> bytes:
+    """bf16 K/V as engines store them: Gaussian values, per-channel scales, a few outlier channels."""
+    ch = int(rng.choice([64, 128, 1024]))
+    rows = max(1, -(-n // (2 * ch)))
+    scale = np.exp(rng.normal(0, 0.7, ch)).astype(np.float32)
+    scale[rng.choice(ch, max(1, ch // 100), replace=False)] *= 40
+    x = (rng.standard_normal((rows, ch), dtype=np.float32) * scale).view(np.uint32)
+    bf16 = ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype(np.uint16)
+    return bf16.tobytes()[:n]
+
+
+def group4(d: bytes) -> bytes:
+    a = np.frombuffer(d, np.uint8)
+    return b"".join(a[k::4].tobytes() for k in range(4))
+
+
+FRAME_OPTIONS: list[dict[str, Any]] = [
+    {},
+    {"block_linked": False},
+    {"block_size": lz4.frame.BLOCKSIZE_MAX256KB, "content_checksum": True},
+    {"block_checksum": True, "store_size": False},
+    {"compression_level": 9, "block_size": lz4.frame.BLOCKSIZE_MAX4MB},
+    {"block_size": lz4.frame.BLOCKSIZE_MAX64KB, "block_linked": True, "content_checksum": True,
+     "block_checksum": True},
+]
+
+
+def chunk(data: bytes, scheme: int, rng: random.Random) -> bytes:
+    if scheme == 0:
+        payload = data
+    else:
+        payload = lz4.frame.compress(group4(data) if scheme == 2 else data, **rng.choice(FRAME_OPTIONS))
+    head = bytes([0]) + len(payload).to_bytes(3, "little") + bytes([scheme]) + len(data).to_bytes(3, "little")
+    return head + payload
+
+
+class Pieces:
+    """A response body that arrives in pieces of random sizes (what a socket gives)."""
+
+    def __init__(self, body: bytes, rng: random.Random) -> None:
+        self.body, self.pos, self.rng = body, 0, rng
+
+    def readinto(self, b: memoryview) -> int:
+        n = min(len(b), len(self.body) - self.pos, self.rng.choice([1, 7, 4096, 65_536, 1 << 20]))
+        b[:n] = self.body[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+class Redirecting(Pieces):
+    """A body whose reader redirects part 1 of ``dst`` to ``to`` once ``at`` bytes were read (what
+    a load does to a read-ahead on its way: stores/prefetch.py)."""
+
+    def __init__(self, body: bytes, rng: random.Random, dst: Scatter, at: int, to: np.ndarray) -> None:
+        super().__init__(body, rng)
+        self.dst, self.at, self.to, self.moved = dst, at, to, False
+
+    def readinto(self, b: memoryview) -> int:
+        if self.pos >= self.at and not self.moved:
+            self.dst.redirect(1, memoryview(self.to))
+            self.moved = True
+        return super().readinto(b[:4096])  # small pieces: the redirect comes between two writes
+
+
+def make_range(seed: int) -> tuple[bytes, list[bytes], tuple[tuple[int, int, int, int], ...], bytes]:
+    """A fetched range: its body, its chunks' bytes, terms (first, end, offset, length), the file."""
+    rng = random.Random(seed)
+    nrng = np.random.default_rng(seed)
+    kind = rng.choice(["bf16", "random", "zeros-and-text", "mixed"])
+    chunks: list[bytes] = []
+    body = bytearray()
+    for _ in range(rng.randint(1, 40)):
+        n = rng.choice([1, 2, 3, 4, 5, 7, 64, 1001, 8191, 65_536, 65_537, 100_003, 131_072])
+        k = kind if kind != "mixed" else rng.choice(["bf16", "random", "zeros-and-text"])
+        if k == "bf16":
+            data = bf16_kv(n, nrng)
+        elif k == "random":
+            data = os.urandom(n)
+        else:
+            runs = np.repeat(nrng.integers(0, 3, n // 16 + 1, dtype=np.uint8) * 40, 16)[:n]
+            data = (runs + (nrng.random(n) < 0.05)).astype(np.uint8).tobytes()  # overlapping matches
+        chunks.append(data)
+        body += chunk(data, rng.choice([0, 1, 2]), rng)
+    # terms: consecutive runs, sometimes a chunk used twice (dedup), sometimes chunks nobody uses
+    first = rng.randint(0, min(2, len(chunks) - 1))
+    terms, c = [], first
+    while c < len(chunks):
+        end = rng.randint(c + 1, len(chunks))
+        terms.append((c, end))
+        if rng.random() < 0.3 and end - c > 1:
+            back = rng.randint(c, end - 1)
+            terms.append((back, rng.randint(back + 1, end)))  # shares chunks with the term before
+        c = end + (1 if rng.random() < 0.2 else 0)
+    targets, off, file = [], 0, bytearray()
+    for cs, ce in terms:
+        part = b"".join(chunks[cs:ce])
+        targets.append((cs, ce, off, len(part)))
+        file += part
+        off += len(part)
+    return bytes(body), chunks, tuple(targets), bytes(file)
+
+
+def read(body: bytes, nchunks: int, targets: Any, dst: Any, fast: Any, seed: int, window: int,
+         gate: Gate | None = None) -> None:
+    copy_range(Pieces(body, random.Random(seed)), len(body), (0, nchunks), targets, dst, gate, Window(window),
+               fast)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_both_decoders_give_the_original_bytes_into_plain_buffers(seed: int) -> None:
+    body, chunks, targets, file = make_range(seed)
+    window = random.Random(seed).choice([140_000, 300_000, xet_decode.WINDOW])
+    outs = []
+    for fast in (KERNEL, None):
+        out = bytearray(b"\xa5" * len(file))
+        read(body, len(chunks), targets, memoryview(out), fast, seed, window, Gate() if seed % 2 else None)
+        outs.append(bytes(out))
+    assert outs[0] == outs[1] == file
+
+
+@pytest.mark.parametrize("seed", range(40, 70))
+def test_both_decoders_fill_scatters_and_feed_their_hash(seed: int) -> None:
+    """Parts split at random offsets (chunks straddle them), the hash fed in order, and a
+    redirect of the middle part halfway through the range keeps every byte."""
+    body, chunks, targets, file = make_range(seed)
+    rng = random.Random(seed)
+    cuts = sorted({0, len(file), *(rng.randint(0, len(file)) for _ in range(3))})
+    for fast in (KERNEL, None):
+        parts = [np.full(b - a, 0xA5, np.uint8) for a, b in itertools.pairwise(cuts)]
+        dst = Scatter(*parts, hasher=xxhash.xxh3_64())
+        redirect = rng.random() < 0.5 and len(parts) > 1
+        if redirect:
+            dst.allow_redirect()
+            moved = np.full(parts[1].size, 0x5A, np.uint8)
+            src = Redirecting(body, random.Random(seed), dst, len(body) // 2, moved)
+            copy_range(src, len(body), (0, len(chunks)), targets, dst, None, Window(300_000), fast)
+            assert src.moved
+            parts[1] = moved
+        else:
+            read(body, len(chunks), targets, dst, fast, seed, 300_000)
+        assert b"".join(p.tobytes() for p in parts) == file
+        if not dst.rewritten:
+            dst.landed(dst.hashed, dst.nbytes)
+            assert dst.hasher.intdigest() == xxhash.xxh3_64_intdigest(file)
+
+
+def test_an_abandoned_read_writes_nothing_through_the_compiled_decoder() -> None:
+    body, chunks, targets, file = make_range(3)
+    out = bytearray(len(file))
+    gate = Gate()
+    gate.close()
+    with pytest.raises(Abandoned):
+        read(body, len(chunks), targets, memoryview(out), KERNEL, 3, xet_decode.WINDOW, gate)
+    assert out == bytearray(len(file))
+
+
+def damage(body: bytes, rng: random.Random) -> bytes:
+    b = bytearray(body)
+    how = rng.choice(["flip", "truncate", "extend", "header"])
+    if how == "flip":
+        for _ in range(rng.randint(1, 20)):
+            i = rng.randrange(len(b))
+            b[i] ^= 1 << rng.randrange(8)
+    elif how == "truncate":
+        del b[rng.randrange(len(b)) :]
+    elif how == "extend":
+        b += os.urandom(rng.randint(1, 100))
+    else:
+        b[rng.choice([0, 4, 5])] = rng.choice([1, 3, 0xFF])
+    return bytes(b)
+
+
+@pytest.mark.parametrize("seed", range(100, 160))
+def test_damaged_ranges_fail_or_decode_alike(seed: int) -> None:
+    """Flipped bits, cut or extended bodies, bad headers: both decoders raise the same kind of
+    error, or (a flipped bit inside raw bytes or literals) both give the same bytes."""
+    body, chunks, targets, file = make_range(seed)
+    bad = damage(body, random.Random(seed))
+    got = []
+    for fast in (KERNEL, None):
+        out = bytearray(len(file))
+        try:
+            read(bad, len(chunks), targets, memoryview(out), fast, seed, 300_000)
+            got.append(("ok", bytes(out)))
+        except (StoreError, XetReadUnsupported) as e:
+            got.append(("error", type(e)))
+    assert got[0] == got[1]
+
+
+def test_unknown_decoder_setting_is_reported_and_read_as_auto(monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(xet_decode.DECODER_ENV, "fastest")
+    assert xet_decode.decoder_mode() == "auto"
+    assert "KVBUCKET_XET_DECODER" in caplog.text and "python" in caplog.text
+    monkeypatch.setenv(xet_decode.DECODER_ENV, "python")
+    assert xet_decode.kernel() is None
+    monkeypatch.setenv(xet_decode.DECODER_ENV, "numba")
+    assert xet_decode.kernel() is KERNEL
+
+
+def test_real_hf_xet_uploads_decode_alike_into_buffers_scatters_and_sealed_reads(
+    hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects uploaded by the real hf_xet (bf16 KV: byte-grouped LZ4; runs: LZ4; random: raw),
+    read back by each decoder into fresh buffers, caller buffers, Scatters and through a sealed
+    store (header + payload Scatter, hashed as it lands). The compiled decoder decodes every
+    chunk itself (no chunk goes the Python way); the Python one decodes them all."""
+    from kvbucket.stores.hfbucket import HFBucketStore
+    from kvbucket.stores.hfbucket_config import build_config
+    from kvbucket.stores.sealed import seal_store
+
+    rng = np.random.default_rng(7)
+    sizes = [1, 4_097, 65_539, 1_000_003, 3 << 20]
+    runs = [np.repeat(rng.integers(0, 4, n // 64 + 1, dtype=np.uint8), 64)[:n].tobytes() for n in sizes[1:3]]
+    data = [bf16_kv(n, rng) for n in sizes] + runs
+    data += [os.urandom(n) for n in sizes[2:4]]
+    names = [f"obj{i}" for i in range(len(data))]
+    cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/dec",
+                       token=hub_bucket.hub.write_token, token_env="", endpoint=hub_bucket.hub.endpoint)
+
+    def sealed_store() -> Any:
+        return seal_store(HFBucketStore(build_config(
+            bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/sealed", token=hub_bucket.hub.write_token,
+            token_env="", endpoint=hub_bucket.hub.endpoint)), tier="test")
+
+    with HFBucketStore(cfg) as w:
+        assert all(r.ok for r in w.put_many(list(zip(names, data, strict=True))))
+        with sealed_store() as sealed:
+            assert all(r.ok for r in sealed.put_many(list(zip(names, data, strict=True))))
+    real = xet_decode.decode_chunk
+    for mode in ("numba", "python"):
+        monkeypatch.setenv(xet_decode.DECODER_ENV, mode)
+        calls: list[int] = []
+
+        def counting(scheme: int, payload: memoryview, n: int, calls: list[int] = calls) -> Any:
+            calls.append(scheme)
+            return real(scheme, payload, n)
+
+        monkeypatch.setattr(xet_decode, "decode_chunk", counting)
+        with HFBucketStore(cfg) as s:
+            got = s.get_many(names)
+            assert [bytes(r.data) for r in got] == data
+            bufs = [np.full(len(d), 0xA5, np.uint8) for d in data]
+            assert all(r.ok for r in s.get_many(names, bufs))
+            assert [b.tobytes() for b in bufs] == data
+            scat = [Scatter(bytearray(len(d) // 3), bytearray(len(d) - len(d) // 3)) for d in data]
+            assert all(r.ok for r in s.get_many(names, scat))
+            assert [bytes(x.parts[0]) + bytes(x.parts[1]) for x in scat] == data
+        with sealed_store() as s:
+            bufs = [np.empty(len(d), np.uint8) for d in data]
+            got = s.get_many(names, bufs)
+            assert all(r.ok for r in got), [r.error for r in got]
+            assert [b.tobytes() for b in bufs] == data
+        if mode == "numba":
+            assert calls == []
+        else:
+            assert {1, 2} <= set(calls)  # hf_xet compressed some chunks each way
