@@ -294,3 +294,17 @@ def test_real_hf_xet_uploads_decode_alike_into_buffers_scatters_and_sealed_reads
             assert calls == []
         else:
             assert {1, 2} <= set(calls)  # hf_xet compressed some chunks each way
+
+
+@pytest.mark.parametrize("fast", [KERNEL, None], ids=["compiled", "python"])
+def test_a_closed_redirectable_scatter_takes_no_late_decode(fast: Any) -> None:
+    """A read-ahead's Scatter closed (its read is over) refuses a late writer's in-place decode
+    as it refuses item writes: nothing lands."""
+    body, chunks, targets, file = make_range(5)
+    part = np.zeros(len(file), np.uint8)
+    dst = Scatter(part)
+    dst.allow_redirect()
+    dst.close()
+    with pytest.raises(Abandoned):
+        read(body, len(chunks), targets, dst, fast, 5, xet_decode.WINDOW)
+    assert not part.any()
