@@ -49,6 +49,7 @@ app = typer.Typer(
     name="kvbucket",
     help="Keep LLM inference caches (KV chunks, compiled artifacts) in buckets and S3.",
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},  # sub-commands inherit it (click)
     rich_markup_mode=None,
     pretty_exceptions_enable=False,  # main() turns errors into one line; --debug shows the traceback
     pretty_exceptions_show_locals=False,  # locals may hold tokens
@@ -74,7 +75,7 @@ def _version_callback(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_version_callback, is_eager=True,
+        False, "--version", "-V", callback=_version_callback, is_eager=True,
         help="Print kvbucket's version and exit.",
     ),
     debug: bool = typer.Option(

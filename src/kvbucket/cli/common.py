@@ -19,6 +19,7 @@ from kvbucket.errors import AuthError, ConfigError, InvalidKeyError, KVBucketErr
 from kvbucket.secrets import redact
 from kvbucket.stores import ObjectStore, open_store, store_scheme
 from kvbucket.stores.deadline import deadline_in, run_abandonable
+from kvbucket.stores.urls import resolve_store_url
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 30.0
@@ -75,12 +76,39 @@ def exit_now(message: str, code: int = 1) -> NoReturn:
     os._exit(code)
 
 
+#: store URLs a command was given as bucket ids -> the id as typed (for the hint of an error)
+_TYPED_AS_ID: dict[str, str] = {}
+
+
+def store_url(value: Any) -> Any:
+    """A typer callback for URL arguments and options: a Hub bucket id (``alice/kv[/prefix]``)
+    becomes ``hf://buckets/alice/kv[/prefix]`` (the rule: :mod:`kvbucket.stores.urls`); anything
+    else is kept as typed. Takes a value or a list of them (``None`` stays ``None``)."""
+    if isinstance(value, list | tuple):
+        return [store_url(v) for v in value]
+    if not isinstance(value, str):
+        return value
+    resolved = resolve_store_url(value)
+    if resolved != value:
+        _TYPED_AS_ID[resolved] = value
+    return resolved
+
+
+def as_id_hint(url: str) -> str:
+    """For a URL typed as a bucket id: how it was read, and how to name the directory instead."""
+    typed = _TYPED_AS_ID.get(url)
+    if typed is None:
+        return ""
+    return f" ({typed!r} was read as the Hub bucket id {url}; write ./{typed} for a local directory)"
+
+
 def is_remote(url: str) -> bool:
-    return url.startswith(("hf://", "s3://"))
+    return resolve_store_url(url).startswith(("hf://", "s3://"))
 
 
 def endpoint_hint(url: str, store: Any = None) -> str:
     """Which endpoint a URL goes to and where that came from (never a secret)."""
+    url = resolve_store_url(url)
     if url.startswith("hf://"):
         endpoint = getattr(store, "endpoint", None) or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
         source = "$HF_ENDPOINT" if os.environ.get("HF_ENDPOINT") else "the default Hub endpoint"
@@ -174,16 +202,17 @@ def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[Objec
     bucket). A remote store is probed first, so a missing bucket, a refused token or an endpoint
     that never answers is one line at once.
     """
+    hint = as_id_hint(url)
     try:
         store = open_for_command(url)
     except KVBucketError as e:
-        raise fail(str(e), exit_code_for(e)) from None
+        raise fail(str(e) + hint, exit_code_for(e)) from None
     except (OSError, ValueError, TypeError) as e:
-        raise fail(f"cannot open {url!r}: {error_text(e)}", exit_code_for(e)) from None
+        raise fail(f"cannot open {url!r}: {error_text(e)}{hint}", exit_code_for(e)) from None
     try:
         probe_or_exit(store, url, timeout)
     except KVBucketError as e:
-        raise fail(str(e), exit_code_for(e)) from None
+        raise fail(str(e) + hint, exit_code_for(e)) from None
     try:
         yield store
     except BrokenPipeError:

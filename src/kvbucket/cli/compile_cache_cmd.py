@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from kvbucket.cli import output
 from kvbucket.cli.common import (
     DEFAULT_TIMEOUT_S,
     NoAnswerError,
@@ -26,8 +24,10 @@ from kvbucket.cli.common import (
     is_remote,
     open_for_command,
     probe_or_exit,
+    store_url,
     unreachable_hint,
 )
+from kvbucket.cli.output import Format, FormatOpt, JsonOpt, wants_json
 from kvbucket.errors import ConfigError, KVBucketError
 from kvbucket.secrets import redact
 
@@ -36,19 +36,18 @@ app = typer.Typer(
     help="Share compiled artifacts (Neuron NEFFs, torch.compile, Triton/JAX/vLLM dirs) through a bucket.",
     no_args_is_help=True,
 )
-err = Console(stderr=True)
-out = Console()
+err = output.console(stderr=True)
+out = output.console()
 
-_TARGET_HELP = ("hf://buckets/ns/name[/prefix], s3://bucket[/prefix] or a directory "
-                "(default: the one `set` remembered).")
-TargetOpt = Annotated[str | None, typer.Option("--target", "-t", help=_TARGET_HELP)]
+_TARGET_HELP = ("hf://buckets/ns/name[/prefix] (or the bucket id ns/name[/prefix]), s3://bucket[/prefix] or "
+                "a directory (default: the one `set` remembered).")
+TargetOpt = Annotated[str | None, typer.Option("--target", "-t", help=_TARGET_HELP, callback=store_url)]
 CacheDirOpt = Annotated[Path | None, typer.Option("--cache-dir", help="Local cache dir (neuron: resolved as "
                                                   "Neuron does; torch: ~/.cache/kvbucket/torch-compile).")]
 LayoutOpt = Annotated[str, typer.Option("--layout", help="neuron, torch or directory (directory:NAME[:DEPTH] "
                                         "names the version and the entry depth, e.g. directory:inductor:2).")]
 VersionOpt = Annotated[str | None, typer.Option("--compiler-version", help="Compiler version (neuron: "
                                                 "2.15.128.0+56dc5a86; default: the installed neuronx-cc).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 
 @contextmanager
@@ -112,18 +111,20 @@ def _open(target: str, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
     if as_json:
-        out.print_json(json.dumps(data, default=str))
+        output.print_json(data)
     else:
         typer.echo(text)
 
 
 def _progress() -> bool:
-    return sys.stderr.isatty()
+    """Commands report progress: a bar on a terminal, a line every few seconds in a log."""
+    return True
 
 
 @app.command("create")
 def create(
-    target: Annotated[str, typer.Argument(help="hf://buckets/<ns>/<bucket>, s3://<bucket> or a directory.")],
+    target: Annotated[str, typer.Argument(help="hf://buckets/<ns>/<bucket> (or the bucket id <ns>/<bucket>), "
+                                          "s3://<bucket> or a directory.", callback=store_url)],
     public: Annotated[bool, typer.Option("--public", help="Hub only: make the bucket readable by anyone "
                                          "(writes stay yours). Default: private.")] = False,
     remember: Annotated[bool, typer.Option("--set/--no-set", help="Remember it as the default target.")]
@@ -217,7 +218,7 @@ def _existing_dir(target: str) -> Path:
 
 
 @app.command("set")
-def set_target(target: Annotated[str, typer.Argument(help=_TARGET_HELP)]) -> None:
+def set_target(target: Annotated[str, typer.Argument(help=_TARGET_HELP, callback=store_url)]) -> None:
     """Remember TARGET as the default compile cache (a small file in your config dir).
 
     A directory must exist (`kvbucket compile-cache create DIR` makes one); bucket URLs are
@@ -239,12 +240,14 @@ def fetch_cmd(
                                                    "flat area of the compiler version).")] = None,
     task: Annotated[str | None, typer.Option("--task")] = None,
     target: TargetOpt = None, cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
-    compiler_version: VersionOpt = None, as_json: JsonOpt = False, timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    compiler_version: VersionOpt = None, fmt: FormatOpt = Format.table, as_json: JsonOpt = False,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Pre-warm the local cache from the bucket (complete entries only, written atomically)."""
     from kvbucket.compile_cache.fetch import fetch
     from kvbucket.compile_cache.transfer import ModelScope
 
+    as_json = wants_json(fmt, as_json)
     with _errors():
         lay, root, remote = _layout_and_dir(layout, compiler_version, cache_dir)
         scope = ModelScope(model_id, task) if model_id else None
@@ -261,7 +264,7 @@ def fetch_cmd(
 @app.command("sync")
 def sync_cmd(
     target: TargetOpt = None, cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
-    compiler_version: VersionOpt = None, as_json: JsonOpt = False,
+    compiler_version: VersionOpt = None, fmt: FormatOpt = Format.table, as_json: JsonOpt = False,
     lock_timeout: Annotated[float, typer.Option("--lock-timeout", help="Seconds to wait for another "
                                                 "sync on this host.")] = 600.0,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
@@ -269,6 +272,7 @@ def sync_cmd(
     """Upload every good local entry the bucket lacks (failed, locked and partial ones never)."""
     from kvbucket.compile_cache.sync import sync
 
+    as_json = wants_json(fmt, as_json)
     with _errors():
         lay, root, remote = _layout_and_dir(layout, compiler_version, cache_dir)
         store = _open(_target(target, remote), timeout)
@@ -288,7 +292,8 @@ def lookup_cmd(
     model_id: Annotated[str, typer.Argument(help="Hub model id, e.g. meta-llama/Llama-3.1-8B")],
     task: Annotated[str | None, typer.Option("--task")] = None,
     compiler_version: VersionOpt = None,
-    target: TargetOpt = None, layout: LayoutOpt = "neuron", as_json: JsonOpt = False,
+    target: TargetOpt = None, layout: LayoutOpt = "neuron", fmt: FormatOpt = Format.table,
+    as_json: JsonOpt = False,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Export records of MODEL_ID; extra options filter them: --tensor_parallel_size 2 --dtype bf16.
@@ -298,6 +303,7 @@ def lookup_cmd(
     """
     from kvbucket.compile_cache.lookup import lookup, parse_filter_args
 
+    as_json = wants_json(fmt, as_json)
     with _errors():
         filters = parse_filter_args(ctx.args)
         lay = _parse_layout(layout, compiler_version)
@@ -322,10 +328,12 @@ def lookup_cmd(
 
 @app.command("status")
 def status_cmd(cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
-               compiler_version: VersionOpt = None, as_json: JsonOpt = False) -> None:
+               compiler_version: VersionOpt = None, fmt: FormatOpt = Format.table,
+               as_json: JsonOpt = False) -> None:
     """Local entries per compiler version and state (good, failed, in_progress, incomplete), with bytes."""
     from kvbucket.compile_cache.maintenance import status
 
+    as_json = wants_json(fmt, as_json)
     with _errors():
         lay, root, _ = _layout_and_dir(layout, compiler_version, cache_dir)
         current = lay.current_groups()
@@ -334,10 +342,8 @@ def status_cmd(cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
             body = {"cache_dir": str(root), "current": current, "groups": [g.to_dict() for g in groups]}
             _emit(body, True, "")
             return
-        table = Table(title=f"compile cache {root}")
-        table.add_column("version", no_wrap=True)
-        for col in ("good", "failed", "in progress", "incomplete", "bytes", ""):
-            table.add_column(col, justify="right")
+        table = output.table(("version", "left"), *((col, "right") for col in (
+            "good", "failed", "in progress", "incomplete", "bytes", "")), title=f"compile cache {root}")
         for g in groups:
             mark = "" if g.current is None else ("current" if g.current else "old")
             table.add_row(g.group, *(str(g.entries.get(s, 0)) for s in ("good", "failed", "in_progress",
@@ -354,11 +360,12 @@ def cleanup_cmd(
     old_versions: Annotated[bool, typer.Option("--old-versions", help="Also remove other compiler versions.")]
     = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only print what would be removed.")] = False,
-    as_json: JsonOpt = False,
+    fmt: FormatOpt = Format.table, as_json: JsonOpt = False,
 ) -> None:
     """Remove failed entries, stale locks, dead compiles (refuses while neuronx-cc runs)."""
     from kvbucket.compile_cache.maintenance import cleanup
 
+    as_json = wants_json(fmt, as_json)
     with _errors():
         lay, root, _ = _layout_and_dir(layout, compiler_version, cache_dir)
         rep = cleanup(lay, root, old_versions=old_versions, current=lay.current_groups(), dry_run=dry_run)

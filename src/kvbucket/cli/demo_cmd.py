@@ -8,7 +8,7 @@ import os
 
 import typer
 
-from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, is_remote, opened_store
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, is_remote, opened_store, store_url
 from kvbucket.errors import ConfigError
 from kvbucket.secrets import redact
 from kvbucket.stores import store_scheme
@@ -29,9 +29,10 @@ def register(app: typer.Typer) -> None:
             help="Shared tier instead of the default (the real-model demo: an in-process Hub emulator "
             "with a private bucket; --synthetic: a FileStore in a temp dir): "
             "hf://buckets/<ns>/<bucket>/<prefix>, s3://<bucket>/<prefix> (prefixes optional), file:///dir "
-            "or a path. "
+            "or a path; a bucket id <ns>/<bucket>[/<prefix>] is hf://buckets/<ns>/<bucket>[/<prefix>]. "
             "Credentials come from the usual environment (HF_TOKEN, AWS_*). The demo's chunks are "
             "removed from it at the end unless --keep.",
+            callback=store_url,
         ),
         keep: bool = typer.Option(False, "--keep", help="Leave the demo's chunks in --target."),
         prompt_tokens: int = typer.Option(

@@ -15,10 +15,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -30,7 +30,9 @@ from kvbucket.cli.common import (
     is_remote,
     open_for_command,
     probe,
+    store_url,
 )
+from kvbucket.cli.output import Format, FormatOpt, JsonOpt, print_json, wants_json
 from kvbucket.remote_hit import (
     MODEL_SHAPES,
     PROMPT_TOKENS,
@@ -177,8 +179,9 @@ def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor(
         urls: Annotated[list[str] | None, typer.Argument(
-            help="More store URLs to check (hf://buckets/ns/name, s3://bucket/prefix, a directory).",
-            show_default=False)] = None,
+            help="More store URLs to check (hf://buckets/ns/name or the bucket id ns/name, "
+            "s3://bucket/prefix, a directory).",
+            show_default=False, callback=store_url)] = None,
         timeout: Annotated[float, typer.Option(
             "--timeout", min=0.1, help="Seconds each endpoint and store has to answer.")] = DOCTOR_TIMEOUT_S,
         model: Annotated[str | None, typer.Option(
@@ -187,6 +190,8 @@ def register(app: typer.Typer) -> None:
             f"the prompt for this model shape: {', '.join(MODEL_SHAPES)}.", show_default=False)] = None,
         prompt_tokens: Annotated[int, typer.Option(
             "--prompt-tokens", min=1, help="With --model: the prompt a hit replaces.")] = PROMPT_TOKENS,
+        fmt: FormatOpt = Format.table,
+        as_json: JsonOpt = False,
     ) -> None:
         """Print what a bug report needs: versions, endpoints (secrets redacted), reachability.
 
@@ -200,38 +205,72 @@ def register(app: typer.Typer) -> None:
         if model is not None and not urls:
             raise typer.BadParameter("measures the store URLs given on the command line: name one",
                                      param_hint="--model")
-        typer.echo("kvbucket doctor (paste this into a bug report: tokens and keys are never shown)")
-        typer.echo("\nversions:")
-        for name, version in package_versions():
-            typer.echo(f"  {name:<18}{version}")
-        typer.echo("\nenvironment:")
+        as_json = wants_json(fmt, as_json)
         rows = environment()
-        for name, value in rows:
-            typer.echo(f"  {name:<28}{value}")
-        if not rows:
-            typer.echo("  (no HF_*, AWS_* or KVBUCKET_* variables set)")
-        typer.echo(f"  {'saved Hugging Face login':<28}{saved_hf_login()}")
         checks: list[Check] = []
         for var in ("HF_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             if url := os.environ.get(var, "").strip():
                 checks.append(check_endpoint(f"${var}", url, timeout))
         for url, source in configured_stores(list(urls or [])):
             checks.append(check_store(url, source, timeout))
+        if as_json:
+            _doctor_json(rows, checks, list(urls or []), model, prompt_tokens)
+            return
+        typer.echo("kvbucket doctor (paste this into a bug report: tokens and keys are never shown)")
+        typer.echo("\nversions:")
+        for name, version in package_versions():
+            typer.echo(f"  {name:<18}{version}")
+        typer.echo("\nenvironment:")
+        for name, value in rows:
+            typer.echo(f"  {name:<28}{value}")
+        if not rows:
+            typer.echo("  (no HF_*, AWS_* or KVBUCKET_* variables set)")
+        typer.echo(f"  {'saved Hugging Face login':<28}{saved_hf_login()}")
         typer.echo("\nreachability:")
         for c in checks:
             typer.echo(redact(f"  {'ok  ' if c.ok else 'FAIL'}  {c.what}: {c.detail}"))
         if not checks:
             typer.echo("  nothing configured: no $HF_ENDPOINT, $AWS_ENDPOINT_URL, compile-cache target or "
                        "URL arguments")
-        if any(c.stuck for c in checks):
-            # a store call stuck on a silent endpoint still holds a client thread: leave now
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
-        if any(not c.ok for c in checks):
-            raise typer.Exit(1)
+        _exit_for(checks)
         if model is not None:
             _report_remote_hit(list(urls or []), Budget(MODEL_SHAPES[model], prompt_tokens))
+
+
+def _exit_for(checks: list[Check]) -> None:
+    if any(c.stuck for c in checks):
+        # a store call stuck on a silent endpoint still holds a client thread: leave now
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    if any(not c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+def _doctor_json(rows: list[tuple[str, str]], checks: list[Check], urls: list[str], model: str | None,
+                 prompt_tokens: int) -> None:
+    """``doctor --format json``: the same facts as the text, one document (secrets redacted)."""
+    body: dict[str, Any] = {
+        "versions": dict(package_versions()),
+        "environment": dict(rows),
+        "saved_hf_login": saved_hf_login(),
+        "checks": [{"what": redact(c.what), "ok": c.ok, "detail": redact(c.detail)} for c in checks],
+        "remote_hit": None,
+    }
+    if model is not None and all(c.ok for c in checks):
+        from kvbucket.stores import open_store
+
+        budget = Budget(MODEL_SHAPES[model], prompt_tokens)
+        body["remote_hit"] = []
+        for url in urls:
+            m = measure(lambda url=url: open_store(url), budget.shape.layout.full_chunk_bytes,
+                        small_objects=min(budget.chunks, MAX_SMALL_OBJECTS))
+            beats, why = verdict(budget, m)
+            body["remote_hit"].append({"url": url, "model": model, "prompt_tokens": prompt_tokens,
+                                       **asdict(m), "round_trips": m.round_trips, "gbps": m.gbps,
+                                       "beats_recompute": beats, "why": why})
+    print_json(body)
+    _exit_for(checks)
 
 
 def _report_remote_hit(urls: list[str], budget: Budget) -> None:

@@ -9,15 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store
+from kvbucket.cli import output
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store, store_url
 from kvbucket.cli.store_cmd import human_size
 from kvbucket.encryption import Keyring
 from kvbucket.errors import KVBucketError
 from kvbucket.l2.migrate import migrate, plan
 from kvbucket.l2.naming import CONNECTOR_STYLES, MP_STYLES, Naming
+from kvbucket.progress import Progress
 
 SHOWN_FAILED = 20
 
@@ -37,7 +37,9 @@ def register(app: typer.Typer) -> None:
             ...,
             help="Store URL LMCache's adapter wrote to (file:///dir, a path, hf://buckets/NS/NAME/PREFIX, "
             "s3://BUCKET/PREFIX): the same URL kvbucket's adapter is given (its bucket_handle, "
-            "base_path or s3_endpoint), since sealed chunks bind their names relative to it.",
+            "base_path or s3_endpoint), since sealed chunks bind their names relative to it. A bucket "
+            "id NS/NAME[/PREFIX] is hf://buckets/NS/NAME[/PREFIX].",
+            callback=store_url,
         ),
         source: str = typer.Option(
             None, "--from",
@@ -70,7 +72,7 @@ def register(app: typer.Typer) -> None:
         except KVBucketError as e:
             raise fail(str(e)) from None
         naming = Naming(style=style, connector=connector)
-        console = Console()
+        console = output.console()
         with opened_store(url, timeout) as store:
             moves = plan(store, naming)
             total = sum(m.size for m in moves)
@@ -78,12 +80,10 @@ def register(app: typer.Typer) -> None:
                           markup=False, highlight=False)  # fmt: skip
             if dry_run or not moves:
                 return
-            with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                          TimeRemainingColumn(), console=console, transient=True) as progress:  # fmt: skip
-                task = progress.add_task("migrating", total=total)
+            with Progress("migrating", total=total) as progress:
                 report = migrate(store, naming, moves, tier="connector" if connector else "l2",
                                  encryption=keyring, keep_source=keep_source,
-                                 progress=lambda n: progress.advance(task, n))  # fmt: skip
+                                 progress=progress.advance)  # fmt: skip
         console.print(
             f"wrote {report.written} sealed chunks ({human_size(report.written_bytes)}), "
             f"{report.already} were already there; removed {report.deleted} LMCache-format objects",

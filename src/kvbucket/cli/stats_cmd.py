@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import urllib.error
 import urllib.request
+from dataclasses import asdict
+from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from kvbucket.cli import output
 from kvbucket.cli.common import fail
+from kvbucket.cli.output import Format, FormatOpt, JsonOpt, wants_json
 
 DEFAULT_URL = "http://127.0.0.1:9464/metrics"
 
@@ -48,13 +51,11 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
     if not (summary.rows or summary.prefix_tokens or summary.integrity_verified or summary.breakers
             or summary.disk_skipped_full or summary.fleets):
         return False
-    table = Table(title=title)
-    for col, justify in (
+    table = output.table(
         ("kind", "left"), ("name", "left"), ("hits", "right"), ("misses", "right"), ("hit ratio", "right"),
         ("writes", "right"), ("errors", "right"), ("read", "right"), ("written", "right"),
-        ("mean get", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        ("mean get", "right"), title=title,
+    )
     for r in summary.rows:
         ratio = "-" if r.hit_ratio is None else f"{100 * r.hit_ratio:.0f}%"
         latency = "-" if r.mean_read_ms is None else f"{r.mean_read_ms:.1f} ms"
@@ -110,6 +111,29 @@ def render_summary(exposition: str, console: Console, title: str = "kvbucket met
     return True
 
 
+def summary_dict(exposition: str, url: str) -> dict[str, Any]:
+    """``stats --format json``: the summary with stable snake_case field names (docs/cli.md)."""
+    from kvbucket.metrics import summarize
+
+    s = summarize(exposition)
+    return {
+        "url": url,
+        "rows": [{**asdict(r), "hit_ratio": r.hit_ratio, "mean_read_ms": r.mean_read_ms} for r in s.rows],
+        "breakers": [{"store": k, "state": st, "refused": n} for k, (st, n) in sorted(s.breakers.items())],
+        "disk_skipped_full": [{"directory": d, "chunks": n} for d, n in sorted(s.disk_skipped_full.items())],
+        "fleets": [{"store": st, "node": node, **g} for (st, node), g in sorted(s.fleets.items())],
+        "fleet_evictions": s.fleet_evictions,
+        "prefix_tokens": s.prefix_tokens,
+        "prefix_chunks": s.prefix_chunks,
+        "integrity": {
+            "verified": s.integrity_verified,
+            "refused": [{"tier": t, "reason": why, "objects": n}
+                        for (t, why), n in sorted(s.integrity_failures.items())],
+            "removed": s.integrity_removed,
+        },
+    }
+
+
 def register(app: typer.Typer) -> None:
     @app.command("stats")
     def stats(
@@ -118,9 +142,15 @@ def register(app: typer.Typer) -> None:
             "--url",
             help=f"The process's metrics endpoint (default: $KVBUCKET_METRICS_URL or {DEFAULT_URL}).",
         ),
+        fmt: FormatOpt = Format.table,
+        as_json: JsonOpt = False,
     ) -> None:
         """Summarise hits, misses, bytes and latency per tier and per store of a running process."""
         target = url or os.environ.get("KVBUCKET_METRICS_URL") or DEFAULT_URL
-        console = Console()
-        if not render_summary(fetch_metrics(target), console, title=f"kvbucket metrics at {target}"):
+        exposition = fetch_metrics(target)
+        if wants_json(fmt, as_json):
+            output.print_json(summary_dict(exposition, target))
+            return
+        console = output.console()
+        if not render_summary(exposition, console, title=f"kvbucket metrics at {target}"):
             console.print(f"{target} exposes no kvbucket metrics yet (no cache traffic since it started).")

@@ -12,19 +12,33 @@ reached, or some objects of an ``rm`` could not be removed (kvbucket.cli.common)
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import typer
 
-from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, exit_code_for, fail, opened_store
+from kvbucket.cli import output
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, exit_code_for, fail, opened_store, store_url
+from kvbucket.cli.output import (
+    Format,
+    FormatOpt,
+    JsonOpt,
+    ListFormat,
+    print_json,
+    stream_json_array,
+    wants_json,
+)
 from kvbucket.errors import InvalidKeyError
-from kvbucket.keys import name_to_key
+from kvbucket.keys import key_to_name, name_to_key
+from kvbucket.progress import Progress
 from kvbucket.secrets import redact
-from kvbucket.stores import ObjectStore
+from kvbucket.stores import ObjectInfo, ObjectStore, check_name
 
 RM_BATCH = 1000
-URL_HELP = "Store URL: file:///dir, a path, memory://, hf://buckets/ns/name[/prefix], s3://bucket[/prefix]"
+URL_HELP = ("Store URL: a Hub bucket id ns/name[/prefix], hf://buckets/ns/name[/prefix], "
+            "s3://bucket[/prefix], file:///dir or a path (./x is always local; docs/cli.md)")
 
 
 def human_size(n: int) -> str:
@@ -53,29 +67,52 @@ _fail = fail
 def register(app: typer.Typer) -> None:
     @app.command("ls")
     def ls(
-        url: str = typer.Argument(..., help=URL_HELP),
+        url: str = typer.Argument(..., help=URL_HELP, callback=store_url),
         prefix: str = typer.Option("", "--prefix", "-p", help="Only names starting with this string."),
         keys: bool = typer.Option(False, "--keys", "-k", help="Show cache keys, not object names."),
+        fmt: ListFormat = typer.Option(
+            ListFormat.table, "--format", case_sensitive=False,
+            help="table: size and name per line; json: one array of {name, key, size, mtime}; quiet: "
+            "names (keys with --keys) alone.",
+        ),
+        as_json: JsonOpt = False,
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="The same as --format quiet."),
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """List objects: size in bytes, then the name (or decoded cache key with --keys)."""
-        with opened_store(url, timeout) as store:
-            for info in store.list(prefix):
-                typer.echo(f"{info.size:>12}  {display_key(info.name) if keys else info.name}")
+        # the lines are the progress on a terminal; in a log, a line every few seconds on stderr too
+        shown = not (output.is_terminal(sys.stdout) and output.is_terminal(sys.stderr))
+        with opened_store(url, timeout) as store, Progress(f"listing {url}", unit="objects",
+                                                             enabled=shown) as progress:
+            listing = _counted(store.list(prefix), progress)
+            if wants_json(fmt, as_json):
+                stream_json_array(_ls_entry(info) for info in listing)
+            elif quiet or fmt == ListFormat.quiet:
+                for info in listing:
+                    typer.echo(display_key(info.name) if keys else info.name)
+            else:
+                for info in listing:
+                    typer.echo(f"{info.size:>12}  {display_key(info.name) if keys else info.name}")
 
     @app.command("du")
     def du(
-        url: str = typer.Argument(..., help=URL_HELP),
+        url: str = typer.Argument(..., help=URL_HELP, callback=store_url),
         prefix: str = typer.Option("", "--prefix", "-p", help="Only names starting with this string."),
+        fmt: FormatOpt = Format.table,
+        as_json: JsonOpt = False,
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Count objects and bytes; for a prefix shared by a fleet, also its index and nodes."""
         count = total = 0
         with opened_store(url, timeout) as store:
-            for info in store.list(prefix):
-                count += 1
-                total += info.size
+            with Progress(f"listing {url}", unit="objects") as progress:
+                for info in _counted(store.list(prefix), progress):
+                    count += 1
+                    total += info.size
             fleet = _fleet_status(store, prefix)
+        if wants_json(fmt, as_json):
+            print_json({"url": url, "prefix": prefix, "objects": count, "bytes": total, "fleet": fleet})
+            return
         where = f"{url} (prefix {prefix!r})" if prefix else url
         objects = "1 object" if count == 1 else f"{count} objects"
         typer.echo(f"{objects}, {total} bytes ({human_size(total)}) in {where}")
@@ -84,53 +121,148 @@ def register(app: typer.Typer) -> None:
 
     @app.command("rm")
     def rm(
-        url: str = typer.Argument(..., help=URL_HELP),
-        names: list[str] = typer.Argument(None, help="Object names to remove.", show_default=False),
+        url: str = typer.Argument(..., help=URL_HELP, callback=store_url),
+        names: list[str] = typer.Argument(
+            None, help="Objects to remove: object names as `ls` prints them, or cache keys as `ls --keys` "
+            "prints them.", show_default=False,
+        ),
         prefix: str | None = typer.Option(
             None, "--prefix", "-p", help="Remove every object whose name starts with this string."
         ),
         yes: bool = typer.Option(False, "--yes", "-y", help="Confirm a --prefix removal."),
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="Only print what would be removed (no --yes needed); nothing is removed."
+        ),
+        fmt: FormatOpt = Format.table,
+        as_json: JsonOpt = False,
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
-        """Remove objects by name, or every object under --prefix (needs --yes)."""
+        """Remove objects by name or cache key, or every object under --prefix (needs --yes)."""
         names = names or []
         if names and prefix is not None:
             raise _fail("give object names or --prefix, not both")
         if not names and prefix is None:
             raise _fail("nothing to remove: give object names or --prefix PREFIX --yes")
-        if prefix is not None and not yes:
+        if prefix is not None and not yes and not dry_run:
             what = f"every object under prefix {prefix!r}" if prefix else "EVERY object in the store"
-            raise _fail(f"this would remove {what} of {url}; add --yes to confirm")
-        removed = missing = failed = 0
+            raise _fail(f"this would remove {what} of {url}; add --yes to confirm (or --dry-run to see it)")
+        as_json = wants_json(fmt, as_json)
+        done = Removal(dry_run=dry_run)
         with opened_store(url, timeout) as store:
-            for batch in _batches(names) if names else _listed_batches(store, prefix or ""):
-                # A store may answer size=None for a removal it cannot size cheaply, so whether a
-                # named object existed is asked first: only objects that were there count.
-                existed = [r.found for r in store.head_many(batch)] if names else [True] * len(batch)
-                errors: dict[str, list[str]] = {}
-                for r, was_there in zip(store.delete_many(batch), existed, strict=True):
-                    if r.error is not None:
-                        failed += 1
-                        if exit_code_for(r.error) == 2:  # a refused token: no other object will go
-                            done = f" ({removed} removed before)" if removed else ""
-                            raise _fail(f"{r.error}{done}", 2)
-                        errors.setdefault(str(r.error), []).append(r.name)
-                    elif r.size is not None or was_there:
-                        removed += 1
-                    else:
-                        missing += 1
-                for text, failed_names in errors.items():  # one line per cause, not per object
-                    which = failed_names[0] if len(failed_names) == 1 else \
-                        f"{len(failed_names)} objects ({failed_names[0]}, ...)"
-                    typer.echo(f"error: {redact(f'{which}: {text}')}", err=True)
-        parts = [f"removed {removed}"]
-        if missing:
-            parts.append(f"{missing} not found")
-        if failed:
-            parts.append(f"{failed} failed")
-        typer.echo(", ".join(parts))
-        if failed:
+            for batch in _named_batches(store, names) if names else _listed_batches(store, prefix or ""):
+                done.remove(store, batch, echo=not as_json)
+        if as_json:
+            print_json(done.to_dict())
+        else:
+            typer.echo(done.summary())
+        if done.failed:
             raise typer.Exit(1)
+
+
+def _counted(listing: Iterator[ObjectInfo], progress: Progress) -> Iterator[ObjectInfo]:
+    for info in listing:
+        progress.advance(1)
+        yield info
+
+
+def _ls_entry(info: ObjectInfo) -> dict[str, Any]:
+    key = display_key(info.name)
+    return {"name": info.name, "key": key if key != info.name else None, "size": info.size,
+            "mtime": info.mtime}
+
+
+class Removal:
+    """What an ``rm`` removed (or, with ``dry_run``, would remove), object by object."""
+
+    def __init__(self, dry_run: bool) -> None:
+        self.dry_run = dry_run
+        self.removed: list[tuple[str, int | None]] = []
+        self.missing: list[str] = []
+        self.failed: list[tuple[str, str]] = []
+
+    def remove(self, store: ObjectStore, batch: list[tuple[str, int | None]], echo: bool) -> None:
+        """Remove the batch's objects; ``None`` sizes are objects not found (reported, not removed)."""
+        present = [(name, size) for name, size in batch if size is not None]
+        self.missing += [name for name, size in batch if size is None]
+        if self.dry_run:
+            self.removed += present
+            if echo:
+                for name, size in present:
+                    typer.echo(f"would remove {name} ({size} bytes)")
+            return
+        errors: dict[str, list[str]] = {}
+        for r, (name, size) in zip(store.delete_many([n for n, _ in present]), present, strict=True):
+            if r.error is not None:
+                self.failed.append((name, str(r.error)))
+                if exit_code_for(r.error) == 2:  # a refused token: no other object will go
+                    before = f" ({len(self.removed)} removed before)" if self.removed else ""
+                    raise fail(f"{r.error}{before}", 2)
+                errors.setdefault(str(r.error), []).append(name)
+            else:
+                self.removed.append((name, size))
+        if echo:
+            for text, failed_names in errors.items():  # one line per cause, not per object
+                which = failed_names[0] if len(failed_names) == 1 else \
+                    f"{len(failed_names)} objects ({failed_names[0]}, ...)"
+                typer.echo(f"error: {redact(f'{which}: {text}')}", err=True)
+
+    def summary(self) -> str:
+        parts = [f"{'would remove' if self.dry_run else 'removed'} {len(self.removed)}"]
+        if self.missing:
+            parts.append(f"{len(self.missing)} not found")
+        if self.failed:
+            parts.append(f"{len(self.failed)} failed")
+        return ("(dry run) " if self.dry_run else "") + ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "removed": [{"name": n, "size": s} for n, s in self.removed],
+            "not_found": self.missing,
+            "failed": [{"name": n, "error": redact(e)} for n, e in self.failed],
+            "bytes": sum(s or 0 for _, s in self.removed),
+        }
+
+
+def names_for(given: str) -> list[str]:
+    """The object names ``given`` may mean: itself (an object name as ``ls`` prints it), then the
+    name of each cache key reading ``ls --keys`` prints (``dir/key``, where the key may hold
+    ``/`` itself, e.g. a model name): every split at a ``/`` whose right side is a key."""
+    out: list[str] = []
+    with contextlib.suppress(InvalidKeyError):
+        out.append(check_name(given))
+    cut = -1
+    while True:
+        directory, key = given[:cut] if cut >= 0 else "", given[cut + 1 :]
+        try:
+            name = key_to_name(key, directory)
+        except InvalidKeyError:
+            name = None
+        if name is not None and name not in out:
+            out.append(name)
+        cut = given.find("/", cut + 1)
+        if cut < 0:
+            return out
+
+
+def _named_batches(store: ObjectStore, names: list[str]) -> list[list[tuple[str, int | None]]]:
+    """(object name, size or None when missing) of each name or key given, in batches, all resolved
+    before anything is removed: a given string that is neither an object name nor the key of an
+    existing object refuses the whole call (InvalidKeyError). A store may answer size=None for a
+    removal it cannot size cheaply, so whether an object exists is asked first."""
+    out: list[list[tuple[str, int | None]]] = []
+    for batch in _batches(names):
+        candidates = {given: names_for(given) for given in batch}
+        asked = list(dict.fromkeys(n for c in candidates.values() for n in c))
+        sizes = {r.name: r.size for r in store.head_many(asked)} if asked else {}
+        resolved: list[tuple[str, int | None]] = []
+        for given, cands in candidates.items():
+            found = next((c for c in cands if sizes.get(c) is not None), None)
+            if found is None:
+                check_name(given)  # not a key of an existing object: a bad name is refused
+            resolved.append((found, sizes[found]) if found is not None else (given, None))
+        out.append(list(dict.fromkeys(resolved)))
+    return out
 
 
 def _fleet_status(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
@@ -162,11 +294,11 @@ def _batches(names: list[str]) -> Iterator[list[str]]:
         yield names[i : i + RM_BATCH]
 
 
-def _listed_batches(store: ObjectStore, prefix: str) -> Iterator[list[str]]:
-    """Batches of listed names; each batch is deleted before the listing continues."""
-    batch: list[str] = []
+def _listed_batches(store: ObjectStore, prefix: str) -> Iterator[list[tuple[str, int | None]]]:
+    """Batches of listed (name, size); each batch is deleted before the listing continues."""
+    batch: list[tuple[str, int | None]] = []
     for info in store.list(prefix, page_size=RM_BATCH):
-        batch.append(info.name)
+        batch.append((info.name, info.size))
         if len(batch) == RM_BATCH:
             yield batch
             batch = []

@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from kvbucket.batching import batches
-from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store
+from kvbucket.cli import output
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store, store_url
+from kvbucket.cli.output import Format, FormatOpt, JsonOpt, wants_json
 from kvbucket.cli.store_cmd import human_size
 from kvbucket.errors import KVBucketError
+from kvbucket.progress import Progress
 from kvbucket.stores.base import ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:  # imported where used: every `kvbucket` start (`--help` too) imports this module
@@ -125,7 +125,6 @@ def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | Non
     out = Scan({s: [0, 0] for s in STATUSES})
     totals, bad = out.totals, out.bad
     sums = compile_cache_sums(store, infos)
-    task = progress.add_task("verifying", total=sum(i.size for i in infos)) if progress else None
     for batch in _batches(infos):
         for info, r in zip(batch, store.get_many([i.name for i in batch]), strict=True):
             if r.error is not None:
@@ -139,8 +138,8 @@ def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | Non
                 bad.append((info.name, status, reason or ""))
             if reason == "name" and (below := written_under(info.name, r.data)) is not None:
                 out.below[info.name[: -len(below) - 1]] += 1
-        if progress is not None and task is not None:
-            progress.advance(task, sum(i.size for i in batch))
+        if progress is not None:
+            progress.advance(sum(i.size for i in batch))
     return out
 
 
@@ -150,7 +149,9 @@ def register(app: typer.Typer) -> None:
         url: str = typer.Argument(
             ...,
             help="Store URL (file:///dir, a path, hf://buckets/NS/NAME/PREFIX, s3://BUCKET/PREFIX): the same "
-            "URL the tier writes to, since envelopes bind object names relative to it.",
+            "URL the tier writes to, since envelopes bind object names relative to it. A bucket id "
+            "NS/NAME[/PREFIX] is hf://buckets/NS/NAME[/PREFIX].",
+            callback=store_url,
         ),
         delete_bad: bool = typer.Option(
             False, "--delete-bad",
@@ -163,21 +164,23 @@ def register(app: typer.Typer) -> None:
             help="Keyring JSON to authenticate encrypted chunks too (default: none; their checksums "
             "are verified either way).",
         ),
+        fmt: FormatOpt = Format.table,
+        as_json: JsonOpt = False,
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Check every object's kvbucket envelope; exit status 1 when any is corrupt or foreign."""
         from kvbucket.encryption import Keyring
         from kvbucket.stores.refusals import removable
 
-        console = Console()
+        as_json = wants_json(fmt, as_json)
+        console = output.console()
         try:
             keyring = Keyring.from_file(keyring_file) if keyring_file is not None else None
         except KVBucketError as e:
             raise fail(str(e)) from None
         with opened_store(url, timeout) as store:
             infos = list(store.list(prefix))
-            with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                          TimeRemainingColumn(), console=console, transient=True) as progress:
+            with Progress("verifying", total=sum(i.size for i in infos)) as progress:
                 found = scan(store, infos, keyring, progress)
             totals, bad = found.totals, found.bad
             wrong_url = found.wrong_url(url)
@@ -187,10 +190,19 @@ def register(app: typer.Typer) -> None:
                 for i in range(0, len(to_remove), 1000):
                     results = store.delete_many(to_remove[i : i + 1000])
                     removed += sum(1 for r in results if r.error is None)
+        if as_json:
+            output.print_json({
+                "url": store.url, "objects": len(infos),
+                "totals": {s: {"objects": totals[s][0], "bytes": totals[s][1]} for s in STATUSES},
+                "not_good": [{"name": n, "status": s, "reason": r} for n, s, r in bad],
+                "wrong_url": wrong_url, "delete_bad": delete_bad, "damaged": len(to_remove),
+                "removed": removed,
+            })
+            if any(status in ("corrupt", "foreign") for _, status, _ in bad):
+                raise typer.Exit(1)
+            return
         console.print(f"verified {len(infos)} objects in {store.url}", markup=False, highlight=False)
-        table = Table()
-        for col, justify in (("status", "left"), ("objects", "right"), ("bytes", "right")):
-            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table = output.table(("status", "left"), ("objects", "right"), ("bytes", "right"))
         for status in STATUSES:
             n, size = totals[status]
             table.add_row(status, str(n), human_size(size))

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from kvbucket.errors import ConfigError
+from kvbucket.stores.urls import resolve_store_url
 
 ENV_TARGET = "KVBUCKET_COMPILE_CACHE"
 ENV_CONFIG_DIR = "KVBUCKET_CONFIG_DIR"
@@ -27,7 +28,7 @@ def config_path() -> Path:
 
 def check_target(target: str) -> str:
     """Refuse what cannot name a store, with the forms that can."""
-    t = target.strip()
+    t = resolve_store_url(target.strip())
     if not t:
         raise ConfigError("the compile cache target is empty")
     if "://" in t and not t.startswith(_SCHEMES):

@@ -140,9 +140,11 @@ def remote_entries(layout: CacheLayout, objects: dict[str, int]) -> dict[str, di
 
 
 def progress_bar(progress: bool, total: int, desc: str) -> Any:
-    from tqdm.auto import tqdm
+    """A bar on a terminal, a line every few seconds elsewhere (kvbucket.progress); nothing when
+    ``progress`` is false."""
+    from kvbucket.progress import Progress
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress, leave=False)
+    return Progress(desc, total=total, enabled=progress)
 
 
 def open_map(path: Path) -> Any:

@@ -305,7 +305,8 @@ def run_demo(
     ``latency_ms`` (the in-process emulator only) delays every request machine B makes, through
     the emulator's fault rules: the TTFT of a cross-machine hit at wide-area latency."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from kvbucket.progress import Progress
 
     console = console or Console()
     size = size or os.environ.get(SIZE_ENV) or "qwen0.5b-like"
@@ -340,20 +341,13 @@ def run_demo(
             f"kvbucket demo: a {size} Llama (random weights, {dtype}), a {prompt_tokens:,}-token document; "
             f"shared tier: {where}"
         )
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            # 3 steps on A, 3 on B (+1 cleanup), then "done": the bar completes only when B has finished
-            steps = (7 if cfg.cleanup else 6) + 1
-            task = progress.add_task("starting", total=steps)
+        # 3 steps on A, 3 on B (+1 cleanup), then "done": the bar completes only when B has finished.
+        # On a terminal a bar; in a log (`make demo > log`) each step as a line, then one every few seconds.
+        steps = (7 if cfg.cleanup else 6) + 1
+        with Progress("starting", total=steps, unit="steps", console=console) as progress:
 
             def on_step(text: str) -> None:
-                progress.update(task, description=text, advance=1)
+                progress.describe(text, advance=1)
 
             a = _run_machine_process("a", cfg_path, workdir, env, on_step)
             if emulator is not None and latency_ms:
@@ -362,7 +356,7 @@ def run_demo(
             if emulator is not None and latency_ms:
                 b["delayed_requests"] = sum(r["fired"] for r in emulator.faults.rules())
                 b["latency_ms"] = latency_ms
-            progress.update(task, description="done", completed=steps)
+            progress.describe("done", advance=steps - progress.done)
         wall = time.perf_counter() - wall0
         _print_table(console, cfg, a, b, wall)
         return 0 if b["identical"] else 1

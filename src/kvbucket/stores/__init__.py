@@ -6,6 +6,8 @@
 - ``file:///abs/dir`` or a bare path: ``FileStore`` (the embedded default)
 - ``hf://buckets/<namespace>/<bucket>[/<prefix>]``: ``HFBucketStore``
 - ``s3://<bucket>[/<prefix>]``: ``S3Store``
+- ``<namespace>/<bucket>[/<prefix>]``: a Hub bucket id, as ``hf buckets`` takes it (the rule
+  that tells it from a relative path: :mod:`kvbucket.stores.urls`)
 
 Backends register themselves in ``_OPENERS`` lazily so that importing kvbucket does not import
 every client library.
@@ -19,6 +21,7 @@ from typing import Any
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_name
 from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.urls import resolve_store_url
 
 # scheme -> "module:function" taking (url, **options) and returning an ObjectStore
 _OPENERS: dict[str, str] = {
@@ -30,10 +33,11 @@ _OPENERS: dict[str, str] = {
 
 
 def store_scheme(url: str) -> str:
-    """The scheme of a store URL (``file`` for a path); ConfigError for one no store opens."""
+    """The scheme of a store URL (``file`` for a path, ``hf`` for a bucket id); ConfigError for one
+    no store opens."""
     if not isinstance(url, str) or not url:
         raise ConfigError("a store URL is required, e.g. file:///var/cache/kvbucket or hf://buckets/org/name")
-    scheme, sep, _ = url.partition("://")
+    scheme, sep, _ = resolve_store_url(url).partition("://")
     if not sep:
         return "file"
     if scheme not in _OPENERS:
@@ -43,7 +47,9 @@ def store_scheme(url: str) -> str:
 
 
 def open_store(url: str, **options: Any) -> ObjectStore:
-    """Open the object store a URL names. Unknown schemes get an error listing the known ones."""
+    """Open the object store a URL (or a Hub bucket id) names. Unknown schemes get an error listing
+    the known ones."""
+    url = resolve_store_url(url)
     scheme = store_scheme(url)
     if scheme == "memory":
         return MemoryStore(url.partition("://")[2])
@@ -57,4 +63,4 @@ def open_store(url: str, **options: Any) -> ObjectStore:
 
 
 __all__ = ["Buffer", "ItemResult", "MemoryStore", "ObjectInfo", "ObjectStore", "check_name", "open_store",
-           "store_scheme"]
+           "resolve_store_url", "store_scheme"]

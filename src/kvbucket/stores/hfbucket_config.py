@@ -20,13 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, Valida
 
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.stores.base import check_prefix
+from kvbucket.stores.urls import HANDLE_SCHEME, is_hub_name
 
-HANDLE_SCHEME = "hf://buckets/"
 DEFAULT_TMP_DIR_NAME = "kvbucket-hfbucket"
-
-# The Hub's repo-name rule (huggingface_hub.utils.validate_repo_id): 1-96 chars of [A-Za-z0-9._-],
-# not starting or ending with '-' or '.', no '--' or '..'.
-_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +44,7 @@ class BucketLocation:
 
 
 def _check_bucket_name(kind: str, value: str, handle: str) -> str:
-    if not _NAME_RE.match(value) or "--" in value or ".." in value:
+    if not is_hub_name(value):
         raise ConfigError(
             f"bucket_handle {handle!r}: {kind} {value!r} is not a valid Hub name (1-96 characters of "
             "letters, digits, '-', '_', '.'; not starting or ending with '-' or '.'; no '--' or '..')"
