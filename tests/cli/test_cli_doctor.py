@@ -63,7 +63,7 @@ def test_doctor_prints_versions_and_redacts_secrets(hub_bucket: Any, cli_env: di
     for name in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "KVBUCKET_EXTRA_CONFIG"):
         assert any(ln.split() == [name, "set", "(redacted)"] for ln in r.out.splitlines()), name
     assert f"HF_ENDPOINT                 {hub.endpoint}" in r.out
-    assert f"ok    $HF_ENDPOINT {hub.endpoint}: answered HTTP" in r.out
+    assert f"ok    $HF_ENDPOINT {hub.endpoint}: /api/whoami-v2 answered HTTP 401" in r.out
     assert f"ok    {url} (command line): answered a listing" in r.out
     assert f"ok    {tmp_path} ($KVBUCKET_COMPILE_CACHE): answered a listing" in r.out
 
@@ -82,6 +82,31 @@ def test_doctor_reports_unreachable_stores_and_exits_1(
     assert any(ln.startswith("  FAIL  hf://buckets/a/b (command line): no answer") for ln in lines), r.out
     assert any(ln.startswith(f"  FAIL  {tmp_path / 'absent'} (command line): cannot open") for ln in lines)
     assert SENTINELS["HF_TOKEN"] not in r.out + r.err
+
+
+@pytest.mark.parametrize(("tail", "says"), [
+    ("/not-the-root", "/api/whoami-v2 answered HTTP 404"),
+    ("", "/api/whoami-v2 answered HTTP 401"),
+])
+def test_doctor_asks_the_hub_api_of_hf_endpoint(tail: str, says: str, hub_emulator: Any,
+                                                cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 31 item 11: a $HF_ENDPOINT with a path too many answers the Hub's routes 404: FAIL and
+    exit 1, not "ok ... answered HTTP 404". The Hub's own root answers whoami 401 without a token: ok."""
+    env = {**cli_env, "HF_ENDPOINT": hub_emulator.endpoint + tail, "HF_HOME": str(tmp_path / "hf")}
+    r = run_cli("doctor", "--timeout", "5", env=env)
+    line = next(ln for ln in r.out.splitlines() if "$HF_ENDPOINT" in ln)
+    assert says in line, r.out
+    if tail:
+        assert line.startswith("  FAIL") and "without a path" in line and r.code == 1, r.out
+    else:
+        assert line.startswith("  ok") and r.code == 0, r.out + r.err
+
+
+@pytest.mark.parametrize("endpoint", ["localhost:1234", "http://[::1"])
+def test_doctor_reports_a_malformed_endpoint(endpoint: str, cli_env: dict[str, str], tmp_path: Path) -> None:
+    r = run_cli("doctor", env={**cli_env, "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf")})
+    assert r.code == 1 and "Traceback" not in r.err and "Error importing" not in r.out, r.out + r.err
+    assert f"  FAIL  $HF_ENDPOINT {endpoint}: malformed" in r.out
 
 
 @pytest.mark.parametrize("args", [["doctor"], ["doctor", "--timeout", "0.5"]])

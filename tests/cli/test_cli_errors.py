@@ -199,6 +199,34 @@ def test_emulator_serve_on_a_taken_port(tmp_path: Path, cli_env: dict[str, str])
     assert_one_line_error(r, 1, "taken", "--port")
 
 
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_emulator_serve_with_a_port_out_of_range(port: str, tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """Issue 31 item 11: a usage error naming --port, not "unexpected OverflowError (a kvbucket bug)"."""
+    r = run_cli("emulator", "serve", "--data-dir", str(tmp_path / "hub"), "--port", port, env=cli_env,
+                timeout=60)
+    line = assert_one_line_error(r, 2, "--port")
+    assert "bug" not in line
+
+
+def test_emulator_serve_on_an_address_not_of_this_machine(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """Issue 31 item 11: binding 192.0.2.1 (TEST-NET-1, on no interface here) fails at once with
+    EADDRNOTAVAIL, nothing sent; the line names --host, not "pick another --port"."""
+    r = run_cli("emulator", "serve", "--data-dir", str(tmp_path / "hub"), "--host", "192.0.2.1",
+                env=cli_env, timeout=60)
+    line = assert_one_line_error(r, 2, "192.0.2.1 is not an address of this machine", "--host")
+    assert "--port" not in line
+
+
+@pytest.mark.parametrize("endpoint", ["localhost:1234", "http://[::1", "http://127.0.0.1:99999", "ftp://host"])
+def test_a_malformed_hf_endpoint_exits_2(endpoint: str, cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 31 item 11: docs/cli.md says 2 for a malformed URL or environment; one line, before
+    huggingface_hub's import prints its own error."""
+    env = {**cli_env, "HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_x", "HF_HOME": str(tmp_path / "hf")}
+    for cmd in (["ls", "hf://buckets/a/b"], ["compile-cache", "create", "hf://buckets/a/b", "--no-set"]):
+        r = run_cli(*cmd, env=env, timeout=120)
+        assert_one_line_error(r, 2, "$HF_ENDPOINT", "is not an http(s) URL", "https://huggingface.co")
+
+
 def test_emulator_serve_with_a_file_as_data_dir(tmp_path: Path, cli_env: dict[str, str]) -> None:
     f = tmp_path / "a-file"
     f.write_text("x")

@@ -94,9 +94,14 @@ def environment(env: dict[str, str] | None = None) -> list[tuple[str, str]]:
 
 
 def saved_hf_login() -> str:
-    from huggingface_hub import constants
+    try:
+        from huggingface_hub import constants
 
-    path = Path(str(constants.HF_TOKEN_PATH))
+        path = Path(str(constants.HF_TOKEN_PATH))
+    except ValueError:  # its import parses $HF_ENDPOINT; a malformed one is reported below
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+        path = Path(os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token"))
     return f"present at {path} (not shown)" if path.is_file() else f"none ({path} does not exist)"
 
 
@@ -119,14 +124,27 @@ def configured_stores(extra: list[str]) -> list[tuple[str, str]]:
     return [(u, w) for u, w in found if not (u in seen or seen.add(u))]  # type: ignore[func-returns-value]
 
 
-def check_endpoint(name: str, url: str, timeout: float) -> Check:
-    """Any HTTP answer from the endpoint counts as reachable (it may well refuse an anonymous GET).
+#: what each endpoint variable is asked: for the Hub, the route `hf auth whoami` asks (401 without a
+#: token: a Hub answered); a server whose root is not the Hub's answers it 404
+ENDPOINT_PATHS = {"HF_ENDPOINT": "/api/whoami-v2"}
+
+
+def check_endpoint(name: str, url: str, timeout: float, path: str = "") -> Check:
+    """An HTTP answer from the endpoint (``url`` + ``path``) counts as reachable, refusals
+    included (401/403: it may well refuse an anonymous GET); 404 says the URL is not the server's
+    root (a path too many, or another server) and 5xx that it is failing.
 
     Userinfo in the URL (``http://user:pass@host``) is sent as HTTP basic auth, as the clients
     do: urllib would take it for part of the host name."""
     shown = redact(url)
-    parts = urllib.parse.urlsplit(url)
-    request = urllib.request.Request(url)
+    try:
+        parts = urllib.parse.urlsplit(url.rstrip("/") + path)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("not an http(s) URL")
+        parts.port  # noqa: B018 - raises ValueError on a port out of range
+    except ValueError as e:
+        return Check(f"{name} {shown}", False, f"malformed ({e}); set it like https://host[:port]")
+    request = urllib.request.Request(urllib.parse.urlunsplit(parts))
     if parts.username is not None or parts.password is not None:
         netloc = parts.hostname or ""
         if ":" in netloc:
@@ -146,7 +164,13 @@ def check_endpoint(name: str, url: str, timeout: float) -> Check:
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         return Check(f"{name} {shown}", False, redact(f"unreachable ({reason})", url))
-    return Check(f"{name} {shown}", True, f"answered HTTP {status} in {time.monotonic() - t0:.2f} s")
+    answered = f"{path or '/'} answered HTTP {status} in {time.monotonic() - t0:.2f} s"
+    if status == 404:
+        return Check(f"{name} {shown}", False, f"{answered}: not the server's root URL; set {name} to the "
+                     "server's root (e.g. https://huggingface.co, http://127.0.0.1:PORT), without a path")
+    if status >= 500:
+        return Check(f"{name} {shown}", False, f"{answered}: the server is failing")
+    return Check(f"{name} {shown}", True, answered)
 
 
 def check_store(url: str, source: str, timeout: float) -> Check:
@@ -210,7 +234,7 @@ def register(app: typer.Typer) -> None:
         checks: list[Check] = []
         for var in ("HF_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             if url := os.environ.get(var, "").strip():
-                checks.append(check_endpoint(f"${var}", url, timeout))
+                checks.append(check_endpoint(f"${var}", url, timeout, ENDPOINT_PATHS.get(var, "")))
         for url, source in configured_stores(list(urls or [])):
             checks.append(check_store(url, source, timeout))
         if as_json:

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
     def serve(
         data_dir: Path = typer.Option(..., "--data-dir", help="Where buckets, files and xorbs are kept."),
         host: str = typer.Option("127.0.0.1", help="Interface to listen on (loopback by default)."),
-        port: int = typer.Option(0, help="Port; 0 picks a free one."),
+        port: int = typer.Option(0, min=0, max=65535, help="Port (0-65535); 0 picks a free one."),
         token: list[str] = typer.Option(
             [],
             "--token",
@@ -72,8 +72,6 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(
                 "organisations need users: give their tokens with --token", param_hint="--org"
             )
-        if host not in ("127.0.0.1", "localhost", "::1"):
-            typer.secho(f"warning: listening on {host}, not only on loopback", fg="yellow", err=True)
         admin_key = os.environ.get(ADMIN_ENV)  # enables /_emulator/faults for whoever holds it
         if data_dir.exists() and not data_dir.is_dir():
             raise typer.BadParameter(f"{data_dir} is a file; give a directory (created if missing)",
@@ -102,10 +100,16 @@ def register(app: typer.Typer) -> None:
                                          param_hint="--data-dir") from None
             reason = e.strerror or str(e)
             if e.errno == errno.EADDRINUSE or "address already in use" in reason.lower():
-                reason = "the port is taken by another process"
-            typer.echo(f"error: cannot listen on {host}:{port}: {reason}; pick another --port "
-                       "(or --port 0 for a free one)", err=True)
-            raise typer.Exit(1) from None
+                typer.echo(f"error: cannot listen on {host}:{port}: the port is taken by another process; "
+                           "pick another --port (or --port 0 for a free one)", err=True)
+                raise typer.Exit(1) from None
+            if e.errno == errno.EADDRNOTAVAIL or "assign requested address" in reason.lower():
+                reason = f"{host} is not an address of this machine"
+            typer.echo(f"error: cannot listen on {host}: {reason}; give --host an address of this machine's "
+                       "interfaces (127.0.0.1 by default, 0.0.0.0 for all)", err=True)
+            raise typer.Exit(2) from None
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            typer.secho(f"warning: listening on {host}, not only on loopback", fg="yellow", err=True)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())

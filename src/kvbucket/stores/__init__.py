@@ -53,6 +53,10 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     scheme = store_scheme(url)
     if scheme == "memory":
         return MemoryStore(url.partition("://")[2])
+    if scheme == "hf":  # before huggingface_hub's import reads $HF_ENDPOINT
+        from kvbucket.stores.hfbucket_config import check_hf_endpoint_env
+
+        check_hf_endpoint_env()
     target = _OPENERS[scheme]
     module_name, _, attr = target.partition(":")
     try:

@@ -79,6 +79,31 @@ def parse_bucket_handle(handle: str) -> BucketLocation:
     return BucketLocation(namespace, bucket, prefix)
 
 
+def check_endpoint_url(value: str, where: str) -> str:
+    """``value`` without its trailing ``/`` if it is an http(s) URL with a host (and a valid port),
+    else a :class:`ConfigError` naming ``where`` it came from and the form to use."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value.strip())
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError on a port out of range
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{where} {value!r} is not an http(s) URL; set it to the Hub's root, e.g. "
+                          "https://huggingface.co or http://127.0.0.1:PORT for the emulator")
+    return value.strip().rstrip("/")
+
+
+def check_hf_endpoint_env() -> None:
+    """A malformed ``$HF_ENDPOINT`` as a ConfigError, before huggingface_hub is imported (its import
+    reads the variable and prints its own error)."""
+    env = os.environ.get("HF_ENDPOINT", "").strip()
+    if env:
+        check_endpoint_url(env, "$HF_ENDPOINT")
+
+
 def default_download_tmp_dir() -> Path:
     """Where downloads are staged when no ``download_tmp_dir`` is set (the system temp dir)."""
     return Path(tempfile.gettempdir()) / DEFAULT_TMP_DIR_NAME
@@ -157,7 +182,7 @@ class HFBucketConfig(BaseModel):
             return None
         if not re.match(r"^https?://[^/\s]+", v):
             raise ValueError(f"endpoint must be an http(s) URL such as https://huggingface.co, got {v!r}")
-        return v.rstrip("/")
+        return check_endpoint_url(v, "endpoint")
 
     @field_validator(
         "metadata_cache_ttl_secs", "retry_backoff_secs", "connect_timeout_secs", "request_timeout_secs",
@@ -211,7 +236,7 @@ class HFBucketConfig(BaseModel):
             return self.endpoint
         env = os.environ.get("HF_ENDPOINT", "").strip()
         if env:
-            return env.rstrip("/")
+            return check_endpoint_url(env, "$HF_ENDPOINT")
         from huggingface_hub import constants
 
         return str(constants.ENDPOINT).rstrip("/")
