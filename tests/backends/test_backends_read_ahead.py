@@ -194,6 +194,74 @@ def test_a_write_after_the_lookup_is_what_the_load_sees(raw: GatedStore) -> None
         assert b.reads.held_bytes == 0
 
 
+class HeldWrites(CountingStore):
+    """Holds every put and delete (before it touches the store) until ``release`` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+
+    def _hold(self) -> None:
+        if not self.release.is_set():
+            self.holding.set()
+            assert self.release.wait(10)
+
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        self._hold()
+        return super().put_many(items)
+
+    def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        self._hold()
+        return super().delete_many(names)
+
+
+def during_held_write(raw: HeldWrites, write: Any, lookup: Any, settle: Any) -> None:
+    """Run ``write`` held in the store, ``lookup`` meanwhile (its read-ahead reads the old bytes
+    and lands), then let the write finish and return once it returned."""
+    raw.release.clear()
+    t = threading.Thread(target=write)
+    t.start()
+    assert raw.holding.wait(10)
+    lookup()
+    assert settle()
+    raw.release.set()
+    t.join(10)
+    assert not t.is_alive()
+
+
+def test_a_lookup_during_a_put_does_not_serve_the_old_bytes_after_it() -> None:
+    """Issue 29 item 9: the lookup's read-ahead read the old bytes while the put was on its way;
+    the load comes after the put returned, so it must get the new bytes."""
+    raw = HeldWrites(MemoryStore())
+    fill(raw, 1)
+    new = chunk_bytes(LAYOUT, 77)
+    with backend_on(raw) as b:
+        during_held_write(raw, lambda: b.put(key(0), new), lambda: b.contains(key(0)), b.reads.settle)
+        assert as_bytes(b.get(key(0))) == new
+
+
+@pytest.mark.parametrize("verb", ["put", "delete"])
+def test_a_read_ahead_begun_during_a_write_through_the_store_is_not_served_after_it(verb: str) -> None:
+    """The same through PrefetchStore's own put_many/delete_many (the L2 adapter, the LMCache
+    connector, SGLang and vLLM write through it): a deleted name is a miss, a rewritten one new."""
+    from kvbucket.stores.sealed import seal_store
+
+    raw = HeldWrites(MemoryStore())
+    sealed = seal_store(raw, tier="l2")
+    old, new = chunk_bytes(LAYOUT, 1), chunk_bytes(LAYOUT, 2)
+    sealed.put("n", old)
+    pf = PrefetchStore(sealed, ON, label="held-writes")
+    try:
+        write = (lambda: pf.put_many([("n", new)])) if verb == "put" else (lambda: pf.delete_many(["n"]))
+        during_held_write(raw, write, lambda: pf.prefetch(["n"], [len(old)]), pf.settle)
+        (r,) = pf.get_many(["n"])
+        assert (bytes(r.data) if r.found else None) == (new if verb == "put" else None)
+    finally:
+        pf.close()
+
+
 def test_read_ahead_bytes_are_verified_like_a_load(raw: GatedStore) -> None:
     chunks = fill(raw, 2)
     name = key_to_name(as_key_string(key(1)), "")

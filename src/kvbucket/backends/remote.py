@@ -397,6 +397,8 @@ class RemoteBackend(QueuedBackend):
         except StoreError as e:
             self._invalidate(names)
             return [e] * len(names) + refused
+        if isinstance(self.reads, PrefetchStore):  # a lookup during the put may have read the old bytes ahead
+            self.reads.forget(names)
         errors: list[Exception | None] = []
         landed: list[tuple[str, int]] = []
         for name, size, r in zip(names, sizes, results, strict=True):

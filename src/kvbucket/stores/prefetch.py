@@ -484,12 +484,19 @@ class PrefetchStore(ObjectStore):
                 self._publish()
 
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
-        self.forget([n for n, _ in items])
-        return self.inner.put_many(items)
+        names = [n for n, _ in items]
+        self.forget(names)
+        try:
+            return self.inner.put_many(items)
+        finally:
+            self.forget(names)  # read-aheads a lookup started meanwhile may hold the old bytes
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
         self.forget(names)
-        return self.inner.delete_many(names)
+        try:
+            return self.inner.delete_many(names)
+        finally:
+            self.forget(names)
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
         return self.inner.head_many(names)
@@ -498,7 +505,10 @@ class PrefetchStore(ObjectStore):
         return self.inner.list(prefix, page_size=page_size)
 
     def forget(self, names: Sequence[str]) -> None:
-        """Drop read-aheads of ``names`` (their objects change or go)."""
+        """Drop read-aheads of ``names`` (their objects change or go). A writer calls it before
+        and again after its write returns: a lookup during the write may have started reading
+        the old bytes ahead, and a read-ahead begun before a write completed is never served
+        after it (one begun after reads what the write left)."""
         if self._entries:
             with self._lock:
                 self._drop(names)
