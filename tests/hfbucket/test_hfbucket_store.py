@@ -41,6 +41,7 @@ def requests(hub: Any, route: str) -> int:
 
 class TestHFBucketStoreOnEmulator(StoreTests):
     supports_reopen = True
+    checks_served_bytes = True  # a persistent store the KV tiers load from
     lists_sorted = False  # the Hub documents no listing order
     decoder = "numba"  # KVBUCKET_XET_DECODER: the compiled Xet decoder from the first read
 

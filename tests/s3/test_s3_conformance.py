@@ -15,6 +15,7 @@ from kvbucket.testing.store_tests import StoreTests
 
 class TestS3StoreOnSeaweedFS(StoreTests):
     supports_reopen = True
+    checks_served_bytes = True  # a persistent store the KV tiers load from
     lists_sorted = False  # SeaweedFS lists its directory tree ("a/b" before "a%2F"), not byte order
 
     @pytest.fixture

@@ -24,6 +24,7 @@ class TestMemoryStore(StoreTests):
 
 class TestFileStore(StoreTests):
     supports_reopen = True
+    checks_served_bytes = True  # a persistent store the KV tiers load from
     lists_sorted = True
     name_and_prefix_coexist = False  # a directory tree cannot hold both "a" and "a/x"
 

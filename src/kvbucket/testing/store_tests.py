@@ -29,6 +29,10 @@ skip with the reason, never as a test that silently passes:
 - ``name_and_prefix_coexist`` (bool, default True): an object ``a`` and objects under ``a/``
   can exist together (object stores: yes; a directory tree: no, and the second put must then
   fail for that item only, leaving the first object intact).
+- ``checks_served_bytes`` (bool, default False): a persistent store the KV tiers load from; the
+  served-bytes invariant is checked on it at random moments (:mod:`kvbucket.testing.served_bytes`:
+  sealed and encrypted, read-ahead on and off; ``KVBUCKET_SERVED_ROUNDS`` / ``KVBUCKET_SERVED_SEED``
+  / ``KVBUCKET_SERVED_CHUNK_KIB`` set the rounds per cell, the seed and the chunk size).
 
 Sizes are modest (at most 2 MiB per object) so the suite runs quickly against remote servers.
 """
@@ -45,6 +49,7 @@ import pytest
 from kvbucket.errors import InvalidKeyError, SizeMismatchError
 from kvbucket.stores.base import ObjectInfo, ObjectStore, Scatter
 from kvbucket.testing.capabilities import requires
+from kvbucket.testing.served_bytes import run_cell, settings_from_env
 
 ROUND_TRIP_SIZES = (0, 1, 65_535, 65_537, 2 * 1024 * 1024)
 
@@ -88,6 +93,7 @@ class StoreTests:
     supports_reopen: ClassVar[bool]
     lists_sorted: ClassVar[bool] = False
     name_and_prefix_coexist: ClassVar[bool] = True
+    checks_served_bytes: ClassVar[bool] = False
 
     @pytest.fixture
     def store(self) -> Iterator[ObjectStore]:
@@ -404,3 +410,23 @@ class StoreTests:
         assert torn == []
         assert store.get("race") in values
         assert [(i.name, i.size) for i in store.list()] == [("race", size)]
+
+
+    # ---- the served-bytes invariant ------------------------------------------------------------
+    @requires("checks_served_bytes")
+    @pytest.mark.parametrize("read_ahead", [False, True], ids=["direct", "read_ahead"])
+    @pytest.mark.parametrize("encrypted", [False, True], ids=["sealed", "encrypted"])
+    def test_every_found_load_is_the_last_stored_bytes(self, store: ObjectStore, encrypted: bool,
+                                                       read_ahead: bool) -> None:
+        """Loads at random moments around lookups, read-aheads, decryption, puts and deletes of
+        the same names: every hit is the bytes stored last before it began (or of a write that
+        overlapped it), never other bytes (docs/integrity.md, "Every byte served is the byte
+        verified")."""
+        rounds, seed, chunk_kib = settings_from_env()
+        tally = run_cell(store, encrypted=encrypted, read_ahead=read_ahead, rounds=rounds, seed=seed,
+                         chunk_kib=chunk_kib, cell=f"{type(self).__name__} encrypted={encrypted} "
+                                                   f"read_ahead={read_ahead}")
+        print(f"served-bytes {type(self).__name__} encrypted={encrypted} read_ahead={read_ahead}: "
+              f"{tally.loads} loads, {tally.found} found, {len(tally.wrong)} wrong")
+        assert tally.wrong == [], "\n".join(tally.wrong[:10])
+        assert tally.found > 0  # the check saw hits, not only misses

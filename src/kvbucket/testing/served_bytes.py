@@ -1,0 +1,258 @@
+"""The served-bytes invariant at random moments: a model-based check (issue 29).
+
+*Every ``found`` result carries exactly the bytes stored last before the load began, or the bytes
+of a write that overlapped the load; everything else is a miss* (docs/integrity.md, "Every byte
+served is the byte verified"). :func:`run_cell` drives a :class:`RemoteBackend` over a real store
+(sealed or encrypted, read-ahead on or off) the way zarr-python's stateful tests drive a store
+against a dict model: random operations, here from several threads at once so that loads arrive
+at random moments relative to their lookup (which starts a read-ahead), the read-ahead itself,
+its decryption (slowed at random by :func:`decryption_jitter`), and a put or delete of the same
+name. The model is the history of writes with their start and end instants; each load is checked
+against it when the round ends.
+
+The plan (names, operations, delays, payloads, keys) comes from the seed and is reproducible;
+which thread runs first is the machine's. A failure names the seed, the cell and the round, with
+the history of that name, so it can be replayed (``KVBUCKET_SERVED_SEED``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvbucket.backends.remote import RemoteBackend
+from kvbucket.chunks import KVLayout, as_view
+from kvbucket.encryption import Keyring
+from kvbucket.keys import CacheEngineKey
+from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.prefetch_config import ReadAheadSettings
+
+#: Rounds per cell and the seed (``make test`` runs the defaults; a long run raises the rounds).
+ROUNDS_ENV, SEED_ENV = "KVBUCKET_SERVED_ROUNDS", "KVBUCKET_SERVED_SEED"
+CHUNK_ENV = "KVBUCKET_SERVED_CHUNK_KIB"
+DEFAULT_ROUNDS, DEFAULT_SEED, DEFAULT_CHUNK_KIB = 24, 29, 256
+LANES = 3  # reader/writer pairs at once, each on names of its own (writes of one name never overlap)
+NAMES_PER_LANE = 2
+
+
+def settings_from_env() -> tuple[int, int, int]:
+    """(rounds per cell, seed, chunk KiB) from the environment, else the ``make test`` defaults."""
+    return (int(os.environ.get(ROUNDS_ENV, DEFAULT_ROUNDS)), int(os.environ.get(SEED_ENV, DEFAULT_SEED)),
+            int(os.environ.get(CHUNK_ENV, DEFAULT_CHUNK_KIB)))
+
+
+def layout_of(chunk_kib: int) -> KVLayout:
+    """A layout whose full chunk is ``chunk_kib`` KiB (a multiple of 2 KiB)."""
+    return KVLayout(num_layers=1, num_kv_heads=1, head_size=64, dtype="bfloat16",
+                    chunk_tokens=max(1, chunk_kib * 1024 // 256))
+
+
+@dataclass
+class Write:
+    key: int
+    value: bytes | None  # None: a delete
+    start: float
+    end: float = float("inf")  # still running
+    ok: bool = True
+
+
+@dataclass
+class Load:
+    key: int
+    start: float
+    end: float
+    got: bytes | None
+    how: str  # what came before it ("lookup+0.003s", "no lookup") and how it loaded
+
+
+@dataclass
+class Tally:
+    loads: int = 0
+    found: int = 0
+    wrong: list[str] = field(default_factory=list)
+
+    def add(self, other: Tally) -> None:
+        self.loads += other.loads
+        self.found += other.found
+        self.wrong.extend(other.wrong)
+
+
+def allowed(writes: list[Write], load: Load) -> list[bytes]:
+    """The byte strings ``load`` may return: the last write done before it began, every write that
+    overlapped it, and any failed write begun before it ended (it may have landed)."""
+    ok_before = [w for w in writes if w.ok and w.end < load.start]
+    out = [ok_before[-1].value] if ok_before and ok_before[-1].value is not None else []
+    for w in writes:
+        overlaps = w.start < load.end and w.end > load.start
+        if w.value is not None and (overlaps or (not w.ok and w.start < load.end)):
+            out.append(w.value)
+    return out
+
+
+@contextlib.contextmanager
+def decryption_jitter(rng: random.Random, max_secs: float = 0.004) -> Iterator[None]:
+    """Hold in-place decryption a random moment (half of the time) before it starts: a load then
+    arrives while a read-ahead is being decrypted as often as before or after it."""
+    from kvbucket.stores import envelope_open
+
+    real = envelope_open.decrypt_in_place
+    lock = threading.Lock()
+
+    def slowed(*args: Any, **kw: Any) -> None:
+        with lock:
+            pause = rng.random() * max_secs if rng.random() < 0.5 else 0.0
+        if pause:
+            time.sleep(pause)
+        real(*args, **kw)
+
+    envelope_open.decrypt_in_place = slowed  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        envelope_open.decrypt_in_place = real
+
+
+def _delay(rng: random.Random) -> float:
+    """A moment: at once, within a millisecond, within 10 ms, or within 60 ms (a quarter each)."""
+    return (0.0, rng.random() * 0.001, rng.random() * 0.01, rng.random() * 0.06)[rng.randrange(4)]
+
+
+class _Lane:
+    """One reader and one writer on the names of this lane, round after round."""
+
+    def __init__(self, backend: RemoteBackend, lane: int, seed: int, layout: KVLayout) -> None:
+        self.backend = backend
+        self.rng = random.Random(seed * 1_000_003 + lane)
+        self.keys = [lane * NAMES_PER_LANE + j for j in range(NAMES_PER_LANE)]
+        self.layout = layout
+        self.writes: dict[int, list[Write]] = {k: [] for k in self.keys}
+        self.loads: list[Load] = []
+        self.serial = 0
+
+    def value(self) -> bytes:
+        self.serial += 1
+        return np.random.default_rng(self.rng.getrandbits(63)).integers(
+            0, 256, self.layout.full_chunk_bytes, dtype=np.uint8).tobytes()
+
+    def write(self, k: int, value: bytes | None) -> None:
+        w = Write(k, value, time.monotonic())
+        self.writes[k].append(w)
+        try:
+            if value is None:
+                self.backend.remove(ckey(k))
+            else:
+                w.ok = self.backend.batched_put([(ckey(k), value)]) == 1
+        except Exception:  # failed: it may still have landed (allowed() counts it possible)
+            w.ok = False
+        w.end = time.monotonic()
+
+    def round(self, start: threading.Barrier) -> tuple[Callable[[], None], Callable[[], None]]:
+        """The two halves of one round (planned here, from the seed), run by two threads."""
+        rng = self.rng
+        k = rng.choice(self.keys)
+        wdelay = _delay(rng)
+        wvalue = None if rng.random() < 0.3 else self.value()
+        do_write = rng.random() < 0.85
+        lookup = rng.random() < 0.8
+        ldelay, gdelay = _delay(rng), _delay(rng)
+        into = rng.random() < 0.5
+        second = rng.random() < 0.3
+
+        def writer() -> None:
+            start.wait()
+            if do_write:
+                time.sleep(wdelay)
+                self.write(k, wvalue)
+
+        def reader() -> None:
+            start.wait()
+            time.sleep(ldelay)
+            how = "no lookup"
+            if lookup:
+                self.backend.contains(ckey(k))  # a hit starts the read-ahead
+                how = f"lookup+{gdelay:.4f}s"
+                time.sleep(gdelay)
+            for n in range(2 if second else 1):
+                self.load(k, f"{how}, {'get_into' if into else 'get'}{' again' if n else ''}", into)
+
+        return writer, reader
+
+    def load(self, k: int, how: str, into: bool) -> None:
+        t0 = time.monotonic()
+        if into:
+            buf = np.empty(self.layout.full_chunk_bytes, dtype=np.uint8)
+            got = buf.tobytes() if self.backend.get_into(ckey(k), buf) else None
+        else:
+            chunk = self.backend.get(ckey(k))
+            got = None if chunk is None else as_view(chunk).tobytes()
+        self.loads.append(Load(k, t0, time.monotonic(), got, how))
+
+    def check(self, cell: str, seed: int, rnd: int) -> Tally:
+        t = Tally()
+        for ld in self.loads:
+            t.loads += 1
+            if ld.got is None:
+                continue
+            t.found += 1
+            ok = allowed(self.writes[ld.key], ld)
+            if ld.got not in ok:
+                hist = "; ".join(
+                    f"{'delete' if w.value is None else 'put'}[{w.start:.4f}..{w.end:.4f}"
+                    f"{'' if w.ok else ' failed'}]"
+                    f"{'' if w.value is None or w.value not in ok else ' (allowed)'}"
+                    f"{' <- these bytes' if w.value is not None and w.value == ld.got else ''}"
+                    for w in self.writes[ld.key])
+                t.wrong.append(f"{cell} seed={seed} round={rnd} key={ld.key}: a load [{ld.start:.4f}.."
+                               f"{ld.end:.4f}] ({ld.how}) found bytes that are not allowed; writes: {hist}")
+        self.loads.clear()
+        for k, ws in self.writes.items():  # later loads may only get the last good write or newer
+            done = [i for i, w in enumerate(ws) if w.ok]
+            self.writes[k] = ws[done[-1]:] if done else ws
+        return t
+
+
+def ckey(k: int) -> CacheEngineKey:
+    return CacheEngineKey("served/model", 1, 0, 1000 + k, "bfloat16")
+
+
+def run_cell(store: ObjectStore, *, encrypted: bool, read_ahead: bool, rounds: int, seed: int,
+             chunk_kib: int = DEFAULT_CHUNK_KIB, cell: str = "") -> Tally:
+    """``rounds`` rounds on each of :data:`LANES` lanes through a :class:`RemoteBackend` over
+    ``store`` (which stays open); every load checked against the history (see the module)."""
+    rng = random.Random(seed)
+    layout = layout_of(chunk_kib)
+    keyring = Keyring({"*": {1: rng.randbytes(32)}}) if encrypted else None
+    settings = ReadAheadSettings(True, 64 * layout.full_chunk_bytes, 10.0) if read_ahead else None
+    cell = cell or f"encrypted={encrypted} read_ahead={read_ahead}"
+    total = Tally()
+    prefix = f"served-{seed}-{int(encrypted)}{int(read_ahead)}"
+    with RemoteBackend(store, layout, encryption=keyring, read_ahead=settings, owns_store=False,
+                       prefix=prefix) as backend, decryption_jitter(random.Random(seed + 1)):
+        lanes = [_Lane(backend, i, seed, layout) for i in range(LANES)]
+        for lane in lanes:  # every name starts stored
+            for k in lane.keys:
+                lane.write(k, lane.value())
+        for rnd in range(rounds):
+            start = threading.Barrier(2 * LANES)
+            threads = [threading.Thread(target=half, name=f"served-{i}")
+                       for i, lane in enumerate(lanes) for half in lane.round(start)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(120)
+            assert not any(th.is_alive() for th in threads), f"{cell}: round {rnd} did not end in 120 s"
+            for lane in lanes:
+                total.add(lane.check(cell, seed, rnd))
+    return total
+
+
+__all__ = ["DEFAULT_ROUNDS", "DEFAULT_SEED", "ROUNDS_ENV", "SEED_ENV", "Tally", "allowed",
+           "decryption_jitter", "run_cell", "settings_from_env"]
