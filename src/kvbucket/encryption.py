@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from kvbucket.errors import ConfigError
+from kvbucket.secrets import remember
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -69,6 +70,7 @@ class EncryptionConfig(BaseModel):
 
 
 def _decode_key(tenant: str, key_id: str, value: Any) -> bytes:
+    remember(str(value))  # a keyring entry: masked in every output from now on (kvbucket.secrets)
     try:
         raw = base64.b64decode(str(value), validate=True)
     except (binascii.Error, ValueError):

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, ValidationError, field_validator
 
 from kvbucket.errors import ConfigError, InvalidKeyError
+from kvbucket.secrets import reveal
 from kvbucket.stores.base import check_prefix
 from kvbucket.stores.urls import HANDLE_SCHEME, is_hub_name
 
@@ -213,8 +214,8 @@ class HFBucketConfig(BaseModel):
         if self.token_env:
             env = os.environ.get(self.token_env, "")
             if env:
-                return env
-        return self.token.get_secret_value() if self.token is not None else None
+                return reveal(env)
+        return reveal(self.token)
 
     def token_source(self) -> str:
         """Words naming where the token comes from, for error messages (never the token itself)."""

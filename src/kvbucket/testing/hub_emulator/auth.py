@@ -29,6 +29,7 @@ from typing import Literal
 from pydantic import SecretStr
 
 from kvbucket.errors import ConfigError
+from kvbucket.secrets import remember
 
 Scope = Literal["read", "write"]
 TokenScope = Literal["read", "write", "fine-read"]
@@ -68,6 +69,7 @@ class TokenSpec:
         """Parse ``USER=SECRET:read|write|fine-read`` (the CLI form)."""
         name, sep, rest = spec.partition("=")
         secret, sep2, scope = rest.rpartition(":")
+        remember(secret)  # masked in every output from now on (kvbucket.secrets)
         if not sep or not sep2 or not name or not secret:
             raise ConfigError("a token is given as USER=SECRET:SCOPE, SCOPE being read, write or fine-read")
         if scope not in TOKEN_SCOPES:
