@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from kvbucket.cli.output import (
     wants_json,
 )
 from kvbucket.errors import InvalidKeyError
+from kvbucket.identity.usage import Generation, Generations, select
 from kvbucket.keys import key_to_name, name_to_key
 from kvbucket.progress import Progress
 from kvbucket.secrets import redact
@@ -104,18 +106,24 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Count objects and bytes; for a prefix shared by a fleet, also its index and nodes."""
         count = total = 0
+        gens = Generations()  # KV chunks by model and identity (kvbucket.identity.usage)
         with opened_store(url, timeout) as store:
             with Progress(f"listing {url}", unit="objects") as progress:
                 for info in _counted(store.list(prefix), progress):
                     count += 1
                     total += info.size
+                    gens.add(info)
             fleet = _fleet_status(store, prefix)
+        by_identity = gens.sorted()
         if wants_json(fmt, as_json):
-            print_json({"url": url, "prefix": prefix, "objects": count, "bytes": total, "fleet": fleet})
+            print_json({"url": url, "prefix": prefix, "objects": count, "bytes": total, "fleet": fleet,
+                        "by_model_identity": [g.to_dict() for g in by_identity]})
             return
         where = f"{url} (prefix {prefix!r})" if prefix else url
         objects = "1 object" if count == 1 else f"{count} objects"
         typer.echo(f"{objects}, {total} bytes ({human_size(total)}) in {where}")
+        if by_identity:
+            _echo_generations(by_identity)
         if fleet is not None:
             _echo_fleet(fleet)
 
@@ -133,12 +141,27 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(
             False, "--dry-run", help="Only print what would be removed (no --yes needed); nothing is removed."
         ),
+        model: str | None = typer.Option(
+            None, "--model", help="With --identity: remove this model's KV chunks of one identity "
+            "(a generation, as `du` lists them; within --prefix when given)."),
+        identity: str | None = typer.Option(
+            None, "--identity", help="The identity token `du` shows, or `none` for chunks written "
+            "without an identity."),
         fmt: FormatOpt = Format.table,
         as_json: JsonOpt = False,
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
-        """Remove objects by name or cache key, or every object under --prefix (needs --yes)."""
+        """Remove objects by name or cache key, every object under --prefix (needs --yes), or one
+        model identity's chunks (--model and --identity)."""
         names = names or []
+        if (model is None) != (identity is None):
+            raise _fail("--model and --identity go together: `kvbucket du URL` lists them")
+        if model is not None:
+            if names:
+                raise _fail("give object names or --model/--identity, not both")
+            _remove_generation(url, prefix or "", model, str(identity), dry_run=dry_run,
+                               as_json=wants_json(fmt, as_json), timeout=timeout)
+            return
         if names and prefix is not None:
             raise _fail("give object names or --prefix, not both")
         if not names and prefix is None:
@@ -157,6 +180,37 @@ def register(app: typer.Typer) -> None:
             typer.echo(done.summary())
         if done.failed:
             raise typer.Exit(1)
+
+
+def _remove_generation(url: str, prefix: str, model: str, identity: str, *, dry_run: bool,
+                       as_json: bool, timeout: float) -> None:
+    """``rm --model --identity``: one generation's chunks and its manifest entry, in batches."""
+    done = Removal(dry_run=dry_run)
+    with opened_store(url, timeout) as store:
+        batch: list[tuple[str, int | None]] = []
+        for info in select(store.list(prefix, page_size=RM_BATCH), model, identity):
+            batch.append((info.name, info.size))
+            if len(batch) == RM_BATCH:
+                done.remove(store, batch, echo=not as_json)
+                batch = []
+        if batch:
+            done.remove(store, batch, echo=not as_json)
+    if as_json:
+        print_json(done.to_dict())
+    else:
+        typer.echo(done.summary())
+    if done.failed:
+        raise typer.Exit(1)
+
+
+def _echo_generations(gens: list[Generation]) -> None:
+    typer.echo("KV chunks by model and identity:")
+    for g in gens:
+        when = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(g.last_write))
+                if g.last_write is not None else "unknown")
+        chunks = "1 chunk" if g.chunks == 1 else f"{g.chunks} chunks"
+        typer.echo(f"  {g.model}  {g.token or 'none (name only)'}: {chunks}, {g.bytes} bytes "
+                   f"({human_size(g.bytes)}), last write {when}")
 
 
 def _counted(listing: Iterator[ObjectInfo], progress: Progress) -> Iterator[ObjectInfo]:

@@ -65,19 +65,33 @@ def model_and_token(name: str) -> tuple[str, str | None] | None:
     return None
 
 
-def generations(infos: Iterable[Any]) -> list[Generation]:
-    """Group a listing (:class:`~kvbucket.stores.base.ObjectInfo`) by model and identity, largest
-    first."""
-    groups: dict[tuple[str, str | None], Generation] = {}
-    for info in infos:
+class Generations:
+    """A listing (:class:`~kvbucket.stores.base.ObjectInfo`) grouped by model and identity, fed
+    one entry at a time (``du`` counts its totals from the same pass)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[str, str | None], Generation] = {}
+
+    def add(self, info: Any) -> None:
         found = model_and_token(info.name)
         if found is None:
-            continue
-        g = groups.get(found)
+            return
+        g = self._groups.get(found)
         if g is None:
-            g = groups[found] = Generation(*found)
+            g = self._groups[found] = Generation(*found)
         g.add(info.size, info.mtime)
-    return sorted(groups.values(), key=lambda g: (-g.bytes, g.model, g.token or ""))
+
+    def sorted(self) -> list[Generation]:
+        """Largest first."""
+        return sorted(self._groups.values(), key=lambda g: (-g.bytes, g.model, g.token or ""))
+
+
+def generations(infos: Iterable[Any]) -> list[Generation]:
+    """Group a listing by model and identity, largest first."""
+    gens = Generations()
+    for info in infos:
+        gens.add(info)
+    return gens.sorted()
 
 
 def _manifest_of(name: str) -> tuple[str, str] | None:
@@ -102,4 +116,4 @@ def select(infos: Iterable[Any], model: str, token: str) -> Iterator[Any]:
             yield info
 
 
-__all__ = ["NAME_ONLY", "Generation", "generations", "model_and_token", "select"]
+__all__ = ["NAME_ONLY", "Generation", "Generations", "generations", "model_and_token", "select"]
