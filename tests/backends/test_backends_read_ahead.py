@@ -9,6 +9,7 @@ expiry, the off switch, the metrics and the integrity check of read-ahead bytes.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,9 +20,11 @@ from prometheus_client import REGISTRY
 from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.config import EngineConfig, build_backend
+from kvbucket.errors import DeadlineExceededError
 from kvbucket.keys import as_key_string, key_to_name
 from kvbucket.metrics import INTEGRITY_FAILURES, READ_AHEAD_BYTES
 from kvbucket.stores.base import Buffer, ItemResult
+from kvbucket.stores.breaker import CircuitBreaker
 from kvbucket.stores.memory import MemoryStore
 from kvbucket.stores.prefetch import PrefetchStore
 from kvbucket.stores.prefetch_config import ReadAheadSettings
@@ -262,6 +265,71 @@ def test_a_read_ahead_begun_during_a_write_through_the_store_is_not_served_after
         pf.close()
 
 
+class SlowStore(CountingStore):
+    """A remote store whose loads, while ``slow`` is set, each take its whole load budget and then
+    fail with DeadlineExceededError, as a store honouring its deadline does."""
+
+    def __init__(self, inner: Any, budget: float) -> None:
+        super().__init__(inner)
+        self.breaker = CircuitBreaker("slow", failures=0, budgets={"get": budget})
+        self.budget = budget
+        self.slow = False
+        self.entered = threading.Event()
+
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        self._count("get", len(names))
+        if self.slow:
+            self.entered.set()
+            time.sleep(self.budget)
+            return [ItemResult(n, error=DeadlineExceededError("a load did not finish")) for n in names]
+        return self.inner.get_many(names, out)
+
+
+def budget_setup(budget: float) -> tuple[SlowStore, PrefetchStore, int]:
+    from kvbucket.stores.sealed import seal_store
+
+    raw = SlowStore(MemoryStore(), budget)
+    sealed = seal_store(raw, tier="l2")
+    sealed.put("n", chunk_bytes(LAYOUT, 5))
+    raw.reset()
+    return raw, PrefetchStore(sealed, ON, label="budget"), FULL
+
+
+def test_a_lookup_and_the_load_that_takes_its_read_ahead_share_one_budget() -> None:
+    """Issue 29 item 4: the read-ahead ran out of time, so the load waiting for it does too; it
+    sends no second request (which took another whole budget)."""
+    budget = 1.0
+    raw, pf, size = budget_setup(budget)
+    raw.slow = True
+    try:
+        assert pf.prefetch(["n"], [size]) == size
+        assert raw.entered.wait(10)
+        t0 = time.monotonic()
+        (r,) = pf.get_many(["n"], [np.empty(size, np.uint8)])
+        took = time.monotonic() - t0
+        assert isinstance(r.error, DeadlineExceededError) and not r.found
+        assert raw.calls["get"] == 1  # the read-ahead's request only
+        assert took < 1.5 * budget  # two budgets: ~2 x budget
+    finally:
+        pf.close()
+
+
+def test_a_load_after_its_read_ahead_ran_out_of_time_gets_a_budget_of_its_own() -> None:
+    """A load that begins once the read-ahead's budget is over is a new load: it asks the store."""
+    raw, pf, size = budget_setup(0.3)
+    raw.slow = True
+    try:
+        assert pf.prefetch(["n"], [size]) == size
+        assert pf.settle()  # failed at its deadline, before the load began
+        raw.slow = False
+        buf = np.empty(size, np.uint8)
+        (r,) = pf.get_many(["n"], [buf])
+        assert r.found and buf.tobytes() == chunk_bytes(LAYOUT, 5)
+        assert raw.calls["get"] == 2
+    finally:
+        pf.close()
+
+
 def test_read_ahead_bytes_are_verified_like_a_load(raw: GatedStore) -> None:
     chunks = fill(raw, 2)
     name = key_to_name(as_key_string(key(1)), "")
@@ -356,8 +424,8 @@ def s3_backend(seaweedfs: Any, s3_bucket: str, fault_proxy: Any) -> Iterator[tup
     from kvbucket.stores.s3 import S3Store
     from kvbucket.stores.s3_config import S3Config
 
-    def make(settings: ReadAheadSettings | None) -> RemoteBackend:
-        cfg = seaweedfs.config(s3_bucket, "ra", s3_endpoint_url=fault_proxy.url)
+    def make(settings: ReadAheadSettings | None, **overrides: Any) -> RemoteBackend:
+        cfg = seaweedfs.config(s3_bucket, "ra", s3_endpoint_url=fault_proxy.url, **overrides)
         cfg.pop("s3_num_io_threads")
         return RemoteBackend(S3Store(S3Config.parse(cfg)), LAYOUT, read_ahead=settings)
 
@@ -387,6 +455,28 @@ def test_s3_lookup_and_load_with_read_ahead_in_two_round_trips(s3_backend: Any, 
         if settled:
             assert len(proxy.log) == mark  # the load sent nothing
         assert proxy.round_trips(start) == 2
+
+
+def test_s3_a_load_taking_a_slow_read_ahead_ends_within_one_load_budget(s3_backend: Any) -> None:
+    """Issue 29 item 4: every body trickles (a fetch outlasts s3_load_timeout_secs); a load that
+    comes 0.2 s after its lookup waits for the lookup's read-ahead until that read's deadline and
+    sends no request of its own (it took a second budget: 2 GETs and about twice the time)."""
+    make, proxy = s3_backend
+    budget = 1.5
+    with make(None) as b:
+        assert b.batched_put([(key(70), chunk_bytes(LAYOUT, 70))]) == 1
+    with make(ON, s3_load_timeout_secs=budget, s3_breaker_failures=0) as b:
+        proxy.trickle(0.05, times=5, methods={"GET"})
+        start = len(proxy.log)
+        assert b.contains(key(70))
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        assert b.get(key(70)) is None  # a miss: the read ran out of time
+        took = time.monotonic() - t0
+        proxy.clear()
+        gets = [t for m, t, _, _ in proxy.log[start:] if m == "GET"]
+        assert len(gets) == 1, gets  # the read-ahead's only
+        assert took < 1.5 * budget  # one budget (two took ~2 x budget - 0.2 s)
 
 
 def test_the_docs_example_builds_a_tier_with_those_settings() -> None:

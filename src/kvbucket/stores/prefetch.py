@@ -15,8 +15,8 @@ that fails it is refused there (counted, removed as usual) and the load finds no
 
 Bounds: the bytes held (in flight or landed) never exceed ``max_bytes`` (a read-ahead that would
 pass it is not started); an entry no load took within ``ttl_secs`` is dropped; a write or delete
-of a name drops its entry first. So a lookup that is never followed by a load costs at most
-``max_bytes`` of memory and transfer.
+of a name drops its entry before and after it. So a lookup never followed by a load costs at
+most ``max_bytes``. One budget: a load waits for its read-ahead until that read's deadline.
 
 Why buffers are recycled and copies run on two threads: at 0 ms a lookup + load with read-ahead
 is the load plus moving the bytes from the buffer to the caller's. A fresh buffer per entry paid
@@ -28,17 +28,14 @@ is ``numpy.copyto``, which releases the GIL, split between the loading thread an
 
 Why a load redirects a read-ahead still on its way: at 0 ms the load arrives a few milliseconds
 after the lookup, before most bytes landed, and copying 128 MiB out of the buffer afterwards cost
-a lookup + load ~15-25% against a load alone. When the store writes through the destination's
-item assignment (``redirectable_reads``: a Hub bucket), the read-ahead reads through a
-:class:`Scatter` over its buffer that the sealing layer wraps; the load moves that destination to
-its own buffer (:meth:`Scatter.redirect`, which copies what had already landed), so the rest
-lands there and the load copies nothing. A read that fails still leaves the load to ask the store.
+a lookup + load ~15-25% against a load alone. When the store writes through the destination
+(``redirectable_reads``: a Hub bucket), the read-ahead reads through a :class:`Scatter` over its
+buffer that the sealing layer wraps; the load moves it to its own buffer (:meth:`Scatter.redirect`
+copies what had landed) until the read is over, so the rest lands there (:meth:`_serve`: the gate).
 
 Counters (re-exported by :mod:`kvbucket.metrics`): ``kvbucket_read_ahead_bytes{store, outcome}``
-with ``prefetched`` (landed), ``used`` (served to a load) and ``wasted`` (dropped unused), and the
-gauges ``kvbucket_read_ahead_held_bytes`` (reserved by read-aheads) and
-``kvbucket_read_ahead_pooled_bytes`` (free buffers kept for reuse): their sum is the memory the
-read-ahead really holds, never above ``max_bytes``.
+(``prefetched``, ``used``, ``wasted``), the gauges ``kvbucket_read_ahead_held_bytes`` and
+``kvbucket_read_ahead_pooled_bytes``: their sum is the memory held, never above ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -52,8 +49,9 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Gauge
 
-from kvbucket.errors import StoreError
+from kvbucket.errors import DeadlineExceededError, StoreError, TransientStoreError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, Scatter, check_buffer_size
+from kvbucket.stores.breaker import breaker_of
 from kvbucket.stores.prefetch_config import ReadAheadConfig, ReadAheadSettings
 from kvbucket.threads import DaemonThreadPool
 
@@ -75,6 +73,11 @@ READ_AHEAD_POOLED = Gauge(
 
 HELD, TAKEN, DROPPED = "held", "taken", "dropped"  # in the table / a load owns it / forgotten
 
+
+#: How long past a read-ahead's deadline a load still waits for its batch: the verifying store
+#: returns at the deadline (+ its own grace to collect abandoned fetches), then checks and
+#: decrypts what landed (CPU work) before the batch is done.
+READ_AHEAD_GRACE_SECS = 0.5
 
 #: Below this many bytes a load copies alone (a helper thread's hand-off costs more than it saves).
 PARALLEL_COPY_BYTES = 4 << 20
@@ -113,7 +116,9 @@ class PrefetchStore(ObjectStore):
         self.url = inner.url
         self.settings = settings
         self.label = label
-        self.wait_secs = wait_secs  # longest wait for a read-ahead on its way (store deadlines are shorter)
+        self.wait_secs = wait_secs  # longest wait for a read-ahead on its way, in a store without a budget
+        breaker = breaker_of(inner)  # a remote store: its load budget is the read-ahead's and the load's
+        self._budget: float | None = None if breaker is None else breaker.budgets.get("get")
         self.redirects = bool(getattr(inner, "redirectable_reads", False))
         self.redirected = 0  # loads that took a read-ahead's destination on its way (tests)
         self.redirect_copied = 0  # bytes that had landed before (copied by the redirects)
@@ -272,12 +277,10 @@ class PrefetchStore(ObjectStore):
         the read is over (its Scatter closed): its stages may still be running in the load's
         buffer, which the load must not reuse before :meth:`Scatter.wait_settled`."""
         with e.lock:
-            if e.redirected is None or e.writer is None or e.home is None:
-                return True
-            writer, index = e.writer
-            if writer.redirect(index, e.home) is None:
-                return False
-            e.redirected = None
+            if e.redirected is not None and e.writer is not None and e.home is not None:
+                if e.writer[0].redirect(e.writer[1], e.home) is None:
+                    return False
+                e.redirected = None
             return True
 
     def _fetch(self, entries: list[_Entry]) -> None:
@@ -422,8 +425,15 @@ class PrefetchStore(ObjectStore):
         read-ahead's result is found only once its batch returned from the verifying store, i.e.
         after every stage (checksum, decryption) ran on the bytes where they stay; a redirect is
         refused once the read is over (:meth:`Scatter.close`), so those are the load's buffer when
-        it was redirected in time, else the read-ahead's buffer, copied from here."""
-        e.done.wait(max(0.0, began + self.wait_secs - time.monotonic()))
+        it was redirected in time, else the read-ahead's buffer, copied from here.
+
+        One budget (``budget``: the store's load deadline): the read-ahead began with the lookup,
+        and the load waits for it only until that read's deadline; a read-ahead that ran out of
+        time or failed as a sick store fails (a transient error) is the answer of a load that was
+        waiting for it, not a reason to spend a second budget on another request."""
+        budget = self._budget
+        end = e.born + budget + READ_AHEAD_GRACE_SECS if budget is not None else began + self.wait_secs
+        e.done.wait(max(0.0, end - time.monotonic()))
         if not e.done.is_set() and not self._take_back(e):
             # The read is over and its checks may still run in the load's buffer (CPU work, no
             # network): the buffer is the load's again only once they are done.
@@ -432,7 +442,12 @@ class PrefetchStore(ObjectStore):
         with self._lock:
             if not e.done.is_set():  # still on its way: its fetch releases it
                 e.state = DROPPED
-                return None
+                if budget is None:
+                    return None
+                return ItemResult(e.name, error=DeadlineExceededError(
+                    f"a load on {self.url} waited for its read-ahead (begun by the lookup) past the store's "
+                    f"load budget of {budget:g}s, which the two share. Check that the store is reachable, "
+                    "or raise its load timeout"))
             r, data = e.result, e.buf
             e.state = DROPPED
             good = r is not None and r.found and r.size == e.size and data is not None
@@ -441,6 +456,9 @@ class PrefetchStore(ObjectStore):
                 self._release(e, wasted=False, recycle=in_place)
                 self._publish()
         if not good or data is None:
+            err = None if r is None else r.error
+            if budget is not None and isinstance(err, TransientStoreError) and began < e.born + budget:
+                return ItemResult(e.name, error=err)  # the load's own request failed this way
             return None
         self._used.inc(e.size)
         if in_place:
