@@ -179,6 +179,42 @@ def test_silent_endpoint_fails_within_the_timeout(cmd: list[str], silent_port: i
     assert elapsed < 60  # bounded: 2 s of waiting plus interpreter start-up, far from the 60 s limit
 
 
+@pytest.mark.parametrize("url", ["hf://buckets/a/b", "s3://bucket/x"])
+def test_timeout_bounds_the_whole_command(url: str, silent_port: int, cli_env: dict[str, str],
+                                          tmp_path: Path) -> None:
+    """Issue 31 item 8: `--timeout N` on an endpoint that never answers ends within N + 10%, counted
+    as the user counts it (from the command's start: interpreter start-up and imports are inside
+    the budget, which counts from the process's start)."""
+    endpoint = f"http://127.0.0.1:{silent_port}"
+    env = {**cli_env, "HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_x", "HF_HOME": str(tmp_path / "hf"),
+           "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b",
+           "AWS_REGION": "us-east-1"}
+    t0 = time.monotonic()
+    r = run_cli("ls", url, "--timeout", "5", env=env, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert_one_line_error(r, 1, "no answer", "within 5 s")
+    assert elapsed <= 5 * 1.1, elapsed
+
+
+@pytest.mark.parametrize("url", ["hf://buckets/a/b", "s3://bucket/x"])
+def test_connection_refused_is_not_retried(url: str, cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 31 item 8: nothing listens on the port: the first refusal is the error (on main the Hub
+    client retried 5 times, 0.5 + 1 + 2 + 4 + 8 s, and printed the line after 16.6 s)."""
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    env = {**cli_env, "HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_x", "HF_HOME": str(tmp_path / "hf"),
+           "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b",
+           "AWS_REGION": "us-east-1"}
+    t0 = time.monotonic()
+    r = run_cli("ls", url, env=env, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert_one_line_error(r, 1, endpoint, "reachable")
+    assert elapsed < 10, elapsed  # no backoff: well under the 15.5 s of sleeps five retries take
+    if url.startswith("hf://"):
+        assert "connection refused" in r.err
+        debug = run_cli("--debug", "ls", url, env=env, timeout=120)
+        assert debug.code == 1 and "retrying list the bucket" not in debug.err, debug.err[-2000:]
+
+
 def test_timeout_also_comes_from_the_environment(silent_port: int, cli_env: dict[str, str]) -> None:
     env = {**cli_env, "HF_ENDPOINT": f"http://127.0.0.1:{silent_port}", "HF_TOKEN": "hf_x",
            "KVBUCKET_TIMEOUT": "1.5"}

@@ -18,6 +18,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 import typer
@@ -122,6 +123,10 @@ def _one_line(text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The console script: run the command; every failure becomes one line and an exit status."""
+    from kvbucket.cli.common import mark_command_start, process_started
+
+    # --timeout counts from the process's start when run as the console script (argv None)
+    mark_command_start(process_started() if argv is None else time.monotonic())
     command = typer.main.get_command(build_app())
     try:
         rv = command.main(args=list(argv) if argv is not None else None, prog_name="kvbucket",

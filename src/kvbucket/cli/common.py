@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -121,15 +122,46 @@ def endpoint_hint(url: str, store: Any = None) -> str:
     return url
 
 
-def bounded(fn: Callable[[], T], timeout: float, url: str, store: Any = None) -> T:
-    """``fn()``'s result or error, or :class:`NoAnswerError` when it has not returned in ``timeout`` s.
+_command_started: float | None = None
+
+
+def process_started() -> float:
+    """The monotonic instant this process started (Linux: its start time in /proc), else now."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime: clock ticks after boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.monotonic() - max(0.0, age)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic()
+
+
+def mark_command_start(at: float | None) -> None:
+    """Where ``--timeout`` counts from (:func:`first_answer_deadline`): the console script passes
+    the process's start, so that interpreter start-up and imports are inside the budget."""
+    global _command_started
+    _command_started = at
+
+
+def first_answer_deadline(timeout: float) -> float:
+    """The instant a command's first remote answer is due: ``--timeout`` seconds after the command
+    started (the process, for the console script), so the whole command ends within it."""
+    start = _command_started if _command_started is not None else time.monotonic()
+    return start + timeout
+
+
+def bounded(fn: Callable[[], T], timeout: float, url: str, store: Any = None,
+            deadline: float | None = None) -> T:
+    """``fn()``'s result or error, or :class:`NoAnswerError` when it has not returned in ``timeout`` s
+    (or by ``deadline``, a monotonic instant, when given).
 
     ``fn`` runs in a daemon thread: a client blocked on a socket that never answers is left
     behind (the command then exits with :func:`exit_now`).
     """
     return run_abandonable(
         fn,
-        deadline_in(timeout),
+        deadline if deadline is not None else deadline_in(timeout),
         lambda: NoAnswerError(
             f"no answer from {endpoint_hint(url, store)} within {timeout:g} s for {url}; check that the "
             "endpoint is a working store server, or raise --timeout"
@@ -150,7 +182,7 @@ def probe(store: Any, url: str, timeout: float) -> None:
         for _ in store.list("", page_size=1):
             break
 
-    bounded(first, timeout, url, store)
+    bounded(first, timeout, url, store, first_answer_deadline(timeout))
 
 
 def unreachable_hint(e: BaseException, url: str, store: Any = None) -> str:

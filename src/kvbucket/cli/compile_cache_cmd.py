@@ -21,6 +21,7 @@ from kvbucket.cli.common import (
     error_text,
     exit_code_for,
     exit_now,
+    first_answer_deadline,
     is_remote,
     open_for_command,
     probe_or_exit,
@@ -192,7 +193,7 @@ def _create_hub_bucket(bucket_id: str, public: bool, timeout: float) -> str:
         return api.bucket_info(bucket_id)
 
     try:
-        info = bounded(create, timeout, url)
+        info = bounded(create, timeout, url, deadline=first_answer_deadline(timeout))
     except NoAnswerError as e:
         exit_now(str(e), 1)
     except Exception as e:

@@ -34,12 +34,13 @@ from urllib.parse import quote
 
 import httpx2
 from huggingface_hub import HfApi, get_session
-from huggingface_hub.errors import BucketNotFoundError, HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 
-from kvbucket.errors import AuthError, DeadlineExceededError, NotFoundError, StoreError, TransientStoreError
+from kvbucket.errors import DeadlineExceededError, StoreError, TransientStoreError
 from kvbucket.secrets import redact
 from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
+from kvbucket.stores.hub_errors import HubContext, connection_refused, hub_error
 from kvbucket.stores.xet_reads import XetReader, XetReadUnsupported
 from kvbucket.stores.xet_sessions import UploadCommits, download_session, upload_bytes
 from kvbucket.threads import DaemonThreadPool
@@ -48,8 +49,6 @@ log = logging.getLogger(__name__)
 
 #: The Hub accepts at most this many operations (batch) or paths (paths-info) per request.
 HUB_BATCH_LIMIT = 1000
-_RETRY_STATUS = (408, 429, 500, 502, 503, 504)
-_RETRY_EXCEPTIONS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
 _MAX_WAIT = 8.0
 _REQUEST_THREADS = 64  # requests in flight at once per bucket client (threads start as needed)
 _REQUEST_THREAD_NAME = "kvbucket-hub-request"
@@ -171,45 +170,9 @@ class HubBucketClient:
 
     def error(self, exc: BaseException, what: str) -> StoreError:
         """Translate any exception of a Hub/Xet call into a kvbucket error a user can act on."""
-        if isinstance(exc, StoreError):
-            return exc
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-        detail = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-                        *self._secrets())
-        endpoint = redact(self.endpoint)  # userinfo in $HF_ENDPOINT is never shown
-        if status == 401 and "authorization" not in self._headers:
-            # The Hub answers a caller without a token 401 for a private bucket and a missing one
-            # alike (RepoNotFound), and for any write: the first fix is a token, as `hf` says.
-            return AuthError(
-                f"no token found: {endpoint} answered HTTP 401 for bucket {self.bucket_id!r} while trying "
-                f"to {what} (a private or missing bucket looks the same without a token); set HF_TOKEN or "
-                f"run `hf auth login` (to create the bucket: hf buckets create {self.bucket_id} --private)"
-            )
-        if isinstance(exc, BucketNotFoundError) or (status == 404 and "bucket" in what):
-            return NotFoundError(
-                f"bucket {self.bucket_id!r} not found on {endpoint} (or the token from {self._token_source} "
-                f"cannot see it) while trying to {what}; create it with: hf buckets create "
-                f"{self.bucket_id} --private (a store's config may set create_bucket_if_missing: true)"
-            )
-        if status in (401, 403) or type(exc).__name__ == "XetAuthenticationError":
-            need = "write access" if status == 403 or "write" in what or "remove" in what else "access"
-            return AuthError(
-                f"the Hub refused access to bucket {self.bucket_id!r} on {endpoint} "
-                f"(HTTP {status or 'auth'}) while trying to {what}; the token from {self._token_source} "
-                f"needs {need} to the bucket: use a token with {need} (hf auth login, or set HF_TOKEN)"
-            )
-        if status in _RETRY_STATUS or isinstance(exc, (*_RETRY_EXCEPTIONS, TimeoutError, ConnectionError)):
-            return TransientStoreError(
-                f"the Hub did not answer usefully for bucket {self.bucket_id!r} while trying to {what} "
-                f"after {self.max_retries} retries: {detail}"
-            )
-        if status == 404:
-            return NotFoundError(f"not found on {endpoint} while trying to {what}: {detail}")
-        if isinstance(exc, HfHubHTTPError):
-            return StoreError(
-                f"the Hub rejected the request to {what} on bucket {self.bucket_id!r}: {detail}"
-            )
-        return StoreError(f"failed to {what} on bucket {self.bucket_id!r}: {type(exc).__name__}: {detail}")
+        return hub_error(exc, what, HubContext(
+            redact(self.endpoint), self.bucket_id, self._token_source, "authorization" not in self._headers,
+            self.max_retries), self._secrets())
 
     def _request(self, method: str, url: str, timeout: httpx2.Timeout, **kwargs: Any) -> httpx2.Response:
         # One attempt here: :meth:`retrying` owns the retry policy (one budget, Retry-After honoured).
@@ -247,7 +210,9 @@ class HubBucketClient:
                 return self._bounded(fn, self._timeout(deadline), deadline, what)
             except Exception as e:  # classified below
                 err = self.error(e, what)
-                if not isinstance(err, TransientStoreError) or attempt == self.max_retries:
+                # nobody listens (refused): a retry 0.5-8 s later would only delay the error
+                if not isinstance(err, TransientStoreError) or attempt == self.max_retries or \
+                        connection_refused(e):
                     raise err from None
                 wait = min(delay, _MAX_WAIT)
                 retry_after = getattr(getattr(e, "response", None), "headers", {}).get("Retry-After", "")
