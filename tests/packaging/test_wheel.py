@@ -6,6 +6,11 @@ sdist fails here); the wheel goes into a new venv outside the repository, with n
 ``PYTHONPATH`` and a working directory elsewhere, pinned by constraints.txt. From that venv:
 ``kvbucket --version``, ``kvbucket emulator serve`` (a real Hub emulator process) and
 ``kvbucket demo --synthetic --target hf://...`` against it, as a user would run them.
+
+Then a new user's first steps (issue 31), replayed in the same venv against the same emulator:
+``ls/du/verify --format json`` on a bucket id, ``stats --format json`` of a process that used a
+store opened by its bucket id, ``rm --dry-run`` then ``rm``, ``-h``/``-V``, a typo in a config
+key and a refused connection; each output is checked as the user reads it.
 """
 
 from __future__ import annotations
@@ -13,13 +18,16 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.metadata
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,12 +117,110 @@ def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path: Path) -> N
         assert token not in text
         listed = _run([str(bin_ / "kvbucket"), "du", "hf://buckets/me/wheel-demo"], demo_env, tmp_path, 120)
         du = listed.stdout
+        _new_user_steps(bin_, demo_env, tmp_path)
     finally:
         server.terminate()
         _, err = server.communicate(timeout=30)
     assert token not in err
     assert "all bytes verified" in text, text[-2000:]
     assert du.startswith("0 objects"), f"the demo left chunks behind: {du}"  # --target: removed after
+
+
+def _kv(bin_: Path, env: dict[str, str], cwd: Path, *args: str,
+        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``kvbucket ARGS`` from the clean venv, whatever its exit status (the caller checks it)."""
+    t0 = time.monotonic()
+    p = subprocess.run([str(bin_ / "kvbucket"), *args], env=env, cwd=cwd, capture_output=True, text=True,
+                       timeout=timeout)
+    print(f"{time.monotonic() - t0:6.1f} s  kvbucket {' '.join(args)[:70]} -> exit {p.returncode}")
+    return p
+
+
+def _json_of(p: subprocess.CompletedProcess[str]) -> Any:
+    assert p.returncode == 0, f"exit {p.returncode}: {p.stdout[-2000:]}{p.stderr[-2000:]}"
+    return json.loads(p.stdout)
+
+
+#: a user's process: a store opened by its bucket id, some traffic, its /metrics served
+_STATS_PROCESS = """
+import sys
+from kvbucket.metrics import InstrumentedStore
+from kvbucket.metrics_server import start_metrics_server
+from kvbucket.stores import open_store
+store = InstrumentedStore(open_store("me/wheel-demo/replay"), name="replay")
+assert all(r.ok for r in store.put_many([("x.bin", b"x" * 100)]))
+store.get_many(["x.bin", "missing.bin"])
+print(start_metrics_server(0).port, flush=True)
+sys.stdin.read()
+"""
+
+_TYPO_CONFIG = """\
+chunk_size: 256
+remote_storage_plugins: [hfbucket]
+extra_config:
+  remote_storage_plugin.hfbucket.module_path: kvbucket.integrations.lmcache.remote_plugin
+  remote_storage_plugin.hfbucket.class_name: HFBucketRemoteConnector
+  remote_storage_plugin.hfbucket.bucket_handel: hf://buckets/me/wheel-demo
+"""
+
+
+def _new_user_steps(bin_: Path, env: dict[str, str], cwd: Path) -> None:
+    """Issue 31's replay: what a user coming from `hf` types first, and what they must read."""
+    assert _kv(bin_, env, cwd, "-V").stdout.startswith("kvbucket ")
+    assert _kv(bin_, env, cwd, "ls", "-h").stdout.startswith("Usage: kvbucket ls ")
+    # the demo's chunks kept under a prefix of the bucket, named by its bucket id
+    demo = _kv(bin_, env, cwd, "demo", "--synthetic", "--chunks", "4", "--keep", "--target",
+               "me/wheel-demo/kept", timeout=300)
+    assert demo.returncode == 0 and "all bytes verified" in demo.stdout, demo.stdout[-2000:] + demo.stderr
+    assert "remote = hf://buckets/me/wheel-demo/kept" in demo.stdout  # whole, though not a terminal
+    listed = _json_of(_kv(bin_, env, cwd, "ls", "me/wheel-demo", "--format", "json"))
+    assert isinstance(listed, list) and len(listed) >= 4, listed
+    assert all(set(e) == {"name", "key", "size", "mtime"} and e["name"].startswith("kept/") for e in listed)
+    du = _json_of(_kv(bin_, env, cwd, "du", "me/wheel-demo/kept", "--format", "json"))
+    assert du == {"url": "hf://buckets/me/wheel-demo/kept", "prefix": "", "objects": len(listed),
+                  "bytes": sum(e["size"] for e in listed), "fleet": None}, du
+    verified = _json_of(_kv(bin_, env, cwd, "verify", "me/wheel-demo/kept", "--format", "json"))
+    assert verified["totals"]["good"]["objects"] == len(listed) and verified["not_good"] == [], verified
+
+    proc = subprocess.Popen([str(bin_ / "python"), "-c", _STATS_PROCESS], env=env, cwd=cwd, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        port = proc.stdout.readline().strip()
+        assert port.isdigit(), proc.stderr.read() if proc.stderr else port
+        stats = _json_of(_kv(bin_, env, cwd, "stats", "--url", f"http://127.0.0.1:{port}/metrics",
+                             "--format", "json"))
+    finally:
+        proc.communicate("", timeout=60)
+    rows = {(r["kind"], r["name"]): r for r in stats["rows"]}
+    assert (rows[("store", "replay")]["hits"], rows[("store", "replay")]["misses"]) == (1, 1), rows
+
+    dry = _kv(bin_, env, cwd, "rm", "me/wheel-demo", "--prefix", "kept/", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines()[-1] == f"(dry run) would remove {len(listed)}", dry.stdout
+    assert len(_json_of(_kv(bin_, env, cwd, "ls", "me/wheel-demo/kept", "--format", "json"))) == len(listed)
+    gone = _kv(bin_, env, cwd, "rm", "me/wheel-demo", "--prefix", "kept/", "--yes")
+    assert (gone.returncode, gone.stdout.strip()) == (0, f"removed {len(listed)}"), gone.stdout + gone.stderr
+    left = _json_of(_kv(bin_, env, cwd, "ls", "me/wheel-demo", "--format", "json"))
+    assert [e["name"] for e in left] == ["replay/x.bin"], left
+
+    # a typo in a config key: one line naming the key, exit 2
+    (cwd / "typo.yaml").write_text(_TYPO_CONFIG)
+    typo = _kv(bin_, env, cwd, "demo", "--synthetic", "--chunks", "2", "--config", "typo.yaml")
+    errors = [ln for ln in typo.stderr.splitlines() if ln.strip()]
+    assert typo.returncode == 2 and len(errors) == 1 and errors[0].startswith("error: "), typo.stderr
+    assert "bucket_handle" in errors[0], errors
+    assert "Traceback" not in typo.stderr
+
+    # a refused connection: one line naming the cause and the endpoint, exit 1, no JSON on stdout
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    refused = _kv(bin_, {**env, "HF_ENDPOINT": closed}, cwd, "ls", "me/wheel-demo", "--format", "json")
+    errors = [ln for ln in refused.stderr.splitlines() if ln.strip()]
+    assert refused.returncode == 1 and len(errors) == 1, refused.stderr
+    assert refused.stdout == "", refused.stdout
+    assert "refused" in errors[0].lower() and closed in errors[0], errors
 
 
 def _third_party_imports(path: Path) -> set[str]:

@@ -13,8 +13,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
-def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KVBUCKET_DEMO_SIZE": "tiny", "COLUMNS": "200"}
+def run_demo(*args: str, columns: str = "200") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KVBUCKET_DEMO_SIZE": "tiny", "COLUMNS": columns}
     return subprocess.run(
         [sys.executable, "-m", "kvbucket", "demo", "--prompt-tokens", "512", "--new-tokens", "8", *args],
         env=env, capture_output=True, text=True, timeout=600,
@@ -35,10 +35,16 @@ def test_demo_on_the_in_process_emulator() -> None:
 
 
 def test_demo_on_a_directory_target_cleans_up(tmp_path: Path) -> None:
-    target = tmp_path / "shared"
-    result = run_demo("--target", str(target))
+    """Also as in `make demo > log` (issue 31): a line per step on stderr as it starts, and the
+    table whole in an 80-column log (the target path is longer than that)."""
+    target = tmp_path / ("a-shared-directory-with-a-long-name-" * 2) / "shared"
+    result = run_demo("--target", str(target), columns="80")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "512 of 544" in result.stdout
+    assert f"shared tier: {target}" in result.stdout and "…" not in result.stdout, result.stdout
+    steps = [ln.rsplit(": ", 1)[0] for ln in result.stderr.splitlines() if ln.startswith("machine ")]
+    assert steps[:2] == ["machine A: building the model (seed 0)",
+                         "machine A: answering 544 tokens (no cache yet)"], result.stderr
     leftovers = [p for p in target.rglob("*") if p.is_file()]
     assert leftovers == [], f"the demo left chunks behind: {leftovers}"
 

@@ -234,17 +234,19 @@ def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[Objec
     bucket). A remote store is probed first, so a missing bucket, a refused token or an endpoint
     that never answers is one line at once.
     """
-    hint = as_id_hint(url)
+    def hint(e: BaseException) -> str:  # a refused id may have meant a directory; a dead endpoint did not
+        return as_id_hint(url) if exit_code_for(e) == 2 else ""
+
     try:
         store = open_for_command(url)
     except KVBucketError as e:
-        raise fail(str(e) + hint, exit_code_for(e)) from None
+        raise fail(str(e) + hint(e), exit_code_for(e)) from None
     except (OSError, ValueError, TypeError) as e:
-        raise fail(f"cannot open {url!r}: {error_text(e)}{hint}", exit_code_for(e)) from None
+        raise fail(f"cannot open {url!r}: {error_text(e)}{hint(e)}", exit_code_for(e)) from None
     try:
         probe_or_exit(store, url, timeout)
     except KVBucketError as e:
-        raise fail(str(e) + hint, exit_code_for(e)) from None
+        raise fail(str(e) + hint(e), exit_code_for(e)) from None
     try:
         yield store
     except BrokenPipeError:

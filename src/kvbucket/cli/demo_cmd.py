@@ -8,6 +8,7 @@ import os
 
 import typer
 
+from kvbucket.cli import output
 from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, is_remote, opened_store, store_url
 from kvbucket.errors import ConfigError
 from kvbucket.secrets import redact
@@ -115,7 +116,7 @@ def register(app: typer.Typer) -> None:
         try:
             code = run_demo(
                 target=target, size=size, prompt_tokens=prompt_tokens, new_tokens=new_tokens, dtype=dtype,
-                keep=keep, latency_ms=latency_ms,
+                keep=keep, latency_ms=latency_ms, console=output.console(),
             )
         except DemoError as e:
             from kvbucket.cli import debug_enabled
@@ -140,7 +141,8 @@ def _synthetic(
 
     try:
         report = run_synthetic_demo(
-            target=target, chunks=chunks or 32, model=model or DEFAULT_MODEL, keep=keep, config_path=config
+            target=target, chunks=chunks or 32, model=model or DEFAULT_MODEL, keep=keep, config_path=config,
+            console=output.console(),
         )
     except (DemoError, KVBucketError) as e:
         raise fail(f"kvbucket demo failed: {e}") from None

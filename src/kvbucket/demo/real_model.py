@@ -154,7 +154,7 @@ def run_machine(role: str, cfg: DemoConfig, workdir: Path) -> dict[str, Any]:
 
     dims = SIZES[cfg.size]
     dtype = getattr(torch, cfg.dtype)
-    _emit("step", text=f"machine {role}: building the model (seed {cfg.seed})")
+    _emit("step", text=f"machine {role.upper()}: building the model (seed {cfg.seed})")
     t = time.perf_counter()
     model = build_model(dims, seed=cfg.seed, dtype=dtype, name=cfg.model_id())
     build_s = time.perf_counter() - t
@@ -356,7 +356,8 @@ def run_demo(
             if emulator is not None and latency_ms:
                 b["delayed_requests"] = sum(r["fired"] for r in emulator.faults.rules())
                 b["latency_ms"] = latency_ms
-            progress.describe("done", advance=steps - progress.done)
+            progress.advance(steps - progress.done)
+            progress.desc = "demo"  # the closing line: "demo: 8 of 8 steps (100%), 12 s (done)"
         wall = time.perf_counter() - wall0
         _print_table(console, cfg, a, b, wall)
         return 0 if b["identical"] else 1
