@@ -177,8 +177,9 @@ def _new_user_steps(bin_: Path, env: dict[str, str], cwd: Path) -> None:
     assert isinstance(listed, list) and len(listed) >= 4, listed
     assert all(set(e) == {"name", "key", "size", "mtime"} and e["name"].startswith("kept/") for e in listed)
     du = _json_of(_kv(bin_, env, cwd, "du", "me/wheel-demo/kept", "--format", "json"))
-    assert du == {"url": "hf://buckets/me/wheel-demo/kept", "prefix": "", "objects": len(listed),
-                  "bytes": sum(e["size"] for e in listed), "fleet": None}, du
+    assert {k: du[k] for k in ("url", "prefix", "objects", "bytes", "fleet")} == {
+        "url": "hf://buckets/me/wheel-demo/kept", "prefix": "", "objects": len(listed),
+        "bytes": sum(e["size"] for e in listed), "fleet": None}, du
     verified = _json_of(_kv(bin_, env, cwd, "verify", "me/wheel-demo/kept", "--format", "json"))
     assert verified["totals"]["good"]["objects"] == len(listed) and verified["not_good"] == [], verified
 
