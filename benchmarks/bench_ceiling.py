@@ -25,7 +25,8 @@ or metadata), the second **warm** (same process, a new prompt's names). A load i
   waits for a core rather than for the GIL (this machine's two cores are shared with the servers:
   a probe's wake-up latency would count run-queue waits as GIL). Without py-spy (``pip install
   py-spy``; it needs ptrace rights) the GIL figures are left empty;
-- projected ceiling = 1 / GIL-held, GiB/s per process (not GIL-bound: empty when no GIL was seen).
+- projected ceiling = 1 / GIL-held, GiB/s per process (not GIL-bound: empty when no GIL was seen);
+- cores: client CPU seconds over wall seconds (> 1: the load kept more than one core busy).
 
 Sides. S3: ``kvbucket-s3`` (a sealed ``S3Store``: ``head_many`` + ``get_many``, verified envelopes),
 ``obstore`` (``head`` + ``get`` in 16 threads, bytes copied into the buffers), ``boto3``
@@ -137,7 +138,8 @@ def measure(fn: Callable[[], Any], nbytes: int) -> dict[str, Any]:
     gib = nbytes / GIB
     held = None if gil.seconds is None else gil.seconds / gib
     return {"result": out, "wall_s": wall, "gibs": gib / wall if wall > 0 else None,
-            "cpu_s_per_gib": cpu / gib, "gil_s_per_gib": held, "ceiling_gibs": (1 / held) if held else None}
+            "cores": cpu / wall if wall > 0 else None, "cpu_s_per_gib": cpu / gib, "gil_s_per_gib": held,
+            "ceiling_gibs": (1 / held) if held else None}
 
 
 def digest(data: Any) -> str:
@@ -173,10 +175,14 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             phases.append({"op": "store", "phase": phase, **m})
         store.close()
         return {"phases": phases if side != "raw" else []}
+    import numpy as np
+
     load = LOADERS[side](spec)
     phases = []
     for s, phase in enumerate(("cold", "warm")):
-        bufs = [bytearray(spec["size"]) for _ in range(spec["n"])]
+        bufs = [np.empty(spec["size"], np.uint8) for _ in range(spec["n"])]
+        for b in bufs:  # an engine's buffers are allocated and touched once (no page faults in a load)
+            b.fill(0)
         m = measure(lambda s=s, bufs=bufs: load(names(spec, s), bufs), spec["n"] * spec["size"])
         loaded = m.pop("result")
         phases.append({"op": "load", "phase": phase, "loaded": loaded, "digests": [digest(b) for b in bufs],
@@ -426,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
 def record(res: Results, cells: dict[Any, list[dict[str, Any]]], backend: str, side: str, kind: str, mib: int,
            ph: dict[str, Any], rnd: int, ok: bool) -> None:
     row = {"backend": backend, "side": side, "op": ph["op"], "payload": kind, "size_mib": mib,
-           "phase": ph["phase"], "round": rnd, "gibs": ph["gibs"], "cpu_s_per_gib": ph["cpu_s_per_gib"],
+           "phase": ph["phase"], "round": rnd, "gibs": ph["gibs"], "cores": ph["cores"],
+           "cpu_s_per_gib": ph["cpu_s_per_gib"],
            "gil_s_per_gib": ph["gil_s_per_gib"], "ceiling_gibs": ph["ceiling_gibs"], "verified": ok}
     res.run(**row)
     cells.setdefault((backend, side, ph["op"], kind, mib, ph["phase"]), []).append(row)

@@ -219,3 +219,69 @@ def test_a_sealed_payload_is_written_and_hashed_frame_by_frame() -> None:
     assert header == body[:64] and payload == body[64:]
     assert dst.hashed == 1064 and dst.hasher.intdigest() == xxhash.xxh3_64_intdigest(body[64:])
     assert t.write(b"x") == 0  # never past the announced length
+
+
+def test_a_large_batch_is_read_on_several_threads_each_item_once(
+    store: S3Store, fault_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One get_many big enough is split across threads with a multi handle each (libcurl's work
+    then runs on several cores); every item is still one presigned GET, its bytes in place."""
+    import threading
+
+    from kvbucket.stores import s3_direct
+
+    monkeypatch.setattr(s3_direct, "SPLIT_BYTES", 1 << 20)
+    sealed = seal_store(store, tier="s3-split-test")
+    data = [np.random.default_rng(i).integers(0, 256, 1 << 20, dtype=np.uint8) for i in range(8)]
+    sealed.put_many([(f"s{i}", d) for i, d in enumerate(data)])
+    threads: set[threading.Thread] = set()
+    write = _Transfer.write
+
+    def counting(self: _Transfer, chunk: bytes) -> int | None:
+        threads.add(threading.current_thread())
+        return write(self, chunk)
+
+    monkeypatch.setattr(_Transfer, "write", counting)
+    before = gets(fault_proxy)
+    out = [np.zeros_like(d) for d in data]
+    res = sealed.get_many([f"s{i}" for i in range(8)], out)
+    assert all(r.found for r in res) and all(np.array_equal(o, d) for o, d in zip(out, data, strict=True))
+    assert len(threads) == min(s3_direct.READ_THREADS, 8) >= 2
+    assert gets(fault_proxy)[0] - before[0] == 8 and gets(fault_proxy)[1] == before[1]  # no fallback
+    threads.clear()
+    monkeypatch.setattr(s3_direct, "SPLIT_BYTES", 64 << 20)  # a small batch stays on the calling thread
+    assert all(r.found for r in sealed.get_many(["s0", "s1"], out[:2]))
+    assert threads == {threading.current_thread()}
+
+
+class CountingHasher:
+    def __init__(self) -> None:
+        self.h, self.calls = xxhash.xxh3_64(), 0
+
+    def update(self, data: object) -> None:
+        self.calls += 1
+        self.h.update(data)  # type: ignore[arg-type]
+
+    def intdigest(self) -> int:
+        return self.h.intdigest()
+
+
+def test_a_sealed_payloads_checksum_is_fed_per_256_kib_not_per_frame() -> None:
+    """libcurl hands 16 KiB per callback; the checksum is fed from the buffer every 256 KiB (one
+    GIL-releasing call instead of 16), and never claims bytes it has not hashed."""
+    from kvbucket.stores.s3_direct import HASH_STEP
+
+    size = 4 << 20
+    body = np.random.default_rng(9).integers(0, 256, 64 + size, dtype=np.uint8).tobytes()
+    header, payload = bytearray(64), bytearray(size)
+    hasher = CountingHasher()
+    dst = Scatter(header, payload, hasher=hasher, hash_from=64)
+    t = _Transfer("u", dst)  # type: ignore[arg-type]
+    for line in (b"HTTP/1.1 200 OK\r\n", f"Content-Length: {64 + size}\r\n".encode(), b"\r\n"):
+        t.header(line)
+    for start in range(0, len(body), 16384):
+        assert t.write(body[start : start + 16384]) is None
+        assert dst.hashed <= t.pos and t.pos - dst.hashed < HASH_STEP  # trails by less than a step
+    assert dst.hashed == 64 + size and hasher.intdigest() == xxhash.xxh3_64_intdigest(body[64:])
+    assert hasher.calls <= size // HASH_STEP + 2  # 256 frames of 16 KiB: 18 calls, not 256
+    assert header == body[:64] and payload == body[64:]

@@ -90,7 +90,7 @@ class SealedStore(EnvelopeOpener, ObjectStore):
         directory, a Hub bucket) gets header + the caller's regions as a :class:`Gather`, with no
         copy: a directory writes it with one ``writev``; a bucket joins each object just before
         handing it to its uploader, so the copy of one object overlaps the upload of the one
-        before. Other stores get ``bytes`` (one copy; what their clients take without another).
+        before. Other stores get one new buffer (one copy, made without the GIL: :func:`_joined`).
         """
         if self.keyring is None:
             parts = data.parts if isinstance(data, Gather) else (as_view(data),)
@@ -104,7 +104,7 @@ class SealedStore(EnvelopeOpener, ObjectStore):
 
             if getattr(self.inner, "gathers", False):  # hashed when the store takes it (Gather.headed)
                 return Gather.headed(env.HEADER_SIZE, header, *parts)
-            return b"".join((header(parts), *parts))
+            return _joined(header(parts), parts)
         if isinstance(data, Gather):
             data = data.join()
         view = as_view(data)
@@ -319,6 +319,18 @@ class SealedStore(EnvelopeOpener, ObjectStore):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _joined(head: bytes, parts: tuple[memoryview, ...]) -> np.ndarray:
+    """``head`` and ``parts`` in one new buffer. numpy copies without the GIL (``b"".join``
+    holds it for every byte: 0.47 s per GiB stored, the whole of an S3 store's GIL time)."""
+    blob = np.empty(len(head) + sum(p.nbytes for p in parts), dtype=np.uint8)
+    blob[: len(head)] = np.frombuffer(head, np.uint8)
+    pos = len(head)
+    for part in parts:
+        np.copyto(blob[pos : pos + part.nbytes], np.frombuffer(part, np.uint8))
+        pos += part.nbytes
+    return blob
 
 
 def seal_store(
