@@ -100,3 +100,20 @@ def test_remote_tier_other_identity_misses_and_deletes_nothing(tmp_path: Path) -
     with tier("org/model@rev-1") as again:
         assert [as_bytes(c) for c in again.batched_get(keys)] == data
         assert sorted(again.list()) == sorted(k.to_string() for k in keys)
+
+
+def test_disk_tier_keys_chunks_by_identity_too(tmp_path: Path) -> None:
+    """A redeploy on the same host reopens the disk tier's private directory: the old identity's
+    chunks are not served (and, the directory being the tier's alone and bounded, are removed)."""
+    from kvbucket.backends.local_disk import LocalDiskBackend
+
+    keys = [key(i) for i in range(3)]
+    data = [chunk_bytes(LAYOUT, i) for i in range(3)]
+    with LocalDiskBackend(tmp_path / "disk", 1 << 20, model_identity="org/model@rev-1") as first:
+        first.batched_put(list(zip(keys, data, strict=True)))
+    files = sorted(p.name for p in (tmp_path / "disk").iterdir() if "@" in p.name)
+    assert len(files) == 3 and all("~" in f.split("@")[0] for f in files)
+    with LocalDiskBackend(tmp_path / "disk", 1 << 20, model_identity="org/model@rev-1") as again:
+        assert [as_bytes(c) for c in again.batched_get(keys)] == data  # the same identity: every hit
+    with LocalDiskBackend(tmp_path / "disk", 1 << 20, model_identity="org/model@rev-2") as other:
+        assert other.batched_get(keys) == [None] * 3 and other.used_bytes == 0

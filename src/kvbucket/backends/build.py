@@ -47,7 +47,8 @@ def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
         if config.local_cpu:
             tiers.append(LocalCPUBackend(config.local_cpu_bytes))
         if config.local_disk is not None:
-            tiers.append(LocalDiskBackend(config.local_disk, config.local_disk_bytes, encryption=keyring))
+            tiers.append(LocalDiskBackend(config.local_disk, config.local_disk_bytes, encryption=keyring,
+                                          model_identity=config.model_identity))
         remote_cls = PipelinedRemoteBackend if config.enable_async_loading else RemoteBackend
         for spec in remotes:
             store = open_remote_store(config, spec)

@@ -27,6 +27,7 @@ from kvbucket.backends._putqueue import PutQueue
 from kvbucket.backends._queued import BoundedLocalTier
 from kvbucket.backends.base import Chunk, Key, check_buffers
 from kvbucket.errors import ConfigError, InvalidKeyError, NoSpaceError
+from kvbucket.identity.core import IdentitySetting, qualify_key_string, split_key_string
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ObjectInfo, ObjectStore
@@ -62,6 +63,7 @@ class LocalDiskBackend(BoundedLocalTier):
         queue_size: int = 16,
         on_evict: Callable[[str], None] | None = None,
         encryption: Any = None,
+        model_identity: str | dict[str, str] | None = None,
     ) -> None:
         if not isinstance(max_bytes, int) or max_bytes <= 0:
             raise ValueError(f"LocalDiskBackend needs a positive max_bytes, got {max_bytes!r}")
@@ -76,6 +78,9 @@ class LocalDiskBackend(BoundedLocalTier):
         self.evictions = 0
         self._on_evict = on_evict
         self._index: OrderedDict[str, int] = OrderedDict()  # key -> size, LRU first
+        # Names carry the model's identity (kvbucket.identity), as the remote tier's do: after a
+        # redeploy with other weights, the directory's chunks of the old identity are not served.
+        self._identity = IdentitySetting(model_identity)
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         try:
@@ -104,7 +109,7 @@ class LocalDiskBackend(BoundedLocalTier):
                 return None
             self._index.move_to_end(k)
         buf = np.empty(size, dtype=np.uint8)
-        (r,) = self.store.get_many([key_to_name(k)], [buf])
+        (r,) = self.store.get_many([self._name(k)], [buf])
         if r.error is not None or r.size is None:
             # removed or evicted (or replaced by a chunk of another size) since we looked
             if r.error is not None:
@@ -125,7 +130,7 @@ class LocalDiskBackend(BoundedLocalTier):
                     self._index.move_to_end(ks[i])
                     todo.append(i)
         if todo:
-            results = self.store.get_many([key_to_name(ks[i]) for i in todo], [buffers[i] for i in todo])
+            results = self.store.get_many([self._name(ks[i]) for i in todo], [buffers[i] for i in todo])
             for i, r in zip(todo, results, strict=True):
                 if r.error is not None:
                     _repeated.warning("disk tier read of %s into the caller's buffer failed: %s", ks[i],
@@ -138,7 +143,7 @@ class LocalDiskBackend(BoundedLocalTier):
     def _forget_if_gone(self, key: str) -> None:
         """Drop an index entry whose file was deleted behind our back (not by us: we unindex first)."""
         with self._stripe(key):
-            (h,) = self.store.head_many([key_to_name(key)])
+            (h,) = self.store.head_many([self._name(key)])
             if h.error is None and h.size is None:
                 with self._lock:
                     size = self._index.pop(key, None)
@@ -163,7 +168,7 @@ class LocalDiskBackend(BoundedLocalTier):
                 if size is not None:
                     self.used_bytes -= size
             if size is not None:
-                self.store.delete_many([key_to_name(k)])
+                self.store.delete_many([self._name(k)])
         return dropped or size is not None
 
     def list(self) -> list[str]:
@@ -237,7 +242,7 @@ class LocalDiskBackend(BoundedLocalTier):
                 self.used_bytes += n  # reserved before writing: the bound holds at every moment
                 self.peak_bytes = max(self.peak_bytes, self.used_bytes)
             try:
-                (r,) = self.store.put_many([(key_to_name(key), view)])
+                (r,) = self.store.put_many([(self._name(key), view)])
                 if r.error is not None:
                     raise r.error
             except BaseException as e:
@@ -254,7 +259,7 @@ class LocalDiskBackend(BoundedLocalTier):
         complete temp file into place, or nothing): keep it indexed, so a failed re-put never
         loses a good chunk. Called under the key's stripe."""
         with contextlib.suppress(Exception):
-            (h,) = self.store.head_many([key_to_name(key)])
+            (h,) = self.store.head_many([self._name(key)])
             if h.error is None and h.size is not None:
                 with self._lock:
                     if key not in self._index:
@@ -285,7 +290,7 @@ class LocalDiskBackend(BoundedLocalTier):
                 with self._lock:
                     if vkey in self._index:
                         continue  # re-put meanwhile: its new file is live
-                self.store.delete_many([key_to_name(vkey)])
+                self.store.delete_many([self._name(vkey)])
             if self._on_evict is not None:
                 self._on_evict(vkey)
 
@@ -319,15 +324,32 @@ class LocalDiskBackend(BoundedLocalTier):
             ) from None
         return fd
 
+    def _name(self, key: str) -> str:
+        if self._identity:
+            key = qualify_key_string(key, self._identity.token(key.partition("@")[0]))
+        return key_to_name(key)
+
+    def _key_of(self, name: str) -> str:
+        key = name_to_key(name)
+        return split_key_string(key)[0] if self._identity else key
+
     def _rebuild_index(self) -> None:
         found: list[tuple[float, str, int]] = []
         infos = []
+        other = []  # chunks of another model identity: this private directory's garbage
         for info in self.store.inner.list():
             try:
-                name_to_key(info.name)
+                key, token = split_key_string(name_to_key(info.name))
             except InvalidKeyError:
                 continue  # not a chunk file kvbucket wrote
+            mine = self._identity.token(key.partition("@")[0]) if self._identity else None
+            if token != mine and (self._identity or token is None):
+                other.append(info.name)
+                continue
             infos.append(info)
+        if other:
+            log.info("disk tier %s: removing %d chunks of another model identity", self.store.url, len(other))
+            self.store.inner.delete_many(other)
         # A file without a whole envelope header, or whose size disagrees with its header (cut
         # short by a crash or by hand), is removed here rather than indexed and served.
         over = self.store.overhead
@@ -337,7 +359,7 @@ class LocalDiskBackend(BoundedLocalTier):
             self.store.refuse_names([(n, "truncated") for n in short])
         for info, reason in zip(listed, self.store.check_headers(listed), strict=True):
             if reason is None:
-                found.append((info.mtime or 0.0, name_to_key(info.name), info.size))
+                found.append((info.mtime or 0.0, self._key_of(info.name), info.size))
         found.sort()
         for _, key, size in found:
             self._index[key] = size
@@ -348,7 +370,7 @@ class LocalDiskBackend(BoundedLocalTier):
             self.used_bytes -= vsize
             evicted.append(vkey)
         if evicted:
-            self.store.delete_many([key_to_name(k) for k in evicted])
+            self.store.delete_many([self._name(k) for k in evicted])
             log.info("disk tier %s: evicted %d chunks to fit max_bytes=%d", self.store.url, len(evicted),
                      self.max_bytes)
         self.peak_bytes = self.used_bytes
