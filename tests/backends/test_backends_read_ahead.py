@@ -355,13 +355,13 @@ def integrity_failures() -> float:
 # ---- real servers ------------------------------------------------------------------------
 
 
-def hub_backend(hub_bucket: Any, settings: ReadAheadSettings | None) -> RemoteBackend:
+def hub_backend(hub_bucket: Any, settings: ReadAheadSettings | None, **options: Any) -> RemoteBackend:
     from kvbucket.stores.hfbucket import HFBucketStore
     from kvbucket.stores.hfbucket_config import build_config
 
     hub = hub_bucket.hub
     cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/kv", token=hub.write_token,
-                       endpoint=hub.endpoint, token_env="", retry_backoff_secs=0.01)
+                       endpoint=hub.endpoint, token_env="", retry_backoff_secs=0.01, **options)
     return RemoteBackend(HFBucketStore(cfg), LAYOUT, read_ahead=settings)
 
 
@@ -455,6 +455,25 @@ def test_s3_lookup_and_load_with_read_ahead_in_two_round_trips(s3_backend: Any, 
         if settled:
             assert len(proxy.log) == mark  # the load sent nothing
         assert proxy.round_trips(start) == 2
+
+
+def test_hub_a_load_taking_a_slow_read_ahead_ends_within_one_load_budget(hub_bucket: Any, hub_faults: Any
+                                                                         ) -> None:
+    """Issue 29 item 4 on a Hub bucket: every Xet fetch outlasts load_timeout_secs; the load that
+    comes 0.2 s after its lookup sends no fetch of its own and ends within one budget."""
+    hub, budget = hub_bucket.hub, 1.5
+    with hub_backend(hub_bucket, None) as b:
+        assert b.batched_put([(key(71), chunk_bytes(LAYOUT, 71))]) == 1
+    with hub_backend(hub_bucket, ON, load_timeout_secs=budget, breaker_failures=0) as b:
+        hub_faults.add("fetch", latency_s=4 * budget)
+        s0 = requests(hub)
+        assert b.contains(key(71))
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        assert b.get(key(71)) is None  # a miss: the read ran out of time
+        took = time.monotonic() - t0
+        assert requests(hub).get("fetch", 0) - s0.get("fetch", 0) == 1  # the read-ahead's only
+        assert took < 1.5 * budget  # one budget (two took ~2 x budget - 0.2 s)
 
 
 def test_s3_a_load_taking_a_slow_read_ahead_ends_within_one_load_budget(s3_backend: Any) -> None:
