@@ -18,7 +18,6 @@ import pytest
 from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.encryption import Keyring
-from kvbucket.envelope import HEADER_SIZE
 from kvbucket.keys import CacheEngineKey, key_to_name
 from kvbucket.metrics import integrity_failures as failures
 from kvbucket.stores.base import ObjectStore
@@ -93,12 +92,11 @@ def test_a_reader_that_cannot_open_a_chunk_leaves_it_to_its_writer(
 
 
 def test_damage_is_removed_and_a_chunk_another_reader_may_open_is_kept() -> None:
-    """The rule itself: removable reasons are exactly the damage ones, except in a private dir."""
+    """The rule itself: removable reasons are exactly the damage ones."""
     assert {"checksum", "truncated", "length", "header"} == DAMAGE
     assert {"name", "no_keyring", "key", "decrypt", "identity", "plaintext", "lmcache", "unsealed",
             "version"} == UNREADABLE
     assert all(removable(r) for r in DAMAGE) and not any(removable(r) for r in UNREADABLE)
-    assert all(removable(r, private=True) for r in UNREADABLE)
 
 
 def test_a_plaintext_chunk_read_with_encryption_on_is_kept(tmp_path: Path) -> None:
@@ -112,17 +110,30 @@ def test_a_plaintext_chunk_read_with_encryption_on_is_kept(tmp_path: Path) -> No
         assert bytes(plain.get(key(1))) == chunk_bytes(LAYOUT, 1)
 
 
-def test_the_disk_tiers_private_directory_removes_what_it_cannot_open(tmp_path: Path) -> None:
-    """The disk tier's directory is its alone (locked): there an unopenable file is removed."""
+def test_the_disk_tier_keeps_what_it_cannot_open_and_evicts_it_first(tmp_path: Path) -> None:
+    """Issue 29 item 2: the disk tier's directory removed every file it could not open (its
+    'private' exception), so a restart with encryption turned on, or another keyring, erased the
+    cache. Such a file is now a miss that stays, counts in the byte bound, and goes first when
+    room is needed; a damaged one is still removed."""
     from kvbucket.backends.local_disk import LocalDiskBackend
 
-    with LocalDiskBackend(tmp_path, 1 << 20, encryption=ring(WRITER_RING)) as enc:
-        enc.put(key(1), chunk_bytes(LAYOUT, 1))
-    path = tmp_path / key_to_name(key(1))
-    assert path.stat().st_size > HEADER_SIZE
-    with LocalDiskBackend(tmp_path, 1 << 20) as plain:  # the index rebuild reads the header
-        assert plain.get(key(1)) is None
-    assert not path.exists()
+    chunk = len(chunk_bytes(LAYOUT, 1))
+    bound = 3 * chunk + 100  # room for three chunks (and the encrypted ones' tags)
+    with LocalDiskBackend(tmp_path, bound, encryption=ring(WRITER_RING)) as enc:
+        enc.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in (1, 2)])
+    paths = [tmp_path / key_to_name(key(i)) for i in (1, 2)]
+    before = failures("disk", "no_keyring")
+    with LocalDiskBackend(tmp_path, bound) as plain:  # the index rebuild reads the headers
+        assert plain.get(key(1)) is None and not plain.contains(key(2))
+        assert all(p.exists() for p in paths)  # not for this tier, not removed
+        assert failures("disk", "no_keyring") == before + 2
+        assert plain.used_bytes >= 2 * chunk  # they count in the bound ...
+        plain.put(key(3), chunk_bytes(LAYOUT, 3))
+        plain.put(key(4), chunk_bytes(LAYOUT, 4))  # ... and make room first, oldest first
+        assert not paths[0].exists() and paths[1].exists()
+        assert bytes(plain.get(key(3))) == chunk_bytes(LAYOUT, 3) and plain.contains(key(4))
+    with LocalDiskBackend(tmp_path, bound, encryption=ring(WRITER_RING)) as enc:
+        assert bytes(enc.get(key(2))) == chunk_bytes(LAYOUT, 2)  # its writer still reads it
 
 
 def _keyring_file(tmp_path: Path) -> str:

@@ -4,9 +4,13 @@ Files are written by :class:`~kvbucket.stores.file.FileStore` (temp file + renam
 mid-write never leaves a partial chunk under a key, and sealed (:mod:`kvbucket.stores.sealed`):
 every load is verified before the caller gets it. The index is rebuilt from the directory at
 start (oldest modification first in the LRU order), checking each file's envelope header
-against its size, so a truncated or foreign file is dropped instead of served: a restart loses
-nothing that was acknowledged and serves nothing that was not. Files are 0600 and directories
-0700 because KV caches hold users' prompts.
+against its size, so a truncated or damaged file is dropped instead of served: a restart loses
+nothing that was acknowledged and serves nothing that was not. A file that is intact but not for
+this tier (another model identity, keyring or key, encryption turned on or off, another name,
+an envelope format it does not read) is never served and never deleted by a read
+(docs/integrity.md, "What a reader may delete"): it counts in the byte bound and is the first
+evicted when room is needed. Files are 0600 and directories 0700 because KV caches hold users'
+prompts.
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ObjectInfo, ObjectStore
 from kvbucket.stores.file import FileStore
+from kvbucket.stores.refusals import removable
 from kvbucket.stores.sealed import seal_store
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)  # one line per kind of failure, with a count
 _STRIPES = 64
+#: files to delete after an eviction: (the chunk's key, None for a file not for this tier; its name)
+Victims = list[tuple[str | None, str]]
 LOCK_NAME = ".kvbucket-disk.lock"
 
 
@@ -68,9 +75,8 @@ class LocalDiskBackend(BoundedLocalTier):
         if not isinstance(max_bytes, int) or max_bytes <= 0:
             raise ValueError(f"LocalDiskBackend needs a positive max_bytes, got {max_bytes!r}")
         raw = path if isinstance(path, ObjectStore) else FileStore(path, fsync=fsync)
-        # The directory is this tier's alone (a lock file), so objects without an envelope
-        # (written before sealing) are removed, not kept as misses forever.
-        self.store = seal_store(raw, tier="disk", encryption=encryption, private=True)
+        # A refused file is removed only when damaged; one not for this tier stays (in _foreign).
+        self.store = seal_store(raw, tier="disk", encryption=encryption)
         self._dir_lock = self._lock_directory()
         self.max_bytes = max_bytes
         self.used_bytes = 0
@@ -81,6 +87,9 @@ class LocalDiskBackend(BoundedLocalTier):
         # Names carry the model's identity (kvbucket.identity), as the remote tier's do: after a
         # redeploy with other weights, the directory's chunks of the old identity are not served.
         self._identity = IdentitySetting(model_identity)
+        # Files this tier does not serve but that are intact (file name -> bytes, oldest first):
+        # in the byte bound, evicted first.
+        self._foreign: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         try:
@@ -141,16 +150,22 @@ class LocalDiskBackend(BoundedLocalTier):
         return out
 
     def _forget_if_gone(self, key: str) -> None:
-        """Drop an index entry whose file was deleted behind our back (not by us: we unindex first)."""
+        """After a load found nothing it could serve: drop the index entry of a file deleted behind
+        our back (not by us: we unindex first) or removed as damaged; a file still there was
+        refused and kept (not for this tier): no longer served, and evicted first."""
         with self._stripe(key):
             (h,) = self.store.head_many([self._name(key)])
-            if h.error is None and h.size is None:
+            if h.error is None:
                 with self._lock:
                     size = self._index.pop(key, None)
-                    if size is not None:
+                    if size is None:
+                        return
+                    if h.size is None:
                         self.used_bytes -= size
                         log.info("disk tier: the file of %s is gone (removed outside kvbucket, or refused by "
                                  "the integrity check); forgotten", key)
+                    else:
+                        self._foreign[self._name(key)] = size  # still counted in used_bytes
 
     def contains(self, key: Key) -> bool:
         k = as_key_string(key)
@@ -165,9 +180,9 @@ class LocalDiskBackend(BoundedLocalTier):
         with self._stripe(k):
             with self._lock:
                 size = self._index.pop(k, None)
-                if size is not None:
-                    self.used_bytes -= size
-            if size is not None:
+                foreign = self._foreign.pop(self._name(k), None)
+                self.used_bytes -= (size or 0) + (foreign or 0)
+            if size is not None or foreign is not None:
                 self.store.delete_many([self._name(k)])
         return dropped or size is not None
 
@@ -226,19 +241,15 @@ class LocalDiskBackend(BoundedLocalTier):
             raise failure
         self._full_logged = False
 
-    def _try_write(self, key: str, view: memoryview, n: int) -> tuple[BaseException | None, list[str]]:
+    def _try_write(self, key: str, view: memoryview, n: int) -> tuple[BaseException | None, Victims]:
         """One attempt: reserve ``n`` bytes (choosing LRU victims), write; (failure, victims)."""
-        victims: list[str] = []
+        victims: Victims = []
         with self._stripe(key):
             with self._lock:
-                old = self._index.pop(key, None)
-                if old is not None:
-                    self.used_bytes -= old
-                while self._index and self.used_bytes + n > self.max_bytes:
-                    vkey, vsize = self._index.popitem(last=False)
-                    self.used_bytes -= vsize
-                    self.evictions += 1
-                    victims.append(vkey)
+                old = (self._index.pop(key, None) or 0) + (self._foreign.pop(self._name(key), None) or 0)
+                self.used_bytes -= old  # the new file replaces the old one (served or foreign)
+                while (self._foreign or self._index) and self.used_bytes + n > self.max_bytes:
+                    victims.append(self._pop_victim())
                 self.used_bytes += n  # reserved before writing: the bound holds at every moment
                 self.peak_bytes = max(self.peak_bytes, self.used_bytes)
             try:
@@ -266,33 +277,54 @@ class LocalDiskBackend(BoundedLocalTier):
                         self._index[key] = h.size
                         self.used_bytes += h.size
 
-    def _evict_bytes(self, n: int, keep: str) -> list[str]:
+    def _pop_victim(self, *, count: bool = True) -> tuple[str | None, str]:
+        """Unindex the next file to evict (lock held): one not for this tier first, else the LRU
+        chunk. (its key, None for a foreign file; its file name)"""
+        if self._foreign:
+            name, size = self._foreign.popitem(last=False)
+            vkey: str | None = None
+        else:
+            vkey, size = self._index.popitem(last=False)
+            name = self._name(vkey)
+        self.used_bytes -= size
+        self.evictions += count
+        return vkey, name
+
+    def _evict_bytes(self, n: int, keep: str) -> Victims:
         """Unindex least-recently-used chunks holding at least ``n`` bytes (to be deleted), never
-        ``keep``: the old copy of the chunk being written stays until the new one is in place."""
-        victims: list[str] = []
-        freed = 0
+        ``keep``: the old copy of the chunk being written stays until the new one is in place.
+        Files not for this tier go first."""
+        victims: Victims = []
         with self._lock:
+            target = self.used_bytes - n
+            while self._foreign and self.used_bytes > target:
+                victims.append(self._pop_victim())
             for vkey in list(self._index):
-                if freed >= n:
+                if self.used_bytes <= target:
                     break
                 if vkey == keep:
                     continue
-                vsize = self._index.pop(vkey)
-                self.used_bytes -= vsize
-                self.evictions += 1
-                freed += vsize
-                victims.append(vkey)
+                self._index.move_to_end(vkey, last=False)
+                victims.append(self._pop_victim())
         return victims
 
-    def _delete_victims(self, victims: list[str]) -> None:
-        for vkey in victims:
-            with self._stripe(vkey):
+    def _delete_victims(self, victims: Victims) -> None:
+        for vkey, name in victims:
+            guard = vkey if vkey is not None else self._chunk_key(name)
+            with self._stripe(guard or name):
                 with self._lock:
-                    if vkey in self._index:
-                        continue  # re-put meanwhile: its new file is live
-                self.store.delete_many([self._name(vkey)])
-            if self._on_evict is not None:
+                    if guard is not None and guard in self._index and self._name(guard) == name:
+                        continue  # (re-)put meanwhile: its new file is live
+                self.store.delete_many([name])
+            if vkey is not None and self._on_evict is not None:
                 self._on_evict(vkey)
+
+    def _chunk_key(self, name: str) -> str | None:
+        """The key this tier would store under ``name``, if any (a foreign file's name may be one)."""
+        try:
+            return self._key_of(name)
+        except InvalidKeyError:
+            return None
 
     def _lock_directory(self) -> int | None:
         """One disk tier per directory: two indexes over one directory would break the byte bound
@@ -336,23 +368,20 @@ class LocalDiskBackend(BoundedLocalTier):
     def _rebuild_index(self) -> None:
         found: list[tuple[float, str, int]] = []
         infos = []
-        other = []  # chunks of another model identity: this private directory's garbage
+        foreign: list[tuple[float, str, int]] = []  # (mtime, file name, bytes) of files not served
+        over = self.store.overhead
         for info in self.store.inner.list():
             try:
                 key, token = split_key_string(name_to_key(info.name))
             except InvalidKeyError:
                 continue  # not a chunk file kvbucket wrote
             mine = self._identity.token(key.partition("@")[0]) if self._identity else None
-            if token != mine and (self._identity or token is None):
-                other.append(info.name)
+            if token != mine and (self._identity or token is None):  # another model identity's
+                foreign.append((info.mtime or 0.0, info.name, max(0, info.size - over)))
                 continue
             infos.append(info)
-        if other:
-            log.info("disk tier %s: removing %d chunks of another model identity", self.store.url, len(other))
-            self.store.inner.delete_many(other)
         # A file without a whole envelope header, or whose size disagrees with its header (cut
         # short by a crash or by hand), is removed here rather than indexed and served.
-        over = self.store.overhead
         listed = [ObjectInfo(i.name, i.size - over, i.mtime) for i in infos if i.size >= over]
         short = [i.name for i in infos if i.size < over]
         if short:
@@ -360,17 +389,23 @@ class LocalDiskBackend(BoundedLocalTier):
         for info, reason in zip(listed, self.store.check_headers(listed), strict=True):
             if reason is None:
                 found.append((info.mtime or 0.0, self._key_of(info.name), info.size))
+            elif not removable(reason):  # intact, not for this tier: kept (and counted), never served
+                foreign.append((info.mtime or 0.0, info.name, info.size))
+        if foreign:
+            log.info("disk tier %s: %d files not for this tier (another model identity, keyring or format) "
+                     "kept, never served, evicted first", self.store.url, len(foreign))
+        for _, name, size in sorted(foreign):
+            self._foreign[name] = size
+            self.used_bytes += size
         found.sort()
         for _, key, size in found:
             self._index[key] = size
             self.used_bytes += size
         evicted = []
-        while self.used_bytes > self.max_bytes and self._index:  # the bound was lowered since
-            vkey, vsize = self._index.popitem(last=False)
-            self.used_bytes -= vsize
-            evicted.append(vkey)
+        while self.used_bytes > self.max_bytes and (self._foreign or self._index):  # the bound was lowered
+            evicted.append(self._pop_victim(count=False)[1])
         if evicted:
-            self.store.delete_many([self._name(k) for k in evicted])
+            self.store.delete_many(evicted)
             log.info("disk tier %s: evicted %d chunks to fit max_bytes=%d", self.store.url, len(evicted),
                      self.max_bytes)
         self.peak_bytes = self.used_bytes

@@ -8,9 +8,9 @@ KV layout, under a key id its keyring lacks or another tenant's key, no keyring,
 no envelope, a plaintext object or LMCache's raw format while encryption is on) is a miss that
 is counted and left in place: it may be valid for its writer. A name proves nothing on its own:
 a reader whose root is one level above or below the writer's sees every intact chunk under
-another name. Only in a tier's private directory (``private``: the disk tier's, locked
-to one backend, that no one else reads) is such an object removed too, since it would hold space
-outside the tier's byte bound forever. docs/integrity.md, "What a reader may delete".
+another name. The disk tier, whose directory no other reader uses, keeps such files too, in its
+byte bound, and evicts them first (:mod:`kvbucket.backends.local_disk`). docs/integrity.md,
+"What a reader may delete".
 
 Every refusal of a load goes through :meth:`Refusals.refuse` (counted, logged once, removed by
 :func:`removable`); ``kvbucket verify --delete-bad`` asks :func:`removable` too.
@@ -47,7 +47,7 @@ INTEGRITY_FAILURES = Counter(
 )
 INTEGRITY_REMOVED = Counter(
     "kvbucket_integrity_removed",
-    "Refused objects removed from the store (damaged, or in a tier's private directory), by tier "
+    "Refused objects removed from the store (damaged: their bytes contradict their envelope), by tier "
     "and reason.",
     ["tier", "reason"],
 )
@@ -71,19 +71,18 @@ _KEPT_HINT = {
 }
 
 
-def removable(reason: str, *, private: bool = False) -> bool:
-    """Whether an object refused for ``reason`` is removed: its bytes prove damage, or it lies
-    in a tier's private directory (see the module docstring)."""
-    return private or reason in DAMAGE
+def removable(reason: str) -> bool:
+    """Whether an object refused for ``reason`` is removed: only when its bytes contradict their
+    own envelope (see the module docstring)."""
+    return reason in DAMAGE
 
 
 class Refusals:
     """Counts, logs and removes (or keeps) the objects one store refused, by the one rule."""
 
-    def __init__(self, tier: str, url: str, *, private: bool = False) -> None:
+    def __init__(self, tier: str, url: str) -> None:
         self.tier = tier
         self.url = url
-        self.private = private
         self._logged: set[str] = set()
         self._kept_reasons: set[str] = set()
         self._lock = threading.Lock()
@@ -110,7 +109,7 @@ class Refusals:
         drop: list[tuple[str, str]] = []
         for name, e in bad:
             INTEGRITY_FAILURES.labels(self.tier, e.reason).inc()
-            deleting = removable(e.reason, private=self.private)
+            deleting = removable(e.reason)
             first, first_reason = self._first(name, e.reason)
             if deleting:
                 drop.append((name, e.reason))

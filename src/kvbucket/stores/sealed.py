@@ -16,7 +16,7 @@ Sizes reported by ``head_many``/``list``/``delete_many`` are payload sizes, so a
 compares sizes refuses truncated objects without reading them.
 
 Objects without an envelope (written before sealing, or by another program) follow ``unsealed``:
-``"miss"`` (the default: never served; removed only in a tier's ``private`` directory) or
+``"miss"`` (the default: never served, never removed by a read) or
 ``"accept"`` (served as they are, size-checked only).
 """
 
@@ -55,10 +55,7 @@ class SealedStore(EnvelopeOpener, ObjectStore):
         unsealed: str = "miss",
         keyring: Keyring | None = None,
         tenant_of: Callable[[str], str] = tenant_of_name,
-        private: bool = False,
     ) -> None:
-        """``private``: the store is a tier's own directory, which no other reader uses; there an
-        object this reader cannot open is removed too (:func:`kvbucket.stores.refusals.removable`)."""
         if unsealed not in UNSEALED_POLICIES:
             raise ConfigError(f"unsealed must be one of {', '.join(UNSEALED_POLICIES)}, got {unsealed!r}")
         self.inner = inner
@@ -68,10 +65,9 @@ class SealedStore(EnvelopeOpener, ObjectStore):
         self.unsealed = unsealed
         self.keyring = keyring
         self.tenant_of = tenant_of
-        self.private = private
         self.overhead = env.HEADER_SIZE + (env.TAG_SIZE if keyring is not None else 0)
         self._verified = INTEGRITY_VERIFIED.labels(tier)  # labels() is slow: once per store, not per load
-        self.refusals = Refusals(tier, self.url, private=private)
+        self.refusals = Refusals(tier, self.url)
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (during __init__ or unpickling)
@@ -340,7 +336,6 @@ def seal_store(
     identity: str | bytes | None = None,
     unsealed: str = "miss",
     encryption: Any = None,
-    private: bool = False,
 ) -> SealedStore:
     """Wrap ``store`` in a :class:`SealedStore` unless it already is one (then it is returned as is).
 
@@ -350,7 +345,7 @@ def seal_store(
     if isinstance(store, SealedStore):
         return store
     return SealedStore(store, tier=tier, identity=identity, unsealed=unsealed,
-                       keyring=Keyring.from_setting(encryption), private=private)
+                       keyring=Keyring.from_setting(encryption))
 
 
 __all__ = [
