@@ -4,8 +4,10 @@
 
 Both clients talk to one local Hub emulator (kvbucket.testing.HubEmulator, run in a child process
 so its CPU work does not share this process's GIL) through the unmodified huggingface_hub and
-hf_xet. Each system gets its own bucket and its own random (incompressible) chunks of the same
-sizes, refilled with new random bytes before every round so no store is helped by deduplication.
+hf_xet. Each system gets its own bucket and its own chunks of the same sizes, refilled with new
+bytes before every round so no store is helped by deduplication: realistic bf16 KV by default
+(``--payloads kv``, :mod:`kvbucket.testing.payloads`: Xet compresses it, so a load decodes it),
+random bytes with ``--payloads random`` (the second row: ``bench_hfbucket-random.json``).
 Rounds alternate which system goes first. Measured per round, medians printed:
 
 - store: all chunks in one call (LMCache: one store task; kvbucket: one put_many)
@@ -52,6 +54,7 @@ from kvbucket.keys import key_to_name  # noqa: E402
 from kvbucket.stores.hfbucket import HFBucketStore  # noqa: E402
 from kvbucket.stores.hfbucket_config import HFBucketConfig  # noqa: E402
 from kvbucket.testing import HubEmulator  # noqa: E402
+from kvbucket.testing.payloads import KINDS, payload  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import Results, add_argument  # noqa: E402
@@ -329,16 +332,21 @@ def main() -> int:
     ap.add_argument("--baseline", choices=("adapter", "connector"), default="adapter",
                     help="LMCache's MP HFBucketL2Adapter or its non-MP HFBucketConnector")
     ap.add_argument("--in-process-server", action="store_true", help="run the emulator in this process")
+    ap.add_argument("--payloads", choices=KINDS, default=KINDS[0],
+                    help="kv: realistic bf16 KV (the default); random: random bytes")
     add_argument(ap)
     args = ap.parse_args()
-    res = Results("bench_hfbucket", variant=None if args.baseline == "adapter" else "connector",
-                  params=vars(args), title="HFBucketStore vs LMCache 0.5.6's hfbucket adapter, Hub emulator")
+    variant = "-".join(v for v in (None if args.baseline == "adapter" else "connector",
+                                   None if args.payloads == "kv" else args.payloads) if v)
+    res = Results("bench_hfbucket", variant=variant or None, params=vars(args),
+                  title="HFBucketStore vs LMCache 0.5.6's hfbucket adapter, Hub emulator",
+                  notes=f"payloads: {'realistic bf16 KV' if args.payloads == 'kv' else args.payloads}")
     size = int(args.chunk_mib * 1024 * 1024)
     extra = max(0, args.lookup_keys - args.chunks)
-    rng = np.random.default_rng()
+    tag = os.urandom(4).hex()
 
     def chunks() -> list[np.ndarray]:
-        return [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(args.chunks)]
+        return [np.zeros(size, np.uint8) for _ in range(args.chunks)]
 
     mib = args.chunks * size / 2**20
     baseline = "HFBucketL2Adapter (MP)" if args.baseline == "adapter" else "HFBucketConnector (non-MP)"
@@ -373,8 +381,8 @@ def main() -> int:
         for r in range(args.rounds + args.warmup):
             order = [(lm, lm_t, lm_ok), (kv, kv_t, kv_ok)]
             for side, t, ok in order if r % 2 == 0 else order[::-1]:
-                for c in side.chunks:  # new bytes every round: each store is a real upload, no dedup
-                    c[:] = rng.integers(0, 256, c.nbytes, dtype=np.uint8)
+                for i, c in enumerate(side.chunks):  # new bytes every round: a real upload, no dedup
+                    c[:] = payload(args.payloads, c.nbytes, f"{tag}-{r}-{id(side)}-{i}")
                 run_round(side, t, ok, server_cpu)
             if r < args.warmup:
                 for t in (lm_t, kv_t):

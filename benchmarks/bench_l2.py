@@ -66,7 +66,7 @@ SERVER_RUNS: list[tuple[str, dict]] = []  # (backend, every adapter's results), 
 #: >= 1.0x, load >= 1.5x (load = lookup + load with read-ahead on: the figure a hit costs). S3's
 #: goals are at 50 ms (bench_latency), and a lookup alone or a load with read-ahead off has none.
 GOALS = {("hfbucket", "Store"): 1.0, ("hfbucket", "Lookup+Load"): 1.5}
-#: The shapes (keys, KiB) those goals are set for, with random payloads.
+#: The shapes (keys, KiB) those goals are set for, with realistic KV or random payloads (not constant).
 GOAL_SHAPES = {(64, 2048), (16, 8192)}
 
 
@@ -125,6 +125,7 @@ def run_interleaved(builtin: dict, plugin: dict, env: dict[str, str], args: argp
              for w, spec in specs.items()}
     job.write_text(json.dumps({"specs": specs, "read_ahead": ahead, "num_keys": args.num_keys,
                                "random": args.integrity or args.random_payloads,
+                               "payload": args.payloads if args.integrity or args.random_payloads else None,
                                "data_size": args.data_size_kb * 1024, "rounds": args.rounds,
                                "probe": probe if args.server_stats else None}))
     full_env = {**os.environ, "PYTHONPATH": SRC, "LMCACHE_DISABLE_BANNER": "1", **_omp(args), **env}
@@ -190,7 +191,6 @@ def _worker(job_path: str) -> None:
     import statistics
     import time
 
-    import numpy as np
     import torch
     from lmcache.cli.commands.bench.l2_adapter_bench.data import (
         create_l1_memory_desc,
@@ -215,21 +215,24 @@ def _worker(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     n, size, rounds = job["num_keys"], job["data_size"], job["rounds"] + 1  # + 1 warmup
     names = list(job["specs"])
-    random_payloads = job.get("random", False)
+    kind = job.get("payload") or ("random" if job.get("random", False) else None)
 
     def fill(who: str, r: int) -> None:
-        """Random bytes for round ``r`` of adapter ``who``, the same each time it is asked for.
+        """New bytes for round ``r`` of adapter ``who`` (realistic bf16 KV by default, random bytes
+        with ``--payloads random``), the same each time it is asked for.
 
         LMCache's bench fills every object with one repeated byte, the same for every adapter
         and round. A Hub bucket deduplicates content-defined chunks, so such payloads are read
         back from chunks stored by earlier rounds (or other adapters), and a sealed object
         (its header in the first chunk) spans more stored ranges than an unsealed one: that
-        measured the dedup, not the envelope. KV payloads are high-entropy data; so are these.
+        measured the dedup, not the envelope. Real KV is not deduplicated across prompts, and Xet
+        compresses it (0.88 of raw), so a load decodes it: :mod:`kvbucket.testing.payloads`.
         """
-        if random_payloads:
-            rng = np.random.default_rng([names.index(who), r])
-            for obj in store_objs[who]:
-                obj.raw_data.copy_(torch.from_numpy(rng.integers(0, 256, size, dtype=np.uint8)))
+        if kind is not None:
+            from kvbucket.testing.payloads import payload
+
+            for i, obj in enumerate(store_objs[who]):
+                obj.raw_data.copy_(torch.from_numpy(payload(kind, size, f"{names.index(who)}-{r}-{i}")))
 
     def lookup_then_load(a: Any, keys: list, objs: list) -> float | None:
         """Seconds from a lookup-and-lock of ``keys`` to the end of their load into ``objs``
@@ -431,8 +434,11 @@ def main() -> int:
                    help="also run kvbucket's adapter without the envelope and with AES-256-GCM "
                         "(interleaved mode), and print the ratios; every adapter then stores random "
                         "bytes, new each round (see _worker's fill)")
+    p.add_argument("--payloads", choices=("kv", "random"), default="kv",
+                   help="kv: realistic bf16 KV, new each round (the default); random: random bytes "
+                        "(the second row: bench_l2-...-random.json)")
     p.add_argument("--random-payloads", action="store_true",
-                   help="the default now (kept so older command lines still run)")
+                   help="non-constant payloads: the default now (kept so older command lines still run)")
     p.add_argument("--constant-payloads", action="store_true",
                    help="the dedup case: LMCache's own one-byte-repeated chunks, which a Hub bucket "
                         "deduplicates to almost nothing (the default is random bytes, new each round, "
@@ -453,7 +459,9 @@ def main() -> int:
         return 0
     params = {k: v for k, v in vars(args).items() if k != "worker"}
     res = Results("bench_l2", variant=_variant(args), params=params,
-                  title="L2 adapters in LMCache's own bench runner: kvbucket's plugin vs LMCache's built-in")
+                  title="L2 adapters in LMCache's own bench runner: kvbucket's plugin vs LMCache's built-in",
+                  notes="payloads: " + ({"kv": "realistic bf16 KV"}.get(args.payloads, args.payloads)
+                                        if args.integrity or args.random_payloads else "constant"))
     pairs: list[tuple[str, dict, dict[str, dict]]] = []
 
     tmp = Path(tempfile.mkdtemp(prefix="kvbucket-bench-l2-"))
@@ -494,7 +502,7 @@ def main() -> int:
     print(f"\n{how}: {args.num_keys} keys x {args.data_size_kb} KiB per submit, "
           f"kvbucket object_format={args.object_format}, "
           f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)"
-          + (", random payloads" if args.integrity or args.random_payloads
+          + (f", {args.payloads} payloads" if args.integrity or args.random_payloads
              else ", CONSTANT payloads (one repeated byte per chunk: the dedup case)"))
     print("\n".join(ratio_table(pairs, args)))
     if INTEGRITY_RUNS:
@@ -539,6 +547,8 @@ def _variant(args: argparse.Namespace) -> str | None:
     if (args.num_keys, args.data_size_kb) != (64, 2048):
         parts.append(f"{args.num_keys}x{args.data_size_kb}k")
     parts += [flag for flag, on in (("constant", not (args.random_payloads or args.integrity)),
+                                    ("random", (args.random_payloads or args.integrity) and
+                                     getattr(args, "payloads", "random") == "random"),
                                     ("lmcache-format", args.object_format == "lmcache"),
                                     ("integrity", args.integrity), ("cli", args.mode == "cli")) if on]
     return "-".join(parts) or None

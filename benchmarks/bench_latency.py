@@ -1,7 +1,7 @@
 """Lookup + load of a prompt's KV from a bucket at wide-area latency, in fresh processes, with peers.
 
     PYTHONPATH=src python benchmarks/bench_latency.py [--backends hub,s3] [--shapes 16x8,64x2] \
-        [--latencies-ms 0,20,50] [--rounds 2] [--constant-payloads]
+        [--latencies-ms 0,20,50] [--rounds 2] [--payloads kv|random] [--constant-payloads]
 
 Why: a remote KV hit only pays when lookup + load beat recomputing the prompt, and every earlier
 figure was measured on loopback, where a round trip costs nothing (issue 23). Here each shape
@@ -20,9 +20,11 @@ followed by one load of them into preallocated buffers, bytes checked afterwards
 
 Requests and sequential round trips are counted at the server (the emulator's request log, the
 proxy's log) over the measured interval only: both clocks are the machine's monotonic clock.
-Payloads are random (SHAKE-256 of an ``os.urandom`` seed) unless ``--constant-payloads`` (one
-repeated byte value per chunk, as LMCache's own ``bench l2`` fills them: Xet deduplicates it to
-almost nothing; labelled so in the output). Rounds alternate the order of the sides. Ratios are
+Payloads are realistic bf16 KV (:mod:`kvbucket.testing.payloads`, from an ``os.urandom`` seed:
+Xet compresses it, so a Hub load decodes it) unless ``--payloads random`` (random bytes: the
+second row, ``bench_latency-...-random.json``) or ``--constant-payloads`` (one repeated byte value
+per chunk, as LMCache's own ``bench l2`` fills them: Xet deduplicates it to almost nothing;
+labelled so in the output). Rounds alternate the order of the sides. Ratios are
 peer time / kvbucket time (> 1: kvbucket faster), medians of the per-round ratios.
 """
 
@@ -55,12 +57,14 @@ S3_SIDES = ("kvbucket-s3", "lmcache-s3", "boto3")
 
 
 # ---- payloads ------------------------------------------------------------------------------
-def payload(i: int, size: int, constant: bool, seed: bytes) -> bytes:
-    """Chunk ``i``: random bytes (the default; SHAKE-256 of a per-run ``os.urandom`` seed, so each
-    child makes the same incompressible bytes), or one repeated byte value (the dedup case)."""
-    if constant:
+def payload(i: int, size: int, kind: str, seed: bytes) -> bytes:
+    """Chunk ``i`` of ``kind``: realistic KV or random bytes from a per-run ``os.urandom`` seed (so
+    each child makes the same bytes), or ``constant``: one repeated byte value (the dedup case)."""
+    if kind == "constant":
         return bytes([i % 251 + 1]) * size
-    return hashlib.shake_256(seed + i.to_bytes(4, "big")).digest(size)
+    from kvbucket.testing.payloads import payload as make
+
+    return make(kind, size, seed + i.to_bytes(4, "big")).tobytes()
 
 
 def digest(data: Any) -> str:
@@ -94,7 +98,7 @@ def _kv_store_or_load(store: Any, spec: dict[str, Any], n: int, size: int) -> di
     """kvbucket's side on any store: write the shape's objects, or time lookup (head_many) + load."""
     names = _names(n)
     if spec["mode"] == "store":
-        res = store.put_many([(nm, payload(i, size, spec["constant"], spec["seed"].encode()))
+        res = store.put_many([(nm, payload(i, size, spec["payload"], spec["seed"].encode()))
                               for i, nm in enumerate(names)])
         assert all(r.ok for r in res), [str(r.error) for r in res if not r.ok][:2]
         return {}
@@ -171,7 +175,7 @@ def _lmcache(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
         if spec["mode"] == "store":
             for i in range(n):
                 l1[i * size : (i + 1) * size] = torch.frombuffer(
-                    bytearray(payload(i, size, spec["constant"], spec["seed"].encode())), dtype=torch.uint8)
+                    bytearray(payload(i, size, spec["payload"], spec["seed"].encode())), dtype=torch.uint8)
             adapter.submit_store_task(keys, objs)
             assert wait_eventfd(adapter.get_store_event_fd(), 600)
             res = adapter.pop_completed_store_tasks()
@@ -376,14 +380,14 @@ def setting(res: Results, args: argparse.Namespace, target: Any, sides: list[str
             size: int, ms: float, expect: list[str], seed: str, env: dict[str, str], home: str) -> None:
     """Every side at one latency, ``--rounds`` times in alternating order; print and record."""
     backend = target.kind
-    payloads = "constant" if args.constant_payloads else "random"
+    payloads = args.payloads
     times: dict[str, list[float]] = {s: [] for s in sides}
     for r in range(args.rounds):
         for side in sides if r % 2 == 0 else sides[::-1]:
             fresh = dict(env, HF_HOME=tempfile.mkdtemp(dir=home))
             fresh["HF_XET_CACHE"] = fresh["HF_HOME"] + "/xet"
             spec = {**target.spec(side, shape, n, size), "mode": "load", "n": n, "size": size,
-                    "constant": args.constant_payloads, "seed": seed}
+                    "payload": args.payloads, "seed": seed}
             out = run_child(spec, fresh)
             reqs, rts, routes = target.log(out["t_start"], out["t_end"])
             ok = out["digests"] == expect and out["loaded"] == n
@@ -423,6 +427,8 @@ def main() -> int:
     p.add_argument("--before-src", default=None,
                    help="also measure HFBucketStore from this src/ directory (e.g. a checkout of an older "
                         "commit) as side kvbucket-before: before/after in the same run")
+    p.add_argument("--payloads", choices=("kv", "random"), default="kv",
+                   help="kv: realistic bf16 KV (the default); random: random bytes")
     p.add_argument("--constant-payloads", action="store_true",
                    help="one repeated byte value per chunk (the dedup case; labelled in the output)")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -436,9 +442,11 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
                HF_HUB_DISABLE_PROGRESS_BARS="1", LMCACHE_LOG_LEVEL="WARNING", OMP_NUM_THREADS="1")
     env.pop("HF_TOKEN", None)
-    payloads = "constant" if args.constant_payloads else "random"
+    if args.constant_payloads:
+        args.payloads = "constant"
+    payloads = {"kv": "realistic bf16 KV"}.get(args.payloads, args.payloads)
     parts = [args.backends.replace(",", "+")] if args.backends != "hub,s3" else []
-    parts += ["constant"] if args.constant_payloads else []
+    parts += [args.payloads] if args.payloads != "kv" else []
     res = Results("bench_latency", variant="-".join(parts) or None, params=vars(args),
                   title="Lookup + load at wide-area latency, fresh processes",
                   notes=f"{payloads} payloads; requests and round trips counted at the server")
@@ -451,14 +459,14 @@ def main() -> int:
                 sides = [s for s in target.sides if not wanted or s in wanted]
                 for shape in [s for s in args.shapes.split(",") if s]:
                     n, size = parse_shape(shape)
-                    expect = [digest(payload(i, size, args.constant_payloads, seed.encode()))
+                    expect = [digest(payload(i, size, args.payloads, seed.encode()))
                               for i in range(n)]
                     target.set_latency(0)
                     for side in sides:
                         store = target.store_side(side)
                         if store is not None:
                             run_child({**target.spec(store, shape, n, size), "mode": "store", "n": n,
-                                       "size": size, "constant": args.constant_payloads, "seed": seed},
+                                       "size": size, "payload": args.payloads, "seed": seed},
                                       dict(env, HF_HOME=tempfile.mkdtemp(dir=home)))
                     for ms in [float(x) for x in args.latencies_ms.split(",") if x]:
                         target.set_latency(ms)
