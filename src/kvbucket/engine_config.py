@@ -13,7 +13,6 @@ other value is an error, never silently false.
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import os
@@ -24,7 +23,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvbucket.did_you_mean import closest, keys_at, unknown_key_hint, value_hint
 from kvbucket.encryption import EncryptionConfig
+from kvbucket.env_vars import warn_unknown
 from kvbucket.errors import ConfigError
 from kvbucket.secrets import looks_secret, redact
 
@@ -50,6 +51,10 @@ LMCACHE_ONLY_KEYS = frozenset({
     "enable_lazy_memory_allocator", "enable_kv_events", "use_gpu_connector_v3", "remote_config_url",
     "app_id", "enable_chunk_statistics", "enable_hidden_state_cache",
 })
+
+#: extra_config keys the engine config itself reads (the stores and plugins check theirs)
+_ENGINE_EXTRA_KEYS = ("encryption", "unsealed")
+
 
 class EngineConfig(BaseModel):
     """The storage-backend stack: local CPU -> local disk -> remote store(s)."""
@@ -128,6 +133,9 @@ class EngineConfig(BaseModel):
         for k in v:
             if not isinstance(k, str) or not k:
                 raise ValueError(f"keys must be non-empty strings, got {k!r}")
+            typo = closest(k, _ENGINE_EXTRA_KEYS, cutoff=0.8) if k not in _ENGINE_EXTRA_KEYS else None
+            if typo is not None:  # other keys belong to the stores and plugins, which check them
+                raise ValueError(f"unknown key {k!r}: did you mean {typo!r}?")
         enc = v.get("encryption")
         if enc is not None and not isinstance(enc, bool):
             if not isinstance(enc, dict):
@@ -136,8 +144,11 @@ class EngineConfig(BaseModel):
                 EncryptionConfig.model_validate(enc)
             except ValidationError as e:
                 fields = ", ".join(".".join(map(str, err["loc"])) for err in e.errors())
+                hints = "".join(unknown_key_hint(EncryptionConfig, err["loc"]) for err in e.errors()
+                                if err["type"] == "extra_forbidden")
                 raise ValueError(
                     f"encryption takes enabled, keyring_file and keyring_env; check {fields}"
+                    + (f" ({hints.strip()})" if hints else "")
                 ) from None
         if v.get("unsealed", "miss") not in ("miss", "accept"):
             raise ValueError("unsealed must be 'miss' or 'accept'")
@@ -241,16 +252,13 @@ def env_overrides(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The ``KVBUCKET_<KEY>`` variables that name engine config keys, parsed."""
     env = os.environ if env is None else env
     fields = EngineConfig.model_fields
+    warn_unknown(env, fields)  # a misspelt variable: once per process, with the closest name
     out: dict[str, Any] = {}
     for var, raw in env.items():
         if not var.startswith(ENV_PREFIX) or var == CONFIG_FILE_ENV:
             continue
         key = var[len(ENV_PREFIX) :].lower()
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.85)
-            if close:
-                log.warning("ignoring %s: not an engine config key; did you mean %s%s?", var, ENV_PREFIX,
-                            close[0].upper())
+        if key not in fields:  # warned once below if kvbucket reads no such variable at all
             continue
         if key == "extra_config" or (key == "remote_storage_plugins" and raw.strip().startswith("[")):
             try:
@@ -328,11 +336,11 @@ def _config_error(
             )
             continue
         if err["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            lines.append(f"unknown config key {key!r} ({origin}): {hint}known keys: {', '.join(fields)}")
+            hint = unknown_key_hint(EngineConfig, err["loc"])
+            known = ", ".join(keys_at(EngineConfig, err["loc"]))
+            lines.append(f"unknown config key {'.'.join(loc)!r} ({origin}): {hint}known keys: {known}")
             continue
-        msg = err["msg"].removeprefix("Value error, ") + _FIX_HINTS.get(err["type"], "")
+        msg = err["msg"].removeprefix("Value error, ") + _FIX_HINTS.get(err["type"], "") + value_hint(err)
         if not key:  # a model-level check: it may involve the file and the environment
             env_vars = ", ".join(f"{ENV_PREFIX}{k.upper()}" for k in sorted(env_keys or ()))
             lines.append(f"{msg} ({source}{' + ' + env_vars if env_vars else ''})")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvbucket.backends.fleet import parse_fleet_settings, split_fleet_keys
+from kvbucket.did_you_mean import did_you_mean
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.memory import MemoryStore
@@ -162,7 +163,8 @@ def open_remote_store(engine: EngineConfig, spec: RemoteTierSpec) -> ObjectStore
         if factory is None:
             known = ", ".join(f"{s}://" for s in URL_SCHEMES)
             raise ConfigError(
-                f"remote_url scheme {scheme!r} is not supported; use one of {known} or a directory path"
+                f"remote_url scheme {scheme!r} is not supported; {did_you_mean(scheme, URL_SCHEMES)}"
+                f"use one of {known} or a directory path"
             )
         fn = _resolve(factory, f"the {scheme}:// remote store")
         return _checked(fn(spec.label, dict(spec.options), engine), scheme)
@@ -171,7 +173,8 @@ def open_remote_store(engine: EngineConfig, spec: RemoteTierSpec) -> ObjectStore
     if factory is None:
         known = ", ".join(sorted(PLUGIN_TYPES))
         raise ConfigError(
-            f"remote_storage_plugins entry {spec.label!r} has unknown type {ptype!r}; known types: {known}"
+            f"remote_storage_plugins entry {spec.label!r} has unknown type {ptype!r}; "
+            f"{did_you_mean(ptype, PLUGIN_TYPES)}known types: {known}"
         )
     fn = _resolve(factory, f"the {ptype} remote storage plugin")
     return _checked(fn(spec.label, dict(spec.options), engine), spec.label)

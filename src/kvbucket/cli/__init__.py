@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -127,6 +128,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # --timeout counts from the process's start when run as the console script (argv None)
     mark_command_start(process_started() if argv is None else time.monotonic())
+    from kvbucket.engine_config import EngineConfig
+    from kvbucket.env_vars import warn_unknown
+
+    warn_unknown(None, EngineConfig.model_fields, lambda line: typer.echo(f"warning: {line}", err=True))
     command = typer.main.get_command(build_app())
     try:
         rv = command.main(args=list(argv) if argv is not None else None, prog_name="kvbucket",
@@ -137,7 +142,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             ctx = getattr(e, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-            typer.echo(f"error: {_one_line(e.format_message())}{hint}", err=True)  # type: ignore[attr-defined]
+            text = _one_line(e.format_message())  # type: ignore[attr-defined]
+            choice = _choice_hint(text)
+            typer.echo(f"error: {text.rstrip('.') if choice else text}{choice}{hint}", err=True)
         sys.exit(e.exit_code)  # type: ignore[attr-defined]
     except _ClickException as e:
         typer.echo(f"error: {_one_line(e.format_message())}", err=True)  # type: ignore[attr-defined]
@@ -150,6 +157,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         sys.exit(_report(e))
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+_NOT_ONE_OF = re.compile(r"'([^']*)' is not one of (.+?)\.?$")
+
+
+def _choice_hint(text: str) -> str:
+    """For a value that is not one of an option's choices: the closest choice, if one is close."""
+    from kvbucket.did_you_mean import closest
+
+    m = _NOT_ONE_OF.search(text)
+    if m is None:
+        return ""
+    close = closest(m.group(1), [c.strip().strip("'\"") for c in m.group(2).split(",")])
+    return f"; did you mean {close!r}?" if close else ""
 
 
 def _report(e: Exception) -> int:

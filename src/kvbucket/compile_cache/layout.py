@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from kvbucket.did_you_mean import did_you_mean
 from kvbucket.errors import ConfigError
 
 #: Local names kvbucket itself creates (temp dirs of fetches, the sync lock); never entries.
@@ -442,7 +443,8 @@ def get_layout(layout: str | CacheLayout, *, version: str | None = None, depth: 
         return TorchLayout(version)
     if layout == "directory":
         return DirectoryLayout(version, depth=depth)
-    raise ConfigError(f"unknown compile cache layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    raise ConfigError(f"unknown compile cache layout {layout!r}; {did_you_mean(layout, LAYOUTS)}"
+                      f"use one of {', '.join(LAYOUTS)}")
 
 
 __all__ = [

@@ -12,6 +12,7 @@ from typing import Any, Self
 
 from pydantic import ConfigDict, Field, ValidationError
 
+from kvbucket.did_you_mean import closest
 from kvbucket.errors import ConfigError
 from kvbucket.integrations.engine_fleet import FleetSettings
 from kvbucket.integrations.engine_identity import IdentitySettings
@@ -36,11 +37,13 @@ class EngineTierSettings(FleetSettings, ReadAheadConfig, IdentitySettings):
         """``values`` as settings; ``no_store_url`` is the error without ``store_url`` (say where
         it goes), ``invalid`` the words before any other validation error."""
         if "store_url" not in values:
-            raise ConfigError(no_store_url)
+            typo = next((k for k in values if closest(k, ["store_url"])), None)
+            raise ConfigError(f"{invalid}: unknown key {typo!r}: did you mean 'store_url'?" if typo
+                              else no_store_url)
         try:
             return cls.model_validate(values)
         except ValidationError as e:
-            raise ConfigError(format_validation_error(e, invalid, cls.model_fields)) from None
+            raise ConfigError(format_validation_error(e, invalid, cls)) from None
 
 
 __all__ = ["EngineTierSettings"]

@@ -43,13 +43,13 @@ Fields shared by every type (kvbucket's, on top of each type's own):
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvbucket.did_you_mean import did_you_mean, unknown_key_hint
 from kvbucket.encryption import EncryptionConfig
 from kvbucket.errors import ConfigError
 from kvbucket.fleet.config import FleetConfig
@@ -122,16 +122,20 @@ class S3L2Config(S3Config, L2CommonConfig):
     num_workers: int = Field(8, ge=1, le=512)
 
 
-def format_validation_error(e: ValidationError, where: str, fields: Iterable[str] = ()) -> str:
+def format_validation_error(e: ValidationError, where: str,
+                            fields: Iterable[str] | type[BaseModel] = ()) -> str:
     """One line per problem, naming the field, never showing the value (it may be a secret under
-    a misspelt key); an unknown field gets the closest of ``fields`` as a suggestion."""
+    a misspelt key); an unknown field gets the closest key of its level as a suggestion (``fields``:
+    the model, whose nested models are followed, or the names of the top level)."""
     lines = []
     for err in e.errors(include_input=False, include_url=False):
         field = ".".join(str(p) for p in err["loc"]) or "(spec)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(err["loc"][-1]), list(fields), n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            if isinstance(fields, type):
+                hint = unknown_key_hint(fields, err["loc"])
+            else:
+                hint = did_you_mean(err["loc"][-1], list(fields))
             msg = f"unknown field ({hint}check the spelling; see the docs for the fields this type takes)"
         elif err["type"] == "missing":
             msg = "required field is missing"

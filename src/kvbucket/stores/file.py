@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvbucket.did_you_mean import with_hints
 from kvbucket.errors import ConfigError, InvalidKeyError, NoSpaceError, NotFoundError, StoreError
 from kvbucket.stores.base import (
     Buffer,
@@ -557,6 +558,9 @@ def _as_bool(key: str, value: Any) -> bool:
     raise ConfigError(f"file store option {key}={value!r} must be true or false")
 
 
+_FILE_OPTIONS = ("fsync", "create", "stale_tmp_secs")
+
+
 def open_file_store(url: str, **options: Any) -> FileStore:
     """Open ``file:///abs/dir``, ``file://rel/dir`` (relative to the working directory) or a path.
 
@@ -569,10 +573,11 @@ def open_file_store(url: str, **options: Any) -> FileStore:
     path = url[len("file://") :] if url.startswith("file://") else url
     if not path:
         raise ConfigError(f"{url!r} names no directory; use file:///absolute/dir or file://relative/dir")
-    unknown = set(options) - {"fsync", "create", "stale_tmp_secs"}
+    unknown = set(options) - set(_FILE_OPTIONS)
     if unknown:
         raise ConfigError(
-            f"unknown file store option(s) {', '.join(sorted(unknown))}; known: fsync, create, stale_tmp_secs"
+            f"unknown file store option(s) {with_hints(sorted(unknown), _FILE_OPTIONS)}; "
+            f"known: {', '.join(_FILE_OPTIONS)}"
         )
     kwargs: dict[str, Any] = {}
     for key in ("fsync", "create"):

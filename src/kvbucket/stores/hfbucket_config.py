@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, ValidationError, field_validator
 
+from kvbucket.did_you_mean import did_you_mean, unknown_key_hint, value_hint
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.secrets import reveal
 from kvbucket.stores.base import check_prefix
@@ -262,9 +263,10 @@ def _describe(e: ValidationError, cls: type[BaseModel]) -> str:
         loc = ".".join(str(p) for p in err["loc"]) or "config"
         if err["type"] == "extra_forbidden":
             known = ", ".join(sorted(cls.model_fields))
-            lines.append(f"unknown option {loc!r} (known options: {known})")
+            hint = unknown_key_hint(cls, err["loc"])
+            lines.append(f"unknown option {loc!r} ({hint}known options: {known})")
         else:
-            msg = err["msg"].removeprefix("Value error, ")
+            msg = err["msg"].removeprefix("Value error, ") + value_hint(err)
             # Never echo the input of the token field; other inputs are safe to show.
             hidden = loc in ("token", "bucket_handle") or "input" not in err
             shown = "" if hidden else f" (got {err['input']!r})"
@@ -316,6 +318,11 @@ def config_from_plugin_options(
         elif k == "token_env" and v is None:
             v = ""
         fields[k] = v
+    unknown = [k for k in fields if k not in cls.model_fields]
+    if unknown:  # before "bucket_handle is required": a misspelt bucket_handle is the likely cause
+        hint = did_you_mean(unknown[0], cls.model_fields)
+        raise ConfigError(f"remote_storage_plugin.{instance_name}: unknown option {unknown[0]!r} "
+                          f"({hint}known options: {', '.join(sorted(cls.model_fields))})")
     if "bucket_handle" not in fields:
         raise ConfigError(
             f"{key_prefix}bucket_handle is required for the {instance_name!r} plugin, "

@@ -37,6 +37,7 @@ import obstore
 import obstore.exceptions as obe
 
 from kvbucket.chunks import as_view
+from kvbucket.did_you_mean import with_hints
 from kvbucket.errors import (
     AuthError,
     ConfigError,
@@ -554,7 +555,8 @@ def store_from_remote_url(url: str, extra_config: dict[str, Any] | None, engine:
     unknown = sorted(k for k in extra if k not in allowed and k not in _EXTRA_ONLY_KEYS)
     if unknown:
         raise ConfigError(
-            f"unknown extra_config key(s) for an s3:// remote_url: {', '.join(unknown)}; "
+            f"unknown extra_config key(s) for an s3:// remote_url: "
+            f"{with_hints(unknown, allowed | _EXTRA_ONLY_KEYS)}; "
             f"known: {', '.join(sorted(allowed | _EXTRA_ONLY_KEYS))}"
         )
     opts = {k: v for k, v in extra.items() if k not in _EXTRA_ONLY_KEYS}

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from kvbucket.did_you_mean import unknown_key_hint
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import check_prefix
 
@@ -145,7 +146,8 @@ def _describe(e: object, what: str) -> str:
     for err in e.errors():  # type: ignore[attr-defined]
         loc = ".".join(str(p) for p in err["loc"]) or "(config)"
         if err["type"] == "extra_forbidden":
-            problems.append(f"unknown key {loc!r}")
+            hint = unknown_key_hint(S3Config, err["loc"]).strip()
+            problems.append(f"unknown key {loc!r}" + (f" ({hint})" if hint else ""))
         else:  # never echo input values: they may be secrets
             problems.append(f"{loc}: {err['msg']}")
     return f"invalid {what}: " + "; ".join(problems)

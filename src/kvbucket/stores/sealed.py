@@ -31,6 +31,7 @@ import xxhash
 
 from kvbucket import envelope as env
 from kvbucket.chunks import as_view
+from kvbucket.did_you_mean import did_you_mean
 from kvbucket.encryption import Keyring, encrypt_into
 from kvbucket.errors import ConfigError, SizeMismatchError, StoreError
 from kvbucket.stores.base import Buffer, Gather, ItemResult, ObjectInfo, ObjectStore, Scatter
@@ -57,7 +58,8 @@ class SealedStore(EnvelopeOpener, ObjectStore):
         tenant_of: Callable[[str], str] = tenant_of_name,
     ) -> None:
         if unsealed not in UNSEALED_POLICIES:
-            raise ConfigError(f"unsealed must be one of {', '.join(UNSEALED_POLICIES)}, got {unsealed!r}")
+            raise ConfigError(f"unsealed must be one of {', '.join(UNSEALED_POLICIES)}, got {unsealed!r}; "
+                              f"{did_you_mean(unsealed, UNSEALED_POLICIES)}".rstrip("; "))
         self.inner = inner
         self.url = inner.url
         self.tier = tier

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from pydantic import ValidationError
 
+from kvbucket.did_you_mean import closest
 from kvbucket.errors import CircuitOpenError, ConfigError, SizeMismatchError, StoreError
 from kvbucket.keys import as_key_string
 from kvbucket.l2.config import (
@@ -62,6 +63,9 @@ def connector_config_from_extra(extra_config: dict[str, Any] | None, plugin_name
     handle = d.pop("bucket_handle", None)
     where = f"extra_config {prefix}*"
     if not isinstance(handle, str) or not handle:
+        typo = next((k for k in d if closest(k, ["bucket_handle"])), None)
+        if typo is not None:  # a misspelt bucket_handle, not a missing one
+            raise ConfigError(f"{where}: unknown key {prefix}{typo}: did you mean {prefix}bucket_handle?")
         raise ConfigError(
             f"{where}: {prefix}bucket_handle is required (hf://buckets/<ns>/<bucket>[/<prefix>], "
             "s3://<bucket>[/<prefix>] or file:///<dir>)"
@@ -79,7 +83,7 @@ def connector_config_from_extra(extra_config: dict[str, Any] | None, plugin_name
     try:
         return cls.model_validate(d)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, where)) from None
+        raise ConfigError(format_validation_error(e, where, cls)) from None
 
 
 def _lenient(cls: type[L2CommonConfig], full_key: str, key: str, value: Any) -> Any:
