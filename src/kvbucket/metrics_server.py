@@ -53,14 +53,20 @@ class MetricsServer:
 
 
 def start_metrics_server(
-    port: int = 0, addr: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
+    port: int = 0, addr: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY, *,
+    setting: str = "start_metrics_server's port",
 ) -> MetricsServer:
     """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread.
 
     ``port=0`` picks a free port (read it from ``.port``). The default address is loopback:
-    exposing metrics beyond the host is a deliberate choice (pass ``addr="0.0.0.0"``).
+    exposing metrics beyond the host is a deliberate choice (pass ``addr="0.0.0.0"``). A port in
+    use or an address not of this host is a :class:`ConfigError` naming ``setting``, the same line
+    a ``metrics_port`` setting gives.
     """
-    server, thread = start_http_server(port, addr=addr, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as e:
+        raise ConfigError(_bind_error(port, addr, setting, e)) from None
     return MetricsServer(port=server.server_port, addr=addr, _server=server, _thread=thread)
 
 
@@ -83,10 +89,7 @@ def serve_metrics(port: int, addr: str = "127.0.0.1", *, setting: str = "metrics
                     "the same address for one port"
                 )
             return running
-        try:
-            server = start_metrics_server(port, addr)
-        except OSError as e:
-            raise ConfigError(_bind_error(port, addr, setting, e)) from None
+        server = start_metrics_server(port, addr, setting=setting)
         _served[port] = server
     log.info("kvbucket metrics on %s", server.url)
     return server

@@ -121,7 +121,8 @@ def test_every_query_names_a_metric_kvbucket_exports() -> None:
     for family in ("kvbucket_backend_operations_total", "kvbucket_store_bytes_total",
                    "kvbucket_read_ahead_bytes_total", "kvbucket_store_latency_seconds_bucket",
                    "kvbucket_integrity_failures_total", "kvbucket_store_breaker_state",
-                   "kvbucket_fleet_capacity_bytes"):
+                   "kvbucket_fleet_capacity_bytes", "kvbucket_l2_capacity_bytes",
+                   "kvbucket_l2_evictions_total"):
         assert family in seen, f"no panel shows {family}"
 
 

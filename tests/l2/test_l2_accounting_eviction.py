@@ -287,3 +287,39 @@ def test_two_controller_threads_at_once_keep_exact_accounting() -> None:
         assert u.bytes_used < 0.8 * 60 * CHUNK + 2 * CHUNK
     finally:
         a.close()
+
+
+def test_capacity_usage_and_evictions_are_exported_without_a_fleet() -> None:
+    """Issue 31 item 13: an adapter with a capacity and eviction but no fleet exports its capacity,
+    usage and evictions (the Grafana dashboard's capacity row), read from the registry as a scrape
+    would; an adapter without a capacity exports none."""
+    from prometheus_client import REGISTRY
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scraped(url: str) -> dict[str, float]:
+        text = generate_latest(REGISTRY).decode()
+        return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                if s.name.startswith("kvbucket_l2_") and s.labels.get("store") == url}
+
+    cap = 20 * CHUNK
+    cfg = EvictionConfig(eviction_policy="LRU", trigger_watermark=0.8, eviction_ratio=0.2)
+    a = ObjectStoreL2Adapter(MemoryStore("gauges-capped"), max_capacity_bytes=cap, eviction=cfg,
+                             full_chunk_bytes=CHUNK)
+    plain = ObjectStoreL2Adapter(MemoryStore("gauges-uncapped"), full_chunk_bytes=CHUNK)
+    try:
+        for i in range(40):
+            t.store(a, [k(i)], [chunk(i)])
+        t.store(plain, [k(0)], [chunk(0)])
+        a.delete([])
+        _settle(a)
+        got = scraped(a.store.url)
+        assert got["kvbucket_l2_capacity_bytes"] == cap
+        assert got["kvbucket_l2_bytes_used"] == a.get_usage().bytes_used > 0
+        assert got["kvbucket_l2_evictions_total"] == a.report_status()["evicted_keys"] > 0
+        assert got["kvbucket_l2_evicted_bytes_total"] == a.report_status()["evicted_bytes"] > 0
+        assert scraped(plain.store.url) == {}
+    finally:
+        a.close()
+        plain.close()
+    assert scraped(a.store.url) == {}  # a closed adapter drops out

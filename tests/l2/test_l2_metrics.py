@@ -155,6 +155,39 @@ def test_a_taken_port_is_a_clear_error_before_the_store_opens(tmp_path: Path) ->
     assert not (tmp_path / "kv").exists()  # nothing was opened
 
 
+def test_open_l2_adapter_serves_metrics_port_as_the_plugin_does(tmp_path: Path) -> None:
+    """Issue 31 item 12: metrics_port means the same wherever it is accepted: open_l2_adapter (the
+    library's way to an adapter) serves it too, instead of accepting it and serving nothing."""
+    from kvbucket.keys import ObjectKey
+    from kvbucket.l2 import open_l2_adapter
+
+    port = free_port()
+    adapter = open_l2_adapter({"type": "fs", "base_path": str(tmp_path / "kv"), "metrics_port": port})
+    try:
+        key = ObjectKey("m", 0x01000100, (1).to_bytes(8, "big"), "")
+        tid = adapter.submit_store_task([key], [b"x" * 4096])
+        assert wait_fd(adapter.get_store_event_fd())
+        assert adapter.pop_completed_store_tasks()[tid].success
+        text = scrape(port)
+        assert samples(text, f"file://{tmp_path / 'kv'}")[("objects", "put", "ok")] == 1
+    finally:
+        adapter.close()
+
+
+def test_start_metrics_server_on_a_taken_port_gives_the_same_line(tmp_path: Path) -> None:
+    """Issue 31 item 12: start_metrics_server on a busy port is the ConfigError line metrics_port gives
+    (naming its parameter), not a raw OSError."""
+    from kvbucket.metrics_server import start_metrics_server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"127\.0\.0\.1:{port} \(start_metrics_server's port\): the "
+                                              r"port is in use by another process"):
+            start_metrics_server(port)
+
+
 def test_metrics_settings_are_validated_with_the_fix_in_the_message(tmp_path: Path) -> None:
     base = {"type": "fs", "base_path": str(tmp_path)}
     for port in (0, 65536, -1):

@@ -149,6 +149,10 @@ class ObjectStoreL2Adapter(L2Adapter):
         )
         self._loads = LoadPath(ctx, refused_ttl=float(metadata_cache_ttl_secs))
         self._inventory = InventoryPath(ctx, capacity=capacity, eviction=eviction)
+        if capacity > 0:  # capacity, usage and eviction series, fleet or not (kvbucket.l2.gauges)
+            from kvbucket.l2 import gauges
+
+            gauges.track(self, self._store.url, capacity)
         if self._fleet is not None:
             self._fleet.start()
         elif rebuild_usage:
@@ -236,6 +240,10 @@ class ObjectStoreL2Adapter(L2Adapter):
 
     def report_status(self) -> dict[str, Any]:
         return self._inventory.report_status()
+
+    def stats(self) -> dict[str, int]:
+        """The adapter's counters (stores, evicted keys and bytes, ...), as a copy."""
+        return {k: v for k, v in self._stats.items() if isinstance(v, int)}
 
     # ---- the fleet's callbacks (from its thread) -------------------------------------------------
     def _apply_fleet_changes(self, changes: list[Change]) -> None:

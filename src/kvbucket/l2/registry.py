@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kvbucket.did_you_mean import did_you_mean
 from kvbucket.errors import ConfigError
 from kvbucket.identity.core import IdentitySetting
 from kvbucket.l2.adapter import L2Listener, ObjectStoreL2Adapter
@@ -28,6 +29,7 @@ from kvbucket.l2.config import (
 )
 from kvbucket.l2.naming import Naming
 from kvbucket.metrics import InstrumentedStore
+from kvbucket.metrics_server import serve_metrics
 from kvbucket.stores.base import ObjectStore
 
 StoreBuilder = Callable[[Any], ObjectStore]
@@ -56,11 +58,12 @@ def parse_l2_config(spec: str | dict[str, Any] | L2CommonConfig) -> L2CommonConf
         raise ConfigError(f'the L2 adapter spec needs a "type" field, one of: {", ".join(l2_types())}')
     entry = _TYPES.get(type_name)
     if entry is None:
-        raise ConfigError(f"unknown L2 adapter type {type_name!r}; known types: {', '.join(l2_types())}")
+        raise ConfigError(f"unknown L2 adapter type {type_name!r}; {did_you_mean(type_name, l2_types())}"
+                          f"known types: {', '.join(l2_types())}")
     try:
         return entry[0].model_validate(d)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, f"L2 adapter {type_name!r}")) from None
+        raise ConfigError(format_validation_error(e, f"L2 adapter {type_name!r}", entry[0])) from None
 
 
 def build_store(config: L2CommonConfig) -> ObjectStore:
@@ -87,8 +90,14 @@ def store_options(config: L2CommonConfig) -> dict[str, bool]:
 def open_l2_adapter(
     spec: str | dict[str, Any] | L2CommonConfig, *, listener: L2Listener | None = None
 ) -> ObjectStoreL2Adapter:
-    """Parse ``spec``, open its store and return a running adapter (close it when done)."""
+    """Parse ``spec``, open its store and return a running adapter (close it when done).
+
+    ``metrics_port`` serves kvbucket's metrics here as in LMCache's plugin (once per port and
+    process, :func:`~kvbucket.metrics_server.serve_metrics`), before the store opens: a taken
+    port fails with nothing to undo."""
     config = parse_l2_config(spec)
+    if config.metrics_port is not None:
+        serve_metrics(config.metrics_port, config.metrics_addr)
     naming = naming_for(config)
     store = instrumented(build_store(config))
     work_dir = None
