@@ -339,7 +339,7 @@ def _store_objects(hub_bucket: Any, n: int) -> None:
 
 def test_uploads_ask_no_global_dedup_queries(hub_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(xet_sessions._GLOBAL_DEDUP_ENV, raising=False)
-    monkeypatch.setattr(xet_sessions, "_upload_session", None)  # a session made under this env
+    monkeypatch.setattr(xet_sessions, "_upload_sessions", {})  # a session made under this env
     hub = hub_bucket.hub
     dedup, xorbs = requests(hub, "dedup"), requests(hub, "xorb_upload")
     _store_objects(hub_bucket, 6)
@@ -351,7 +351,7 @@ def test_the_environment_turns_global_dedup_queries_back_on(
     hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(xet_sessions._GLOBAL_DEDUP_ENV, "true")
-    monkeypatch.setattr(xet_sessions, "_upload_session", None)
+    monkeypatch.setattr(xet_sessions, "_upload_sessions", {})
     hub = hub_bucket.hub
     dedup = requests(hub, "dedup")
     _store_objects(hub_bucket, 6)
@@ -359,9 +359,59 @@ def test_the_environment_turns_global_dedup_queries_back_on(
 
 
 def test_the_upload_session_is_made_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(xet_sessions, "_upload_session", None)
+    monkeypatch.setattr(xet_sessions, "_upload_sessions", {})
     first = xet_sessions.upload_session()
     assert xet_sessions.upload_session() is first
-    pid, _ = xet_sessions._upload_session  # type: ignore[misc]
-    monkeypatch.setattr(xet_sessions, "_upload_session", (pid + 1, first))  # as seen from a forked child
+    assert xet_sessions.upload_session("none") is not first  # one per compression setting
+    ((pid, _), *_) = xet_sessions._upload_sessions
+    monkeypatch.setattr(xet_sessions, "_upload_sessions", {(pid + 1, "auto"): first})  # as a forked child
     assert xet_sessions.upload_session() is not first
+    assert list(xet_sessions._upload_sessions) == [(pid, "auto")]  # the parent's is dropped
+
+
+def _xorb_schemes(hub: Any) -> dict[int, int]:
+    """How many chunks of each compression scheme the emulator's stored xorbs hold."""
+    from kvbucket.testing.hub_emulator.xet import XetFormatError, iter_chunk_headers
+
+    seen: dict[int, int] = {}
+    for path in Path(hub.data_dir).rglob("*"):
+        if path.is_file() and "xorb" in str(path.parent) and not path.name.startswith(".tmp"):
+            try:
+                headers = iter_chunk_headers(path.read_bytes())
+            except XetFormatError:
+                continue
+            for _, _, scheme, _ in headers:
+                seen[scheme] = seen.get(scheme, 0) + 1
+    return seen
+
+
+@pytest.mark.parametrize("compression", ["none", "auto"])
+def test_xet_compression_decides_how_uploads_compress_kv(
+    hub_bucket: Any, monkeypatch: pytest.MonkeyPatch, compression: str
+) -> None:
+    """``xet_compression`` is hf_xet's compression policy for the store's uploads: with ``none``
+    bf16 KV goes up raw (no chunk compressed), with ``auto`` (the default) byte-grouped; both
+    read back the same bytes. The emulator's bucket is fresh, but its xorbs are shared: the
+    chunks added by this upload are counted."""
+    from kvbucket.testing.payloads import realistic_kv
+
+    monkeypatch.delenv(xet_sessions._COMPRESSION_ENV, raising=False)
+    hub = hub_bucket.hub
+    before = _xorb_schemes(hub)
+    data = [realistic_kv(1 << 20, f"{compression}-{uuid.uuid4()}") for _ in range(3)]
+    with make_store(hub, hub_bucket.bucket_id, prefix="c", xet_compression=compression) as s:
+        assert s.config.xet_compression == compression
+        assert all(r.ok for r in s.put_many([(f"kv{i}", d) for i, d in enumerate(data)]))
+        got = s.get_many([f"kv{i}" for i in range(3)])
+    assert [bytes(r.data) for r in got] == [d.tobytes() for d in data]
+    after = _xorb_schemes(hub)
+    added = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    if compression == "none":
+        assert added.get(0, 0) >= 40 and not added.get(1) and not added.get(2), added
+    else:
+        assert added.get(2, 0) >= 40, added
+
+
+def test_xet_compression_refuses_what_hf_xet_does_not_know() -> None:
+    with pytest.raises(ValueError, match="xet_compression"):
+        build_config(bucket_handle="hf://buckets/o/b", token="hf_x", token_env="", xet_compression="zstd")

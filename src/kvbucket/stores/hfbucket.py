@@ -91,6 +91,7 @@ class HFBucketStore(RemoteStore):
             token_source=config.token_source(), max_retries=config.max_retries,
             retry_backoff_secs=config.retry_backoff_secs, connect_timeout_secs=config.connect_timeout_secs,
             request_timeout_secs=config.request_timeout_secs, load_concurrency=config.load_concurrency,
+            xet_compression=config.xet_compression,
         )
         self.endpoint = self._client.endpoint
         self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)

@@ -14,7 +14,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, ValidationError, field_validator
 
@@ -137,6 +137,9 @@ class HFBucketConfig(BaseModel):
     )
     prefetch_reconstructions: StrictBool = Field(
         True, description="a lookup hit also asks for its Xet reconstruction, so its load is the fetch alone"
+    )
+    xet_compression: Literal["auto", "none", "lz4", "bg4-lz4"] = Field(
+        "auto", description="how uploads compress chunks (hf_xet's xorb.compression_policy; docs/hfbucket.md)"
     )
     endpoint: str | None = Field(None, description="Hub URL; default: $HF_ENDPOINT or huggingface.co")
     max_retries: int = Field(5, ge=0, le=20, strict=True, description="retries on 429/5xx/timeouts")

@@ -115,6 +115,7 @@ class HubBucketClient:
         connect_timeout_secs: float = 2.0,
         request_timeout_secs: float = 30.0,
         load_concurrency: int = 64,
+        xet_compression: str = "auto",
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.bucket_id = bucket_id
@@ -139,7 +140,7 @@ class HubBucketClient:
         self._xet_lock = threading.Lock()
         self._write_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
         self._commits = UploadCommits(f"{self._base}/xet-write-token", self._headers,
-                                      safety_secs=_TOKEN_SAFETY_SECS)
+                                      safety_secs=_TOKEN_SAFETY_SECS, compression=xet_compression)
         self._read_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
         # renewed this long before exp (token_margin of each token when it arrived)
         self._write_margin = self._read_margin = float(_TOKEN_SAFETY_SECS)

@@ -66,14 +66,25 @@ class Kernel:
     outcomes: tuple[int, int, int, int, int]  # DONE, NEED, BAD_HEADER, BAD_PAYLOAD, NO_ROOM
 
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _loading (held briefly; never while loading)
+_load_lock = threading.Lock()  # held while loading
 _kernel: Kernel | None = None
 _failed: str | None = None
 _loading: Any = None  # the background load's future
 
 
+def _after_fork() -> None:
+    """A forked child starts with fresh locks (the parent's may have been held by its loading
+    thread, which the child does not have) and loads again unless the parent had loaded."""
+    global _lock, _load_lock, _loading
+    _lock, _load_lock, _loading = threading.Lock(), threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def decoder_mode() -> str:
-    """``KVBUCKET_XET_DECODER``, checked (an unknown value is reported once and read as auto)."""
+    """``KVBUCKET_XET_DECODER``, checked (an unknown value is reported and read as auto)."""
     raw = os.environ.get(DECODER_ENV, "auto").strip().lower() or "auto"
     if raw not in DECODERS:
         log.warning("ignoring %s=%r: use one of %s", DECODER_ENV, raw, ", ".join(DECODERS))
@@ -83,7 +94,7 @@ def decoder_mode() -> str:
 
 def _load() -> Kernel | None:
     global _kernel, _failed
-    with _lock:
+    with _load_lock:
         if _kernel is not None or _failed is not None:
             return _kernel
         try:

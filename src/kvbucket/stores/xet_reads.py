@@ -28,6 +28,7 @@ grouping 4 + LZ4).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import ipaddress
 import json
@@ -135,11 +136,19 @@ class _Connections:
                 self._tls = ssl.create_default_context()  # what http.client would use, made once
             return self._tls
 
+    def _queue(self, scheme: str, netloc: str) -> queue.LifoQueue[http.client.HTTPConnection]:
+        """The idle connections to one host (made once: a queue is three conditions and a lock,
+        which ``setdefault`` built and dropped twice per fetch)."""
+        q = self._idle.get((scheme, netloc))
+        if q is None:
+            with self._lock:
+                q = self._idle.setdefault((scheme, netloc), queue.LifoQueue())
+        return q
+
     def get(self, scheme: str, netloc: str, timeout: float, fresh: bool = False
             ) -> tuple[http.client.HTTPConnection, bool]:
         """A connection, and whether it is a reused one (which the server may have closed)."""
-        with self._lock:
-            q = self._idle.setdefault((scheme, netloc), queue.LifoQueue())
+        q = self._queue(scheme, netloc)
         if not fresh:
             try:
                 conn = q.get_nowait()
@@ -174,8 +183,7 @@ class _Connections:
             raise
 
     def put(self, scheme: str, netloc: str, conn: http.client.HTTPConnection) -> None:
-        with self._lock:
-            q = self._idle.setdefault((scheme, netloc), queue.LifoQueue())
+        q = self._queue(scheme, netloc)
         if q.qsize() < self._size:
             q.put(conn)
         else:
@@ -383,7 +391,18 @@ class XetReader:
 
 
 def _on_loopback(conn: http.client.HTTPConnection) -> bool:
-    """Whether the connection's peer is this machine (a loopback address): read slots apply."""
+    """Whether the connection's peer is this machine (a loopback address): read slots apply.
+    Asked once per connection (its socket's peer does not change), not per fetch."""
+    known = getattr(conn, "_kvbucket_loopback", None)
+    if known is not None and getattr(conn, "_kvbucket_sock", None) is conn.sock:
+        return bool(known)
+    near = _peer_is_loopback(conn)
+    with contextlib.suppress(AttributeError):  # a connection class with __slots__: asked every time
+        conn._kvbucket_loopback, conn._kvbucket_sock = near, conn.sock  # type: ignore[attr-defined]
+    return near
+
+
+def _peer_is_loopback(conn: http.client.HTTPConnection) -> bool:
     try:
         host = conn.sock.getpeername()[0]  # type: ignore[union-attr]
         ip = ipaddress.ip_address(str(host).split("%", 1)[0])

@@ -20,11 +20,16 @@ log = logging.getLogger(__name__)
 # another upload already stored it (global deduplication).
 _GLOBAL_DEDUP = "deduplication.global_dedup_query_enabled"
 _GLOBAL_DEDUP_ENV = "HF_XET_DEDUPLICATION_GLOBAL_DEDUP_QUERY_ENABLED"
-_upload_session: tuple[int, Any] | None = None  # (pid, hf_xet.XetSession)
+# hf_xet setting: how uploaded chunks are compressed (auto: per chunk, byte grouping + LZ4 when it
+# predicts a gain; none; lz4; bg4-lz4). HFBucketConfig.xet_compression; docs/hfbucket.md.
+_COMPRESSION = "xorb.compression_policy"
+_COMPRESSION_ENV = "HF_XET_XORB_COMPRESSION_POLICY"
+COMPRESSIONS = ("auto", "none", "lz4", "bg4-lz4")
+_upload_sessions: dict[tuple[int, str], Any] = {}  # (pid, compression) -> hf_xet.XetSession
 _session_lock = threading.Lock()
 
 
-def upload_session() -> Any:
+def upload_session(compression: str = "auto") -> Any:
     """kvbucket's hf_xet session for uploads: huggingface_hub's, without global-dedup queries.
 
     Why: hf_xet asks the CAS server about the first chunk of every object it uploads, one
@@ -33,18 +38,26 @@ def upload_session() -> Any:
     stored before (which the adapters' indexes already know): the query is a round trip per
     object that finds nothing. Chunks already in the local shard cache are deduplicated as
     before. ``HF_XET_DEDUPLICATION_GLOBAL_DEDUP_QUERY_ENABLED`` set in the environment wins.
+    One session per ``compression`` (hf_xet's ``xorb.compression_policy``; its own
+    ``HF_XET_XORB_COMPRESSION_POLICY`` in the environment wins, as hf_xet's variables do).
     """
-    global _upload_session
-    pid = os.getpid()
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"xet_compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
+    key = (os.getpid(), compression)
     with _session_lock:
-        if _upload_session is None or _upload_session[0] != pid:
+        session = _upload_sessions.get(key)
+        if session is None:
             from hf_xet import XetConfig, XetSession
 
+            for k in [k for k in _upload_sessions if k[0] != key[0]]:
+                del _upload_sessions[k]  # a parent's, in a forked child: not used here
             config = XetConfig()
             if _GLOBAL_DEDUP_ENV not in os.environ:
                 config = config.with_config(_GLOBAL_DEDUP, False)
-            _upload_session = (pid, XetSession(config=config))
-        return _upload_session[1]
+            if _COMPRESSION_ENV not in os.environ:
+                config = config.with_config(_COMPRESSION, compression)
+            session = _upload_sessions[key] = XetSession(config=config)
+        return session
 
 
 class UploadCommits:
@@ -61,8 +74,9 @@ class UploadCommits:
     """
 
     def __init__(self, refresh_url: str, headers: dict[str, str], *, safety_secs: float = 60.0,
-                 max_idle_secs: float = 30.0) -> None:
+                 max_idle_secs: float = 30.0, compression: str = "auto") -> None:
         self._refresh_url = refresh_url
+        self._compression = compression
         self._headers = headers
         self._safety_secs = safety_secs
         self._max_idle_secs = max_idle_secs
@@ -74,7 +88,7 @@ class UploadCommits:
     def _open(self, token: str, exp: int, cas_url: str) -> Any:
         from huggingface_hub.utils._xet import xet_headers_without_auth
 
-        return upload_session().new_upload_commit(
+        return upload_session(self._compression).new_upload_commit(
             endpoint=cas_url, token=token, token_expiry_unix_secs=exp,
             token_refresh_url=self._refresh_url, token_refresh_headers=self._headers,
             custom_headers=xet_headers_without_auth(self._headers),
