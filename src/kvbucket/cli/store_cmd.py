@@ -122,10 +122,10 @@ def register(app: typer.Typer) -> None:
         where = f"{url} (prefix {prefix!r})" if prefix else url
         objects = "1 object" if count == 1 else f"{count} objects"
         typer.echo(f"{objects}, {total} bytes ({human_size(total)}) in {where}")
-        if by_identity:
-            _echo_generations(by_identity)
         if fleet is not None:
             _echo_fleet(fleet)
+        if by_identity:
+            _echo_generations(by_identity)
 
     @app.command("rm")
     def rm(
