@@ -51,7 +51,6 @@ from prometheus_client import Counter, Gauge
 
 from kvbucket.errors import DeadlineExceededError, StoreError, TransientStoreError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, Scatter, check_buffer_size
-from kvbucket.stores.breaker import breaker_of
 from kvbucket.stores.prefetch_config import ReadAheadConfig, ReadAheadSettings
 from kvbucket.threads import DaemonThreadPool
 
@@ -117,8 +116,10 @@ class PrefetchStore(ObjectStore):
         self.settings = settings
         self.label = label
         self.wait_secs = wait_secs  # longest wait for a read-ahead on its way, in a store without a budget
-        breaker = breaker_of(inner)  # a remote store: its load budget is the read-ahead's and the load's
-        self._budget: float | None = None if breaker is None else breaker.budgets.get("get")
+        # A remote store's load budget (its breaker's, through sealing layers; not imported here:
+        # kvbucket.metrics imports this module) is the read-ahead's and the load's.
+        budgets = getattr(getattr(inner, "breaker", None), "budgets", None)
+        self._budget: float | None = budgets.get("get") if isinstance(budgets, dict) else None
         self.redirects = bool(getattr(inner, "redirectable_reads", False))
         self.redirected = 0  # loads that took a read-ahead's destination on its way (tests)
         self.redirect_copied = 0  # bytes that had landed before (copied by the redirects)
