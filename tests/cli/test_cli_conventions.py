@@ -247,3 +247,29 @@ def test_long_listings_print_progress_lines_when_not_on_a_terminal(
         lines = r.err_lines
         assert lines and all(ln.startswith(f"listing hf://buckets/{filled_bucket}: ") for ln in lines), r.err
         assert lines[-1].endswith("(done)") and "3 objects" in lines[-1], lines
+
+
+def test_compile_cache_sync_and_fetch_print_progress_lines_when_not_on_a_terminal(
+        hub_bucket: Any, hub_env: dict[str, str], tmp_path: Path) -> None:
+    """Each commit (sync) and each Xet fetch (fetch) takes 2 s; a line is due every 0.1 s."""
+    from kvbucket.testing.neuron_standin import DEFAULT_VERSION, StandInCompiler
+
+    env = {**hub_env, "KVBUCKET_PROGRESS_INTERVAL": "0.1"}
+    target = f"{hub_bucket.bucket_id}/neuron"  # a bucket id, as everywhere
+    a, b = StandInCompiler(tmp_path / "a", DEFAULT_VERSION), StandInCompiler(tmp_path / "b", DEFAULT_VERSION)
+    a.compile("g1")
+    a.compile("g2")
+    hub_bucket.hub.faults.add("batch", latency_s=2.0)
+    r = run_cli("compile-cache", "sync", "--target", target, "--cache-dir", str(a.cache_dir), env=env,
+                cwd=tmp_path)
+    assert r.code == 0, r.err
+    assert [ln for ln in r.err_lines if ln.startswith("sync: ") and " of " in ln], r.err
+    hub_bucket.hub.faults.reset()
+    hub_bucket.hub.faults.add("fetch", latency_s=2.0)
+    r = run_cli("compile-cache", "fetch", "--target", target, "--cache-dir", str(b.cache_dir),
+                "--compiler-version", DEFAULT_VERSION, env=env, cwd=tmp_path)
+    assert r.code == 0, r.err
+    assert [ln for ln in r.err_lines if ln.startswith(("fetch: ", "fetch (packs): ")) and " of " in ln], r.err
+    b.compile("g1")
+    b.compile("g2")
+    assert b.compilations == 0  # fetched, not recompiled

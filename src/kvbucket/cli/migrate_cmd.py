@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
             "s3://BUCKET/PREFIX): the same URL kvbucket's adapter is given (its bucket_handle, "
             "base_path or s3_endpoint), since sealed chunks bind their names relative to it. A bucket "
             "id NS/NAME[/PREFIX] is hf://buckets/NS/NAME[/PREFIX].",
-            callback=store_url,
+            callback=store_url, metavar="URL",
         ),
         source: str = typer.Option(
             None, "--from",

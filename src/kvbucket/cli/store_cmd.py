@@ -69,7 +69,7 @@ _fail = fail
 def register(app: typer.Typer) -> None:
     @app.command("ls")
     def ls(
-        url: str = typer.Argument(..., help=URL_HELP, callback=store_url),
+        url: str = typer.Argument(..., help=URL_HELP, callback=store_url, metavar="URL"),
         prefix: str = typer.Option("", "--prefix", "-p", help="Only names starting with this string."),
         keys: bool = typer.Option(False, "--keys", "-k", help="Show cache keys, not object names."),
         fmt: ListFormat = typer.Option(
@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("du")
     def du(
-        url: str = typer.Argument(..., help=URL_HELP, callback=store_url),
+        url: str = typer.Argument(..., help=URL_HELP, callback=store_url, metavar="URL"),
         prefix: str = typer.Option("", "--prefix", "-p", help="Only names starting with this string."),
         fmt: FormatOpt = Format.table,
         as_json: JsonOpt = False,
@@ -129,7 +129,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("rm")
     def rm(
-        url: str = typer.Argument(..., help=URL_HELP, callback=store_url),
+        url: str = typer.Argument(..., help=URL_HELP, callback=store_url, metavar="URL"),
         names: list[str] = typer.Argument(
             None, help="Objects to remove: object names as `ls` prints them, or cache keys as `ls --keys` "
             "prints them.", show_default=False,

@@ -151,7 +151,7 @@ def register(app: typer.Typer) -> None:
             help="Store URL (file:///dir, a path, hf://buckets/NS/NAME/PREFIX, s3://BUCKET/PREFIX): the same "
             "URL the tier writes to, since envelopes bind object names relative to it. A bucket id "
             "NS/NAME[/PREFIX] is hf://buckets/NS/NAME[/PREFIX].",
-            callback=store_url,
+            callback=store_url, metavar="URL",
         ),
         delete_bad: bool = typer.Option(
             False, "--delete-bad",

@@ -114,7 +114,8 @@ def fetch(store: ObjectStore, layout: CacheLayout, root: Path, *, groups: Sequen
             head = f"{PACKS_PREFIX}{layout.name}/"
             objects = {**objects, **list_remote(store, [f"{head}{g}/" for g in
                                                         sorted({layout.group_of(e) for e in todo})])}
-        todo = _fetch_packs(store, layout, root, objects, remote, todo, report, batch_files, batch_bytes)
+        todo = _fetch_packs(store, layout, root, objects, remote, todo, report, batch_files, batch_bytes,
+                            progress)
     files = [(e, n, remote[e][n]) for e in todo for n in sorted(remote[e])]
     _download(store, layout, root, todo, files, report, progress, batch_files, batch_bytes)
     return report
@@ -122,7 +123,7 @@ def fetch(store: ObjectStore, layout: CacheLayout, root: Path, *, groups: Sequen
 
 def _fetch_packs(store: ObjectStore, layout: CacheLayout, root: Path, objects: dict[str, int],
                  remote: dict[str, dict[str, int]], todo: list[str], report: TransferReport,
-                 batch_files: int, batch_bytes: int) -> list[str]:
+                 batch_files: int, batch_bytes: int, progress: bool = False) -> list[str]:
     """Install the ``todo`` entries that complete, verified packs hold; return the rest.
 
     Indexes are read in one batched get; each wanted entry is taken from one pack (the packs
@@ -161,8 +162,10 @@ def _fetch_packs(store: ObjectStore, layout: CacheLayout, root: Path, objects: d
             plan.append((ix, take))
             wanted.difference_update(take)
     done: set[str] = set()
-    for batch in batches(plan, lambda x: x[0].size, batch_files, batch_bytes):
-        _get_packs(store, layout, root, batch, report, done)
+    with progress_bar(progress, sum(ix.size for ix, _ in plan), "fetch (packs)") as bar:
+        for batch in batches(plan, lambda x: x[0].size, batch_files, batch_bytes):
+            _get_packs(store, layout, root, batch, report, done)
+            bar.update(sum(ix.size for ix, _ in batch))
     return [e for e in todo if e not in done]
 
 
