@@ -203,7 +203,7 @@ def upload_bytes(data: Any) -> bytes | bytearray:
     if isinstance(data, memoryview) and type(data.obj) in (bytes, bytearray) and data.nbytes == len(data.obj):
         return data.obj  # type: ignore[no-any-return]  # a view of a whole bytes object: that object
     if isinstance(data, Gather):
-        return b"".join(data.parts)
+        return data.join()  # copied without the GIL
     return bytes(data)
 
 
