@@ -158,8 +158,6 @@ _TYPO_CONFIG = """\
 chunk_size: 256
 remote_storage_plugins: [hfbucket]
 extra_config:
-  remote_storage_plugin.hfbucket.module_path: kvbucket.integrations.lmcache.remote_plugin
-  remote_storage_plugin.hfbucket.class_name: HFBucketRemoteConnector
   remote_storage_plugin.hfbucket.bucket_handel: hf://buckets/me/wheel-demo
 """
 
@@ -205,15 +203,16 @@ def _new_user_steps(bin_: Path, env: dict[str, str], cwd: Path) -> None:
     left = _json_of(_kv(bin_, env, cwd, "ls", "me/wheel-demo", "--format", "json"))
     assert [e["name"] for e in left] == ["replay/x.bin"], left
 
-    # a typo in a config key: one line naming the key, exit 2
+    # a typo in a config key: one line naming it and the key meant, exit 2
     (cwd / "typo.yaml").write_text(_TYPO_CONFIG)
     typo = _kv(bin_, env, cwd, "demo", "--synthetic", "--chunks", "2", "--config", "typo.yaml")
     errors = [ln for ln in typo.stderr.splitlines() if ln.strip()]
     assert typo.returncode == 2 and len(errors) == 1 and errors[0].startswith("error: "), typo.stderr
-    assert "bucket_handle" in errors[0], errors
+    assert "unknown option 'bucket_handel' (did you mean 'bucket_handle'?" in errors[0], errors
     assert "Traceback" not in typo.stderr
 
-    # a refused connection: one line naming the cause and the endpoint, exit 1, no JSON on stdout
+    # a refused connection: at once (not retried), one line naming the cause and the endpoint, exit 1,
+    # no JSON on stdout
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -221,7 +220,8 @@ def _new_user_steps(bin_: Path, env: dict[str, str], cwd: Path) -> None:
     errors = [ln for ln in refused.stderr.splitlines() if ln.strip()]
     assert refused.returncode == 1 and len(errors) == 1, refused.stderr
     assert refused.stdout == "", refused.stdout
-    assert "refused" in errors[0].lower() and closed in errors[0], errors
+    assert f"connection refused by {closed}" in errors[0] and "not retried" in errors[0], errors
+    assert f"check that {closed} ($HF_ENDPOINT) is up and reachable" in errors[0], errors
 
 
 def _third_party_imports(path: Path) -> set[str]:
