@@ -183,14 +183,14 @@ def test_the_read_token_is_renewed_before_it_expires_and_only_then(hub_bucket: A
         assert all(r.ok for r in store.get_many(names))
         assert count_routes(hub.emulator.requests(clear=True)).get("xet_token") == 1
         client = store._client
-        token, _, cas = client._read_token
-        client._read_token = (token, int(time.time()) + 30, cas)  # as it is shortly before expiry
+        token, _, cas = client._read_token.current
+        client._read_token.current = (token, int(time.time()) + 30, cas)  # as it is shortly before expiry
         store._client._reader._cache.clear()  # the next load asks for reconstructions again
         assert all(r.ok for r in store.get_many(names))
         assert all(r.ok for r in store.get_many(names))
         routes = count_routes(hub.emulator.requests(clear=True))
         assert routes.get("xet_token") == 1, routes  # renewed once, by the loads that needed it
-        assert client._read_token[1] > time.time() + 600
+        assert client._read_token.current[1] > time.time() + 600
 
 
 def test_short_lived_xet_tokens_are_used_for_most_of_their_life(tmp_path: Any) -> None:
@@ -208,9 +208,9 @@ def test_short_lived_xet_tokens_are_used_for_most_of_their_life(tmp_path: Any) -
                               endpoint=emu.endpoint, create_bucket_if_missing=True, retry_backoff_secs=0.01)
         with HFBucketStore(config) as store:
             assert all(r.ok for r in store.put_many(list(zip(names[:16], data[:16], strict=True))))
-            first = store._client._write_token
+            first = store._client._write_token.current
             assert all(r.ok for r in store.put_many(list(zip(names[16:], data[16:], strict=True))))
-            reused = first is not None and store._client._write_token is first
+            reused = first is not None and store._client._write_token.current is first
             assert reused, "the write token was asked for again"  # (a message: no token in the output)
         with HFBucketStore(config) as store:
             emu.requests(clear=True)

@@ -112,8 +112,8 @@ def test_a_stale_commit_is_aborted_and_not_used(hub_bucket: Any, session: _Sessi
         assert _where(session)[:3] == ["upload", "ahead", "upload"]
         _spare_ready(store)
         store._client._commits._max_idle_secs = 30.0
-        tok, exp, cas = store._client._write_token  # type: ignore[misc]
-        store._client._write_token = (tok, exp - 1, cas)  # as if renewed: the spare has the old one
+        tok, exp, cas = store._client._write_token.current  # type: ignore[misc]
+        store._client._write_token.current = (tok, exp - 1, cas)  # as if renewed: the spare has the old one
         _put_and_check(store, "c")
         assert len(session.log["aborted"]) == 2  # opened with the old token: not used
         assert _where(session)[3:5] == ["ahead", "upload"]

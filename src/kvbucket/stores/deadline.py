@@ -11,7 +11,12 @@ makes sure abandoned work never writes into a caller's buffer afterwards.
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import itertools
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -111,4 +116,94 @@ def run_abandonable(fn: Callable[[], T], deadline: float, on_timeout: Callable[[
         raise on_timeout() from None
 
 
-__all__ = ["Abandoned", "Gate", "deadline_in", "exceeded", "left", "run_abandonable", "wait_all"]
+class Watch:
+    """One request's socket, ended by the reaper at ``deadline`` (see :class:`SocketReaper`)."""
+
+    __slots__ = ("deadline", "done", "fired", "sock")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.sock: socket.socket | None = None
+        self.fired = False  # the deadline passed with the request still running: the socket is dead
+        self.done = False
+
+
+class SocketReaper:
+    """Ends a request's blocking socket calls at its deadline: one daemon thread per process
+    shuts down each watched socket whose deadline passed.
+
+    The deadline rule (docs/reliability.md): every request has a total deadline, not only
+    per-read timeouts. A socket timeout bounds one recv, so a server that trickles a byte every
+    0.2 s never trips it (a 2 KiB answer then takes minutes). Shut down, the socket's blocked
+    call returns at once and the request fails; the connection is discarded, never reused.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._heap: list[tuple[float, int, Watch]] = []
+        self._done_in_heap = 0
+        self._seq = itertools.count()
+        self._pid = -1  # the process whose thread runs (a forked child starts its own)
+
+    def watch(self, deadline: float) -> Watch:
+        w = Watch(deadline)
+        with self._cv:
+            if self._pid != os.getpid():
+                self._pid, self._heap, self._done_in_heap = os.getpid(), [], 0
+                threading.Thread(target=self._run, name="kvbucket-socket-reaper", daemon=True).start()
+            heapq.heappush(self._heap, (deadline, next(self._seq), w))
+            if self._heap[0][2] is w:
+                self._cv.notify()
+        return w
+
+    def attach(self, w: Watch, sock: socket.socket | None) -> None:
+        """The socket the request now uses (after connecting); shut at once if already late."""
+        with self._cv:
+            w.sock = sock
+            late = w.fired and not w.done
+        if late and sock is not None:
+            _shut(sock)
+
+    def release(self, w: Watch) -> None:
+        """The request is over (answered or failed): its socket is no longer watched."""
+        with self._cv:
+            w.done = True
+            self._done_in_heap += 1
+            if self._done_in_heap > 4096 and 2 * self._done_in_heap > len(self._heap):
+                self._heap = [e for e in self._heap if not e[2].done]  # drop the finished ones
+                heapq.heapify(self._heap)
+                self._done_in_heap = 0
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                due: list[socket.socket] = []
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    _, _, w = heapq.heappop(self._heap)
+                    if w.done:
+                        self._done_in_heap = max(0, self._done_in_heap - 1)
+                        continue
+                    w.fired = True
+                    if w.sock is not None:
+                        due.append(w.sock)
+                if not due:
+                    self._cv.wait(self._heap[0][0] - now if self._heap else None)
+                    continue
+            for sock in due:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+#: The process's reaper (its thread starts with the first watched request).
+REAPER = SocketReaper()
+
+
+__all__ = [
+    "REAPER", "Abandoned", "Gate", "SocketReaper", "Watch", "deadline_in", "exceeded", "left",
+    "run_abandonable", "wait_all",
+]

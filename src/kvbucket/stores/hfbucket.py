@@ -385,7 +385,8 @@ class HFBucketStore(RemoteStore):
 
         if not jobs:
             return [r for r in results if r is not None]
-        self._client.prefetch_reconstructions([j[1] for j in jobs])  # all at once, whatever the pool
+        # all at once, whatever the pool, each by the load's deadline
+        self._client.prefetch_reconstructions([j[1] for j in jobs], deadline=deadline)
         gates = [Gate() for _ in jobs]
 
         def fetch(k: int) -> ItemResult:

@@ -10,10 +10,15 @@ bytes with the shared ``hf_xet`` session: uploads from caller memory, downloads 
 straight into caller buffers through one long-lived download group. Everything that touches
 huggingface_hub internals is in this file.
 
-Deadlines: httpx's timeouts are per connect and per read, so a server that trickles a byte at a
-time never trips them. With a deadline, each request runs on a daemon request thread and the
-caller stops waiting at the deadline (the thread is abandoned; it ends with the request or the
-process): a call's budget is a bound on its total time, whatever the server does.
+Deadlines (the rule is in docs/reliability.md): every request has a total deadline, not only
+per-read timeouts, and no lock is held across a network call. httpx's timeouts are per connect
+and per read, so a server that trickles a byte at a time never trips them: each request runs on
+a daemon request thread and the caller stops waiting at the deadline (the thread is abandoned;
+it ends with the request or the process), and a request pool with no thread free by a deadline
+is replaced. The read token is fetched once for all the loads that need it, on a thread of its
+own; each waits for it until its own deadline, and a fetch still running past the deadline of
+the call that started it is no longer joined (the next caller sends a new one). Xet reads
+(xet_reads) shut their sockets at the deadline.
 
 Secrets: the Hub token and Xet CAS tokens live only in header dicts handed to the libraries;
 error messages are built from status codes and server messages and pass through ``redact``.
@@ -43,6 +48,7 @@ from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
 from kvbucket.stores.hub_errors import HubContext, connection_refused, hub_error
 from kvbucket.stores.xet_reads import XetReader, XetReadUnsupported
 from kvbucket.stores.xet_sessions import UploadCommits, download_session, upload_bytes
+from kvbucket.stores.xet_tokens import TOKEN_SAFETY_SECS, Token, XetToken
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
@@ -52,21 +58,9 @@ HUB_BATCH_LIMIT = 1000
 _MAX_WAIT = 8.0
 _REQUEST_THREADS = 64  # requests in flight at once per bucket client (threads start as needed)
 _REQUEST_THREAD_NAME = "kvbucket-hub-request"
-#: A Xet token counts as expiring this long before its ``exp`` (huggingface_hub's
-#: XET_CONNECTION_INFO_SAFETY_PERIOD), or a quarter of its lifetime when that is shorter than
-#: four times this (see token_margin).
-_TOKEN_SAFETY_SECS = 60
-_TOKEN_SAFETY_SHARE = 0.25
 
 T = TypeVar("T")
 
-
-def token_margin(exp: float, now: float) -> float:
-    """How long before ``exp`` a token received at ``now`` is renewed: 60 s, or a quarter of its
-    lifetime when it lives less than 4 minutes. Why not a flat 60 s: a token issued for 60 s or
-    less was stale when it arrived, so every reconstruction query of a load asked for a new one
-    (33 token requests for a 32-object load at a 30 s TTL)."""
-    return min(float(_TOKEN_SAFETY_SECS), max(0.0, exp - now) * _TOKEN_SAFETY_SHARE)
 
 @dataclass(frozen=True, slots=True)
 class RemoteFile:
@@ -138,14 +132,13 @@ class HubBucketClient:
         get_session()
         self._base = f"{self.endpoint}/api/buckets/{bucket_id}"
         self._xet_lock = threading.Lock()
-        self._write_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
+        self._write_token = XetToken(lambda until: self._fetch_token("write", until),
+                                     "a write token for the bucket's storage", request_timeout_secs)
         self._commits = UploadCommits(f"{self._base}/xet-write-token", self._headers,
-                                      safety_secs=_TOKEN_SAFETY_SECS, compression=xet_compression)
-        self._read_token: tuple[str, int, str] | None = None  # (token, exp, cas_url)
-        # renewed this long before exp (token_margin of each token when it arrived)
-        self._write_margin = self._read_margin = float(_TOKEN_SAFETY_SECS)
+                                      safety_secs=TOKEN_SAFETY_SECS, compression=xet_compression)
+        self._read_token = XetToken(lambda until: self._fetch_token("read", until),
+                                    "a read token for the bucket's storage", request_timeout_secs)
         self._group_lock = threading.Lock()  # one group made at a time (see _group)
-        self._read_token_lock = threading.Lock()  # one read-token request at a time
         self._warming = False
         self._download_group: Any = None
         self.load_concurrency = load_concurrency
@@ -164,7 +157,7 @@ class HubBucketClient:
     # ---- error mapping --------------------------------------------------------------------
     def _secrets(self) -> list[str]:
         s = [self._token] if self._token else []
-        for tok in (self._write_token, self._read_token):
+        for tok in (self._write_token.current, self._read_token.current):
             if tok:
                 s.append(tok[0])
         return [x for x in s if x]
@@ -230,12 +223,18 @@ class HubBucketClient:
         )
 
     def _bounded(self, fn: Callable[[httpx2.Timeout], T], t: httpx2.Timeout, deadline: float, what: str) -> T:
-        """``fn(t)`` on a request thread; the caller stops waiting at ``deadline``. Called on a
-        request thread already (a reconstruction query fetching the read token), it runs here:
-        queued behind the 64 queries waiting for it, it would never start (whoever waits for
-        this thread bounds it)."""
+        """``fn(t)`` on a request thread; the caller stops waiting at ``deadline``.
+
+        Called on a request thread already, it runs on a thread of its own (queued behind the
+        request threads that wait for it, it could not start). Past the deadline the request
+        is abandoned, and so is the pool if the request was still running (stuck on the
+        server) or never started (no thread of the pool came free within the whole budget):
+        later requests get fresh threads instead of queueing behind stuck ones.
+        """
         if threading.current_thread().name.startswith(_REQUEST_THREAD_NAME):
-            return fn(t)
+            return run_abandonable(lambda: fn(t), deadline, lambda: DeadlineExceededError(
+                f"the Hub did not answer in time for bucket {self.bucket_id!r} while trying to {what} "
+                "(the request was abandoned at the call's deadline)"))
         pool = self._requests
         try:
             fut = pool.submit(fn, t)
@@ -244,11 +243,14 @@ class HubBucketClient:
         try:
             return fut.result(timeout=left(deadline))
         except FutureTimeout:
-            if not fut.cancel():  # running: stuck on the server; later requests get fresh threads
-                with self._xet_lock:
-                    if self._requests is pool:
-                        self._requests = DaemonThreadPool(_REQUEST_THREADS, _REQUEST_THREAD_NAME)
+            fut.cancel()  # queued: never sent
+            with self._xet_lock:
+                replaced = self._requests is pool
+                if replaced:
+                    self._requests = DaemonThreadPool(_REQUEST_THREADS, _REQUEST_THREAD_NAME)
+            if replaced:
                 pool.shutdown(wait=False)
+                log.debug("request pool of %s replaced: a request passed its deadline", self.bucket_id)
             raise DeadlineExceededError(
                 f"the Hub did not answer in time for bucket {self.bucket_id!r} while trying to {what} "
                 "(the request was abandoned at the call's deadline)"
@@ -354,22 +356,18 @@ class HubBucketClient:
 
         return self.retrying(call, what, deadline)
 
-    def _xet_write_token(self, deadline: float | None = None) -> tuple[str, int, str]:
-        with self._xet_lock:
-            tok = self._write_token
-            if tok is not None and tok[1] > time.time() + self._write_margin:
-                return tok
+    def _fetch_token(self, kind: str, until: float) -> Token:
+        """Ask the Hub for a new Xet token (``kind``: read or write), retried until ``until``. On
+        the token's own thread (xet_tokens), so not through the request pool: its waiters are
+        bounded by their deadlines."""
 
-        def call(t: httpx2.Timeout) -> tuple[str, int, str]:
-            r = self._request("GET", f"{self._base}/xet-write-token", t)
+        def call(t: httpx2.Timeout) -> Token:
+            r = self._request("GET", f"{self._base}/xet-{kind}-token", t)
             hf_raise_for_status(r)
             d = r.json()
             return str(d["accessToken"]), int(d["exp"]), str(d["casUrl"])
 
-        tok = self.retrying(call, "get a write token for the bucket's storage", deadline)
-        with self._xet_lock:
-            self._write_token, self._write_margin = tok, token_margin(tok[1], time.time())
-        return tok
+        return self.retrying(call, f"get a {kind} token for the bucket's storage", until, bounded=False)
 
     def upload(
         self, items: Sequence[tuple[str, Any]], deadline: float | None = None
@@ -384,12 +382,12 @@ class HubBucketClient:
         """
         from hf_xet import SKIP_SHA256
 
-        token, exp, cas_url = self._xet_write_token(deadline)
+        token, exp, cas_url = self._write_token.get(deadline)
         started: list[Any] = []
 
         def xet_upload() -> list[tuple[str, int]]:
             # opened ahead (UploadCommits)
-            with self._commits.take(token, exp, cas_url, self._write_margin) as commit:
+            with self._commits.take(token, exp, cas_url, self._write_token.margin) as commit:
                 started.append(commit)
                 # One object at a time: its copy (upload_bytes) overlaps the ingestion of the others.
                 handles = [commit.start_upload_bytes(upload_bytes(d), sha256=SKIP_SHA256) for _, d in items]
@@ -415,36 +413,19 @@ class HubBucketClient:
         return self.retrying(call, "upload objects", deadline, bounded=False)
 
     # ---- reads ---------------------------------------------------------------------------
-    def _xet_read_token(self, deadline: float | None = None) -> tuple[str, int, str]:
+    def _xet_read_token(self, deadline: float | None = None) -> Token:
         """The store's one Xet read token: fetched once (one request however many loads ask at
-        once), renewed shortly before it expires."""
-        with self._xet_lock:
-            tok = self._read_token
-        if tok is not None and tok[1] > time.time() + self._read_margin:
-            return tok
-
-        def call(t: httpx2.Timeout) -> tuple[str, int, str]:
-            r = self._request("GET", f"{self._base}/xet-read-token", t)
-            hf_raise_for_status(r)
-            d = r.json()
-            return str(d["accessToken"]), int(d["exp"]), str(d["casUrl"])
-
-        with self._read_token_lock:
-            with self._xet_lock:
-                tok = self._read_token
-            if tok is not None and tok[1] > time.time() + self._read_margin:
-                return tok  # fetched by another thread while this one waited
-            tok = self.retrying(call, "get a read token for the bucket's storage", deadline)
-            with self._xet_lock:
-                self._read_token, self._read_margin = tok, token_margin(tok[1], time.time())
-            return tok
+        once), renewed shortly before it expires, waited for until ``deadline`` at most."""
+        return self._read_token.get(deadline)
 
     def warm_reads(self) -> None:
         """Fetch the read token in the background, once: it overlaps the lookup's round trip
         instead of following it."""
+        if self.direct_reads:  # no thread waits for it here: the loads that need it do
+            self._read_token.start(deadline_in(self.request_timeout_secs))
+            return
         with self._xet_lock:
-            tok = self._read_token
-            if self._warming or (tok is not None and tok[1] > time.time() + self._read_margin):
+            if self._warming or self._download_group is not None:
                 return
             self._warming = True
         with contextlib.suppress(RuntimeError):  # closed: nothing to warm
@@ -452,29 +433,27 @@ class HubBucketClient:
 
     def _warm(self) -> None:
         try:
-            if self.direct_reads:
-                self._xet_read_token(deadline_in(self.request_timeout_secs))
-            else:
-                self._group(deadline_in(self.request_timeout_secs))
+            self._group(deadline_in(self.request_timeout_secs))
         except StoreError:  # the load that needs it tries again and reports the error
             log.debug("fetching the read token of %s failed", self.bucket_id, exc_info=True)
         finally:
             with self._xet_lock:
                 self._warming = False
 
-    def _reader_token(self, deadline: float | None, stale: str | None) -> tuple[str, int, str]:
+    def _reader_token(self, deadline: float | None, stale: str | None) -> Token:
         if stale is not None:
-            with self._xet_lock:
-                if self._read_token is not None and self._read_token[0] == stale:
-                    self._read_token = None
+            self._read_token.forget(stale)
         return self._xet_read_token(deadline)
 
-    def prefetch_reconstructions(self, files: Sequence[RemoteFile], *, background: bool = False) -> None:
+    def prefetch_reconstructions(self, files: Sequence[RemoteFile], *, background: bool = False,
+                                 deadline: float | None = None) -> None:
         """Ask for the reconstruction of each file now, all at once, so that its load that
         follows is the fetch alone (xet_reads; cached briefly). ``background``: without making
-        the caller wait for the threads that send them (a lookup's read-ahead)."""
+        the caller wait for the threads that send them (a lookup's read-ahead). Each query ends
+        by ``deadline`` (default: ``request_timeout_secs`` from now)."""
         if self.direct_reads:
-            self._reader.prefetch([(f.xet_hash, f.size) for f in files if f.xet_hash], background=background)
+            self._reader.prefetch([(f.xet_hash, f.size) for f in files if f.xet_hash], background=background,
+                                  deadline=deadline)
 
     def _group(self, deadline: float | None = None) -> Any:
         """One download group per store: one read token (seeded, so no stream asks for its own),
@@ -512,7 +491,7 @@ class HubBucketClient:
         """After a failed read: the next one opens a new group with a freshly fetched token."""
         with self._xet_lock:
             self._download_group = None
-            self._read_token = None
+        self._read_token.forget()
 
     def download_into(self, f: RemoteFile, view: memoryview, gate: Gate | None = None,
                       deadline: float | None = None) -> None:
@@ -563,7 +542,8 @@ class HubBucketClient:
     def close(self) -> None:
         with self._xet_lock:
             group, self._download_group = self._download_group, None
-            self._write_token = self._read_token = None
+        self._write_token.forget()
+        self._read_token.forget()
         self._commits.close()
         self._requests.shutdown(wait=False)  # idle threads end; a stuck one ends with its request
         self._reader.close()

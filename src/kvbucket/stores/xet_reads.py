@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 from kvbucket.errors import AuthError, DeadlineExceededError, StoreError, TransientStoreError
 from kvbucket.stores import xet_decode
-from kvbucket.stores.deadline import Gate, left
+from kvbucket.stores.deadline import REAPER, Gate, Watch, left
 from kvbucket.stores.xet_decode import Window, XetReadUnsupported
 
 log = logging.getLogger(__name__)
@@ -162,13 +162,15 @@ class _Connections:
             return http.client.HTTPSConnection(netloc, timeout=timeout, context=self.tls()), False
         return http.client.HTTPConnection(netloc, timeout=timeout), False
 
-    def send(self, scheme: str, netloc: str, timeout: float, target: str, headers: dict[str, str]
-             ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def send(self, scheme: str, netloc: str, timeout: float, target: str, headers: dict[str, str],
+             watch: Watch) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Send a GET and read its status line; a kept-alive connection the server closed
-        meanwhile (its idle timeout) is replaced once, transparently."""
+        meanwhile (its idle timeout) is replaced once, transparently. From the moment it is
+        sent, the request's socket is ``watch``ed: shut down at the request's deadline."""
         conn, reused = self.get(scheme, netloc, timeout)
         try:
             conn.request("GET", target, headers=headers)
+            REAPER.attach(watch, conn.sock)
             return conn, conn.getresponse()
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
             conn.close()
@@ -177,6 +179,7 @@ class _Connections:
         conn, _ = self.get(scheme, netloc, timeout, fresh=True)
         try:
             conn.request("GET", target, headers=headers)
+            REAPER.attach(watch, conn.sock)
             return conn, conn.getresponse()
         except BaseException:
             conn.close()
@@ -212,7 +215,8 @@ class XetReader:
         self._conns = _Connections(max(concurrency, 16))
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Reconstruction] = OrderedDict()
-        self._pending: dict[str, Future[Reconstruction]] = {}
+        # queries in flight: (future, the instant past which it is stuck and no longer joined)
+        self._pending: dict[str, tuple[Future[Reconstruction], float]] = {}
         self._slots = threading.BoundedSemaphore(max(1, read_slots))  # bodies read at once
         self._windows: list[Window] = []  # one per slot in use, reused (LIFO: warm in cache)
         xet_decode.kernel()  # the compiled decoder starts loading (in the background by default)
@@ -222,25 +226,35 @@ class XetReader:
         return self._conns.tls()
 
     # ---- reconstructions -------------------------------------------------------------------
-    def prefetch(self, files: list[tuple[str, int]], *, background: bool = False) -> None:
-        """Ask for the reconstruction of each (xet_hash, size) not cached yet, all at once.
+    def prefetch(self, files: list[tuple[str, int]], background: bool = False,
+                 deadline: float | None = None) -> None:
+        """Ask for the reconstruction of each (xet_hash, size) not cached yet, all at once, each
+        query by ``deadline`` (default: ``request_timeout_secs`` from now).
 
         With ``background``, one request thread sends them, so a lookup returns as soon as its
         own answer is in: each query runs on a thread of its own, and in a fresh process
         starting 64 of them took the lookup 20-60 ms on a 2-core machine.
         """
         todo = [(h, size) for h, size in files if size > 0]
+        until = deadline if deadline is not None else time.monotonic() + self._timeout
         if background and len(todo) > 1:
             try:
-                self._submit(self.prefetch, todo)
+                self._submit(self.prefetch, todo, False, until)
                 return
             except RuntimeError:  # closed: ask from here
                 pass
         for h, size in todo:
-            self._future(h, size, None)
+            self._future(h, size, until)
 
     def _future(self, h: str, size: int, deadline: float | None) -> Future[Reconstruction]:
+        """The object's reconstruction: cached, the query in flight, or a new query.
+
+        A query in flight is joined only until its own deadline: past it, it is stuck (a
+        server trickling its answer) and a new one is sent, so one slow answer never fails the
+        later loads of the same object (a waiter that timed out drops it too: _read_into).
+        """
         now = time.monotonic()
+        until = deadline if deadline is not None else now + self._timeout
         with self._lock:
             rec = self._cache.get(h)
             if rec is not None and rec.expires > now:
@@ -248,17 +262,24 @@ class XetReader:
                 done: Future[Reconstruction] = Future()
                 done.set_result(rec)
                 return done
-            fut = self._pending.get(h)
-            if fut is not None:
-                return fut
-            fut = self._pending[h] = Future()
+            pending = self._pending.get(h)
+            if pending is not None and pending[1] > now:
+                return pending[0]
+            fut: Future[Reconstruction] = Future()
+            self._pending[h] = (fut, until)
         try:
-            self._submit(self._query, h, size, deadline, fut)
+            self._submit(self._query, h, size, until, fut)
         except RuntimeError:  # closed
-            self._query(h, size, deadline, fut)
+            self._query(h, size, until, fut)
         return fut
 
-    def _query(self, h: str, size: int, deadline: float | None, fut: Future[Reconstruction]) -> None:
+    def _drop_pending(self, h: str, fut: Future[Reconstruction]) -> None:
+        with self._lock:
+            pending = self._pending.get(h)
+            if pending is not None and pending[0] is fut:
+                del self._pending[h]
+
+    def _query(self, h: str, size: int, deadline: float, fut: Future[Reconstruction]) -> None:
         try:
             body: Any = None
             stale: str | None = None
@@ -282,26 +303,30 @@ class XetReader:
         except BaseException as e:  # delivered to every waiter
             fut.set_exception(e)
         finally:
-            with self._lock:
-                self._pending.pop(h, None)
+            self._drop_pending(h, fut)
 
-    def _get(self, url: str, headers: dict[str, str], deadline: float | None) -> tuple[int, bytes]:
-        """One GET on a warm connection: (status, body). Network failures are transient errors."""
+    def _get(self, url: str, headers: dict[str, str], deadline: float) -> tuple[int, bytes]:
+        """One GET on a warm connection: (status, body), by ``deadline`` (the socket is shut
+        then, however the server trickles). Network failures are transient errors."""
         parts = urlsplit(url)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
-        timeout = self._timeout if deadline is None else max(0.001, min(self._timeout, left(deadline)))
+        timeout = max(0.001, min(self._timeout, left(deadline)))
         reusable = False
         conn: http.client.HTTPConnection | None = None
+        watch = REAPER.watch(deadline)
         try:
             conn, resp = self._conns.send(parts.scheme, parts.netloc, timeout, target,
-                                          {**self._headers, **headers})
+                                          {**self._headers, **headers}, watch)
             body = resp.read()
-            reusable = not resp.will_close
+            reusable = not resp.will_close and not watch.fired
             return resp.status, body
         except (OSError, http.client.HTTPException) as e:
             why = f"{type(e).__name__}: {e}"
+            if watch.fired:
+                why = f"no whole answer by the deadline ({why})"
             raise TransientStoreError(f"asking the storage for a reconstruction failed: {why}") from None
         finally:
+            REAPER.release(watch)
             if conn is not None and reusable:
                 self._conns.put(parts.scheme, parts.netloc, conn)
             elif conn is not None:
@@ -325,7 +350,12 @@ class XetReader:
     def _read_into(self, h: str, view: memoryview, gate: Gate | None, deadline: float) -> None:
         size = view.nbytes
         for attempt in (0, 1):
-            rec = self._future(h, size, deadline).result(timeout=max(0.001, left(deadline)))
+            fut = self._future(h, size, deadline)
+            try:
+                rec = fut.result(timeout=max(0.001, left(deadline)))
+            except TimeoutError:
+                self._drop_pending(h, fut)  # stuck past a load's budget: later loads ask again
+                raise
             try:
                 for f in rec.fetches:
                     self._fetch(f, view, gate, deadline)
@@ -341,9 +371,10 @@ class XetReader:
         timeout = max(0.001, min(self._timeout, left(deadline)))
         reusable = False
         conn: http.client.HTTPConnection | None = None
+        watch = REAPER.watch(deadline)  # the fetch ends at the load's deadline, however slow the body
         try:
             conn, resp = self._conns.send(parts.scheme, parts.netloc, timeout, target,
-                                          {**self._headers, "Range": f"bytes={f.first}-{f.last}"})
+                                          {**self._headers, "Range": f"bytes={f.first}-{f.last}"}, watch)
             if resp.status in (401, 403):
                 resp.read()
                 raise _Refused()
@@ -365,10 +396,11 @@ class XetReader:
             finally:
                 if slots is not None:
                     slots.release()
-            reusable = not resp.will_close and resp.isclosed()
+            reusable = not resp.will_close and resp.isclosed() and not watch.fired
         except (OSError, http.client.HTTPException) as e:
             raise TransientStoreError(f"fetching an object's bytes failed: {type(e).__name__}: {e}") from None
         finally:
+            REAPER.release(watch)
             if conn is not None and reusable:
                 self._conns.put(parts.scheme, parts.netloc, conn)
             elif conn is not None:

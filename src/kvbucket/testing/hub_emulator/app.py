@@ -134,6 +134,8 @@ def make_middleware(emu: Emulator) -> Any:
                     resp = error_response(500, f"internal emulator error on {name}; see the server log")
             if fault is not None and fault.drop and isinstance(resp, web.Response) and resp.body:
                 return await _drop_mid_body(request, resp)
+            if fault is not None and fault.trickle_s and isinstance(resp, web.Response) and resp.body:
+                return await _trickle(request, _count(emu, st, resp), fault.trickle_s)
             return _count(emu, st, resp)
         finally:
             if name != "control":
@@ -166,6 +168,25 @@ async def _drop_mid_body(request: web.Request, resp: web.Response) -> web.Stream
     await stream.write(body[: max(1, len(body) // 2)])
     if request.transport is not None:
         request.transport.abort()
+    return stream
+
+
+async def _trickle(request: web.Request, resp: web.Response, per_byte_s: float) -> web.StreamResponse:
+    """Send the headers at once, then the body one byte every ``per_byte_s`` seconds: a server
+    that answers, slowly (each read of the client gets a byte in time; only a bound on the
+    request's total time stops it). A client that gives up ends it."""
+    body = bytes(resp.body)  # type: ignore[arg-type]
+    stream = web.StreamResponse(status=resp.status, headers=resp.headers)
+    stream.content_length = len(body)
+    try:
+        await stream.prepare(request)
+        for i in range(len(body)):
+            await asyncio.sleep(per_byte_s)
+            await stream.write(body[i : i + 1])
+        await stream.write_eof()
+    except (ConnectionError, RuntimeError):  # the client hung up (as it should, at its deadline)
+        if request.transport is not None:
+            request.transport.abort()
     return stream
 
 

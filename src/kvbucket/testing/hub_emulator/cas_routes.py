@@ -283,7 +283,7 @@ class CasRoutes:
         rng = parse_range(request.headers.get("Range"), size)
         start, end = rng if rng else (0, size)
         fault: Fault | None = request.get(FAULT)
-        if fault is None or not fault.drop:
+        if fault is None or not (fault.drop or fault.trickle_s):  # those are applied to a whole body
             return await self._sendfile(request, str(path), start, end, size, rng is not None)
         data = await self.emu.cpu(_pread, str(path), start, end - start)
         headers = {"Content-Range": f"bytes {start}-{end - 1}/{size}"} if rng else {}

@@ -1,8 +1,9 @@
 """Per-route fault injection, so clients' retry and partial-failure paths are tested for real.
 
 A rule matches a route name (see ``ROUTES``) and, when it fires, adds latency, answers with an
-error status, drops the connection part-way through the response body, or fails one line of a
-batch request. Rules are plain data (JSON over ``/_emulator/faults``), so a server running in a
+error status, drops the connection part-way through the response body, trickles the body (one
+byte every ``trickle_s``: a slow answer that per-read timeouts never catch), or fails one line
+of a batch request. Rules are plain data (JSON over ``/_emulator/faults``), so a server running in a
 subprocess is driven the same way as one in a thread.
 """
 
@@ -27,7 +28,8 @@ class FaultRule:
     Firing: every matching request with probability ``probability`` (seeded, reproducible),
     or only the ``nth`` matching request (1-based) when given; at most ``times`` firings.
     Effects (any combination): ``latency_s`` delay, ``status`` error reply, ``drop`` the
-    connection mid-body, ``fail_batch_line`` (1-based) fails that line of a batch.
+    connection mid-body, ``trickle_s`` sends the body one byte every that many seconds (headers
+    at once), ``fail_batch_line`` (1-based) fails that line of a batch.
     """
 
     route: str
@@ -37,6 +39,7 @@ class FaultRule:
     times: int | None = None
     latency_s: float = 0.0
     drop: bool = False
+    trickle_s: float = 0.0
     fail_batch_line: int | None = None
     seen: int = 0
     fired: int = 0
@@ -48,6 +51,8 @@ class FaultRule:
             raise ValueError(f"fault status must be a 4xx or 5xx code, not {self.status}")
         if not 0.0 <= self.probability <= 1.0:
             raise ValueError("fault probability must be between 0 and 1")
+        if not 0.0 <= self.trickle_s <= 60.0:
+            raise ValueError("fault trickle_s must be between 0 and 60 seconds per byte")
 
 
 @dataclass
@@ -57,6 +62,7 @@ class Fault:
     status: int | None = None
     latency_s: float = 0.0
     drop: bool = False
+    trickle_s: float = 0.0
     fail_batch_lines: set[int] = field(default_factory=set)
 
 
@@ -97,6 +103,7 @@ class FaultPlan:
                 out.latency_s += r.latency_s
                 out.status = r.status if r.status is not None else out.status
                 out.drop = out.drop or r.drop
+                out.trickle_s = max(out.trickle_s, r.trickle_s)
                 if r.fail_batch_line is not None:
                     out.fail_batch_lines.add(r.fail_batch_line)
             return out
