@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvbucket.errors import AuthError, NotFoundError, TransientStoreError
+from kvbucket.errors import AuthError, NotFoundError, StoreError, TransientStoreError
 from kvbucket.stores.s3 import S3Store, store_from_remote_url
 from kvbucket.stores.s3_config import S3Config
 from kvbucket.testing.s3_server import DOMAIN, FaultProxy, S3Server
@@ -209,3 +209,22 @@ def test_unreachable_server_is_a_per_item_transient_error(s3_bucket: str, seawee
         )
         with pytest.raises(TransientStoreError, match="could not reach"):
             list(store.list())
+
+
+@pytest.mark.parametrize(("status", "code", "kind"), [
+    (413, "EntityTooLarge", StoreError), (400, "InvalidArgument", StoreError),
+    (403, "AccessDenied", AuthError),
+])
+def test_a_4xx_on_upload_is_permanent_and_sent_once(
+    seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy, status: int, code: str, kind: type
+) -> None:
+    """Issue 29 item 7 on S3: a 4xx answer to a PUT is the answer (403 an AuthError), never retried;
+    throttling, 5xx and resets are retried (test_throttling_and_5xx_are_retried,
+    test_dropped_connections_are_retried)."""
+    with open_store(seaweedfs, s3_bucket, s3_endpoint_url=fault_proxy.url) as store:
+        fault_proxy.fail(status, code, times=100, methods={"PUT"})
+        (r,) = store.put_many([("k", b"value")])
+        assert type(r.error) is kind, r.error  # not a TransientStoreError
+        assert fault_proxy.injected == 1  # sent once
+        fault_proxy.clear()
+        assert store.head("k") is None

@@ -33,7 +33,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -46,6 +45,7 @@ from kvbucket.errors import DeadlineExceededError, StoreError, TransientStoreErr
 from kvbucket.secrets import redact
 from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
 from kvbucket.stores.hub_errors import HubContext, connection_refused, hub_error
+from kvbucket.stores.hub_files import RemoteFile, remote_file
 from kvbucket.stores.xet_reads import XetReader, XetReadUnsupported
 from kvbucket.stores.xet_sessions import UploadCommits, download_session, upload_bytes
 from kvbucket.stores.xet_tokens import TOKEN_SAFETY_SECS, Token, XetToken
@@ -60,38 +60,6 @@ _REQUEST_THREADS = 64  # requests in flight at once per bucket client (threads s
 _REQUEST_THREAD_NAME = "kvbucket-hub-request"
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteFile:
-    """What the Hub says about one stored object."""
-
-    path: str
-    size: int
-    xet_hash: str
-    mtime: float | None = None
-
-
-def _mtime_seconds(value: Any) -> float | None:
-    if isinstance(value, int | float):
-        return float(value) / 1000.0 if value > 1e11 else float(value)
-    if isinstance(value, str) and value:
-        from datetime import datetime
-
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
-    return None
-
-
-def _remote_file(entry: dict[str, Any], with_mtime: bool = False) -> RemoteFile | None:
-    if entry.get("type", "file") != "file":
-        return None
-    return RemoteFile(
-        entry["path"], int(entry["size"]), str(entry.get("xetHash") or ""),
-        _mtime_seconds(entry.get("mtime")) if with_mtime else None,
-    )
 
 
 class HubBucketClient:
@@ -298,7 +266,7 @@ class HubBucketClient:
                 return list(r.json())
 
             for entry in self.retrying(call, "look up objects in the bucket", deadline):
-                f = _remote_file(entry)
+                f = remote_file(entry)
                 if f is not None:
                     out[f.path] = f
         return out
@@ -324,7 +292,7 @@ class HubBucketClient:
             if r.status_code == 404:
                 return
             for entry in r.json():
-                f = _remote_file(entry, with_mtime=True)
+                f = remote_file(entry, with_mtime=True)
                 if f is not None:
                     yield f
             url = r.links.get("next", {}).get("url")

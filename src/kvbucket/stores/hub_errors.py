@@ -9,6 +9,7 @@ client's tokens, and the endpoint is shown without userinfo.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import httpx2
@@ -19,6 +20,19 @@ from kvbucket.secrets import redact
 
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 RETRY_EXCEPTIONS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
+# hf_xet raises a plain ConnectionError for any failed request, an answered one included:
+# "Network error: Request error: HTTP status client error (413 Payload Too Large), domain: ..."
+_XET_STATUS = re.compile(r"HTTP status (?:client|server) error \((\d{3})")
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status a failed request was answered with: httpx's response, or the one hf_xet
+    names in its error (it raises ConnectionError for a 4xx answer as for a reset)."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(status, int):
+        return status
+    m = _XET_STATUS.search(str(exc))
+    return int(m.group(1)) if m else None
 
 
 class HubContext(NamedTuple):
@@ -51,7 +65,7 @@ def hub_error(exc: BaseException, what: str, ctx: HubContext, secrets: list[str]
     """Translate any exception of a Hub/Xet call into a kvbucket error a user can act on."""
     if isinstance(exc, StoreError):
         return exc
-    status = getattr(getattr(exc, "response", None), "status_code", None)
+    status = http_status(exc)
     text = str(exc).strip()
     detail = redact(text.splitlines()[0] if text else type(exc).__name__, *secrets)
     endpoint, bucket = ctx.endpoint, ctx.bucket_id
@@ -81,16 +95,20 @@ def hub_error(exc: BaseException, what: str, ctx: HubContext, secrets: list[str]
             f"connection refused by {endpoint} while trying to {what} on bucket {bucket!r}: "
             "no server listens there (not retried)"
         )
-    if status in RETRY_STATUS or isinstance(exc, (*RETRY_EXCEPTIONS, TimeoutError, ConnectionError)):
+    # A 4xx is an answer (retried never: the same request gets the same answer), a 5xx or a
+    # reset is transient; 408 and 429 too, as hf_xet's and httpx's own retries have them.
+    transient_exc = isinstance(exc, (*RETRY_EXCEPTIONS, TimeoutError, ConnectionError))
+    if status in RETRY_STATUS or (status or 0) >= 500 or (status is None and transient_exc):
         return TransientStoreError(
             f"the Hub did not answer usefully for bucket {bucket!r} while trying to {what} "
             f"after {ctx.max_retries} retries: {detail}"
         )
     if status == 404:
         return NotFoundError(f"not found on {endpoint} while trying to {what}: {detail}")
-    if isinstance(exc, HfHubHTTPError):
-        return StoreError(f"the Hub rejected the request to {what} on bucket {bucket!r}: {detail}")
+    if isinstance(exc, HfHubHTTPError) or status is not None:
+        code = f" (HTTP {status})" if status is not None else ""
+        return StoreError(f"the Hub rejected the request to {what} on bucket {bucket!r}{code}: {detail}")
     return StoreError(f"failed to {what} on bucket {bucket!r}: {type(exc).__name__}: {detail}")
 
 
-__all__ = ["RETRY_EXCEPTIONS", "RETRY_STATUS", "HubContext", "connection_refused", "hub_error"]
+__all__ = ["RETRY_EXCEPTIONS", "RETRY_STATUS", "HubContext", "connection_refused", "http_status", "hub_error"]
