@@ -3,8 +3,9 @@
 With latency on every request, a lookup + load of a prompt's chunks must not depend on how many
 chunks there are: the lookup and the read token together, then every object's reconstruction at
 once, then every fetch at once (issue 23). Counts, never times: the log gives each request's
-server-side start and end, and the longest chain of requests each waiting for the previous one
-is the number of sequential round trips.
+connection and place in the server's order of events, and the credentials it used and handed
+out; the longest chain of requests each provably sent after the previous one's answer was
+received is the number of sequential round trips (request_log: causal order, not time gaps).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from kvbucket.stores.hfbucket import HFBucketStore
 from kvbucket.stores.hfbucket_config import build_config
 from kvbucket.testing.hub_emulator.request_log import count_routes, sequential_round_trips
 
-# Added to every request. Large next to a loaded machine's delays: the fixture's emulator runs in
-# this process, so its event loop shares the GIL with the store's 64 load threads, and on a busy
-# machine it recorded some of 64 requests sent together after others had ended (0.2 s was not
-# enough when the suite ran on two cores next to other jobs, and 0.5 s once failed the same way
-# in CI: a warm batch's 64 fetches counted 2 chains).
+# Added to every request. Round trips are counted from causal order, so a request the emulator
+# noticed late (its event loop shares this process's GIL with the store's 64 load threads: with
+# time gaps, 0.2 s and then 0.5 s of latency each failed once in CI, a warm batch's 64 fetches
+# counting 2 chains) no longer counts a chain; what remains is a client thread so late that it
+# reused a connection whose answer had come, which the latency makes take a whole second.
 LATENCY_S = 1.0
 
 
@@ -83,6 +84,29 @@ def test_the_load_concurrency_bounds_what_is_in_flight(hub_bucket: Any) -> None:
         assert all(r.ok for r in store.get_many(names))
         log = hub.emulator.requests(clear=True)
         assert sequential_round_trips(log) >= 4, count_routes(log)
+
+
+def test_round_trips_come_from_causal_order_not_from_when_the_server_noticed() -> None:
+    """Connections and credentials make the edges: a request noticed after another's answer, on
+    a connection of its own and with nothing that answer handed out, is not a second round trip."""
+    def e(conn: str, seq: tuple[int, int], uses: tuple[str, ...] = (), hands: tuple[str, ...] = ()
+          ) -> dict[str, Any]:
+        # start/end as the time-gap count would see them: every request after the previous one
+        return {"route": "fetch", "start": seq[0], "end": seq[1], "conn": conn, "seq": list(seq),
+                "uses": list(uses), "hands": list(hands)}
+
+    late_batch = [e("a", (0, 1)), e("b", (2, 3)), e("c", (4, 5))]  # sent together, noticed one by one
+    assert sequential_round_trips(late_batch) == 1
+    assert sequential_round_trips([{k: x[k] for k in ("route", "start", "end")} for x in late_batch]) == 3
+    same_conn = [e("a", (0, 1)), e("a", (2, 3)), e("a", (4, 5))]  # each sent after the answer before
+    assert sequential_round_trips(same_conn) == 3
+    token_then_query_then_fetch = [
+        e("t", (0, 1), hands=("tok",)), e("q", (2, 3), uses=("tok",), hands=("url",)),
+        e("f", (4, 5), uses=("url",)), e("g", (6, 7), uses=("nothing-handed",)),
+    ]
+    assert sequential_round_trips(token_then_query_then_fetch) == 3
+    used_before_answered = [e("t", (0, 3), hands=("tok",)), e("q", (1, 2), uses=("tok",))]  # not caused by it
+    assert sequential_round_trips(used_before_answered) == 1
 
 
 def test_sequential_round_trips_counts_the_longest_waiting_chain() -> None:

@@ -8,6 +8,7 @@ virtual-hosted S3 names such as ``<bucket>.s3.kvbucket.test`` reach a local serv
 from __future__ import annotations
 
 import http.client
+import itertools
 import socket
 import ssl
 import threading
@@ -58,8 +59,9 @@ class FaultProxy:
     """A loopback HTTP relay to ``127.0.0.1:target_port`` that can fail requests on purpose.
 
     ``latency`` adds that many seconds to every request (as a distant region would), ``log``
-    records when each request arrived and was answered, and :meth:`round_trips` counts the
-    sequential round trips a client made.
+    records when each request arrived and was answered (and ``order`` on which connection, in
+    which order of events), and :meth:`round_trips` counts the sequential round trips a client
+    made, from causal order.
 
     It accepts origin-form requests (use its URL as the S3 endpoint) and absolute-form requests
     (use it as the client's HTTP proxy: then any host name, e.g. ``b.s3.kvbucket.test:PORT``, is
@@ -80,6 +82,10 @@ class FaultProxy:
         self.latency = 0.0
         #: (method, request target, arrived, answered) of every request, monotonic seconds.
         self.log: list[tuple[str, str, float, float]] = []
+        #: (connection, arrival, answer) of every request, as ``log``: places in one order of events.
+        self.order: list[tuple[int, int, int]] = []
+        self._seq = itertools.count()
+        self._conn_ids = itertools.count()
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -132,14 +138,15 @@ class FaultProxy:
 
     def round_trips(self, since: int = 0) -> int:
         """Sequential round trips of the requests logged from index ``since`` on: the longest
-        chain of requests each sent after the previous one was answered (counted at the server)."""
+        chain of requests each provably sent after the previous one was answered, from causal
+        order (hub_emulator.request_log): on an HTTP/1.1 connection a client sends a request only
+        after it has read the previous answer. Not from time gaps: a request the proxy's threads
+        noticed late on a loaded machine would start a second chain the client never made."""
+        from kvbucket.testing.hub_emulator.request_log import causal_round_trips
+
         with self._lock:
-            spans = sorted((t1, t0) for _, _, t0, t1 in self.log[since:])
-        chain, free_at = 0, float("-inf")
-        for end, start in spans:  # earliest-answered first: the longest non-overlapping chain
-            if start >= free_at:
-                chain, free_at = chain + 1, end
-        return chain
+            order = self.order[since:]
+        return causal_round_trips([{"conn": str(c), "seq": [a, b]} for c, a, b in order])
 
     def _take(self, method: str, path: str) -> Fault | None:
         with self._lock:
@@ -178,8 +185,13 @@ class FaultProxy:
                 n = int(self.headers.get("Content-Length") or 0)
                 return self.rfile.read(n) if n else b""
 
+            def setup(self) -> None:
+                super().setup()
+                self._conn = next(proxy._conn_ids)  # one handler per connection
+
             def _handle(self) -> None:
                 self._arrived, self._logged = time.monotonic(), False
+                self._seq_in = next(proxy._seq)
                 try:
                     self._relay()
                 finally:
@@ -192,6 +204,7 @@ class FaultProxy:
                     self._logged = True
                     with proxy._lock:
                         proxy.log.append((self.command, self.path, self._arrived, time.monotonic()))
+                        proxy.order.append((self._conn, self._seq_in, next(proxy._seq)))
 
             def send_response(self, code: int, message: str | None = None) -> None:
                 self._record()

@@ -20,6 +20,7 @@ from .cas_routes import CasRoutes
 from .core import Emulator, RouteStats
 from .faults import Fault, FaultRule
 from .hub_routes import HubRoutes
+from .request_log import digest
 from .state import is_disk_full
 from .wire import (
     BODY_TIMEOUT,
@@ -93,6 +94,8 @@ def make_middleware(emu: Emulator) -> Any:
         t0 = time.perf_counter()
         started = time.monotonic()
         name = route_name(request.method, request.path)
+        seq_in = emu.requests.arrived()
+        answer: web.StreamResponse | None = None
         st = emu.stats[name]
         st.requests += 1
         st.bytes_in += request.content_length or 0
@@ -110,7 +113,7 @@ def make_middleware(emu: Emulator) -> Any:
                         resp.headers["Retry-After"] = "0"
                     return _count(emu, st, resp)
             try:
-                resp = await handler(request)
+                resp = answer = await handler(request)
             except HubError as e:
                 resp = error_response(e.status, e.message, e.code)
                 if e.close:
@@ -139,7 +142,8 @@ def make_middleware(emu: Emulator) -> Any:
             return _count(emu, st, resp)
         finally:
             if name != "control":
-                emu.requests.record(name, started)
+                emu.requests.record(name, started, conn=_connection(request), seq_in=seq_in,
+                                    uses=_uses(request, name), hands=_hands(answer, name))
             if log.isEnabledFor(logging.DEBUG):
                 ms = (time.perf_counter() - t0) * 1e3
                 log.debug(
@@ -147,6 +151,40 @@ def make_middleware(emu: Emulator) -> Any:
                 )
 
     return middleware
+
+
+def _connection(request: web.Request) -> str:
+    """The connection a request came on (its client port and transport: unique while it is open)."""
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return f"{peer[1] if isinstance(peer, tuple) else '?'}-{id(transport):x}"
+
+
+_SIGNATURE = re.compile(r"[?&]s=([^&\"\\\s]+)")
+
+
+def _uses(request: web.Request, route: str) -> tuple[str, ...]:
+    """Digests of the credentials a request carries that an answer handed out (request_log)."""
+    out = []
+    auth = request.headers.get("Authorization", "")
+    if auth.startswith("Bearer "):
+        out.append(digest(auth[7:]))
+    if route == "fetch" and request.query.get("s"):
+        out.append(digest(request.query["s"]))
+    return tuple(out)
+
+
+def _hands(answer: web.StreamResponse | None, route: str) -> tuple[str, ...]:
+    """Digests of the credentials an answer hands out: a Xet token, the fetch URLs' signatures."""
+    if route not in ("xet_token", "reconstruction") or not isinstance(answer, web.Response):
+        return ()
+    if not answer.body:
+        return ()
+    text = bytes(answer.body).decode("utf-8", "replace")  # type: ignore[arg-type]
+    if route == "xet_token":
+        m = re.search(r'"accessToken":\s*"([^"]+)"', text)
+        return (digest(m.group(1)),) if m else ()
+    return tuple({digest(s) for s in _SIGNATURE.findall(text)})
 
 
 def _count(emu: Emulator, st: RouteStats, resp: web.StreamResponse) -> web.StreamResponse:
