@@ -99,7 +99,7 @@ class FakeHub(HubBucketClient):
     def warm_reads(self) -> None:  # no read token or reconstruction on this fake
         self._count("warm_reads")
 
-    def prefetch_reconstructions(self, files: Any, *, background: bool = False) -> None:
+    def prefetch_reconstructions(self, files: Any, *, background: bool = False, deadline: Any = None) -> None:
         self._count("prefetch_reconstructions")
 
     def reset_download_group(self) -> None:

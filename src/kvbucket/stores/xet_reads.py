@@ -174,7 +174,7 @@ class _Connections:
             return conn, conn.getresponse()
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
             conn.close()
-            if not reused:
+            if not reused or watch.fired:  # shut at the deadline: not a server's idle timeout
                 raise
         conn, _ = self.get(scheme, netloc, timeout, fresh=True)
         try:
