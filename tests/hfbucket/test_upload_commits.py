@@ -53,7 +53,7 @@ class _Session:
 @pytest.fixture
 def session(monkeypatch: pytest.MonkeyPatch) -> _Session:
     rec = _Session(xet_sessions.upload_session())
-    monkeypatch.setattr(xet_sessions, "upload_session", lambda: rec)
+    monkeypatch.setattr(xet_sessions, "upload_session", lambda *_: rec)
     return rec
 
 
