@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_core import PydanticCustomError
 
 from kvbucket.errors import ConfigError
 
@@ -75,8 +74,7 @@ class ReadAheadConfig(BaseModel):
     @classmethod
     def _bounded(cls, value: float, info: Any) -> float:
         if not _in_range(info.field_name, value):
-            raise PydanticCustomError("range", "must be {allowed}, got {got}",
-                                      {"allowed": _RANGES[info.field_name], "got": repr(value)})
+            raise ValueError(f"must be {_RANGES[info.field_name]}, got {value!r}")
         return value
 
     def read_ahead_settings(self) -> ReadAheadSettings:
