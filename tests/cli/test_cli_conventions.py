@@ -273,3 +273,16 @@ def test_compile_cache_sync_and_fetch_print_progress_lines_when_not_on_a_termina
     b.compile("g1")
     b.compile("g2")
     assert b.compilations == 0  # fetched, not recompiled
+
+
+def test_synthetic_demo_prints_progress_lines_when_not_on_a_terminal(
+        hub_bucket: Any, hub_env: dict[str, str], tmp_path: Path) -> None:
+    """The remote tier's commits take 2 s each; a line is due every 0.1 s (the bars only end up in a log)."""
+    env = {**hub_env, "KVBUCKET_PROGRESS_INTERVAL": "0.1"}
+    hub_bucket.hub.faults.add("batch", latency_s=2.0)
+    r = run_cli("demo", "--synthetic", "--chunks", "2", "--target", f"{hub_bucket.bucket_id}/demo", env=env,
+                cwd=tmp_path, timeout=300)
+    assert r.code == 0, r.out + r.err
+    assert "all bytes verified" in r.out
+    stored = [ln for ln in r.err_lines if ln.startswith("store (write-through, all tiers): ")]
+    assert stored and all(" of 2 chunks" in ln for ln in stored), r.err

@@ -17,11 +17,13 @@ import hashlib
 import os
 import shutil
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -205,7 +207,8 @@ def _run_phases(backend: HybridBackend, keys: Sequence[CacheEngineKey], layout: 
                 workdir: Path, report: DemoReport, console: Console) -> None:
     n = len(keys)
     columns = (TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console) as progress:
+    bars = sys.stderr.isatty()  # in a log: a line as each phase starts, then every few seconds
+    with Progress(*columns, console=console) if bars else _PhaseLines() as progress:
         # 1. write-through: every chunk lands in every tier
         phase = PhaseResult("store (write-through, all tiers)")
         task = progress.add_task(phase.name, total=n)
@@ -243,8 +246,35 @@ def _run_phases(backend: HybridBackend, keys: Sequence[CacheEngineKey], layout: 
             fresh_disk.close()
 
 
+class _PhaseLines:
+    """rich Progress's ``add_task``/``advance`` as :mod:`kvbucket.progress` lines on stderr."""
+
+    def __init__(self) -> None:
+        self._phase: Any = None
+
+    def add_task(self, name: str, total: int) -> int:
+        from kvbucket.progress import Progress as Lines
+
+        self.close()
+        self._phase = Lines(name, total=total, unit="chunks")  # a phase shorter than a tick prints nothing
+        return 0
+
+    def advance(self, task: int, n: int) -> None:
+        self._phase.advance(n)
+
+    def close(self) -> None:
+        if self._phase is not None:
+            self._phase.close()
+
+    def __enter__(self) -> _PhaseLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _read_phase(name: str, tier: StorageBackend, keys: Sequence[CacheEngineKey], layout: KVLayout,
-                seed: bytes, progress: Progress) -> PhaseResult:
+                seed: bytes, progress: Progress | _PhaseLines) -> PhaseResult:
     phase = PhaseResult(name)
     task = progress.add_task(name, total=len(keys))
     for batch in _batches(len(keys)):
