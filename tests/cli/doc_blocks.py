@@ -15,12 +15,19 @@ SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh"}
 KNOWN_COMMANDS = {"kvbucket", "python", "python3", "make", "pip", "lmcache", "vllm", "export", "pytest"}
 
 
+_MARK = re.compile(r"^\s*<!--\s*doc-test:\s*(.*?)\s*-->\s*$")
+
+
 @dataclass(frozen=True)
 class Block:
     path: Path
     line: int  # 1-based line of the opening fence
     lang: str
     text: str
+    #: the ``<!-- doc-test: ... -->`` comment on the line before the fence: ``syntax-only: why``
+    #: (checked, not run: a GPU, an engine, a model download, a pytest fixture), ``file NAME`` (a
+    #: data block written as NAME next to the doc's blocks when they run), or a test that runs it
+    mark: str = ""
 
     @property
     def where(self) -> str:
@@ -45,7 +52,9 @@ def blocks(path: Path) -> list[Block]:
             while i < len(lines) and not lines[i].strip().startswith(fence):
                 body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
                 i += 1
-            out.append(Block(path, start + 1, lang.lower(), "\n".join(body)))
+            prev = lines[start - 1] if start > 0 else ""
+            mark = m2.group(1) if (m2 := _MARK.match(prev)) else ""
+            out.append(Block(path, start + 1, lang.lower(), "\n".join(body), mark))
         i += 1
     return out
 
