@@ -29,7 +29,7 @@ from kvbucket.stores.base import Scatter
 from kvbucket.stores.deadline import Abandoned, Gate
 from kvbucket.stores.xet_decode import Window, XetReadUnsupported, copy_range
 
-KERNEL = xet_decode.kernel(wait=True)
+KERNEL = xet_decode.compiled()  # whatever KVBUCKET_XET_DECODER says (the suite runs once with python)
 
 
 def test_the_compiled_decoder_is_there() -> None:
@@ -235,6 +235,8 @@ def test_unknown_decoder_setting_is_reported_and_read_as_auto(monkeypatch: pytes
     assert xet_decode.kernel() is None
     monkeypatch.setenv(xet_decode.DECODER_ENV, "numba")
     assert xet_decode.kernel() is KERNEL
+    monkeypatch.setenv(xet_decode.DECODER_ENV, "auto")
+    assert xet_decode.kernel() is KERNEL  # loaded already: used from now on
 
 
 def test_real_hf_xet_uploads_decode_alike_into_buffers_scatters_and_sealed_reads(

@@ -92,7 +92,9 @@ def decoder_mode() -> str:
     return raw
 
 
-def _load() -> Kernel | None:
+def compiled() -> Kernel | None:
+    """The compiled decoder, loaded now if it is not yet, whatever ``KVBUCKET_XET_DECODER`` says
+    (None where numba is missing)."""
     global _kernel, _failed
     with _load_lock:
         if _kernel is not None or _failed is not None:
@@ -120,10 +122,10 @@ def kernel(*, wait: bool = False) -> Kernel | None:
     if _kernel is not None or _failed is not None:
         return _kernel
     if wait or mode == "numba":
-        return _load()
+        return compiled()
     with _lock:
         if _loading is None:
-            _loading = in_daemon_thread(_load, "kvbucket-xet-decoder-load")
+            _loading = in_daemon_thread(compiled, "kvbucket-xet-decoder-load")
     return None
 
 
@@ -312,4 +314,4 @@ def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], ds
 
 
 __all__ = ["DECODERS", "DECODER_ENV", "MAX_CHUNK", "WINDOW", "Kernel", "Window", "XetReadUnsupported",
-           "copy_range", "decode_chunk", "decoder_mode", "kernel"]
+           "compiled", "copy_range", "decode_chunk", "decoder_mode", "kernel"]
