@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.sizes, args.total_mib, args.rounds = "2", 4, 1
     backends = [b for b in args.backends.split(",") if b]
-    parts = backends if set(backends) != {"s3", "hub"} else []
+    parts = list(backends) if set(backends) != {"s3", "hub"} else []
     parts += [] if args.payloads == "kv,random" else [args.payloads.replace(",", "+")]
     variant = "-".join(parts) or None  # a run of one backend or payload does not replace another's
     res = Results("bench_ceiling", variant=variant, params=vars(args),
