@@ -215,6 +215,7 @@ class HFBucketStore(RemoteStore):
         if unknown:
             chunks = [unknown[i : i + HUB_BATCH_LIMIT] for i in range(0, len(unknown), HUB_BATCH_LIMIT)]
             found: dict[str, RemoteFile] = {}
+            since = self._cache.stamp()  # before asking: a put that returns meanwhile wins
 
             def late(i: int) -> dict[str, RemoteFile]:
                 raise exceeded("a lookup", self.url, "lookup_timeout_secs", self.config.lookup_timeout_secs)
@@ -227,7 +228,7 @@ class HFBucketStore(RemoteStore):
                 if not self.config.create_bucket_if_missing or self._bucket_ready:
                     raise
             fresh = [(p, found.get(p)) for p in unknown]
-            self._cache.set_many(fresh)
+            self._cache.set_many(fresh, since=since)
             known.update(fresh)
         return known
 
@@ -251,12 +252,13 @@ class HFBucketStore(RemoteStore):
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
         batches = [order[i : i + HUB_BATCH_LIMIT] for i in range(0, len(order), HUB_BATCH_LIMIT)]
+        self._cache.written(self._path(names[i]) for i in order)
 
         def run(batch: list[int]) -> dict[int, ItemResult]:
             return self._put_batch([(i, names[i], views[i]) for i in batch], deadline)
 
         def late(b: int) -> dict[int, ItemResult]:
-            self._cache.invalidate([self._path(names[i]) for i in batches[b]])
+            self._cache.written([self._path(names[i]) for i in batches[b]])
             err = exceeded("a store", self.url, "store_timeout_secs", self.config.store_timeout_secs)
             return {i: ItemResult(names[i], error=err) for i in batches[b]}
 
@@ -290,7 +292,7 @@ class HFBucketStore(RemoteStore):
         except StoreError as e:  # refused as a whole (missing bucket, auth, bad request): nothing applied
             return {i: ItemResult(n, error=e) for i, n, _ in batch}
         if failure is None and not failed:
-            self._cache.set_many(
+            self._cache.set_written(
                 (p, RemoteFile(p, size, h)) for p, (h, size) in zip(paths, uploaded, strict=True)
             )
             return {i: ItemResult(n, size=size) for (i, n, _), (_, size) in zip(batch, uploaded, strict=True)}
@@ -304,7 +306,8 @@ class HFBucketStore(RemoteStore):
 
         The check gets at least ``lookup_timeout_secs`` even when the batch used up the budget.
         """
-        self._cache.invalidate(paths)
+        self._cache.written(paths)  # the batch is over: answers asked before now may be older
+        since = self._cache.stamp()
         try:
             now = self._client.paths_info(
                 paths, max(deadline, deadline_in(self.config.lookup_timeout_secs))
@@ -313,7 +316,7 @@ class HFBucketStore(RemoteStore):
             why = failure or StoreError(f"{len(failed)} of {len(paths)} writes failed")
             err = StoreError(f"{why}; and whether the others landed could not be checked: {e}")
             return {i: ItemResult(n, error=err) for i, n, _ in batch}
-        self._cache.set_many((p, now.get(p)) for p in paths)
+        self._cache.set_many(((p, now.get(p)) for p in paths), since=since)
         out: dict[int, ItemResult] = {}
         for (i, n, _), p, (h, size) in zip(batch, paths, uploaded, strict=True):
             f = now.get(p)
@@ -430,11 +433,12 @@ class HFBucketStore(RemoteStore):
             time.sleep(wait)
             delay *= 2
             self._client.reset_download_group()  # a new group also gets a fresh read token
+            since = self._cache.stamp()
             try:
                 fresh = self._client.paths_info([f.path], deadline).get(f.path)
             except StoreError as e:
                 return ItemResult(name, error=e)
-            self._cache.set_many([(f.path, fresh)])
+            self._cache.set_many([(f.path, fresh)], since=since)
             if fresh is None:
                 return ItemResult(name)  # deleted meanwhile: a miss
             if fresh.size != f.size:
@@ -478,6 +482,7 @@ class HFBucketStore(RemoteStore):
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
         present = list(dict.fromkeys(p for p in paths if before[p] is not None))
+        self._cache.written(present)
         failed: dict[str, StoreError] = {}
         chunks = [present[i : i + HUB_BATCH_LIMIT] for i in range(0, len(present), HUB_BATCH_LIMIT)]
 
@@ -485,13 +490,14 @@ class HFBucketStore(RemoteStore):
             return self._delete_batch(chunk, deadline)
 
         def late(c: int) -> dict[str, StoreError]:
-            self._cache.invalidate(chunks[c])
+            self._cache.written(chunks[c])
             err = exceeded("a delete", self.url, "store_timeout_secs", self.config.store_timeout_secs)
             return dict.fromkeys(chunks[c], err)
 
         for part in self._gather(self._map(run, chunks), deadline, late):
             failed.update(part)
-        self._cache.set_many((p, None) for p in present if p not in failed)
+        self._cache.set_written((p, None) for p in present if p not in failed)
+        self._cache.written(failed)  # partly removed, or not: answers asked before now may be older
         out = []
         for n, p in zip(names, paths, strict=True):
             f = before[p]
@@ -513,7 +519,7 @@ class HFBucketStore(RemoteStore):
             return dict.fromkeys(chunk, e)
         if err is None and not failed:
             return {}
-        self._cache.invalidate(chunk)
+        self._cache.written(chunk)
         try:
             still = self._client.paths_info(
                 chunk, max(deadline, deadline_in(self.config.lookup_timeout_secs))
@@ -537,10 +543,11 @@ class HFBucketStore(RemoteStore):
         return self._list(directory, full, strip)
 
     def _list(self, directory: str, full: str, strip: int) -> Iterator[ObjectInfo]:
+        since = self._cache.stamp()
         try:
             for f in self._client.list_tree(directory):
                 if f.path.startswith(full) and len(f.path) > strip:
-                    self._cache.set_many([(f.path, f)])
+                    self._cache.set_many([(f.path, f)], since=since)
                     yield ObjectInfo(f.path[strip:], f.size, f.mtime)
         except NotFoundError:
             if not self.config.create_bucket_if_missing:
