@@ -54,6 +54,12 @@ def hf_params(b: HubBucket) -> dict[str, Any]:
             "endpoint": b.hub.endpoint}  # fmt: skip
 
 
+def here(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` for an adapter this test process opens: without metrics_port, which open_l2_adapter
+    serves (for the rest of the process) and the server process must bind."""
+    return {k: v for k, v in spec.items() if k != "metrics_port"}
+
+
 def s3_params(s: S3Server, bucket: str) -> dict[str, Any]:
     return {"type": "s3", **s.config(bucket, "kv")}
 
@@ -161,7 +167,7 @@ def test_lmcache_server_runs_the_plugin_on_hfbucket_and_s3(
     mport = free_port()  # a metrics-only endpoint in the server process
     specs = [{**p, "metrics_port": mport} for p in (hf_params(hub_bucket), s3_params(seaweedfs, s3_bucket))]
     for spec, model in zip(specs, ("org/hf-model", "org/s3-model"), strict=True):
-        with open_l2_adapter(spec) as a:
+        with open_l2_adapter(here(spec)) as a:
             assert store(a, keys(model), [bytes([i + 1]) * CHUNK for i in range(N)]).success
 
     srv = Server(specs, tmp_path / "server.log")
@@ -202,7 +208,7 @@ def test_lmcache_server_runs_the_plugin_on_hfbucket_and_s3(
     assert store_objects(api, status[0]["store"]).get(("put", "ok")) == 4
 
     srv.stop()  # restart on the same buckets: the plugin finds what is there
-    with open_l2_adapter(specs[0]) as hf:  # without the Hub's copies, retrieves must come from s3
+    with open_l2_adapter(here(specs[0])) as hf:  # without the Hub's copies, retrieves must come from s3
         mp_keys = [k for k, _ in hf.list_keys(MP_MODEL).entries]
         assert len(mp_keys) == 4 and hf.delete(mp_keys) == [True] * 4
     srv = Server(specs, tmp_path / "server2.log")
