@@ -174,12 +174,7 @@ def register(app: typer.Typer) -> None:
         with opened_store(url, timeout) as store:
             for batch in _named_batches(store, names) if names else _listed_batches(store, prefix or ""):
                 done.remove(store, batch, echo=not as_json)
-        if as_json:
-            print_json(done.to_dict())
-        else:
-            typer.echo(done.summary())
-        if done.failed:
-            raise typer.Exit(1)
+        _report(done, as_json)
 
 
 def _remove_generation(url: str, prefix: str, model: str, identity: str, *, dry_run: bool,
@@ -195,6 +190,11 @@ def _remove_generation(url: str, prefix: str, model: str, identity: str, *, dry_
                 batch = []
         if batch:
             done.remove(store, batch, echo=not as_json)
+    _report(done, as_json)
+
+
+def _report(done: Removal, as_json: bool) -> None:
+    """What an ``rm`` removed (or would): JSON or the summary line; exit 1 when a removal failed."""
     if as_json:
         print_json(done.to_dict())
     else:
