@@ -7,6 +7,7 @@ without importing the module that imports them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -68,6 +69,17 @@ class Emulator:
         self.stale_temp_s = max(STALE_TEMP_S, 4 * body_timeout_s)
         self._sweep: asyncio.TimerHandle | None = None
         self._sweeping: asyncio.Future[None] | None = None
+
+    async def stop_sweeping(self) -> None:
+        """Cancel the later look at young temp files and let its task end in this loop: a task
+        still pending when the loop closes is logged as destroyed (an ERROR in every log)."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+        task = self._sweeping
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def close(self) -> None:
         if self._sweep is not None:

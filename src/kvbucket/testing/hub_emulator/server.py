@@ -146,6 +146,7 @@ class ThreadServer:
         if self._runner is not None:
             await self._runner.cleanup()
         if self._emu is not None:
+            await self._emu.stop_sweeping()
             self._emu.close()
         if self._state is not None:
             self._state.close()
