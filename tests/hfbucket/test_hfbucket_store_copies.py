@@ -1,10 +1,12 @@
 """The copies a store makes of a payload on its way to the bucket (issue 23: a store at 0 ms at
 least as fast as LMCache's hfbucket adapter).
 
-hf_xet's ``start_upload_bytes`` takes ``bytes``, so one copy is needed. The sealing layer hashes
-the caller's buffer where it lies and hands the bucket store header + payload as a ``Gather``;
-the upload joins each object just before handing it over. Before, the payload was copied twice
-(into the sealed blob, then into ``bytes``), all objects before the first was handed over.
+Below 1 MiB (these tests' objects), hf_xet's ``start_upload_bytes`` takes ``bytes``, so one copy
+is needed (larger objects go by a file in RAM: test_hfbucket_upload_staging.py). The sealing
+layer hashes the caller's buffer where it lies and hands the bucket store header + payload as a
+``Gather``; the upload joins each object just before handing it over. Before, the payload was
+copied twice (into the sealed blob, then into ``bytes``), all objects before the first was
+handed over.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 import xxhash
 
 from kvbucket import envelope as env
-from kvbucket.stores import hub_client, xet_sessions
+from kvbucket.stores import xet_uploads
 from kvbucket.stores.base import Gather
 from kvbucket.stores.file import FileStore
 from kvbucket.stores.hfbucket import HFBucketStore
@@ -36,13 +38,13 @@ def test_sealed_payloads_reach_the_uploader_uncopied_and_are_joined_once_each(
     names = [f"k{i}" for i in range(len(data))]
     handed: list[tuple[str, Any]] = []
     joined: list[bytes | bytearray] = []
-    as_bytes = xet_sessions.upload_bytes
+    as_bytes = xet_uploads.upload_bytes
 
     def spy_join(d: Any) -> bytes | bytearray:
         joined.append(as_bytes(d))
         return joined[-1]
 
-    monkeypatch.setattr(hub_client, "upload_bytes", spy_join)
+    monkeypatch.setattr(xet_uploads, "upload_bytes", spy_join)
     with HFBucketStore(build_config(
         bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/c-{uuid.uuid4().hex[:6]}", token=hub.write_token,
         endpoint=hub.endpoint, token_env="", retry_backoff_secs=0.01,
@@ -69,16 +71,16 @@ def test_sealed_payloads_reach_the_uploader_uncopied_and_are_joined_once_each(
 
 def test_as_bytes_copies_only_what_hf_xet_would_read_item_by_item() -> None:
     whole = b"x" * 1000
-    assert xet_sessions.upload_bytes(whole) is whole
-    assert xet_sessions.upload_bytes(memoryview(whole)) is whole
+    assert xet_uploads.upload_bytes(whole) is whole
+    assert xet_uploads.upload_bytes(memoryview(whole)) is whole
     arr = bytearray(b"y" * 10)
-    assert xet_sessions.upload_bytes(arr) is arr
-    part = xet_sessions.upload_bytes(memoryview(whole)[10:20])
+    assert xet_uploads.upload_bytes(arr) is arr
+    part = xet_uploads.upload_bytes(memoryview(whole)[10:20])
     assert type(part) is bytes and part == b"x" * 10
     a = np.arange(12, dtype=np.uint16)
-    assert xet_sessions.upload_bytes(a) == a.tobytes()
+    assert xet_uploads.upload_bytes(a) == a.tobytes()
     g = Gather(b"head", a)
-    assert xet_sessions.upload_bytes(g) == b"head" + a.tobytes()
+    assert xet_uploads.upload_bytes(g) == b"head" + a.tobytes()
 
 
 @pytest.mark.parametrize("kind", ["dir", "memory"])
@@ -115,14 +117,14 @@ def test_each_object_is_hashed_when_the_uploader_takes_it(
     names = [f"h{i}" for i in range(len(data))]
     handed: list[Gather] = []
     pending_when_joined: list[int] = []
-    as_bytes = xet_sessions.upload_bytes
+    as_bytes = xet_uploads.upload_bytes
 
     def spy_join(d: Any) -> bytes | bytearray:
         out = as_bytes(d)
         pending_when_joined.append(sum(g._head is not None for g in handed))
         return out
 
-    monkeypatch.setattr(hub_client, "upload_bytes", spy_join)
+    monkeypatch.setattr(xet_uploads, "upload_bytes", spy_join)
     with HFBucketStore(build_config(
         bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/h-{uuid.uuid4().hex[:6]}", token=hub.write_token,
         endpoint=hub.endpoint, token_env="", retry_backoff_secs=0.01,

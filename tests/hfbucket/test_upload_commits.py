@@ -33,6 +33,9 @@ class _Commit:
     def start_upload_bytes(self, *a: Any, **k: Any) -> Any:
         return self.real.start_upload_bytes(*a, **k)
 
+    def start_upload_file(self, *a: Any, **k: Any) -> Any:  # objects from 1 MiB (xet_uploads)
+        return self.real.start_upload_file(*a, **k)
+
     def abort(self) -> None:
         self.log["aborted"].append(threading.current_thread().name)
         self.real.abort()

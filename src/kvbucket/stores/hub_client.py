@@ -47,8 +47,9 @@ from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
 from kvbucket.stores.hub_errors import HubContext, connection_refused, hub_error
 from kvbucket.stores.hub_files import RemoteFile, remote_file
 from kvbucket.stores.xet_reads import XetReader, XetReadUnsupported
-from kvbucket.stores.xet_sessions import UploadCommits, download_session, upload_bytes
+from kvbucket.stores.xet_sessions import UploadCommits, download_session
 from kvbucket.stores.xet_tokens import TOKEN_SAFETY_SECS, Token, XetToken
+from kvbucket.stores.xet_uploads import UploadStaging
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
@@ -348,17 +349,18 @@ class HubBucketClient:
         otherwise stall every later upload of the process) and abandoned, and the call fails;
         what it uploaded is never added.
         """
-        from hf_xet import SKIP_SHA256
-
         token, exp, cas_url = self._write_token.get(deadline)
         started: list[Any] = []
+        stagings: list[UploadStaging] = []  # per attempt: the objects' files in RAM (xet_uploads)
 
         def xet_upload() -> list[tuple[str, int]]:
-            # opened ahead (UploadCommits)
-            with self._commits.take(token, exp, cas_url, self._write_token.margin) as commit:
+            staging = UploadStaging()
+            stagings.append(staging)
+            # opened ahead (UploadCommits); the staged files are unlinked once the commit is over
+            with staging, self._commits.take(token, exp, cas_url, self._write_token.margin) as commit:
                 started.append(commit)
-                # One object at a time: its copy (upload_bytes) overlaps the ingestion of the others.
-                handles = [commit.start_upload_bytes(upload_bytes(d), sha256=SKIP_SHA256) for _, d in items]
+                # One object at a time: its staging write overlaps the ingestion of the others.
+                handles = [staging.start(commit, d) for _, d in items]
             out = []
             for h in handles:
                 info = h.result().xet_info
@@ -371,6 +373,8 @@ class HubBucketClient:
                     commit.abort()
                 except Exception:  # already finished or failed: nothing left to stop
                     log.debug("aborting an Xet upload commit failed", exc_info=True)
+            for staging in stagings:  # the abandoned upload may never end: its files go now
+                staging.close()
             return TimeoutError("the Xet upload timed out")
 
         def call(_t: httpx2.Timeout) -> list[tuple[str, int]]:

@@ -12,8 +12,6 @@ import threading
 import time
 from typing import Any
 
-from kvbucket.stores.base import Gather
-
 log = logging.getLogger(__name__)
 
 # hf_xet setting: ask the CAS server, for the first chunk of every uploaded object, whether
@@ -190,21 +188,4 @@ def download_session(concurrency: int) -> Any:
         return session
 
 
-def upload_bytes(data: Any) -> bytes | bytearray:
-    """What hf_xet's ``start_upload_bytes`` takes fast, with at most one copy here.
-
-    It copies a ``bytes`` or ``bytearray`` into its own buffer at memory speed, but reads any
-    other buffer item by item (measured, 8 MiB: 8 ms as bytes, 0.2 s as a memoryview, 0.7 s as
-    a numpy array). A :class:`Gather` is joined here, object by object, so each copy overlaps
-    the ingestion of the objects handed over before it.
-    """
-    if type(data) in (bytes, bytearray):
-        return data  # type: ignore[no-any-return]
-    if isinstance(data, memoryview) and type(data.obj) in (bytes, bytearray) and data.nbytes == len(data.obj):
-        return data.obj  # type: ignore[no-any-return]  # a view of a whole bytes object: that object
-    if isinstance(data, Gather):
-        return data.join()  # copied without the GIL
-    return bytes(data)
-
-
-__all__ = ["UploadCommits", "download_session", "upload_bytes", "upload_session"]
+__all__ = ["UploadCommits", "download_session", "upload_session"]
