@@ -146,7 +146,7 @@ def test_the_requests_are_the_same_by_file_and_by_bytes(
     routes = {}
     for how in ("file", "bytes"):
         if how == "bytes":  # a directory on disk: never staged there
-            monkeypatch.setattr(xet_uploads, "STAGE_ROOT", str(tmp_path))
+            monkeypatch.setenv(xet_uploads.STAGING_ENV, str(tmp_path))
         log = _recorded(store, monkeypatch)
         items = [(f"{how}{i}", payload("random", 2 * MIN, f"{how}-{i}-{uuid.uuid4()}")) for i in range(4)]
         hub.emulator.requests(clear=True)
@@ -179,6 +179,40 @@ def test_no_room_on_the_tmpfs_or_a_failed_write_takes_the_bytes_path(
     assert [kind for kind, _ in log] == ["bytes"]
     assert _left_in_staging() == []  # the partial file was unlinked
     _read_back(store, items)
+
+
+def test_the_staging_setting_is_auto_off_or_a_directory_on_a_tmpfs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = xet_uploads.STAGING_ENV
+    monkeypatch.delenv(env, raising=False)
+    on_shm = xet_uploads._on_tmpfs("/dev/shm")
+    assert xet_uploads.staging_root() == ("/dev/shm" if on_shm else None)
+    monkeypatch.setenv(env, "off")
+    assert xet_uploads.staging_root() is None and xet_uploads.staging_dir() is None
+    monkeypatch.setenv(env, str(tmp_path))  # a disk (the test's tmp directory is not a tmpfs here)
+    if not xet_uploads._on_tmpfs(str(tmp_path)):
+        with caplog.at_level("WARNING", logger="kvbucket.stores.xet_uploads"):
+            assert xet_uploads.staging_root() is None
+            assert xet_uploads.staging_root() is None
+        warned = [r.getMessage() for r in caplog.records if env in r.getMessage()]
+        assert len(warned) == 1 and "not a directory on a tmpfs" in warned[0], warned  # once
+    if on_shm:
+        sub = f"/dev/shm/kvbucket-test-{uuid.uuid4().hex[:8]}"
+        os.mkdir(sub, 0o700)
+        try:
+            monkeypatch.setenv(env, sub)
+            assert xet_uploads.staging_root() == sub
+            made = xet_uploads.staging_dir()
+            assert made is not None and os.path.dirname(made) == sub
+        finally:
+            import shutil
+
+            shutil.rmtree(sub)
+
+
+def test_a_mount_point_in_proc_mounts_is_unescaped() -> None:
+    assert xet_uploads._unescape(r"/mnt/my\040disk") == "/mnt/my disk"
 
 
 def test_room_keeps_an_eighth_of_the_tmpfs_free(monkeypatch: pytest.MonkeyPatch) -> None:

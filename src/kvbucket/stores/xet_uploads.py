@@ -12,9 +12,10 @@ The invariant, enforced here and nowhere else (tests/hfbucket/test_hfbucket_uplo
 **a staged object's bytes live only in RAM, only for this process's user, and only while its
 upload runs.** That is:
 
-- only on a tmpfs (``/dev/shm``, checked in ``/proc/self/mounts``), never on a persistent disk:
-  without one, or with too little room left on it, or when a write fails, the object goes through
-  ``start_upload_bytes`` as before;
+- only on a tmpfs (``/dev/shm``, or the directory ``KVBUCKET_XET_UPLOAD_STAGING`` names; the
+  mount's type checked in ``/proc/self/mounts``), never on a persistent disk: without one, with
+  too little room left on it, when a write fails, or with the setting ``off``, the object goes
+  through ``start_upload_bytes`` as before;
 - in a directory of this process made by ``mkdtemp`` (0700), each file created ``O_EXCL |
   O_NOFOLLOW`` with mode 0600 under a fresh name (a name is never reused, so a file unlinked
   early can only make hf_xet's open fail, never read other bytes);
@@ -35,6 +36,7 @@ import errno
 import itertools
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -45,11 +47,13 @@ from kvbucket.stores.base import Gather
 
 log = logging.getLogger(__name__)
 
-#: Objects smaller than this are copied by ``start_upload_bytes`` (a file costs ~4 syscalls here
-#: and an open and read in hf_xet; below this the GIL-held copy is shorter than those).
+#: Objects smaller than this are copied by ``start_upload_bytes``: their GIL-held copy is short,
+#: and a file costs a create, a write and an unlink here and a stat and an open in hf_xet.
 STAGE_MIN_BYTES = 1 << 20
-#: Where staged files go: a tmpfs only (never a disk). Tests point it elsewhere to take the fallback.
+#: Where staged files go by default: a tmpfs only (never a disk).
 STAGE_ROOT = "/dev/shm"
+#: ``auto`` (default: :data:`STAGE_ROOT`), ``off`` (every object by bytes), or a directory on a tmpfs.
+STAGING_ENV = "KVBUCKET_XET_UPLOAD_STAGING"
 _PREFIX = "kvbucket-upload-"
 _IOV_MAX = 1024  # Linux's limit on the buffers of one writev
 _STALE_SECS = 600.0  # a dead process's directory untouched this long is removed
@@ -59,15 +63,43 @@ _dirs: dict[tuple[int, str], str] = {}  # (pid, root) -> this process's staging 
 _seq = itertools.count()  # file names: never reused in a process
 
 
+_warned: set[str] = set()
+
+
+def _unescape(field: str) -> str:
+    """A /proc/self/mounts field (space, tab, newline and backslash are written as octal escapes)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def _on_tmpfs(path: str) -> bool:
-    """Whether ``path`` is the mount point of a tmpfs (RAM), from /proc/self/mounts."""
+    """Whether ``path`` is on a tmpfs (RAM): the type of the mount holding it, from /proc/self/mounts."""
     try:
         with open("/proc/self/mounts", encoding="utf-8") as f:
-            mounts = [line.split() for line in f]
+            mounts = [(_unescape(m[1]), m[2]) for m in (line.split() for line in f) if len(m) > 2]
     except OSError:
         return False
     real = os.path.realpath(path)
-    return any(len(m) > 2 and m[1] == real and m[2] == "tmpfs" for m in mounts)
+    best, kind = "", ""
+    for point, fstype in mounts:  # the last mount on the longest matching point is the one in effect
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fstype
+    return kind == "tmpfs"
+
+
+def staging_root() -> str | None:
+    """Where uploads stage, from ``KVBUCKET_XET_UPLOAD_STAGING`` (None: off, or not a tmpfs)."""
+    raw = os.environ.get(STAGING_ENV, "auto").strip() or "auto"
+    if raw.lower() == "off":
+        return None
+    root = STAGE_ROOT if raw.lower() == "auto" else raw
+    if _on_tmpfs(root) and os.path.isdir(root):
+        return root
+    if raw.lower() != "auto" and raw not in _warned:  # auto without a tmpfs: the fallback, quietly
+        _warned.add(raw)
+        log.warning("ignoring %s=%r: not a directory on a tmpfs (staged uploads never go to a disk); "
+                    "objects are copied into hf_xet's memory instead", STAGING_ENV, raw)
+    return None
 
 
 def _sweep(root: str) -> None:
@@ -105,13 +137,14 @@ def _remove_dir(pid: int, path: str) -> None:
 
 def staging_dir() -> str | None:
     """This process's private staging directory on the tmpfs, made on first use (None: no tmpfs)."""
-    key = (os.getpid(), STAGE_ROOT)
+    root = staging_root()
+    if root is None:
+        return None
+    key = (os.getpid(), root)
     with _dir_lock:
         path = _dirs.get(key)
         if path is not None and os.path.isdir(path):
             return path
-        if not _on_tmpfs(key[1]):
-            return None
         _sweep(key[1])
         try:
             path = tempfile.mkdtemp(prefix=f"{_PREFIX}{key[0]}-", dir=key[1])  # mode 0700
@@ -233,4 +266,5 @@ class UploadStaging:
         self.close()
 
 
-__all__ = ["STAGE_MIN_BYTES", "STAGE_ROOT", "UploadStaging", "staging_dir", "upload_bytes"]
+__all__ = ["STAGE_MIN_BYTES", "STAGE_ROOT", "STAGING_ENV", "UploadStaging", "staging_dir", "staging_root",
+           "upload_bytes"]
