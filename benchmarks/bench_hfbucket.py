@@ -57,6 +57,7 @@ from kvbucket.testing import HubEmulator  # noqa: E402
 from kvbucket.testing.payloads import KINDS, payload  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lmcache_adapters as lmc  # noqa: E402
 from results import Results, add_argument  # noqa: E402
 
 TOKEN = "hf_bench_write_token_0001"
@@ -73,81 +74,43 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 class LMCacheSide:
-    """LMCache's own MP adapter, driven like `lmcache bench l2` drives it (eventfds, bitmaps)."""
+    """LMCache's own MP adapter, driven like `lmcache bench l2` drives it (:mod:`lmcache_adapters`)."""
 
     def __init__(self, endpoint: str, bucket: str, chunks: list[np.ndarray], lookup_extra: int) -> None:
         import torch
-        from lmcache.cli.commands.bench.l2_adapter_bench.data import make_object_keys, wait_eventfd
+        from lmcache.cli.commands.bench.l2_adapter_bench.data import make_object_keys
 
         self.torch = torch
-        self.wait = wait_eventfd
         self.handle = f"hf://buckets/me/{bucket}"
         self.endpoint = endpoint
         n, size = len(chunks), chunks[0].nbytes
         self.chunks = chunks
         self.keys = make_object_keys(n, model_name=MODEL)
         self.lookup_keys = self.keys + make_object_keys(lookup_extra, model_name=MODEL, key_offset=10**6)
-        self.src = [self._obj(torch.from_numpy(c)) for c in chunks]
+        self.src = [lmc.memory_obj(torch.from_numpy(c)) for c in chunks]
         self.dst_buf = torch.zeros(n * size, dtype=torch.uint8)
-        self.dst = [self._obj(self.dst_buf[i * size : (i + 1) * size]) for i in range(n)]
-
-    def _obj(self, tensor: Any) -> Any:
-        from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
-
-        meta = MemoryObjMetadata(shape=self.torch.Size([tensor.numel()]), dtype=self.torch.uint8, address=0,
-                                 phy_size=tensor.numel(), fmt=MemoryFormat.KV_2LTD, ref_count=1)
-        return TensorMemoryObj(raw_data=tensor, metadata=meta, parent_allocator=None)
+        self.dst = [lmc.memory_obj(self.dst_buf[i * size : (i + 1) * size]) for i in range(n)]
 
     def adapter(self) -> Any:
-        import huggingface_hub.constants as hc
-        from lmcache.v1.distributed.l2_adapters.hfbucket_l2_adapter import (
-            HFBucketL2Adapter,
-            HFBucketL2AdapterConfig,
-        )
-
-        hc.ENDPOINT = self.endpoint  # LMCache's HfApi(token=...) takes the endpoint from here
-        cfg = HFBucketL2AdapterConfig.from_dict({"bucket_handle": self.handle, "token": TOKEN,
-                                                 "create_bucket_if_missing": True})
-        return HFBucketL2Adapter(cfg)
+        return lmc.open_adapter({"type": "hfbucket", "bucket_handle": self.handle, "token": TOKEN,
+                                "create_bucket_if_missing": True}, self.endpoint)
 
     def store(self, a: Any) -> int:
-        a.submit_store_task(self.keys, self.src)
-        assert self.wait(a.get_store_event_fd(), 600)
-        res = a.pop_completed_store_tasks()
-        ok = all(int(r) >= 0 for r in res.values())
-        assert ok, f"LMCache store failed: {res}"
-        return len(self.keys)
-
-    def _lookup_and_lock(self, a: Any, keys: list[Any]) -> int:
-        """Hits of one lookup-and-lock task (the keys stay locked)."""
-        tid = a.submit_lookup_and_lock_task(keys, {})
-        while True:
-            assert self.wait(a.get_lookup_and_lock_event_fd(), 600)
-            bm = a.query_lookup_and_lock_result(tid)
-            if bm is not None:
-                return int(bm.popcount())
+        return lmc.store(a, self.keys, self.src)
 
     def lookup(self, a: Any) -> int:
-        hits = self._lookup_and_lock(a, self.lookup_keys)
-        a.submit_unlock(self.lookup_keys)
+        hits = lmc.lookup_and_lock(a, self.lookup_keys)
+        lmc.unlock(a, self.lookup_keys)
         return hits
 
     def load(self, a: Any, zero: bool = True) -> int:
         if zero:
             self.dst_buf.zero_()
-        tid = a.submit_load_task(self.keys, self.dst)
-        while True:
-            assert self.wait(a.get_load_event_fd(), 600)
-            bm = a.query_load_result(tid)
-            if bm is not None:
-                return int(bm.popcount())
+        return lmc.load(a, self.keys, self.dst)
 
     def lookup_load(self, a: Any) -> int:
         """An engine's hit: lookup-and-lock the stored keys, load them, unlock."""
-        hits = self._lookup_and_lock(a, self.keys)
-        got = self.load(a, zero=False) if hits == len(self.keys) else 0
-        a.submit_unlock(self.keys)
-        return got
+        return lmc.lookup_load(a, self.keys, self.dst)
 
     def zero(self) -> None:
         self.dst_buf.zero_()
@@ -179,14 +142,14 @@ class LMCacheConnectorSide:
         self.keys = [CacheEngineKey(MODEL, 1, 0, i + 1, torch.bfloat16) for i in range(n)]
         self.lookup_keys = self.keys + [CacheEngineKey(MODEL, 1, 0, -(i + 1), torch.bfloat16)
                                         for i in range(lookup_extra)]
-        self.src = [LMCacheSide._obj(self, torch.from_numpy(c)) for c in chunks]  # type: ignore[arg-type]
+        self.src = [lmc.memory_obj(torch.from_numpy(c)) for c in chunks]
         self.loaded: list[Any] = []
 
     def allocate(self, shapes: Any, dtypes: Any, fmt: Any) -> Any:
         """The connector allocates load buffers from the local CPU backend; plain tensors here."""
         n = int(sum(self.torch.Size(s).numel() * self.torch.tensor([], dtype=d).element_size()
                     for s, d in zip(shapes, dtypes, strict=True)))
-        return LMCacheSide._obj(self, self.torch.empty(n, dtype=self.torch.uint8))  # type: ignore[arg-type]
+        return lmc.memory_obj(self.torch.empty(n, dtype=self.torch.uint8))
 
     def adapter(self) -> Any:
         import asyncio

@@ -343,26 +343,17 @@ def hub_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str], dict]]:
 
 @contextlib.contextmanager
 def s3_servers(tmp: Path) -> Iterator[tuple[dict, dict, dict[str, str], dict]]:
-    from kvbucket.testing.s3_server import DOMAIN, S3Server, SeaweedFS, free_port
-
-    class LocalhostSeaweedFS(SeaweedFS):
-        """Path-style clients go to ``localhost`` (Host ``localhost``), because SeaweedFS reads every
-        request whose Host is ``127.0.0.1`` as virtual-hosted bucket ``127`` (domain ``0.0.1``)."""
-
-        def _wait_ready(self) -> None:
-            assert self.server is not None
-            self.server = S3Server(self.server.endpoint_url.replace("127.0.0.1", "localhost"))
-            super()._wait_ready()
+    from kvbucket.testing.s3_server import free_port
+    from lmcache_adapters import LMCACHE_S3_BUCKET, lmcache_seaweedfs, s3_adapter_spec
 
     metrics_port = free_port()
-    weed = LocalhostSeaweedFS(domain_name=f"{DOMAIN},0.0.1", extra_args=(f"-metricsPort={metrics_port}",))
+    weed = lmcache_seaweedfs(extra_args=(f"-metricsPort={metrics_port}",))
     server = weed.start()
     try:
-        server.create_bucket("127")
+        server.create_bucket(LMCACHE_S3_BUCKET)
         host = f"127.0.0.1:{server.port}"
         creds = {"aws_access_key_id": server.access_key, "aws_secret_access_key": server.secret_key}
-        builtin = {"type": "s3", "s3_endpoint": host, "s3_region": server.region, "disable_tls": True,
-                   "s3_prefer_http2": False, **creds}
+        builtin = s3_adapter_spec(server)
         # The same virtual-hosted requests to the same bare host as LMCache's adapter, the same
         # request concurrency as its default (64) and, like awscrt, UNSIGNED-PAYLOAD signatures
         # (kvbucket signs bodies over plain HTTP unless told otherwise).

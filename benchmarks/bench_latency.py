@@ -147,60 +147,25 @@ def _hf_download(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
 
 def _lmcache(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
     import torch
-    from lmcache.cli.commands.bench.l2_adapter_bench.data import (
-        create_l1_memory_desc,
-        make_object_keys,
-        wait_eventfd,
-    )
-    from lmcache.v1.distributed.l2_adapters import create_l2_adapter
-    from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
-    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+    from lmcache.cli.commands.bench.l2_adapter_bench.data import make_object_keys
 
-    if spec["side"] == "lmcache-hfbucket":
-        import huggingface_hub.constants as hc
+    import lmcache_adapters as lm
 
-        hc.ENDPOINT = spec["endpoint"]  # LMCache's HfApi(token=...) takes the endpoint from here
-    cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(spec["adapter"])]))
+    adapter = lm.open_adapter(spec["adapter"], spec.get("endpoint"))
     l1 = torch.zeros(n * size, dtype=torch.uint8)
-    adapter = create_l2_adapter(cfg.adapters[0], l1_memory_desc=create_l1_memory_desc(l1))
     keys = make_object_keys(n, model_name=MODEL)
-
-    def obj(t: Any) -> Any:
-        meta = MemoryObjMetadata(shape=torch.Size([t.numel()]), dtype=torch.uint8, address=0,
-                                 phy_size=t.numel(), fmt=MemoryFormat.KV_2LTD, ref_count=1)
-        return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
-
-    objs = [obj(l1[i * size : (i + 1) * size]) for i in range(n)]
+    objs = [lm.memory_obj(l1[i * size : (i + 1) * size]) for i in range(n)]
     try:
         if spec["mode"] == "store":
             for i in range(n):
                 l1[i * size : (i + 1) * size] = torch.frombuffer(
                     bytearray(payload(i, size, spec["payload"], spec["seed"].encode())), dtype=torch.uint8)
-            adapter.submit_store_task(keys, objs)
-            assert wait_eventfd(adapter.get_store_event_fd(), 600)
-            res = adapter.pop_completed_store_tasks()
-            assert all(int(r) >= 0 for r in res.values()), res
+            lm.store(adapter, keys, objs)
             return {}
-
-        def lookup() -> int:
-            tid = adapter.submit_lookup_and_lock_task(keys, {})
-            while True:
-                assert wait_eventfd(adapter.get_lookup_and_lock_event_fd(), 600)
-                bm = adapter.query_lookup_and_lock_result(tid)
-                if bm is not None:
-                    return int(bm.popcount())
-
-        def load() -> int:
-            tid = adapter.submit_load_task(keys, objs)
-            while True:
-                assert wait_eventfd(adapter.get_load_event_fd(), 600)
-                bm = adapter.query_load_result(tid)
-                if bm is not None:
-                    return int(bm.popcount())
-
         views = [memoryview(o.tensor.numpy()) for o in objs]
-        out = _timed_load(lookup, load, views)
-        adapter.submit_unlock(keys)
+        out = _timed_load(lambda: lm.lookup_and_lock(adapter, keys), lambda: lm.load(adapter, keys, objs),
+                          views)
+        lm.unlock(adapter, keys)
         return out
     finally:
         adapter.close()
@@ -326,8 +291,9 @@ class S3Target:
         s = self.server
         creds = {"aws_access_key_id": s.access_key, "aws_secret_access_key": s.secret_key}
         if side == "lmcache-s3":
-            return {"side": side, "adapter": {"type": "s3", "s3_endpoint": host, "s3_region": s.region,
-                                              "disable_tls": True, "s3_prefer_http2": False, **creds}}
+            from lmcache_adapters import s3_adapter_spec
+
+            return {"side": side, "adapter": s3_adapter_spec(s, self.proxy.port)}
         prefix = f"kv-{shape}"
         if side == "boto3":
             return {"side": side, "endpoint_url": f"http://localhost:{self.proxy.port}", "region": s.region,
@@ -351,21 +317,12 @@ def hub_target(env: dict[str, str], args: argparse.Namespace) -> Iterator[HubTar
 @contextlib.contextmanager
 def s3_target(env: dict[str, str], args: argparse.Namespace) -> Iterator[S3Target]:
     from kvbucket.testing.fault_proxy import FaultProxy
-    from kvbucket.testing.s3_server import DOMAIN, S3Server, SeaweedFS
+    from lmcache_adapters import LMCACHE_S3_BUCKET, lmcache_seaweedfs
 
-    class LocalhostSeaweedFS(SeaweedFS):
-        """As in bench_l2: Host ``127.0.0.1`` is virtual-hosted bucket ``127`` (domain ``0.0.1``),
-        which is what LMCache's adapter sends; path-style clients use ``localhost``."""
-
-        def _wait_ready(self) -> None:
-            assert self.server is not None
-            self.server = S3Server(self.server.endpoint_url.replace("127.0.0.1", "localhost"))
-            super()._wait_ready()
-
-    weed = LocalhostSeaweedFS(domain_name=f"{DOMAIN},0.0.1")
+    weed = lmcache_seaweedfs()
     server = weed.start()
     try:
-        server.create_bucket("127")
+        server.create_bucket(LMCACHE_S3_BUCKET)
         with FaultProxy(server.port) as proxy:
             yield S3Target(server, proxy)
     finally:
