@@ -17,7 +17,7 @@ or metadata), the second **warm** (same process, a new prompt's names). A load i
 (xxh3-128 of every object against the payload written). Figures per phase:
 
 - client CPU s/GiB: ``getrusage(RUSAGE_SELF)`` user + system of the side's process (every thread,
-  hf_xet's and libcurl's included), per GiB moved;
+  hf_xet's, libcurl's and awscrt's included), per GiB moved;
 - GIL-held s/GiB: ``py-spy record --gil --nonblocking`` attached to that process for the phase
   only: the samples whose thread held the GIL, over the sampling rate. Why py-spy and not a
   spin-probe thread: py-spy reads which thread holds the GIL from the interpreter's memory, from
@@ -26,16 +26,24 @@ or metadata), the second **warm** (same process, a new prompt's names). A load i
   a probe's wake-up latency would count run-queue waits as GIL). Without py-spy (``pip install
   py-spy``; it needs ptrace rights) the GIL figures are left empty;
 - projected ceiling = 1 / GIL-held, GiB/s per process (not GIL-bound: empty when no GIL was seen);
-- cores: client CPU seconds over wall seconds (> 1: the load kept more than one core busy).
+- cores: client CPU seconds over wall seconds (> 1: the load kept more than one core busy);
+- who did the work (``ceiling_meters.CpuMeter``): each thread's CPU seconds and share, and its
+  run-queue wait (``/proc/self/task/*/schedstat``), the server's cores (its process tree,
+  ``/proc/<pid>/stat``) and the box's busy cores (``/proc/stat``: py-spy and anything else running
+  are in it) over the same interval. On a 2-core box a client whose work is split over threads
+  can still show < 1 core when the server takes the rest: the line says which it was.
 
 Sides. S3: ``kvbucket-s3`` (a sealed ``S3Store``: ``head_many`` + ``get_many``, verified envelopes),
 ``obstore`` (``head`` + ``get`` in 16 threads, bytes copied into the buffers), ``boto3``
-(``head_object`` + ``get_object`` ``readinto`` in 16 threads). Hub: ``kvbucket-hub`` (a sealed
-``HFBucketStore``), ``hf_xet-stream`` (the same store reading through hf_xet's
-``download_unordered_stream``, its bytes copied into the buffers) and ``download_bucket_files``
-(huggingface_hub: paths-info, then hf_xet writes files to /dev/shm, read back into the buffers).
-Peers read raw objects (no envelope) stored by kvbucket's unsealed store; kvbucket's sides also
-report their **stores** (``put_many`` of each set: cold and warm) the same way.
+(``head_object`` + ``get_object`` ``readinto`` in 16 threads), ``lmcache-s3`` (LMCache 0.5.6's ``s3``
+L2 adapter, awscrt). Hub: ``kvbucket-hub`` (a sealed ``HFBucketStore``), ``hf_xet-stream`` (the same
+store reading through hf_xet's ``download_unordered_stream``, its bytes copied into the buffers),
+``download_bucket_files`` (huggingface_hub: paths-info, then hf_xet writes files to /dev/shm, read
+back into the buffers) and ``lmcache-hfbucket`` (LMCache 0.5.6's ``hfbucket`` L2 adapter, its
+downloads in /dev/shm). Peers read raw objects (no envelope) stored by kvbucket's unsealed store;
+kvbucket's and LMCache's sides also report their **stores** (cold and warm) the same way. LMCache's
+adapters are driven as ``lmcache bench l2`` drives them (``benchmarks/lmcache_adapters.py``): one
+store task, then lookup-and-lock + one load task into tensor views of the buffers + unlock.
 
 Payloads: ``kv`` (realistic bf16 KV, :mod:`kvbucket.testing.payloads`) by default, ``random`` as
 the second row. Rounds alternate the order of the sides; the figures are medians over rounds.
@@ -47,14 +55,11 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,83 +68,17 @@ BENCH = Path(__file__).resolve().parent
 SRC = str(BENCH.parent / "src")
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, SRC)
+import lmcache_adapters as lmc  # noqa: E402
+from ceiling_meters import measure, pyspy  # noqa: E402
 from results import Results, add_argument  # noqa: E402
 
 TOKEN = "hf_bench_ceiling_" + "0" * 16
-GIB = float(1 << 30)
-SIDES = {"s3": ("kvbucket-s3", "obstore", "boto3"),
-         "hub": ("kvbucket-hub", "hf_xet-stream", "download_bucket_files")}
+SIDES = {"s3": ("kvbucket-s3", "obstore", "boto3", "lmcache-s3"),
+         "hub": ("kvbucket-hub", "hf_xet-stream", "download_bucket_files", "lmcache-hfbucket")}
 #: Sides that store (and are timed storing); the others read what ``raw`` stored.
-STORING = {"kvbucket-s3", "kvbucket-hub"}
+STORING = {"kvbucket-s3", "kvbucket-hub", "lmcache-s3", "lmcache-hfbucket"}
+LMCACHE = {"lmcache-s3", "lmcache-hfbucket"}
 PEER_THREADS = 16
-PYSPY_RATE = 250
-
-
-# ---- measuring ------------------------------------------------------------------------------
-def pyspy() -> str | None:
-    here = Path(sys.executable).parent / "py-spy"
-    return str(here) if here.exists() else shutil.which("py-spy")
-
-
-class GilMeter:
-    """GIL-held seconds of this process while the block runs, from ``py-spy record --gil``."""
-
-    def __init__(self, rate: int = PYSPY_RATE) -> None:
-        self.rate = rate
-        self.seconds: float | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._out = ""
-
-    def __enter__(self) -> GilMeter:
-        exe = pyspy()
-        if exe is None:
-            return self
-        fd, self._out = tempfile.mkstemp(prefix="ceiling-gil-", suffix=".txt")
-        os.close(fd)
-        self._proc = subprocess.Popen(
-            [exe, "record", "--pid", str(os.getpid()), "--gil", "--nonblocking", "--rate", str(self.rate),
-             "--format", "raw", "-o", self._out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(0.6)  # attached and sampling (idle threads hold no GIL: nothing is counted)
-        if self._proc.poll() is not None:
-            self._proc = None
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return
-        samples = 0
-        with open(self._out, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                head, _, n = line.rstrip().rpartition(" ")
-                if head and n.isdigit():
-                    samples += int(n)
-        os.unlink(self._out)
-        self.seconds = samples / self.rate
-
-
-def measure(fn: Callable[[], Any], nbytes: int) -> dict[str, Any]:
-    """Wall, client CPU and GIL-held seconds of ``fn()``, per GiB of ``nbytes``."""
-    with GilMeter() as gil:
-        r0 = resource.getrusage(resource.RUSAGE_SELF)
-        t0 = time.perf_counter()
-        out = fn()
-        wall = time.perf_counter() - t0
-        r1 = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    gib = nbytes / GIB
-    held = None if gil.seconds is None else gil.seconds / gib
-    return {"result": out, "wall_s": wall, "gibs": gib / wall if wall > 0 else None,
-            "cores": cpu / wall if wall > 0 else None, "cpu_s_per_gib": cpu / gib, "gil_s_per_gib": held,
-            "ceiling_gibs": (1 / held) if held else None}
 
 
 def digest(data: Any) -> str:
@@ -163,31 +102,69 @@ def set_payloads(spec: dict[str, Any], s: int) -> list[Any]:
 
 # ---- children: one fresh process per side and round ----------------------------------------
 def child(spec: dict[str, Any]) -> dict[str, Any]:
-    side = spec["side"]
+    nbytes, pid = spec["n"] * spec["size"], spec.get("server_pid")
     if spec["mode"] == "store":
-        store = open_kvbucket(spec, sealed=side != "raw")
+        prepare, close = (_lmcache_storer if spec["side"] in LMCACHE else _kvbucket_storer)(spec)
         phases = []
         for s, phase in enumerate(("cold", "warm")):
-            items = list(zip(names(spec, s), set_payloads(spec, s), strict=True))
-            m = measure(lambda items=items: store.put_many(items), spec["n"] * spec["size"])
-            bad = [str(r.error) for r in m.pop("result") if not r.ok]
-            assert not bad, bad[:2]
+            m = measure(prepare(s), nbytes, pid)
+            m.pop("result")
             phases.append({"op": "store", "phase": phase, **m})
-        store.close()
-        return {"phases": phases if side != "raw" else []}
+        close()
+        return {"phases": phases if spec["side"] != "raw" else []}
     import numpy as np
 
-    load = LOADERS[side](spec)
+    load = LOADERS[spec["side"]](spec)
     phases = []
     for s, phase in enumerate(("cold", "warm")):
         bufs = [np.empty(spec["size"], np.uint8) for _ in range(spec["n"])]
         for b in bufs:  # an engine's buffers are allocated and touched once (no page faults in a load)
             b.fill(0)
-        m = measure(lambda s=s, bufs=bufs: load(names(spec, s), bufs), spec["n"] * spec["size"])
+        m = measure(lambda s=s, bufs=bufs: load(names(spec, s), bufs), nbytes, pid)
         loaded = m.pop("result")
         phases.append({"op": "load", "phase": phase, "loaded": loaded, "digests": [digest(b) for b in bufs],
                        **m})
     return {"phases": phases}
+
+
+Storer = tuple[Callable[[int], Callable[[], Any]], Callable[[], None]]
+
+
+def _kvbucket_storer(spec: dict[str, Any]) -> Storer:
+    """(set ``s`` -> its ``put_many``, close): kvbucket's sealed store, or ``raw`` (the peers' objects)."""
+    store = open_kvbucket(spec, sealed=spec["side"] != "raw")
+
+    def prepare(s: int) -> Callable[[], Any]:
+        items = list(zip(names(spec, s), set_payloads(spec, s), strict=True))
+
+        def put() -> None:
+            bad = [str(r.error) for r in store.put_many(items) if not r.ok]
+            assert not bad, bad[:2]
+        return put
+    return prepare, store.close
+
+
+def lmcache_keys(spec: dict[str, Any], s: int) -> list[Any]:
+    """Set ``s``'s keys for LMCache's adapters (ObjectKeys of LMCache's bench, a model name per setting)."""
+    from lmcache.cli.commands.bench.l2_adapter_bench.data import make_object_keys
+
+    model = f"ceiling-{spec['kind']}-{spec['size'] >> 20}m-{spec['tag']}"
+    return make_object_keys(spec["n"], model_name=model, key_offset=s * spec["n"])
+
+
+def _lmcache_storer(spec: dict[str, Any]) -> Storer:
+    """(set ``s`` -> one store task of its objects, close): LMCache's adapter (``lmcache_adapters``).
+    The objects are copied into the engine's memory (plain tensors, as its L1) before the timing."""
+    import numpy as np
+    import torch
+
+    adapter = lmc.open_adapter(spec["lmcache"], spec.get("endpoint"))
+
+    def prepare(s: int) -> Callable[[], Any]:
+        objs = [lmc.memory_obj(torch.from_numpy(np.array(p))) for p in set_payloads(spec, s)]
+        keys = lmcache_keys(spec, s)
+        return lambda: lmc.store(adapter, keys, objs)
+    return prepare, adapter.close
 
 
 def open_kvbucket(spec: dict[str, Any], *, sealed: bool) -> Any:
@@ -295,9 +272,23 @@ def _download_loader(spec: dict[str, Any]) -> Callable[[list[str], list[Any]], i
     return load
 
 
+def _lmcache_loader(spec: dict[str, Any]) -> Callable[[list[str], list[Any]], int]:
+    """LMCache's adapter: lookup-and-lock, load into the buffers (tensor views of them), unlock."""
+    import torch
+
+    adapter = lmc.open_adapter(spec["lmcache"], spec.get("endpoint"))
+    keys = {nm: k for s in range(2) for nm, k in zip(names(spec, s), lmcache_keys(spec, s), strict=True)}
+
+    def load(nms: list[str], bufs: list[Any]) -> int:
+        return lmc.lookup_load(adapter, [keys[nm] for nm in nms], [lmc.memory_obj(torch.from_numpy(b))
+                                                                    for b in bufs])
+    return load
+
+
 LOADERS: dict[str, Callable[[dict[str, Any]], Callable[[list[str], list[Any]], int]]] = {
     "kvbucket-s3": _kvbucket_loader, "kvbucket-hub": _kvbucket_loader, "hf_xet-stream": _kvbucket_loader,
-    "obstore": _obstore_loader, "boto3": _boto3_loader, "download_bucket_files": _download_loader}
+    "obstore": _obstore_loader, "boto3": _boto3_loader, "download_bucket_files": _download_loader,
+    "lmcache-s3": _lmcache_loader, "lmcache-hfbucket": _lmcache_loader}
 
 
 def run_child(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
@@ -312,19 +303,19 @@ def run_child(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
 # ---- servers -------------------------------------------------------------------------------
 @contextlib.contextmanager
 def s3_target() -> Iterator[dict[str, Any]]:
-    from kvbucket.testing.s3_server import SeaweedFS
-
-    weed = SeaweedFS()
+    weed = lmc.lmcache_seaweedfs()  # path-style clients at localhost, LMCache's adapter at 127.0.0.1
     server = weed.start()
     try:
         bucket = server.create_bucket("ceiling")
-        host = f"127.0.0.1:{server.port}"
+        server.create_bucket(lmc.LMCACHE_S3_BUCKET)
         creds = {"aws_access_key_id": server.access_key, "aws_secret_access_key": server.secret_key}
-        yield {"backend": "s3", "url": f"s3://{host}/{bucket}",
-               "options": {"s3_region": server.region, "disable_tls": True, **creds,
-                           "s3_unsigned_payload": True},
+        assert weed.proc is not None
+        yield {"backend": "s3", "url": f"s3://{bucket}", "server_pid": weed.proc.pid,
+               "options": {"s3_endpoint_url": server.endpoint_url, "s3_region": server.region,
+                           "disable_tls": True, **creds, "s3_unsigned_payload": True},
                "obstore": {"bucket": bucket, "endpoint": server.endpoint_url, "region": server.region,
-                           "key": server.access_key, "secret": server.secret_key}}
+                           "key": server.access_key, "secret": server.secret_key},
+               "lmcache": lmc.s3_adapter_spec(server)}
     finally:
         weed.stop()
 
@@ -333,9 +324,16 @@ def s3_target() -> Iterator[dict[str, Any]]:
 def hub_target() -> Iterator[dict[str, Any]]:
     from kvbucket.testing.hub_emulator import HubEmulator
 
-    with HubEmulator(tokens={"me": (TOKEN, "write")}, subprocess=True) as emu:
-        yield {"backend": "hub", "endpoint": emu.endpoint, "handle": "hf://buckets/me/ceiling",
-               "bucket_id": "me/ceiling"}
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None  # LMCache's downloads, as the docs advise
+    tmp = tempfile.mkdtemp(prefix="bench-ceiling-lmcache-", dir=shm)
+    try:
+        with HubEmulator(tokens={"me": (TOKEN, "write")}, subprocess=True) as emu:
+            yield {"backend": "hub", "endpoint": emu.endpoint, "handle": "hf://buckets/me/ceiling",
+                   "bucket_id": "me/ceiling", "server_pid": emu.pid,
+                   "lmcache": {"type": "hfbucket", "bucket_handle": "hf://buckets/me/ceiling-lmcache",
+                               "token": TOKEN, "create_bucket_if_missing": True, "download_tmp_dir": tmp}}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 TARGETS = {"s3": s3_target, "hub": hub_target}
@@ -436,13 +434,28 @@ def record(res: Results, cells: dict[Any, list[dict[str, Any]]], backend: str, s
     row = {"backend": backend, "side": side, "op": ph["op"], "payload": kind, "size_mib": mib,
            "phase": ph["phase"], "round": rnd, "gibs": ph["gibs"], "cores": ph["cores"],
            "cpu_s_per_gib": ph["cpu_s_per_gib"],
-           "gil_s_per_gib": ph["gil_s_per_gib"], "ceiling_gibs": ph["ceiling_gibs"], "verified": ok}
+           "gil_s_per_gib": ph["gil_s_per_gib"], "ceiling_gibs": ph["ceiling_gibs"], "verified": ok,
+           "wall_s": ph["wall_s"], "server_cores": ph.get("server_cores"), "box_cores": ph.get("box_cores"),
+           "box_cpus": ph.get("box_cpus"), "busy_threads": ph.get("busy_threads"),
+           "runq_wait_s": ph.get("runq_wait_s"), "threads": ph.get("threads", [])}
     res.run(**row)
     cells.setdefault((backend, side, ph["op"], kind, mib, ph["phase"]), []).append(row)
     gil = ph["gil_s_per_gib"]
     print(f"{backend:3} {side:22} {ph['op']:5} {kind:6} {mib:3} MiB {ph['phase']:4} r{rnd}: "
           f"{ph['gibs'] or 0:6.2f} GiB/s  CPU {ph['cpu_s_per_gib']:.3f} s/GiB  "
           f"GIL {'-' if gil is None else f'{gil:.3f}'} s/GiB  {'ok' if ok else 'WRONG BYTES'}", flush=True)
+    print("    " + thread_line(row), flush=True)
+
+
+def thread_line(row: dict[str, Any]) -> str:
+    """Who did a phase's work: its threads' CPU shares, and the client's, server's and box's cores."""
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    threads = ", ".join(f"{t['name']} {t['cpu_s']:.2f} s ({t['share']:.0%})" for t in row["threads"][:6])
+    return (f"threads: {threads or '-'} | cores: client {f(row['cores'])} + server {f(row['server_cores'])}"
+            f" (box busy {f(row['box_cores'])} of {row['box_cpus'] or '?'}) | run-queue wait "
+            f"{f(row['runq_wait_s'])} s over {row['wall_s']:.2f} s")
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -460,6 +473,8 @@ def summarize(res: Results, cells: dict[Any, list[dict[str, Any]]]) -> None:
                    op=op, payload=kind, size_mib=mib, phase=phase,
                    cpu_s_per_gib=_median(rows, "cpu_s_per_gib"),
                    gil_s_per_gib=gil, ceiling_gibs=(1 / gil) if gil else None, gibs=_median(rows, "gibs"),
+                   cores=_median(rows, "cores"), server_cores=_median(rows, "server_cores"),
+                   box_cores=_median(rows, "box_cores"), busy_threads=_median(rows, "busy_threads"),
                    rounds=len(rows), verified=all(r["verified"] for r in rows))
     for (backend, side, op, kind, mib, phase), rows in cells.items():
         ours = f"kvbucket-{backend}"

@@ -68,6 +68,8 @@ def fmt(v: Any) -> str:
     """A figure as a reader wants it: 3 significant digits, thousands separated."""
     if v is None:
         return "-"
+    if isinstance(v, list) and v and all(isinstance(t, dict) and {"name", "share"} <= set(t) for t in v):
+        return ", ".join(f"{t['name']} {t['share']:.0%}" for t in v[:4])  # bench_ceiling's threads
     if isinstance(v, bool) or not isinstance(v, int | float):
         return str(v)
     if isinstance(v, int):
@@ -198,14 +200,19 @@ def ceiling_table(figs: dict[str, Any]) -> list[str]:
     sizes = sorted({s for cells in rows.values() for s in cells})
     label = " / ".join(f"{s}" for s in sizes)
     out = [_row(["path", "op", "payload", "phase", f"GiB/s ({label} MiB)", f"client CPU s/GiB ({label} MiB)",
-                 f"GIL-held s/GiB ({label} MiB)", f"projected ceiling GiB/s ({label} MiB)"]),
-           _row(["---"] * 8)]
+                 f"GIL-held s/GiB ({label} MiB)", f"projected ceiling GiB/s ({label} MiB)",
+                 f"cores: client + server ({label} MiB)"]),
+           _row(["---"] * 9)]
     for (backend, side, op, payload, phase), cells in rows.items():
         def col(k: str, cells: dict[int, dict[str, Any]] = cells) -> str:
             return " / ".join(fmt(cells[s].get(k)) if s in cells else "-" for s in sizes)
+
+        def cores(c: dict[str, Any] | None) -> str:
+            return "-" if c is None else f"{fmt(c.get('cores'))} + {fmt(c.get('server_cores'))}"
         ok = all(c.get("verified", True) for c in cells.values())
         out.append(_row([f"{side} ({backend})", op, payload, phase if ok else f"{phase} (WRONG BYTES)",
-                         col("gibs"), col("cpu_s_per_gib"), col("gil_s_per_gib"), col("ceiling_gibs")]))
+                         col("gibs"), col("cpu_s_per_gib"), col("gil_s_per_gib"), col("ceiling_gibs"),
+                         " / ".join(cores(cells.get(s)) for s in sizes)]))
     out.append("")
     return out
 
