@@ -73,7 +73,10 @@ from ceiling_meters import measure, pyspy  # noqa: E402
 from results import Results, add_argument  # noqa: E402
 
 TOKEN = "hf_bench_ceiling_" + "0" * 16
-SIDES = {"s3": ("kvbucket-s3", "obstore", "boto3", "lmcache-s3"),
+#: kvbucket's S3 load of the objects ``kvbucket-s3`` stored, served by ``sendfile_s3.py`` (a read-only
+#: stand-in that costs the box little per byte) instead of SeaweedFS: what the client alone can use.
+SENDFILE = "kvbucket-s3@sendfile"
+SIDES = {"s3": ("kvbucket-s3", "obstore", "boto3", "lmcache-s3", SENDFILE),
          "hub": ("kvbucket-hub", "hf_xet-stream", "download_bucket_files", "lmcache-hfbucket")}
 #: Sides that store (and are timed storing); the others read what ``raw`` stored.
 STORING = {"kvbucket-s3", "kvbucket-hub", "lmcache-s3", "lmcache-hfbucket"}
@@ -193,7 +196,8 @@ def _kvbucket_loader(spec: dict[str, Any]) -> Callable[[list[str], list[Any]], i
         client.direct_reads = False
 
     def load(nms: list[str], bufs: list[Any]) -> int:
-        assert all(r.size is not None for r in store.head_many(nms))
+        missed = [r for r in store.head_many(nms) if r.size is None]
+        assert not missed, missed[:2]
         return sum(r.ok for r in store.get_many(nms, bufs))
     return load
 
@@ -254,10 +258,8 @@ def _download_loader(spec: dict[str, Any]) -> Callable[[list[str], list[Any]], i
 
     api = HfApi(endpoint=spec["endpoint"], token=TOKEN)
     bucket_id = spec["bucket_id"]
-    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
-
     def load(nms: list[str], bufs: list[Any]) -> int:
-        tmp = Path(tempfile.mkdtemp(prefix="bench-ceiling-", dir=shm))
+        tmp = Path(tempfile.mkdtemp(prefix="bench-ceiling-", dir=_shm()))
         try:
             paths = [f"raw/{nm}" for nm in nms]
             assert len(list(api.get_bucket_paths_info(bucket_id, paths))) == len(nms)
@@ -288,7 +290,7 @@ def _lmcache_loader(spec: dict[str, Any]) -> Callable[[list[str], list[Any]], in
 LOADERS: dict[str, Callable[[dict[str, Any]], Callable[[list[str], list[Any]], int]]] = {
     "kvbucket-s3": _kvbucket_loader, "kvbucket-hub": _kvbucket_loader, "hf_xet-stream": _kvbucket_loader,
     "obstore": _obstore_loader, "boto3": _boto3_loader, "download_bucket_files": _download_loader,
-    "lmcache-s3": _lmcache_loader, "lmcache-hfbucket": _lmcache_loader}
+    "lmcache-s3": _lmcache_loader, "lmcache-hfbucket": _lmcache_loader, SENDFILE: _kvbucket_loader}
 
 
 def run_child(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
@@ -305,27 +307,34 @@ def run_child(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
 def s3_target() -> Iterator[dict[str, Any]]:
     weed = lmc.lmcache_seaweedfs()  # path-style clients at localhost, LMCache's adapter at 127.0.0.1
     server = weed.start()
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(weed.stop)
         bucket = server.create_bucket("ceiling")
         server.create_bucket(lmc.LMCACHE_S3_BUCKET)
         creds = {"aws_access_key_id": server.access_key, "aws_secret_access_key": server.secret_key}
         assert weed.proc is not None
+        root = tempfile.mkdtemp(prefix="bench-ceiling-sendfile-", dir=_shm())
+        cheap = subprocess.Popen([sys.executable, str(BENCH / "sendfile_s3.py"), root],
+                                 stdout=subprocess.PIPE, text=True)
+        assert cheap.stdout is not None
+        port = int(cheap.stdout.readline().split()[1])
+        stack.callback(shutil.rmtree, root, True)
+        stack.callback(cheap.wait, 30)
+        stack.callback(cheap.terminate)
         yield {"backend": "s3", "url": f"s3://{bucket}", "server_pid": weed.proc.pid,
+               "sendfile": {"root": root, "endpoint": f"http://127.0.0.1:{port}", "pid": cheap.pid},
                "options": {"s3_endpoint_url": server.endpoint_url, "s3_region": server.region,
                            "disable_tls": True, **creds, "s3_unsigned_payload": True},
                "obstore": {"bucket": bucket, "endpoint": server.endpoint_url, "region": server.region,
                            "key": server.access_key, "secret": server.secret_key},
                "lmcache": lmc.s3_adapter_spec(server)}
-    finally:
-        weed.stop()
 
 
 @contextlib.contextmanager
 def hub_target() -> Iterator[dict[str, Any]]:
     from kvbucket.testing.hub_emulator import HubEmulator
 
-    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None  # LMCache's downloads, as the docs advise
-    tmp = tempfile.mkdtemp(prefix="bench-ceiling-lmcache-", dir=shm)
+    tmp = tempfile.mkdtemp(prefix="bench-ceiling-lmcache-", dir=_shm())  # LMCache's downloads, as advised
     try:
         with HubEmulator(tokens={"me": (TOKEN, "write")}, subprocess=True) as emu:
             yield {"backend": "hub", "endpoint": emu.endpoint, "handle": "hf://buckets/me/ceiling",
@@ -337,6 +346,34 @@ def hub_target() -> Iterator[dict[str, Any]]:
 
 
 TARGETS = {"s3": s3_target, "hub": hub_target}
+
+
+def _shm() -> str | None:
+    return "/dev/shm" if Path("/dev/shm").is_dir() else None
+
+
+def mirror(target: dict[str, Any], nms: list[str]) -> None:
+    """Copy the sealed objects ``kvbucket-s3`` stored under these names from SeaweedFS to the
+    sendfile server's root (untimed), so ``SENDFILE`` loads the same bytes."""
+    import boto3
+    from botocore.config import Config
+
+    o = target["obstore"]
+    s3 = boto3.client("s3", endpoint_url=o["endpoint"], region_name=o["region"], aws_access_key_id=o["key"],
+                      aws_secret_access_key=o["secret"], config=Config(s3={"addressing_style": "path"}))
+    where = Path(target["sendfile"]["root"]) / o["bucket"] / "kv"
+    where.mkdir(parents=True, exist_ok=True)
+    for nm in nms:
+        s3.download_file(o["bucket"], f"kv/{nm}", str(where / nm))
+
+
+def side_spec(base: dict[str, Any], side: str, mode: str) -> dict[str, Any]:
+    """A child's spec: ``SENDFILE`` is kvbucket-s3 with the sendfile server as its endpoint and server."""
+    if side != SENDFILE:
+        return {**base, "side": side, "mode": mode}
+    cheap = base["sendfile"]
+    return {**base, "side": side, "mode": mode, "server_pid": cheap["pid"],
+            "options": {**base["options"], "s3_endpoint_url": cheap["endpoint"]}}
 
 
 # ---- main ----------------------------------------------------------------------------------
@@ -389,8 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                   "py-spy not installed: no GIL figures")
     wanted = {s for s in args.sides.split(",") if s}
     tag = os.urandom(4).hex()
-    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
-    home = tempfile.mkdtemp(prefix="bench-ceiling-", dir=shm)
+    home = tempfile.mkdtemp(prefix="bench-ceiling-", dir=_shm())
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
                HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1", OMP_NUM_THREADS="1")
     env.pop("HF_TOKEN", None)
@@ -405,22 +441,28 @@ def main(argv: list[str] | None = None) -> int:
                         size, n = mib << 20, max(1, args.total_mib // mib)
                         files, expect = write_sets(kind, size, n, tag, home)
                         base = {**target, "kind": kind, "size": size, "n": n, "tag": tag, "files": files}
-                        stores = ["raw"] if any(s not in STORING for s in sides) else []
+                        stores = ["raw"] if any(s not in STORING and s != SENDFILE for s in sides) else []
                         stores += [s for s in sides if s in STORING]
+                        if SENDFILE in sides and "kvbucket-s3" not in stores:
+                            stores.append("kvbucket-s3")  # what SENDFILE reads
                         for side in stores:  # the kvbucket sides' stores are measured (cold, warm)
                             fresh = dict(env, HF_HOME=tempfile.mkdtemp(dir=home))
-                            out = run_child({**base, "side": side, "mode": "store"}, fresh)
+                            out = run_child(side_spec(base, side, "store"), fresh)
                             for ph in out["phases"]:
                                 record(res, cells, backend, side, kind, mib, ph, 1, True)
+                        if SENDFILE in sides:
+                            mirror(target, names(base, 0) + names(base, 1))
                         for r in range(args.rounds):
                             for side in sides if r % 2 == 0 else sides[::-1]:
                                 fresh = dict(env, HF_HOME=tempfile.mkdtemp(dir=home))
-                                out = run_child({**base, "side": side, "mode": "load"}, fresh)
+                                out = run_child(side_spec(base, side, "load"), fresh)
                                 for s, ph in enumerate(out["phases"]):
                                     ok = ph.pop("digests") == expect[s] and ph["loaded"] == n
                                     record(res, cells, backend, side, kind, mib, ph, r + 1, ok)
                         for f in files:
                             os.unlink(f)
+                        if SENDFILE in sides:
+                            shutil.rmtree(Path(target["sendfile"]["root"]) / target["obstore"]["bucket"])
     finally:
         shutil.rmtree(home, ignore_errors=True)
         summarize(res, cells)

@@ -24,8 +24,8 @@ def test_a_quick_run_writes_cpu_gil_and_ceiling_per_path_payload_phase_and_op(tm
     runs = data["runs"]
     assert runs and all(r["verified"] for r in runs), [r for r in runs if not r["verified"]]
     cells = {(r["side"], r["op"], r["payload"], r["phase"]) for r in runs}
-    for side in ("kvbucket-s3", "obstore", "boto3", "lmcache-s3", "kvbucket-hub", "hf_xet-stream",
-                 "download_bucket_files", "lmcache-hfbucket"):
+    for side in ("kvbucket-s3", "obstore", "boto3", "lmcache-s3", "kvbucket-s3@sendfile", "kvbucket-hub",
+                 "hf_xet-stream", "download_bucket_files", "lmcache-hfbucket"):
         for payload in ("kv", "random"):
             assert {(side, "load", payload, "cold"), (side, "load", payload, "warm")} <= cells
     for side in ("kvbucket-s3", "kvbucket-hub", "lmcache-s3", "lmcache-hfbucket"):  # the sides that store
@@ -40,7 +40,7 @@ def test_a_quick_run_writes_cpu_gil_and_ceiling_per_path_payload_phase_and_op(tm
         assert 0.5 <= sum(t["share"] for t in r["threads"]) <= 1.01 and r["runq_wait_s"] >= 0
         assert r["server_cores"] is not None and r["server_cores"] >= 0
         assert r["box_cpus"] >= 1 and 0 <= r["box_cores"] <= r["box_cpus"] + 0.01
-    s3_load = [r for r in runs if r["side"] == "kvbucket-s3" and r["op"] == "load"]
+    s3_load = [r for r in runs if r["side"].startswith("kvbucket-s3") and r["op"] == "load"]
     assert all(r["threads"][0]["name"] == "main" for r in s3_load), s3_load  # get_many runs on the caller's
     fig = data["figures"]["s3 kvbucket-s3 load kv 2 MiB warm"]
     assert {"cpu_s_per_gib", "gil_s_per_gib", "ceiling_gibs", "rounds", "verified"} <= set(fig)
