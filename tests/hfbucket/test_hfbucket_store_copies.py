@@ -40,8 +40,8 @@ def test_sealed_payloads_reach_the_uploader_uncopied_and_are_joined_once_each(
     joined: list[bytes | bytearray] = []
     as_bytes = xet_uploads.upload_bytes
 
-    def spy_join(d: Any) -> bytes | bytearray:
-        joined.append(as_bytes(d))
+    def spy_join(d: Any, reuse: bytearray | None = None) -> bytes | bytearray:
+        joined.append(bytes(as_bytes(d, reuse)))  # a copy: a joined buffer may be reused
         return joined[-1]
 
     monkeypatch.setattr(xet_uploads, "upload_bytes", spy_join)
@@ -76,11 +76,16 @@ def test_as_bytes_copies_only_what_hf_xet_would_read_item_by_item() -> None:
     arr = bytearray(b"y" * 10)
     assert xet_uploads.upload_bytes(arr) is arr
     part = xet_uploads.upload_bytes(memoryview(whole)[10:20])
-    assert type(part) is bytes and part == b"x" * 10
+    assert type(part) is bytearray and part == b"x" * 10
     a = np.arange(12, dtype=np.uint16)
     assert xet_uploads.upload_bytes(a) == a.tobytes()
     g = Gather(b"head", a)
     assert xet_uploads.upload_bytes(g) == b"head" + a.tobytes()
+    scratch = bytearray(28)
+    assert xet_uploads.upload_bytes(g, reuse=scratch) is scratch and scratch == b"head" + a.tobytes()
+    other = xet_uploads.upload_bytes(a, reuse=scratch)  # another size: a new buffer, scratch untouched
+    assert other is not scratch and other == a.tobytes() and scratch == b"head" + a.tobytes()
+    assert xet_uploads.upload_bytes(arr, reuse=bytearray(10)) is arr  # a caller's bytearray: as it is
 
 
 @pytest.mark.parametrize("kind", ["dir", "memory"])
@@ -119,8 +124,8 @@ def test_each_object_is_hashed_when_the_uploader_takes_it(
     pending_when_joined: list[int] = []
     as_bytes = xet_uploads.upload_bytes
 
-    def spy_join(d: Any) -> bytes | bytearray:
-        out = as_bytes(d)
+    def spy_join(d: Any, reuse: bytearray | None = None) -> bytes | bytearray:
+        out = as_bytes(d, reuse)
         pending_when_joined.append(sum(g._head is not None for g in handed))
         return out
 

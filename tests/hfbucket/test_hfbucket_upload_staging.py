@@ -128,7 +128,7 @@ def test_a_sealed_store_writes_header_and_caller_buffer_into_the_file_unjoined(
     store: HFBucketStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     joined: list[Any] = []
-    monkeypatch.setattr(xet_uploads, "upload_bytes", lambda d: joined.append(d) or bytes(d))
+    monkeypatch.setattr(xet_uploads, "upload_bytes", lambda d, reuse=None: joined.append(d) or bytes(d))
     log = _recorded(store, monkeypatch)
     sealed = seal_store(store, tier="test")
     items = [(f"s{i}", payload("kv", 2 * MIN, f"sealed-{i}-{uuid.uuid4()}")) for i in range(3)]
@@ -179,6 +179,38 @@ def test_no_room_on_the_tmpfs_or_a_failed_write_takes_the_bytes_path(
     assert [kind for kind, _ in log] == ["bytes"]
     assert _left_in_staging() == []  # the partial file was unlinked
     _read_back(store, items)
+
+
+def test_by_bytes_one_commits_objects_of_one_size_share_one_joined_buffer_never_a_callers(
+    store: HFBucketStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staging off: hf_xet copies the buffer before its call returns, so the next object of the
+    same size is joined into the same bytearray (no fresh pages zeroed holding the GIL); a
+    caller's own bytearray is handed over as it is and never written."""
+    monkeypatch.setenv(xet_uploads.STAGING_ENV, "off")
+    calls: list[tuple[int, int | None, int]] = []  # (id of data, id of reuse, id of the result)
+    real = xet_uploads.upload_bytes
+
+    def spy(d: Any, reuse: bytearray | None = None) -> bytes | bytearray:
+        out = real(d, reuse)
+        calls.append((id(d), None if reuse is None else id(reuse), id(out)))
+        return out
+
+    monkeypatch.setattr(xet_uploads, "upload_bytes", spy)
+    n = 2 * MIN
+    callers = bytearray(payload("random", n, f"callers-{uuid.uuid4()}").tobytes())
+    before = bytes(callers)
+    items = [("a0", payload("kv", n, f"a0-{uuid.uuid4()}")), ("a1", payload("kv", n, f"a1-{uuid.uuid4()}")),
+             ("mine", callers), ("view", memoryview(callers)), ("a2", payload("kv", n, f"a2-{uuid.uuid4()}")),
+             ("odd", payload("kv", n + 2, f"odd-{uuid.uuid4()}"))]
+    assert all(r.ok for r in store.put_many(items))
+    assert bytes(callers) == before  # the caller's buffer was never a join's target
+    first = calls[0][2]
+    assert calls[1][1] == first and calls[1][2] == first  # a1 joined into a0's buffer
+    assert calls[2][2] == id(callers) and calls[3][2] == id(callers)  # handed over as they are
+    assert calls[4][1] == first and calls[4][2] == first  # still the join's own buffer, not callers
+    assert calls[5][2] != first  # another size: a new buffer
+    _read_back(store, [(k, np.frombuffer(bytes(v), np.uint8)) for k, v in items])
 
 
 def test_the_staging_setting_is_auto_off_or_a_directory_on_a_tmpfs(
