@@ -285,7 +285,7 @@ def test_a_timed_out_upload_unlinks_its_files_even_when_hf_xet_never_returns(
     with HFBucketStore(build_config(
         bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/t-{uuid.uuid4().hex[:6]}", token=hub.write_token,
         endpoint=hub.endpoint, token_env="", retry_backoff_secs=0.01, breaker_failures=0,
-        store_timeout_secs=2.0,
+        store_timeout_secs=5.0,  # room for staging both objects on a loaded machine
     )) as store:
         assert store.put_many([("warm", b"w" * 100)])[0].ok
         log = _recorded(store, monkeypatch, hold)
