@@ -40,7 +40,8 @@ def test_a_quick_run_writes_cpu_gil_and_ceiling_per_path_payload_phase_and_op(tm
             assert abs(r["ceiling_gibs"] * r["gil_s_per_gib"] - 1) < 1e-3
         # who did the work: this process's threads (shares of their CPU), the server's and the box's cores
         assert r["threads"] and r["busy_threads"] == len(r["threads"]), r
-        assert 0.5 <= sum(t["share"] for t in r["threads"]) <= 1.01 and r["runq_wait_s"] >= 0
+        shares = [t["share"] for t in r["threads"]]  # threads of >= 2% of the phase's thread CPU
+        assert min(shares) >= 0.019 and sum(shares) <= 1.01 and r["runq_wait_s"] >= 0, r["threads"]
         assert r["server_cores"] is not None and r["server_cores"] >= 0
         assert r["box_cpus"] >= 1 and 0 <= r["box_cores"] <= r["box_cpus"] + 0.01
     s3_load = [r for r in runs if r["side"].startswith("kvbucket-s3") and r["op"] == "load"]
