@@ -337,7 +337,7 @@ _CHILD = """
 import sys, time
 from kvbucket.stores import xet_uploads
 s = xet_uploads.UploadStaging()
-print(s._stage(b"x" * (2 << 20)), flush=True)
+print(s._stage(b"x" * (2 * xet_uploads.STAGE_MIN_BYTES)), flush=True)
 if sys.argv[1] == "hang":
     time.sleep(60)
 """

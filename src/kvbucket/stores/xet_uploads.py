@@ -48,8 +48,12 @@ from kvbucket.stores.base import Gather
 log = logging.getLogger(__name__)
 
 #: Objects smaller than this are copied by ``start_upload_bytes``: their GIL-held copy is short,
-#: and a file costs a create, a write and an unlink here and a stat and an open in hf_xet.
-STAGE_MIN_BYTES = 1 << 20
+#: and a file costs a create, a write and an unlink here and a stat and an open in hf_xet. At
+#: 2 MiB that cost showed in wall time: ``bench_l2.py --backends hfbucket --payloads random``
+#: (64 x 2 MiB, LMCache's runner, 2-core machine), four runs alternated, store 0.99-1.04x
+#: LMCache's adapter staged against 1.11-1.15x by bytes; from 8 MiB staging cuts the GIL-held
+#: time 5-10x (docs/hfbucket.md), so the line is between.
+STAGE_MIN_BYTES = 4 << 20
 #: Where staged files go by default: a tmpfs only (never a disk).
 STAGE_ROOT = "/dev/shm"
 #: ``auto`` (default: :data:`STAGE_ROOT`), ``off`` (every object by bytes), or a directory on a tmpfs.
