@@ -242,3 +242,23 @@ def test_a_stored_key_is_named_once_for_its_lookups_and_loads(
     assert t.lookup(adapter, keys) == [True] * 4
     assert t.load(adapter, keys, [bytearray(CHUNK) for _ in keys]) == [True] * 4
     assert named == keys
+
+
+def test_the_start_listing_does_not_bring_back_a_chunk_a_load_refused_and_kept(tmp_path) -> None:
+    """A load that refuses an intact chunk (another tenant's, name or key) keeps it in the store
+    and remembers a lookup miss; the index rebuilt from the store's listing, if it ends after that
+    load, must not add the chunk back (lookups would answer hits this reader cannot load)."""
+    import time
+
+    k = ObjectKey("org/llama", 0, b"\x02" * 16)
+    with ObjectStoreL2Adapter(FileStore(tmp_path)) as a:
+        assert t.store(a, [k], [b"\x02" * 4096]).success
+        assert a.wait_until_rebuilt(30)
+        name = key_to_name(k)
+        st = a._state
+        with st.lock:  # what the load path does with a refused, kept object
+            st.index.remove(name)
+            st.missing[name] = time.monotonic() + 30
+        a._inventory._rebuild_sync()  # a listing that ends after it
+        assert name not in st.index
+        assert t.lookup(a, [k]) == [False]
