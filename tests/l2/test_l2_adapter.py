@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -244,21 +246,34 @@ def test_a_stored_key_is_named_once_for_its_lookups_and_loads(
     assert named == keys
 
 
-def test_the_start_listing_does_not_bring_back_a_chunk_a_load_refused_and_kept(tmp_path) -> None:
-    """A load that refuses an intact chunk (another tenant's, name or key) keeps it in the store
-    and remembers a lookup miss; the index rebuilt from the store's listing, if it ends after that
-    load, must not add the chunk back (lookups would answer hits this reader cannot load)."""
-    import time
 
-    k = ObjectKey("org/llama", 0, b"\x02" * 16)
-    with ObjectStoreL2Adapter(FileStore(tmp_path)) as a:
-        assert t.store(a, [k], [b"\x02" * 4096]).success
-        assert a.wait_until_rebuilt(30)
+class _HeldListing(FileStore):
+    """A directory whose listing (the adapter's startup rebuild) waits until ``release`` is set."""
+
+    def __init__(self, root: Any) -> None:
+        super().__init__(root)
+        self.release = threading.Event()
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[Any]:
+        assert self.release.wait(30)
+        yield from super().list(prefix, page_size=page_size)
+
+
+def test_the_start_listing_does_not_bring_back_a_chunk_a_load_refused_and_kept(tmp_path) -> None:
+    """A load that refuses an intact chunk (here another key's bytes under this name) keeps it in
+    the store and forgets it; the index rebuilt from the store's listing, ending after that load,
+    must not add the chunk back (lookups would answer hits this reader cannot load)."""
+    k, other = ObjectKey("org/llama", 0, b"\x02" * 16), ObjectKey("org/llama", 0, b"\x03" * 16)
+    store = _HeldListing(tmp_path)
+    with ObjectStoreL2Adapter(store, owns_store=False) as a:
+        assert t.store(a, [k, other], [b"\x02" * 4096, b"\x03" * 4096]).success
         name = key_to_name(k)
+        raw = FileStore(tmp_path)
+        raw.put(name, raw.get(key_to_name(other)) or b"")  # intact, but not this name's
+        assert t.load(a, [k], [bytearray(4096)]) == [False]  # refused, kept: the listing still runs
+        assert raw.exists(name)
+        store.release.set()
+        assert a.wait_until_rebuilt(30)
         st = a._state
-        with st.lock:  # what the load path does with a refused, kept object
-            st.index.remove(name)
-            st.missing[name] = time.monotonic() + 30
-        a._inventory._rebuild_sync()  # a listing that ends after it
         assert name not in st.index
         assert t.lookup(a, [k]) == [False]

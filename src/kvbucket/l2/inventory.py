@@ -77,19 +77,14 @@ class InventoryPath:
         page: list[tuple[str, ObjectKey, int, float]] = []
 
         def flush() -> None:
-            # Newest first with touch=False, so the oldest ends up at the LRU end. A name with a
-            # fresh remembered miss stays out: a load refused and kept it (another tenant, name or
-            # key) while the listing ran, and adding it back would answer lookup hits this reader
-            # cannot load (seen once in a full run: the listing ended after such a load).
+            # Newest first with touch=False, so the oldest ends up at the LRU end.
             page.sort(key=lambda t: t[3], reverse=True)
-            now = time.monotonic()
             with st.lock:
                 for name, key, size, _ in page:
                     if (
                         name not in st.deleted_while_rebuilding
                         and name not in st.deleting
                         and name not in st.storing
-                        and st.missing.get(name, 0.0) <= now
                     ):
                         st.index.add(name, key, size, touch=False)
             page.clear()

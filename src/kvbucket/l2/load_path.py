@@ -78,6 +78,10 @@ class LoadPath:
                             self._ctx.stats["size_mismatches"] += 1
                             repeated.warning("load task %d: %s; reported as a miss", tid, res.error, item=tid)
                         elif res.ok:  # not there (deleted elsewhere): forget it, try the next name
+                            # Or refused and kept (another tenant, name or key). Either way the
+                            # startup listing, if still running, must not add it back (as deletes).
+                            if not st.rebuilt:
+                                st.deleted_while_rebuilding.add(name)
                             size = st.index.remove(name)
                             if size:
                                 gone_keys.append(keys[i])
