@@ -404,12 +404,14 @@ class Gather:
             start = end
         return out
 
-    def join(self) -> bytearray:
+    def join(self, reuse: bytearray | None = None) -> bytearray:
         """The parts' bytes in one buffer (one copy, made by numpy without the GIL: a slice
-        assignment holds it for every byte, and this is a store's copy of what it uploads)."""
+        assignment holds it for every byte, and this is a store's copy of what it uploads):
+        ``reuse`` when it has the right size (a fresh ``bytearray(n)`` zeroes its pages holding
+        the GIL), else a new one."""
         import numpy as np
 
-        out = bytearray(self.nbytes)
+        out = reuse if reuse is not None and len(reuse) == self.nbytes else bytearray(self.nbytes)
         dst = np.frombuffer(out, np.uint8)
         pos = 0
         for part in self.parts:

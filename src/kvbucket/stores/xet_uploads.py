@@ -206,16 +206,7 @@ def upload_bytes(data: Any, reuse: bytearray | None = None) -> bytes | bytearray
         g = data if isinstance(data, Gather) else Gather(data)
     except ValueError:  # not one contiguous buffer
         return bytes(data)
-    import numpy as np
-
-    out = reuse if reuse is not None and len(reuse) == g.nbytes else bytearray(g.nbytes)
-    dst = np.frombuffer(out, np.uint8)
-    pos = 0
-    for part in g.parts:
-        np.copyto(dst[pos : pos + part.nbytes], np.frombuffer(part, np.uint8))
-        pos += part.nbytes
-    del dst  # no export left on the bytearray
-    return out
+    return g.join(reuse)
 
 
 class UploadStaging:
