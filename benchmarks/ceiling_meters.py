@@ -135,13 +135,28 @@ def tree_cpu(pid: int) -> float | None:
     return sum(cpu[p] for p in family)
 
 
-def box_busy() -> tuple[float, float]:
-    """The machine's (busy, total) CPU seconds since boot, over every core (``/proc/stat``)."""
-    text = _read("/proc/stat") or "cpu 0 0 0 0"
-    vals = [int(x) for x in text.splitlines()[0].split()[1:]]
+def box_busy() -> tuple[float, float, int]:
+    """The machine's (busy, total) CPU seconds since boot, summed over its cores, and the number of
+    cores ``/proc/stat`` lists (``(0, 0, 0)`` where it cannot be read)."""
+    lines = (_read("/proc/stat") or "").splitlines()
+    if not lines or not lines[0].startswith("cpu "):
+        return 0.0, 0.0, 0
+    vals = [int(x) for x in lines[0].split()[1:]]
     idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
     total = sum(vals[:8])  # guest time is already in user
-    return (total - idle) / TICK, total / TICK
+    cores = sum(1 for line in lines[1:] if line.startswith("cpu"))
+    return (total - idle) / TICK, total / TICK, cores
+
+
+def box_cores(before: tuple[float, float, int], after: tuple[float, float, int]) -> float | None:
+    """Busy cores of the machine between two :func:`box_busy` readings, or None when it cannot be
+    told: ``/proc/stat`` counts in ticks (10 ms per core), so a phase shorter than a tick of the
+    whole machine reads 0 of 0 (seen on CI: a warm 4 MiB load), and a box without it reads nothing.
+    """
+    busy, span, cores = after[0] - before[0], after[1] - before[1], after[2]
+    if span <= 0 or cores <= 0:
+        return None
+    return busy / span * cores  # busy share of every core over the interval, times the core count
 
 
 class CpuMeter:
@@ -166,8 +181,6 @@ class CpuMeter:
         total = sum(r for r, _ in ran.values())
         listed = sorted(((thread_name(tid), r, w) for tid, (r, w) in ran.items()
                          if total > 0 and r >= LISTED_SHARE * total), key=lambda x: -x[1])
-        busy, span = box1[0] - self._box0[0], box1[1] - self._box0[1]
-        cores = os.cpu_count() or 1
         self.result = {
             "threads": [{"name": n, "cpu_s": round(r, 4), "share": round(r / total, 3),
                          "runq_wait_s": round(w, 4)} for n, r, w in listed],
@@ -175,8 +188,7 @@ class CpuMeter:
             "runq_wait_s": sum(w for _, w in ran.values()),
             "server_cores": ((srv1 - self._srv0) / wall) if srv1 is not None and self._srv0 is not None
             and wall > 0 else None,
-            # busy share of every core over the interval, times the core count
-            "box_cores": (busy / span * cores) if span > 0 else None, "box_cpus": cores}
+            "box_cores": box_cores(self._box0, box1), "box_cpus": box1[2] or os.cpu_count() or 1}
 
 
 def measure(fn: Callable[[], Any], nbytes: int, server_pid: int | None = None) -> dict[str, Any]:
