@@ -84,7 +84,7 @@ class Progress:
     def _tick(self) -> None:
         every = interval_s()
         while not self._stop.wait(every):
-            self._line()
+            self._line(periodic=True)
 
     def _amounts(self) -> str:
         if self.total is None:
@@ -93,8 +93,12 @@ class Progress:
         done = _amount(self.done, self.unit) if self.unit == "B" else f"{self.done:,.0f}"
         return f"{done} of {_amount(self.total, self.unit)}{pct}"
 
-    def _line(self, note: str = "") -> None:
+    def _line(self, note: str = "", *, periodic: bool = False) -> None:
         with self._lock:
+            # A tick that woke just before close() may reach the lock after close's "(done)" line:
+            # it writes nothing then, so "(done)" stays the last line (seen in CI).
+            if periodic and self._stop.is_set():
+                return
             text = f"{self.desc}: {self._amounts()}, {time.monotonic() - self._t0:.0f} s{note}"
             try:
                 self._stream.write(text + "\n")

@@ -55,3 +55,21 @@ def test_interval_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert interval_s() == DEFAULT_INTERVAL_S
     monkeypatch.delenv(INTERVAL_ENV)
     assert interval_s() == DEFAULT_INTERVAL_S
+
+
+def test_a_tick_that_reaches_the_lock_after_close_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ticker wakes, then waits for the lock while close() stops it: its line would follow
+    "(done)" (seen once in CI: a listing's log ended on "3 objects, 2 s")."""
+    import time
+
+    monkeypatch.setenv(INTERVAL_ENV, "0.05")
+    out = _Pipe()
+    p = Progress("listing", unit="objects", stream=out)
+    assert p._ticker is not None
+    with p._lock:
+        time.sleep(0.3)  # the ticker woke (every 0.05 s) and now waits for the lock
+        p._stop.set()  # what close() does first
+        written = out.getvalue()
+    p._ticker.join(5)
+    assert not p._ticker.is_alive()
+    assert out.getvalue() == written  # nothing after the stop
