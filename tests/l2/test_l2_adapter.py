@@ -246,7 +246,6 @@ def test_a_stored_key_is_named_once_for_its_lookups_and_loads(
     assert named == keys
 
 
-
 class _HeldListing(FileStore):
     """A directory whose listing (the adapter's startup rebuild) waits until ``release`` is set."""
 

@@ -77,12 +77,9 @@ class LoadPath:
                         elif isinstance(res.error, SizeMismatchError):
                             self._ctx.stats["size_mismatches"] += 1
                             repeated.warning("load task %d: %s; reported as a miss", tid, res.error, item=tid)
-                        elif res.ok:  # not there (deleted elsewhere): forget it, try the next name
-                            # Or refused and kept (another tenant, name or key). Either way the
-                            # startup listing, if still running, must not add it back (as deletes).
-                            if not st.rebuilt:
-                                st.deleted_while_rebuilding.add(name)
-                            size = st.index.remove(name)
+                        elif res.ok:  # not there (deleted elsewhere), or refused and kept (another
+                            # tenant, name or key): forget it, try the next name
+                            size = st.forget(name)
                             if size:
                                 gone_keys.append(keys[i])
                                 gone_sizes.append(size)

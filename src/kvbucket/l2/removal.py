@@ -85,12 +85,10 @@ class RemovalPath:
                     self._ctx.stats["delete_failures"] += 1
                     self._ctx.stats.last_error = str(r.error)
                     continue
-                if not st.rebuilt:
-                    st.deleted_while_rebuilding.add(name)
                 if self._ctx.fleet is not None:
                     self._ctx.fleet.deleted([name], evicted=evicted)
                 entry = st.index.get(name)
-                size = st.index.remove(name)
+                size = st.forget(name)
                 if entry is not None:
                     sizes[name] = size
                     gone_keys.append(entry.key)

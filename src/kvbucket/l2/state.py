@@ -45,6 +45,15 @@ class KeyState:
         self.rebuilt = rebuilt  # the startup listing (or the fleet's first view) is in the index
         self.deleted_while_rebuilding: set[str] = set()
 
+    def forget(self, name: str) -> int:
+        """Drop ``name`` from the index, for good: the store no longer holds it (deleted, evicted,
+        found gone) or holds bytes this reader must not serve (refused and kept). The startup
+        listing, if still running, must not add it back from a page it read earlier. Returns the
+        indexed size (0: not indexed). Call with ``lock``."""
+        if not self.rebuilt:
+            self.deleted_while_rebuilding.add(name)
+        return self.index.remove(name)
+
     def where(self, cands: tuple[str, ...]) -> str | None:
         """The first candidate name the index holds (call with ``lock``)."""
         for c in cands:
