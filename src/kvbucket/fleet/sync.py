@@ -108,6 +108,10 @@ class Fleet:
         self._since: float | None = None
         self._fresh: set[str] = set()
         self._budget: float | None = None  # bytes this node may still add before its next round
+        #: Each victim's writer, from when it was chosen until the host reports its delete: the
+        #: view can lose the entry meanwhile (the compactor's reconcile lists the chunk as gone),
+        #: and the eviction is still counted by whose chunk it was (note_deleted).
+        self._chosen: dict[str, str] = {}
         self._stop = threading.Event()
         self._pace = Pacer(config, self._stop)
         self._ready = threading.Event()
@@ -159,8 +163,9 @@ class Fleet:
         with self._lock:
             for name in names:
                 entry = self._state.view.entries.get(name)
-                if evicted and entry is not None:
-                    kind = "self" if entry.writer == self.node else "other"
+                writer = self._chosen.pop(name, None) or (entry.writer if entry is not None else None)
+                if evicted and writer is not None:
+                    kind = "self" if writer == self.node else "other"
                     self.stats["evicted_own" if kind == "self" else "evicted_cross_node"] += 1
                     FLEET_EVICTIONS.labels(kind).inc()
                 rec = ("d", self._state.view.seg(name), 0, now)
@@ -202,7 +207,7 @@ class Fleet:
 
     def victims(self, busy: Container[str]) -> list[str]:
         with self._lock:
-            return self._state.view.victims(
+            chosen = self._state.view.victims(
                 capacity=self._capacity,
                 eviction=self._eviction,
                 now=time.time(),
@@ -214,6 +219,11 @@ class Fleet:
                 live=self.live_nodes(),
                 horizon=self._horizon(),
             )
+            entries = self._state.view.entries
+            # Victims still being deleted are busy; any other name left here was not deleted.
+            self._chosen = {n: w for n, w in self._chosen.items() if n in busy}
+            self._chosen.update((n, entries[n].writer) for n in chosen)
+            return chosen
 
     def has_expired(self) -> bool:
         with self._lock:
