@@ -176,10 +176,17 @@ def test_compressed_and_deduplicated_objects_are_read_without_hf_xet(hub_bucket:
         assert store._client._download_group is None  # no object needed hf_xet's stream
 
 
-def test_a_kept_alive_connection_the_server_closed_is_replaced_transparently(hub_bucket: Any) -> None:
+def test_a_kept_alive_connection_the_server_closed_is_replaced_transparently(
+    hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Connections stay open between batches; one the server closed meanwhile (its idle timeout)
-    is replaced on the spot, not counted as a failed read (no retry, no backoff)."""
+    is replaced on the spot, not counted as a failed read (no retry, no backoff). One fetch per
+    object here (no runs), so that eight connections are kept and closed."""
     import socket
+
+    from kvbucket.stores import xet_reads
+
+    monkeypatch.setattr(xet_reads, "RUN_OBJECTS", 1)
 
     hub = hub_bucket.hub
     names = [f"k{i}" for i in range(8)]

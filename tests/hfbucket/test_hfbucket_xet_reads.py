@@ -133,13 +133,17 @@ def test_opening_a_store_starts_its_load_and_request_threads() -> None:
         store.close()
 
 
-def test_a_load_reads_at_most_read_slots_bodies_at_once(hub_bucket: Any) -> None:
+def test_a_load_reads_at_most_read_slots_bodies_at_once(
+    hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every object is requested at once, but only ``read_slots`` bodies are read and parsed at
     once (the others wait in their sockets): each fetch takes a slot, never more than two at a
-    time here, and the load still makes one reconstruction query and one fetch per object. The
-    parse windows are kept per slot: at most two were made."""
+    time here, and the load still makes one reconstruction query and one fetch per object (runs
+    off: a run is one body). The parse windows are kept per slot: at most two were made."""
     import threading
     import time
+
+    monkeypatch.setattr(xet_reads, "RUN_OBJECTS", 1)
 
     from kvbucket.testing.hub_emulator.request_log import count_routes
 
@@ -230,3 +234,51 @@ def test_only_a_loopback_peer_counts_as_this_machine(peer: Any, near: bool) -> N
         sock = None if peer is None else Sock()
 
     assert xet_reads._on_loopback(Conn()) is near  # type: ignore[arg-type]
+
+
+def test_objects_stored_together_load_with_one_fetch_per_run(hub_bucket: Any) -> None:
+    """Objects of one put_many sit back to back in one xorb: a load reads them in runs of up to
+    RUN_OBJECTS with one fetch each (still one reconstruction query per object), the bytes those
+    of each object's own fetch."""
+    from kvbucket.testing.hub_emulator.request_log import count_routes
+
+    names = [f"r{i}" for i in range(2 * xet_reads.RUN_OBJECTS)]
+    cfg, data = stored(hub_bucket, "runs", names, [200_000 + 7 * i for i in range(len(names))])
+    with HFBucketStore(cfg) as store:
+        hub_bucket.hub.emulator.requests(clear=True)
+        bufs = [bytearray(len(d)) for d in data]
+        got = store.get_many(names, bufs)
+        routes = count_routes(hub_bucket.hub.emulator.requests(clear=True))
+    assert all(r.ok for r in got) and [bytes(b) for b in bufs] == data
+    assert routes.get("reconstruction") == len(names) and routes.get("fetch") == 2, routes
+
+
+def test_a_run_that_fails_midway_leaves_the_rest_to_their_own_fetch(
+    hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third object of a run fails to parse: the two before it count as read, it and the ones
+    after it are read by their own fetches (from their first byte), and every object is right."""
+    from kvbucket.errors import TransientStoreError
+    from kvbucket.stores import xet_decode
+    from kvbucket.testing.hub_emulator.request_log import count_routes
+
+    names = [f"f{i}" for i in range(xet_reads.RUN_OBJECTS)]
+    cfg, data = stored(hub_bucket, "runfail", names, [150_000 + 11 * i for i in range(len(names))])
+    real = xet_decode.copy_range
+    calls = [0]
+
+    def flaky(*args: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 3:
+            real(*args)  # the object's bytes are written, then the read fails: the retry rewrites it
+            raise TransientStoreError("the connection broke")
+        real(*args)
+
+    monkeypatch.setattr(xet_decode, "copy_range", flaky)
+    with HFBucketStore(cfg) as store:
+        hub_bucket.hub.emulator.requests(clear=True)
+        bufs = [bytearray(len(d)) for d in data]
+        got = store.get_many(names, bufs)
+        routes = count_routes(hub_bucket.hub.emulator.requests(clear=True))
+    assert all(r.ok for r in got) and [bytes(b) for b in bufs] == data
+    assert routes.get("fetch") == 1 + len(names) - 2, routes  # the run, then one each for the rest

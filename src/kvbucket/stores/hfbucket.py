@@ -391,11 +391,15 @@ class HFBucketStore(RemoteStore):
         # all at once, whatever the pool, each by the load's deadline
         self._client.prefetch_reconstructions([j[1] for j in jobs], deadline=deadline)
         gates = [Gate() for _ in jobs]
+        groups = self._client.plan_runs([j[1] for j in jobs], deadline)  # neighbours: one fetch
 
-        def fetch(k: int) -> ItemResult:
-            i, f, view, target = jobs[k]
-            return self._download(names[i], f, view, target, out is not None and out[i] is not None,
-                                  gates[k], deadline)
+        def fetch(ks: list[int]) -> list[ItemResult]:
+            run = [(jobs[k][1], jobs[k][2], gates[k]) for k in ks]
+            whole = self._client.read_run(run, deadline) if len(ks) > 1 else 0
+            return [ItemResult(names[jobs[k][0]], size=jobs[k][1].size, data=jobs[k][3]) if n < whole
+                    else self._download(names[jobs[k][0]], jobs[k][1], jobs[k][2], jobs[k][3],
+                                        out is not None and out[jobs[k][0]] is not None, gates[k], deadline)
+                    for n, k in enumerate(ks)]
 
         def late(k: int) -> ItemResult:
             gates[k].close()  # the abandoned read can no longer write into the caller's buffer
@@ -404,9 +408,11 @@ class HFBucketStore(RemoteStore):
                 "a load", self.url, "load_timeout_secs", self.config.load_timeout_secs))
 
         # Always on the pool (hf_xet reads cannot be cancelled): the caller waits until the deadline.
-        fetched = self._gather(self._map(fetch, range(len(jobs)), inline=False, loads=True), deadline, late)
-        for job, r in zip(jobs, fetched, strict=True):
-            results[job[0]] = r
+        fetched = self._gather(self._map(fetch, groups, inline=False, loads=True), deadline,
+                               lambda g: [late(k) for k in groups[g]])
+        for ks, rs in zip(groups, fetched, strict=True):
+            for k, r in zip(ks, rs, strict=True):
+                results[jobs[k][0]] = r
         return [r for r in results if r is not None]
 
     def _download(self, name: str, f: RemoteFile, view: memoryview, target: Buffer, caller_buffer: bool,

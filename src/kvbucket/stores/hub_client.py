@@ -427,6 +427,19 @@ class HubBucketClient:
             self._reader.prefetch([(f.xet_hash, f.size) for f in files if f.xet_hash], background=background,
                                   deadline=deadline)
 
+    def plan_runs(self, files: Sequence[RemoteFile], deadline: float) -> list[list[int]]:
+        """Every index of ``files`` once: runs of objects one fetch reads (xet_reads), the rest
+        alone (all alone without direct reads)."""
+        if not self.direct_reads or len(files) < 2:
+            return [[i] for i in range(len(files))]
+        hashes = [(f.xet_hash or "", f.size if f.xet_hash else 0) for f in files]
+        return self._reader.plan_runs(hashes, deadline)
+
+    def read_run(self, files: Sequence[tuple[RemoteFile, Any, Gate | None]], deadline: float) -> int:
+        """Read a planned run with one fetch; how many, in order, were read whole (the others are
+        left to :meth:`download_into`)."""
+        return self._reader.read_run([(f.xet_hash or "", f.size, v, g) for f, v, g in files], deadline)
+
     def _group(self, deadline: float | None = None) -> Any:
         """One download group per store: one read token (seeded, so no stream asks for its own),
         renewed by hf_xet through the refresh URL, and one warm connection pool.
