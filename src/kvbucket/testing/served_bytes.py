@@ -154,6 +154,32 @@ class _Lane:
             w.ok = False
         w.end = time.monotonic()
 
+    def write_all(self) -> None:
+        """New bytes for every name of the lane in one batch (stored back to back, so a batched
+        load of them reads them as a run: stores/xet_reads.py)."""
+        values = [self.value() for _ in self.keys]
+        ws = [Write(k, v, time.monotonic()) for k, v in zip(self.keys, values, strict=True)]
+        for w in ws:
+            self.writes[w.key].append(w)
+        try:
+            results = self.backend.batched_put_results(list(zip(map(ckey, self.keys), values, strict=True)))
+            for w, r in zip(ws, results, strict=True):
+                w.ok = r is None
+        except Exception:  # failed: any of them may still have landed
+            for w in ws:
+                w.ok = False
+        end = time.monotonic()
+        for w in ws:
+            w.end = end
+
+    def load_all(self, how: str) -> None:
+        """Every name of the lane in one batched load (a run where they sit back to back)."""
+        t0 = time.monotonic()
+        chunks = self.backend.batched_get([ckey(k) for k in self.keys])
+        t1 = time.monotonic()
+        for k, chunk in zip(self.keys, chunks, strict=True):
+            self.loads.append(Load(k, t0, t1, None if chunk is None else as_view(chunk).tobytes(), how))
+
     def round(self, start: threading.Barrier) -> tuple[Callable[[], None], Callable[[], None]]:
         """The two halves of one round (planned here, from the seed), run by two threads."""
         rng = self.rng
@@ -165,12 +191,16 @@ class _Lane:
         ldelay, gdelay = _delay(rng), _delay(rng)
         into = rng.random() < 0.5
         second = rng.random() < 0.3
+        together = rng.random() < 0.25  # the writer rewrites the lane in one batch, the reader loads it so
 
         def writer() -> None:
             start.wait()
             if do_write:
                 time.sleep(wdelay)
-                self.write(k, wvalue)
+                if together:
+                    self.write_all()
+                else:
+                    self.write(k, wvalue)
 
         def reader() -> None:
             start.wait()
@@ -180,6 +210,9 @@ class _Lane:
                 self.backend.contains(ckey(k))  # a hit starts the read-ahead
                 how = f"lookup+{gdelay:.4f}s"
                 time.sleep(gdelay)
+            if together:
+                self.load_all(f"{how}, batched get of the lane")
+                return
             for n in range(2 if second else 1):
                 self.load(k, f"{how}, {'get_into' if into else 'get'}{' again' if n else ''}", into)
 
@@ -237,9 +270,8 @@ def run_cell(store: ObjectStore, *, encrypted: bool, read_ahead: bool, rounds: i
     with RemoteBackend(store, layout, encryption=keyring, read_ahead=settings, owns_store=False,
                        prefix=prefix) as backend, decryption_jitter(random.Random(seed + 1)):
         lanes = [_Lane(backend, i, seed, layout) for i in range(LANES)]
-        for lane in lanes:  # every name starts stored
-            for k in lane.keys:
-                lane.write(k, lane.value())
+        for lane in lanes:  # every name starts stored, the lane's names in one batch
+            lane.write_all()
         for rnd in range(rounds):
             start = threading.Barrier(2 * LANES)
             threads = [threading.Thread(target=half, name=f"served-{i}")
