@@ -236,20 +236,26 @@ def test_only_a_loopback_peer_counts_as_this_machine(peer: Any, near: bool) -> N
     assert xet_reads._on_loopback(Conn()) is near  # type: ignore[arg-type]
 
 
-def test_objects_stored_together_load_with_one_fetch_per_run(hub_bucket: Any) -> None:
-    """Objects of one put_many sit back to back in one xorb: a load reads them in runs of up to
-    RUN_OBJECTS with one fetch each (still one reconstruction query per object), the bytes those
-    of each object's own fetch."""
+def load_checked(hub_bucket: Any, cfg: HFBucketConfig, names: list[str], data: list[bytes]) -> dict[str, int]:
+    """Load ``names`` into fresh buffers, check every byte; the emulator's requests by route."""
     from kvbucket.testing.hub_emulator.request_log import count_routes
 
-    names = [f"r{i}" for i in range(2 * xet_reads.RUN_OBJECTS)]
-    cfg, data = stored(hub_bucket, "runs", names, [200_000 + 7 * i for i in range(len(names))])
     with HFBucketStore(cfg) as store:
         hub_bucket.hub.emulator.requests(clear=True)
         bufs = [bytearray(len(d)) for d in data]
         got = store.get_many(names, bufs)
         routes = count_routes(hub_bucket.hub.emulator.requests(clear=True))
     assert all(r.ok for r in got) and [bytes(b) for b in bufs] == data
+    return routes
+
+
+def test_objects_stored_together_load_with_one_fetch_per_run(hub_bucket: Any) -> None:
+    """Objects of one put_many sit back to back in one xorb: a load reads them in runs of up to
+    RUN_OBJECTS with one fetch each (still one reconstruction query per object), the bytes those
+    of each object's own fetch."""
+    names = [f"r{i}" for i in range(2 * xet_reads.RUN_OBJECTS)]
+    cfg, data = stored(hub_bucket, "runs", names, [200_000 + 7 * i for i in range(len(names))])
+    routes = load_checked(hub_bucket, cfg, names, data)
     assert routes.get("reconstruction") == len(names) and routes.get("fetch") == 2, routes
 
 
@@ -260,7 +266,6 @@ def test_a_run_that_fails_midway_leaves_the_rest_to_their_own_fetch(
     after it are read by their own fetches (from their first byte), and every object is right."""
     from kvbucket.errors import TransientStoreError
     from kvbucket.stores import xet_decode
-    from kvbucket.testing.hub_emulator.request_log import count_routes
 
     names = [f"f{i}" for i in range(xet_reads.RUN_OBJECTS)]
     cfg, data = stored(hub_bucket, "runfail", names, [150_000 + 11 * i for i in range(len(names))])
@@ -275,10 +280,5 @@ def test_a_run_that_fails_midway_leaves_the_rest_to_their_own_fetch(
         real(*args)
 
     monkeypatch.setattr(xet_decode, "copy_range", flaky)
-    with HFBucketStore(cfg) as store:
-        hub_bucket.hub.emulator.requests(clear=True)
-        bufs = [bytearray(len(d)) for d in data]
-        got = store.get_many(names, bufs)
-        routes = count_routes(hub_bucket.hub.emulator.requests(clear=True))
-    assert all(r.ok for r in got) and [bytes(b) for b in bufs] == data
+    routes = load_checked(hub_bucket, cfg, names, data)
     assert routes.get("fetch") == 1 + len(names) - 2, routes  # the run, then one each for the rest
