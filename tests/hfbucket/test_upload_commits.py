@@ -17,6 +17,7 @@ import pytest
 from kvbucket.stores import xet_sessions
 from kvbucket.stores.hfbucket import HFBucketStore
 from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.testing.payloads import realistic_kv
 
 
 class _Commit:
@@ -42,21 +43,35 @@ class _Commit:
 
 
 class _Session:
-    """hf_xet's upload session, recording on which thread each commit is opened."""
+    """hf_xet's upload sessions, recording on which thread each commit is opened, and for which
+    compression policy."""
 
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.log: dict[str, list[str]] = {"opened": [], "aborted": []}
+    def __init__(self) -> None:
+        self.log: dict[str, list[str]] = {"opened": [], "aborted": [], "policy": []}
+        self._real = xet_sessions.upload_session  # before the fixture replaces it
+
+    def policy(self, compression: str = "auto") -> _Policy:
+        return _Policy(self, self._real(compression), compression)
+
+
+class _Policy:
+    def __init__(self, session: _Session, real: Any, compression: str) -> None:
+        self.session, self.real, self.compression = session, real, compression
 
     def new_upload_commit(self, **kwargs: Any) -> _Commit:
-        self.log["opened"].append(threading.current_thread().name)
-        return _Commit(self.real.new_upload_commit(**kwargs), self.log)
+        with _log_lock:
+            self.session.log["opened"].append(threading.current_thread().name)
+            self.session.log["policy"].append(self.compression)
+        return _Commit(self.real.new_upload_commit(**kwargs), self.session.log)
+
+
+_log_lock = threading.Lock()
 
 
 @pytest.fixture
 def session(monkeypatch: pytest.MonkeyPatch) -> _Session:
-    rec = _Session(xet_sessions.upload_session())
-    monkeypatch.setattr(xet_sessions, "upload_session", lambda *_: rec)
+    rec = _Session()
+    monkeypatch.setattr(xet_sessions, "upload_session", rec.policy)
     return rec
 
 
@@ -67,19 +82,22 @@ def _store(hub_bucket: Any) -> HFBucketStore:
                                       token_env="", retry_backoff_secs=0.01))  # fmt: skip
 
 
-def _spare_ready(store: HFBucketStore) -> None:
+def _spare_ready(store: HFBucketStore, policy: str = "none") -> None:
     commits = store._client._commits
     for _ in range(2000):  # the background open finishing; bounded, not timed
         with commits._lock:
-            if commits._spare is not None:
+            if policy in commits._spares:
                 return
         threading.Event().wait(0.005)
-    raise AssertionError("no commit was opened ahead")
+    raise AssertionError(f"no commit was opened ahead for {policy}")
 
 
-def _put_and_check(store: HFBucketStore, tag: str, n: int = 3) -> None:
+def _put_and_check(store: HFBucketStore, tag: str, n: int = 3, kv: bool = False) -> None:
+    """Random bytes (a batch that goes up with ``none``: xet_compression), or bf16 KV (``auto``)."""
     rng = np.random.default_rng()
-    items = [(f"{tag}{i}", rng.integers(0, 256, 100_000, dtype=np.uint8)) for i in range(n)]
+    make = (lambda i: realistic_kv(100_000, f"{tag}{i}-{uuid.uuid4()}")) if kv else (
+        lambda _i: rng.integers(0, 256, 100_000, dtype=np.uint8))
+    items = [(f"{tag}{i}", make(i)) for i in range(n)]
     assert all(r.ok for r in store.put_many(items))
     outs = [np.zeros_like(d) for _, d in items]
     assert all(r.found for r in store.get_many([k for k, _ in items], outs))
@@ -120,3 +138,25 @@ def test_a_stale_commit_is_aborted_and_not_used(hub_bucket: Any, session: _Sessi
         _put_and_check(store, "c")
         assert len(session.log["aborted"]) == 2  # opened with the old token: not used
         assert _where(session)[3:5] == ["ahead", "upload"]
+
+
+def test_batches_of_each_compression_policy_take_their_own_commit_opened_ahead(
+    hub_bucket: Any, session: _Session
+) -> None:
+    """Random bytes go up with ``none`` and KV with ``auto`` (xet_compression): a commit is kept
+    ahead for each policy, so alternating batches open none on the upload's own thread once
+    both are warm, and none is aborted until the store closes."""
+    with _store(hub_bucket) as store:
+        _put_and_check(store, "r")
+        _spare_ready(store, "none")
+        _put_and_check(store, "k", kv=True)
+        _spare_ready(store, "auto")
+        assert list(zip(_where(session), session.log["policy"], strict=True)) == [
+            ("upload", "none"), ("ahead", "none"), ("upload", "auto"), ("ahead", "auto")]
+        for tag, kv in (("r2", False), ("k2", True), ("r3", False)):
+            _put_and_check(store, tag, kv=kv)
+            _spare_ready(store, "auto" if kv else "none")
+        assert _where(session)[4:] == ["ahead"] * 3  # each upload took the one kept for its policy
+        assert session.log["policy"][4:] == ["none", "auto", "none"]
+        assert session.log["aborted"] == []
+    assert len(session.log["aborted"]) == 2  # closing the store aborts both unused ones

@@ -394,6 +394,13 @@ class Gather:
     def __len__(self) -> int:
         return self.nbytes
 
+    def sample(self, nbytes: int) -> memoryview:
+        """Up to ``nbytes`` from the middle of the largest part, without making the head (what
+        a guess at the payload's compressibility reads: xet_compression)."""
+        part = max(self._parts, key=lambda v: v.nbytes, default=memoryview(b""))
+        start = max(0, (part.nbytes - nbytes) // 2)
+        return part[start : start + nbytes]
+
     def views_from(self, offset: int) -> list[memoryview]:
         """The views covering bytes ``offset..`` (for ``os.writev`` after a short write)."""
         out, start = [], 0

@@ -139,7 +139,8 @@ class HFBucketConfig(BaseModel):
         True, description="a lookup hit also asks for its Xet reconstruction, so its load is the fetch alone"
     )
     xet_compression: Literal["auto", "none", "lz4", "bg4-lz4"] = Field(
-        "auto", description="how uploads compress chunks (hf_xet's xorb.compression_policy; docs/hfbucket.md)"
+        "auto", description="how uploads compress chunks (hf_xet's xorb.compression_policy; auto sends a "
+        "batch that does not compress with none; docs/hfbucket.md)"
     )
     endpoint: str | None = Field(None, description="Hub URL; default: $HF_ENDPOINT or huggingface.co")
     max_retries: int = Field(5, ge=0, le=20, strict=True, description="retries on 429/5xx/timeouts")

@@ -46,6 +46,7 @@ from kvbucket.secrets import redact
 from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
 from kvbucket.stores.hub_errors import HubContext, connection_refused, hub_error
 from kvbucket.stores.hub_files import RemoteFile, remote_file
+from kvbucket.stores.xet_compression import batch_policy
 from kvbucket.stores.xet_reads import XetReader, XetReadUnsupported
 from kvbucket.stores.xet_sessions import UploadCommits, download_session
 from kvbucket.stores.xet_tokens import TOKEN_SAFETY_SECS, Token, XetToken
@@ -103,6 +104,7 @@ class HubBucketClient:
         self._xet_lock = threading.Lock()
         self._write_token = XetToken(lambda until: self._fetch_token("write", until),
                                      "a write token for the bucket's storage", request_timeout_secs)
+        self._compression = xet_compression
         self._commits = UploadCommits(f"{self._base}/xet-write-token", self._headers,
                                       safety_secs=TOKEN_SAFETY_SECS, compression=xet_compression)
         self._read_token = XetToken(lambda until: self._fetch_token("read", until),
@@ -350,6 +352,7 @@ class HubBucketClient:
         what it uploaded is never added.
         """
         token, exp, cas_url = self._write_token.get(deadline)
+        policy = batch_policy(self._compression, [d for _, d in items])
         started: list[Any] = []
         stagings: list[UploadStaging] = []  # per attempt: the objects' files in RAM (xet_uploads)
 
@@ -357,7 +360,7 @@ class HubBucketClient:
             staging = UploadStaging()
             stagings.append(staging)
             # opened ahead (UploadCommits); the staged files are unlinked once the commit is over
-            with staging, self._commits.take(token, exp, cas_url, self._write_token.margin) as commit:
+            with staging, self._commits.take(token, exp, cas_url, self._write_token.margin, policy) as commit:
                 started.append(commit)
                 # One object at a time: its staging write overlaps the ingestion of the others.
                 handles = [staging.start(commit, d) for _, d in items]

@@ -68,7 +68,9 @@ class UploadCommits:
     starts ingesting at once. A commit opened ahead is used only in the process, for the Xet
     endpoint and token it was opened with, while that token has ``safety_secs`` left, and for at
     most ``max_idle_secs``; otherwise it is aborted (nothing was uploaded through it) and a new
-    one opened. hf_xet renews a commit's token through the refresh URL either way.
+    one opened. hf_xet renews a commit's token through the refresh URL either way. One commit
+    is kept ahead per compression policy (xet_compression.batch_policy), so a process whose
+    batches alternate between KV and ciphertext takes an open commit for either.
     """
 
     def __init__(self, refresh_url: str, headers: dict[str, str], *, safety_secs: float = 60.0,
@@ -79,26 +81,30 @@ class UploadCommits:
         self._safety_secs = safety_secs
         self._max_idle_secs = max_idle_secs
         self._lock = threading.Lock()
-        self._spare: tuple[tuple[int, str, str, int], float, Any] | None = None  # (for whom, when, commit)
-        self._opening = False
+        # policy -> (for whom, when, commit): the commit opened ahead for each compression policy
+        self._spares: dict[str, tuple[tuple[int, str, str, int], float, Any]] = {}
+        self._opening: set[str] = set()
         self._closed = False
 
-    def _open(self, token: str, exp: int, cas_url: str) -> Any:
+    def _open(self, token: str, exp: int, cas_url: str, compression: str) -> Any:
         from huggingface_hub.utils._xet import xet_headers_without_auth
 
-        return upload_session(self._compression).new_upload_commit(
+        return upload_session(compression).new_upload_commit(
             endpoint=cas_url, token=token, token_expiry_unix_secs=exp,
             token_refresh_url=self._refresh_url, token_refresh_headers=self._headers,
             custom_headers=xet_headers_without_auth(self._headers),
         )  # fmt: skip
 
-    def take(self, token: str, exp: int, cas_url: str, safety_secs: float | None = None) -> Any:
-        """An open commit for these credentials (the one opened ahead if it fits); the next is
-        opened in the background while the token has more than ``safety_secs`` left (default:
-        the constructor's; the client passes each token's own margin)."""
+    def take(self, token: str, exp: int, cas_url: str, safety_secs: float | None = None,
+             compression: str | None = None) -> Any:
+        """An open commit for these credentials and ``compression`` (default: the constructor's),
+        the one opened ahead if it fits; the next is opened in the background while the token has
+        more than ``safety_secs`` left (default: the constructor's; the client passes each
+        token's own margin)."""
+        policy = self._compression if compression is None else compression
         key = (os.getpid(), cas_url, token, exp)
         with self._lock:
-            spare, self._spare = self._spare, None
+            spare = self._spares.pop(policy, None)
         commit = None
         if spare is not None:
             if spare[0] == key and time.monotonic() - spare[1] <= self._max_idle_secs:
@@ -106,39 +112,40 @@ class UploadCommits:
             elif spare[0][0] == key[0]:
                 _abort(spare[2])  # stale: another token, or idle too long (a fork's is left alone)
         if commit is None:
-            commit = self._open(token, exp, cas_url)
+            commit = self._open(token, exp, cas_url, policy)
         if exp - time.time() > (self._safety_secs if safety_secs is None else safety_secs):
-            self._open_ahead(key)
+            self._open_ahead(key, policy)
         return commit
 
-    def _open_ahead(self, key: tuple[int, str, str, int]) -> None:
+    def _open_ahead(self, key: tuple[int, str, str, int], policy: str) -> None:
         with self._lock:
-            if self._opening or self._closed or self._spare is not None:
+            if policy in self._opening or self._closed or policy in self._spares:
                 return
-            self._opening = True
+            self._opening.add(policy)
 
         def run() -> None:
             commit = None
             try:
-                commit = self._open(key[2], key[3], key[1])
+                commit = self._open(key[2], key[3], key[1], policy)
             except Exception:  # the next upload opens its own
                 log.debug("opening an upload commit ahead failed", exc_info=True)
             with self._lock:
-                self._opening = False
-                if commit is not None and not self._closed and self._spare is None:
-                    self._spare, commit = (key, time.monotonic(), commit), None
+                self._opening.discard(policy)
+                if commit is not None and not self._closed and policy not in self._spares:
+                    self._spares[policy], commit = (key, time.monotonic(), commit), None
             if commit is not None:
                 _abort(commit)
 
         threading.Thread(target=run, name="kvbucket-xet-commit", daemon=True).start()
 
     def close(self) -> None:
-        """Abort the commit opened ahead, if any (no later one is opened)."""
+        """Abort the commits opened ahead, if any (no later one is opened)."""
         with self._lock:
             self._closed = True
-            spare, self._spare = self._spare, None
-        if spare is not None and spare[0][0] == os.getpid():
-            _abort(spare[2])
+            spares, self._spares = list(self._spares.values()), {}
+        for spare in spares:
+            if spare[0][0] == os.getpid():  # a fork's is left alone
+                _abort(spare[2])
 
 
 def _abort(commit: Any) -> None:
