@@ -39,15 +39,10 @@ _POLICY_ENV = "HF_XET_XORB_COMPRESSION_POLICY"  # hf_xet's own setting wins (xet
 
 
 def _sample(data: Any) -> memoryview | None:
-    if isinstance(data, Gather):
-        view = data.sample(SAMPLE_BYTES)
-    else:
-        try:
-            view = memoryview(data).cast("B")
-        except (TypeError, ValueError):  # not one contiguous buffer: no guess
-            return None
-        start = max(0, (view.nbytes - SAMPLE_BYTES) // 2)
-        view = view[start : start + SAMPLE_BYTES]
+    try:
+        view = (data if isinstance(data, Gather) else Gather(data)).sample(SAMPLE_BYTES)
+    except (TypeError, ValueError):  # not one contiguous buffer: no guess
+        return None
     return view if view.nbytes >= MIN_SAMPLE else None
 
 
