@@ -171,15 +171,15 @@ def _lmcache_storer(spec: dict[str, Any]) -> Storer:
 
 
 def open_kvbucket(spec: dict[str, Any], *, sealed: bool) -> Any:
-    from kvbucket.stores.sealed import seal_store
+    from kvbucket.stores.guard.sealed import seal_store
 
     if spec["backend"] == "s3":
         from kvbucket.stores import open_store
 
         store = open_store(spec["url"] + ("/kv" if sealed else "/raw"), **spec["options"])
     else:
-        from kvbucket.stores.hfbucket import HFBucketStore
-        from kvbucket.stores.hfbucket_config import build_config
+        from kvbucket.stores.hub.config import build_config
+        from kvbucket.stores.hub.store import HFBucketStore
 
         store = HFBucketStore(build_config(
             bucket_handle=spec["handle"] + ("/kv" if sealed else "/raw"), token=TOKEN,

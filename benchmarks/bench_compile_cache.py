@@ -100,11 +100,11 @@ def open_stores(kind: str, tmp: Path, hub_latency_ms: float = 0.0) -> Iterator[
         tuple[Callable[[str], ObjectStore], Callable[[], dict[str, int]] | None]]:
     """Yield (open a fresh area by name, HTTP requests per route so far, or None)."""
     if kind == "file":
-        from kvbucket.stores.file import FileStore
+        from kvbucket.stores.local.file import FileStore
 
         yield (lambda area: FileStore(tmp / "file-store" / area)), None
     elif kind == "s3":
-        from kvbucket.stores.s3 import S3Config, S3Store
+        from kvbucket.stores.s3.store import S3Config, S3Store
         from kvbucket.testing.s3_server import SeaweedFS
 
         with SeaweedFS() as server:
@@ -113,7 +113,7 @@ def open_stores(kind: str, tmp: Path, hub_latency_ms: float = 0.0) -> Iterator[
     elif kind == "hf":
         from huggingface_hub import HfApi
 
-        from kvbucket.stores.hfbucket_open import open_hfbucket_store
+        from kvbucket.stores.hub.open import open_hfbucket_store
         from kvbucket.testing import HubEmulator
         from kvbucket.testing.hub_fixtures import isolate_hf_env, restore_env
 

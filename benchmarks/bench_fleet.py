@@ -49,7 +49,7 @@ from kvbucket.fleet.config import FleetConfig
 from kvbucket.keys import key_to_name
 from kvbucket.l2 import ObjectStoreL2Adapter
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
 from kvbucket.testing.counting_store import CountingStore
 from kvbucket.testing.fleet_node import key, run_node
 
@@ -208,8 +208,8 @@ def warm_start(store: ObjectStore, prefix: str, k: int) -> dict[str, float]:
 
 
 def s3_target(work: Path) -> tuple[Callable[[str], tuple[dict[str, Any], ObjectStore]], Any]:
-    from kvbucket.stores.s3 import S3Store
-    from kvbucket.stores.s3_config import S3Config
+    from kvbucket.stores.s3.config import S3Config
+    from kvbucket.stores.s3.store import S3Store
     from kvbucket.testing.s3_server import SeaweedFS
 
     weed = SeaweedFS()
@@ -226,8 +226,8 @@ def s3_target(work: Path) -> tuple[Callable[[str], tuple[dict[str, Any], ObjectS
 def hub_target(work: Path) -> tuple[Callable[[str], tuple[dict[str, Any], ObjectStore]], Any]:
     from huggingface_hub import HfApi
 
-    from kvbucket.stores.hfbucket import HFBucketStore
-    from kvbucket.stores.hfbucket_config import HFBucketConfig
+    from kvbucket.stores.hub.config import HFBucketConfig
+    from kvbucket.stores.hub.store import HFBucketStore
     from kvbucket.testing.hub_emulator import HubEmulator
 
     emu = HubEmulator(work / "data", {"bench": ("bench-token", "write")}, subprocess=True)

@@ -51,8 +51,8 @@ import numpy as np  # noqa: E402
 
 from kvbucket.keys import ObjectKey as KVObjectKey  # noqa: E402
 from kvbucket.keys import key_to_name  # noqa: E402
-from kvbucket.stores.hfbucket import HFBucketStore  # noqa: E402
-from kvbucket.stores.hfbucket_config import HFBucketConfig  # noqa: E402
+from kvbucket.stores.hub.config import HFBucketConfig  # noqa: E402
+from kvbucket.stores.hub.store import HFBucketStore  # noqa: E402
 from kvbucket.testing import HubEmulator  # noqa: E402
 from kvbucket.testing.payloads import KINDS, payload  # noqa: E402
 

@@ -41,7 +41,7 @@ from kvbucket.backends.local_cpu import LocalCPUBackend
 from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import Results, add_argument

@@ -26,7 +26,7 @@ import numpy as np
 from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.stores.base import Buffer, ItemResult
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import Results, add_argument

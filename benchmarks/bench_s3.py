@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.s3_server import SeaweedFS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -32,7 +32,7 @@ import numpy as np
 
 from kvbucket.encryption import Keyring
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.sealed import SealedStore
+from kvbucket.stores.guard.sealed import SealedStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import Results, add_argument
@@ -43,15 +43,15 @@ KINDS = ("unsealed", "sealed", "aes")
 
 @contextlib.contextmanager
 def fs_stores(tmp: Path) -> Iterator[Callable[[str], ObjectStore]]:
-    from kvbucket.stores.file import FileStore
+    from kvbucket.stores.local.file import FileStore
 
     yield lambda kind: FileStore(tmp / kind)
 
 
 @contextlib.contextmanager
 def s3_stores(tmp: Path) -> Iterator[Callable[[str], ObjectStore]]:
-    from kvbucket.stores.s3 import S3Store
-    from kvbucket.stores.s3_config import S3Config
+    from kvbucket.stores.s3.config import S3Config
+    from kvbucket.stores.s3.store import S3Store
     from kvbucket.testing.s3_server import SeaweedFS
 
     weed = SeaweedFS()

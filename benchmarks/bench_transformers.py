@@ -46,7 +46,7 @@ from kvbucket.backends.base import StorageBackend
 from kvbucket.demo.model import QWEN05B_LIKE, build_model
 from kvbucket.integrations.transformers import KVBucketPrefixCache, probe_kv_layout
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import Results, add_argument

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.sealed import SealedStore
+from kvbucket.stores.guard.sealed import SealedStore
 
 
 class Unsealed(SealedStore):

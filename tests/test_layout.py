@@ -216,3 +216,37 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
     assert at_import["kvbucket.f"] == {"kvbucket.pkg", "kvbucket.pkg.base"}
     assert at_import["kvbucket.pkg.inner"] == {"kvbucket.f"}  # its own package is not an edge
     assert circles(at_import) == [["kvbucket.f", "kvbucket.pkg", "kvbucket.pkg.inner"]]
+
+
+_FAMILIES = ("kvbucket.stores.hub", "kvbucket.stores.s3", "kvbucket.stores.local")
+
+
+def _room(module: str) -> str:
+    """The room of stores/ a module lives in: a family, ``guard``, or the floor itself."""
+    for room in (*_FAMILIES, "kvbucket.stores.guard"):
+        if module == room or module.startswith(room + "."):
+            return room
+    return module
+
+
+def test_stores_rooms_import_downwards_only() -> None:
+    """stores/'s layout (docs/architecture.md): ``guard`` imports no store family, ``base`` imports
+    nothing of stores/ but ``deadline``, and a family imports no other family. (``kvbucket.stores``
+    itself opens every family by name, lazily.)"""
+    graph = import_graph()
+    wrong = []
+    for module, targets in graph.items():
+        room = _room(module)
+        for target in targets:
+            troom = _room(target)
+            if room == "kvbucket.stores.guard" and troom in _FAMILIES:
+                wrong.append(f"{module} -> {target} (guard/ imports a store family)")
+            elif room in _FAMILIES and troom in _FAMILIES and troom != room:
+                wrong.append(f"{module} -> {target} (one family imports another)")
+            elif module == "kvbucket.stores.base" and target.startswith("kvbucket.stores") and (
+                target != "kvbucket.stores.deadline"
+            ):
+                wrong.append(f"{module} -> {target} (base imports above it)")
+    assert not wrong, "\n".join(wrong)
+    assert {"kvbucket.stores.hub.store", "kvbucket.stores.guard.sealed", "kvbucket.stores.s3.store",
+            "kvbucket.stores.local.file"} <= set(graph)

@@ -29,9 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvbucket.backends.base import DEFAULT_FLUSH_TIMEOUT_SECS, Chunk, FlushResult, Key, StorageBackend
 from kvbucket.errors import NoSpaceError
 from kvbucket.metrics_server import MetricsServer, serve_metrics, start_metrics_server
-from kvbucket.stores import prefetch as _prefetch
-from kvbucket.stores import sealed as _sealed
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, Revision
+from kvbucket.stores.guard import read_ahead as _prefetch
+from kvbucket.stores.guard import sealed as _sealed
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
@@ -101,12 +101,13 @@ PREFIX_SECONDS = Histogram(
     ["phase"],
     buckets=_LATENCY_BUCKETS,
 )
-# Integrity counters live next to the code that counts them (kvbucket.stores.sealed, which
+# Integrity counters live next to the code that counts them (kvbucket.stores.guard.sealed, which
 # cannot import this module: backends import it); re-exported here with the others.
 INTEGRITY_FAILURES = _sealed.INTEGRITY_FAILURES
 INTEGRITY_VERIFIED = _sealed.INTEGRITY_VERIFIED
 INTEGRITY_REMOVED = _sealed.INTEGRITY_REMOVED
-# Read-ahead counters (kvbucket.stores.prefetch): prefetched / used / wasted bytes, held and pooled bytes.
+# Read-ahead counters (kvbucket.stores.guard.read_ahead): prefetched / used / wasted bytes, held and
+# pooled bytes.
 READ_AHEAD_BYTES = _prefetch.READ_AHEAD_BYTES
 READ_AHEAD_HELD = _prefetch.READ_AHEAD_HELD
 READ_AHEAD_POOLED = _prefetch.READ_AHEAD_POOLED

@@ -17,8 +17,8 @@ from kvbucket.chunks import KVLayout
 from kvbucket.config import EngineConfig, build_backend, load_engine_config
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.backend_tests import as_bytes, chunk_bytes, key
 from kvbucket.testing.seed_configs import SEED_001_MINIMAL, SEED_001_MULTI, SEED_004_COREWEAVE
 

@@ -13,8 +13,8 @@ from kvbucket.backends.hybrid import HybridBackend
 from kvbucket.backends.local_cpu import LocalCPUBackend
 from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.backend_tests import BackendTests
 
 BIG = 64 * 1024 * 1024

@@ -16,11 +16,11 @@ from kvbucket.backends import HybridBackend, LocalCPUBackend, RemoteBackend
 from kvbucket.backends.hybrid import TierPutError
 from kvbucket.chunks import KVLayout
 from kvbucket.stores import ObjectStore
-from kvbucket.stores.breaker import OPEN
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.guard.breaker import OPEN
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.silent_server import SilentServer
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_size=8, dtype="float16", chunk_tokens=16)

@@ -30,7 +30,7 @@ from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.errors import NoSpaceError
 from kvbucket.metrics import InstrumentedBackend, start_metrics_server
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.memory import MemoryStore
 
 MIB = 1 << 20
 FS_BYTES = 20 * MIB

@@ -32,7 +32,7 @@ _PRELUDE = textwrap.dedent(
     from kvbucket.backends.local_cpu import LocalCPUBackend
     from kvbucket.chunks import KVLayout
     from kvbucket.errors import TransientStoreError
-    from kvbucket.stores.memory import MemoryStore
+    from kvbucket.stores.local.memory import MemoryStore
 
     LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_size=4, dtype="float16", chunk_tokens=4)
     FULL = LAYOUT.full_chunk_bytes
@@ -98,8 +98,8 @@ SCENARIOS = {
         h.close()
     """,
     "s3-silent-server": """
-        from kvbucket.stores.s3 import S3Store
-        from kvbucket.stores.s3_config import S3Config
+        from kvbucket.stores.s3.store import S3Store
+        from kvbucket.stores.s3.config import S3Config
         port = silent_server()
         store = S3Store(S3Config(
             s3_endpoint="s3://bucket", s3_endpoint_url=f"http://127.0.0.1:{port}", s3_region="us-east-1",
@@ -111,8 +111,8 @@ SCENARIOS = {
         b.close()
     """,
     "hf-silent-server": """
-        from kvbucket.stores.hfbucket import HFBucketStore
-        from kvbucket.stores.hfbucket_config import build_config
+        from kvbucket.stores.hub.store import HFBucketStore
+        from kvbucket.stores.hub.config import build_config
         port = silent_server()
         store = HFBucketStore(build_config(
             bucket_handle="hf://buckets/someone/cache", endpoint=f"http://127.0.0.1:{port}",

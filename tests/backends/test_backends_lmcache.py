@@ -12,7 +12,7 @@ from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.config import EngineConfig
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.backend_tests import as_bytes, chunk_bytes
 from kvbucket.testing.seed_configs import (
     SEED_001_MINIMAL,

@@ -15,8 +15,8 @@ from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.keys import CacheEngineKey
 from kvbucket.log_once import RepeatedLog, flush_all
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.store import HFBucketStore
 
 LAYOUT = KVLayout(2, 1, 8, "bfloat16", chunk_tokens=16)
 

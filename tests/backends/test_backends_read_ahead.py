@@ -1,4 +1,4 @@
-"""Read-ahead (kvbucket.stores.prefetch) through the backend API: ``contains`` then ``get``.
+"""Read-ahead (kvbucket.stores.guard.read_ahead) through the backend API: ``contains`` then ``get``.
 
 A lookup hit starts the load into a bounded buffer; the load takes the bytes there (no new
 request once they landed, none of its own while they are on their way). Checked against a
@@ -24,10 +24,10 @@ from kvbucket.errors import DeadlineExceededError
 from kvbucket.keys import as_key_string, key_to_name
 from kvbucket.metrics import INTEGRITY_FAILURES, READ_AHEAD_BYTES
 from kvbucket.stores.base import Buffer, ItemResult
-from kvbucket.stores.breaker import CircuitBreaker
-from kvbucket.stores.memory import MemoryStore
-from kvbucket.stores.prefetch import PrefetchStore
-from kvbucket.stores.prefetch_config import ReadAheadSettings
+from kvbucket.stores.guard.breaker import CircuitBreaker
+from kvbucket.stores.guard.read_ahead import PrefetchStore
+from kvbucket.stores.guard.read_ahead_config import ReadAheadSettings
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.backend_tests import as_bytes, chunk_bytes, key
 from kvbucket.testing.counting_store import CountingStore
 from kvbucket.testing.fleet_node import until
@@ -249,7 +249,7 @@ def test_a_lookup_during_a_put_does_not_serve_the_old_bytes_after_it() -> None:
 def test_a_read_ahead_begun_during_a_write_through_the_store_is_not_served_after_it(verb: str) -> None:
     """The same through PrefetchStore's own put_many/delete_many (the L2 adapter, the LMCache
     connector, SGLang and vLLM write through it): a deleted name is a miss, a rewritten one new."""
-    from kvbucket.stores.sealed import seal_store
+    from kvbucket.stores.guard.sealed import seal_store
 
     raw = HeldWrites(MemoryStore())
     sealed = seal_store(raw, tier="l2")
@@ -286,7 +286,7 @@ class SlowStore(CountingStore):
 
 
 def budget_setup(budget: float) -> tuple[SlowStore, PrefetchStore, int]:
-    from kvbucket.stores.sealed import seal_store
+    from kvbucket.stores.guard.sealed import seal_store
 
     raw = SlowStore(MemoryStore(), budget)
     sealed = seal_store(raw, tier="l2")
@@ -356,8 +356,8 @@ def integrity_failures() -> float:
 
 
 def hub_backend(hub_bucket: Any, settings: ReadAheadSettings | None, **options: Any) -> RemoteBackend:
-    from kvbucket.stores.hfbucket import HFBucketStore
-    from kvbucket.stores.hfbucket_config import build_config
+    from kvbucket.stores.hub.config import build_config
+    from kvbucket.stores.hub.store import HFBucketStore
 
     hub = hub_bucket.hub
     cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/kv", token=hub.write_token,
@@ -421,8 +421,8 @@ def test_hub_a_load_during_the_read_ahead_sends_nothing_of_its_own(hub_bucket: A
 
 @pytest.fixture
 def s3_backend(seaweedfs: Any, s3_bucket: str, fault_proxy: Any) -> Iterator[tuple[Any, RemoteBackend]]:
-    from kvbucket.stores.s3 import S3Store
-    from kvbucket.stores.s3_config import S3Config
+    from kvbucket.stores.s3.config import S3Config
+    from kvbucket.stores.s3.store import S3Store
 
     def make(settings: ReadAheadSettings | None, **overrides: Any) -> RemoteBackend:
         cfg = seaweedfs.config(s3_bucket, "ra", s3_endpoint_url=fault_proxy.url, **overrides)

@@ -19,9 +19,9 @@ from kvbucket.chunks import ChunkSizeError, KVLayout
 from kvbucket.errors import TransientStoreError
 from kvbucket.keys import key_to_name
 from kvbucket.stores.base import Buffer, ItemResult
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.memory import MemoryStore
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.backend_tests import as_bytes, chunk_bytes, key
 
 LAYOUT = KVLayout(2, 2, 16, "bfloat16", chunk_tokens=16)

@@ -32,7 +32,7 @@ from kvbucket.backends.local_cpu import LocalCPUBackend
 from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
 from kvbucket.chunks import KVLayout, as_view
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.backend_tests import key
 
 LAYOUT = KVLayout(2, 2, 32, "bfloat16", chunk_tokens=32)  # 16 KiB chunks

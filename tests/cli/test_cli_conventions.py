@@ -20,7 +20,7 @@ from cli_run import run_cli
 import kvbucket
 from kvbucket.keys import CacheEngineKey, key_to_name
 from kvbucket.stores import open_store
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 
 KEY = CacheEngineKey("meta-llama/Llama-3.1-8B", 2, 1, -0x41257AF1DD85C366, "bfloat16")
 

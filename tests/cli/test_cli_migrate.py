@@ -26,9 +26,9 @@ from kvbucket.l2 import ObjectStoreL2Adapter, open_l2_adapter
 from kvbucket.l2.migrate import migrate, plan
 from kvbucket.l2.naming import Naming
 from kvbucket.stores.base import ItemResult
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.memory import MemoryStore
-from kvbucket.stores.sealed import SealedStore
+from kvbucket.stores.guard.sealed import SealedStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing import l2 as t
 
 N = 5

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.counting_store import CountingStore
 from kvbucket.testing.neuron_standin import DEFAULT_VERSION as VERSION
 from kvbucket.testing.neuron_standin import StandInCompiler
@@ -21,13 +21,13 @@ def _open(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> ObjectSt
     if kind == "file":
         return FileStore(tmp_path / "bucket")
     if kind == "s3":
-        from kvbucket.stores.s3 import S3Config, S3Store
+        from kvbucket.stores.s3.store import S3Config, S3Store
 
         server = request.getfixturevalue("seaweedfs")
         bucket = request.getfixturevalue("s3_bucket")
         return S3Store(S3Config.parse(server.config(bucket, "compile-cache")))
     if kind == "hf":
-        from kvbucket.stores.hfbucket_open import open_hfbucket_store
+        from kvbucket.stores.hub.open import open_hfbucket_store
 
         bucket = request.getfixturevalue("hub_bucket")
         return open_hfbucket_store(f"hf://buckets/{bucket.bucket_id}/compile-cache",

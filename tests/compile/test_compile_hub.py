@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvbucket.compile_cache import compile_cache
-from kvbucket.stores.hfbucket_open import open_hfbucket_store
+from kvbucket.stores.hub.open import open_hfbucket_store
 from kvbucket.testing import HubEmulator
 from kvbucket.testing.neuron_standin import DEFAULT_VERSION as VERSION
 from kvbucket.testing.neuron_standin import StandInCompiler

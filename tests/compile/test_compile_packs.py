@@ -14,8 +14,8 @@ import pytest
 from kvbucket.compile_cache import NeuronLayout, compile_cache, fetch, sync
 from kvbucket.compile_cache.packs import PACKS_PREFIX, PackError, parse_index
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.counting_store import CountingStore
 from kvbucket.testing.neuron_standin import DEFAULT_VERSION as VERSION
 from kvbucket.testing.neuron_standin import StandInCompiler
@@ -30,7 +30,7 @@ def _open(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> ObjectSt
         return MemoryStore("cpack")
     if kind == "file":
         return FileStore(tmp_path / "bucket")
-    from kvbucket.stores.hfbucket_open import open_hfbucket_store
+    from kvbucket.stores.hub.open import open_hfbucket_store
 
     bucket = request.getfixturevalue("hub_bucket")
     return open_hfbucket_store(f"hf://buckets/{bucket.bucket_id}/cc", endpoint=bucket.hub.endpoint,

@@ -285,7 +285,7 @@ def test_unreachable_store_degrades_with_one_warning(host_a: StandInCompiler,
         def list(self, prefix: str = "", *, page_size: int = 1000):  # type: ignore[no-untyped-def]
             raise TransientStoreError("connection refused")
 
-    from kvbucket.stores.memory import MemoryStore
+    from kvbucket.stores.local.memory import MemoryStore
 
     caplog.set_level(logging.WARNING, "kvbucket")
     with _cc(host_a, Down(MemoryStore()), model_id=MODEL) as s:

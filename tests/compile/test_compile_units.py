@@ -18,7 +18,7 @@ from kvbucket.compile_cache.settings import resolve_target, save_target
 from kvbucket.compile_cache.sync import SyncBusyError
 from kvbucket.compile_cache.transfer import LOCK_NAME
 from kvbucket.errors import ConfigError
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.counting_store import CountingStore
 from kvbucket.testing.neuron_standin import DEFAULT_VERSION as VERSION
 from kvbucket.testing.neuron_standin import StandInCompiler

@@ -15,9 +15,9 @@ import torch
 from kvbucket.errors import StoreError
 from kvbucket.integrations.tensor_regions import StorageViews
 from kvbucket.stores.base import Gather, Scatter
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.memory import MemoryStore
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.local.memory import MemoryStore
 
 
 def pool() -> torch.Tensor:

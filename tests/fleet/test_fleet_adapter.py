@@ -7,7 +7,7 @@ import time
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.keys import key_to_name
 from kvbucket.l2 import EvictionConfig, ObjectStoreL2Adapter
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing import l2 as t
 from kvbucket.testing.counting_store import CountingStore
 from kvbucket.testing.fleet_node import chunk, key, until
@@ -102,7 +102,7 @@ def test_max_age_is_enforced_by_any_node_and_counted_as_cross_node() -> None:
 
 def test_lmcache_format_names_are_shared_too(tmp_path) -> None:
     from kvbucket.l2.naming import Naming
-    from kvbucket.stores.file import FileStore
+    from kvbucket.stores.local.file import FileStore
 
     shared = FileStore(tmp_path / "kv")
     nodes = [ObjectStoreL2Adapter(shared, owns_store=False, full_chunk_bytes=CHUNK,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2 import ObjectStoreL2Adapter
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing import l2 as t
 from kvbucket.testing.fleet_node import chunk, key
 

@@ -21,7 +21,7 @@ from lmcache.utils import CacheEngineKey
 
 from kvbucket.errors import ConfigError, StoreError
 from kvbucket.integrations.lmcache import KVBucketConnector
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.lmcache_engine import connector as lmcache_connector
 
 CHUNK_TOKENS = 16

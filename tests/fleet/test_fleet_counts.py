@@ -7,7 +7,7 @@ import time
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.fleet.sync import Fleet
 from kvbucket.keys import key_to_name
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.fleet_node import key
 
 FAST = {"sync_secs": 0.05, "grace_secs": 0.0, "max_age_secs": 0.05, "reconcile_secs": 0.01}

@@ -17,8 +17,8 @@ from kvbucket.fleet.report import inspect_fleet
 from kvbucket.integrations import engine_fleet, naming
 from kvbucket.integrations.sglang import SGLangStorageSettings
 from kvbucket.integrations.vllm import VLLMTierSettings
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.fleet_node import engine_name, run_engine_node, run_fleet
 
 CHUNK = 2048

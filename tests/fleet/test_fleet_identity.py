@@ -8,7 +8,7 @@ from kvbucket.fleet.config import FleetConfig
 from kvbucket.identity.core import IdentitySetting
 from kvbucket.l2 import ObjectStoreL2Adapter
 from kvbucket.l2.naming import Naming
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing import l2 as t
 from kvbucket.testing.fleet_node import chunk, key, until
 

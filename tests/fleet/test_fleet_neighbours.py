@@ -14,7 +14,7 @@ import pytest
 
 from kvbucket.keys import key_to_name
 from kvbucket.log_once import flush_all
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.fleet_node import key, until
 from kvbucket.testing.fleet_rounds import CHUNK, P, member, open_store, rounds, stored
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2 import open_l2_adapter
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing import fleet_node
 from kvbucket.testing import l2 as t
 from kvbucket.testing.fleet_node import chunk, key

@@ -11,11 +11,11 @@ from typing import Any
 
 from kvbucket.keys import key_to_name
 from kvbucket.l2 import open_l2_adapter
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing import l2 as t
 from kvbucket.testing.fleet_node import check_paced, chunk, key, paced_fleet, run_fleet
 from kvbucket.testing.hub_fixtures import HubBucket

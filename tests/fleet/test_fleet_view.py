@@ -222,7 +222,7 @@ def test_every_fleet_member_takes_the_pacing_settings() -> None:
     from kvbucket.fleet.member import StoreFleet
     from kvbucket.integrations.engine_fleet import FleetSettings
     from kvbucket.integrations.lmcache import connector_config_from_extra
-    from kvbucket.stores.memory import MemoryStore
+    from kvbucket.stores.local.memory import MemoryStore
 
     paced = {"coordination_ratio": 0.01, "max_sync_secs": 40.0}
     want = FleetConfig(**paced)

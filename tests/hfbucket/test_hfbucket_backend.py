@@ -19,8 +19,8 @@ from kvbucket.config import EngineConfig, build_backend
 from kvbucket.envelope import HEADER_SIZE
 from kvbucket.errors import ConfigError
 from kvbucket.keys import key_to_name
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.testing.backend_tests import BackendTests, as_bytes, chunk_bytes, key
 from kvbucket.testing.seed_configs import SEED_001_MINIMAL, SEED_001_MULTI
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from kvbucket.cli import build_app
 from kvbucket.keys import CacheEngineKey, key_to_name
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.store import HFBucketStore
 
 runner = CliRunner()
 KEY = CacheEngineKey("meta-llama/Llama-3.1-8B", 2, 1, -0x41257AF1DD85C366, "bfloat16")

@@ -8,19 +8,19 @@ import pytest
 
 from kvbucket.errors import ConfigError
 from kvbucket.stores import open_store
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import (
+from kvbucket.stores.hub.config import (
     HFBucketConfig,
     build_config,
     config_from_plugin_options,
     default_download_tmp_dir,
     parse_bucket_handle,
 )
-from kvbucket.stores.hfbucket_open import (
+from kvbucket.stores.hub.open import (
     open_hfbucket_store,
     store_from_plugin_options,
     store_from_remote_url,
 )
+from kvbucket.stores.hub.store import HFBucketStore
 
 SECRET = "hf_unit_secret_value_123"
 ENGINE = SimpleNamespace(save_unfull_chunk=False, extra_config={})

@@ -17,9 +17,9 @@ import pytest
 
 from kvbucket.errors import CircuitOpenError, DeadlineExceededError, TransientStoreError
 from kvbucket.metrics import STORE_BREAKER_REJECTED, STORE_BREAKER_STATE
-from kvbucket.stores.breaker import CLOSED, OPEN
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.guard.breaker import CLOSED, OPEN
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.testing.hub_emulator import HubEmulator
 from kvbucket.testing.silent_server import SilentServer
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from kvbucket.secrets import redact as redact_log_text
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
 
 
 def make_store(hub: Any, bucket_id: str, prefix: str) -> HFBucketStore:

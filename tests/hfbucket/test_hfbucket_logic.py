@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from kvbucket.errors import NotFoundError, SizeMismatchError, StoreError, TransientStoreError
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig
-from kvbucket.stores.hub_client import HubBucketClient, RemoteFile
+from kvbucket.stores.hub.client import HubBucketClient, RemoteFile
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.store import HFBucketStore
 
 
 class FakeHub(HubBucketClient):

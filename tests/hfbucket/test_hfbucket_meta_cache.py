@@ -11,9 +11,9 @@ import os
 import threading
 from typing import Any
 
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
-from kvbucket.stores.meta_cache import MetaCache
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.meta_cache import MetaCache
+from kvbucket.stores.hub.store import HFBucketStore
 
 WAIT_S = 30.0  # generous bound on event waits; the test never measures speed
 
@@ -82,7 +82,7 @@ def test_set_many_since_a_stamp_skips_keys_written_after_it() -> None:
 
 
 def test_a_stamp_older_than_the_kept_write_epochs_caches_nothing(monkeypatch: Any) -> None:
-    import kvbucket.stores.meta_cache as mc
+    import kvbucket.stores.hub.meta_cache as mc
 
     monkeypatch.setattr(mc, "_WRITES_KEPT", 2)
     c: MetaCache[int] = MetaCache(60.0)

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.testing.hub_emulator.request_log import count_routes, sequential_round_trips
 
 # Added to every request. Round trips are counted from causal order, so a request the emulator
@@ -76,8 +76,7 @@ def test_the_load_concurrency_bounds_what_is_in_flight(
 ) -> None:
     """``load_concurrency`` is the bound: 4 at a time makes the fetches of 16 objects 4 waves
     (one fetch per object: runs off, or the 16 objects of one put_many would be two fetches)."""
-    from kvbucket.stores import xet_reads
-
+    from kvbucket.stores.hub.xet import reads as xet_reads
     monkeypatch.setattr(xet_reads, "RUN_OBJECTS", 1)
     hub = hub_bucket.hub
     names = [f"w{i:02d}" for i in range(16)]
@@ -131,8 +130,7 @@ def test_sequential_round_trips_counts_the_longest_waiting_chain() -> None:
 def test_reconstructions_expire_and_refused_fetch_urls_are_asked_for_again(hub_bucket: Any) -> None:
     """Fetch URLs are presigned and expire: a cached reconstruction is reused only briefly, and a
     fetch the storage refuses (403) gets a fresh reconstruction once, then succeeds."""
-    from kvbucket.stores import xet_reads
-
+    from kvbucket.stores.hub.xet import reads as xet_reads
     hub = hub_bucket.hub
     names = [f"e{i}" for i in range(4)]
     data = [os.urandom(100_000) for _ in names]
@@ -190,8 +188,7 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_transparently(
     object here (no runs), so that eight connections are kept and closed."""
     import socket
 
-    from kvbucket.stores import xet_reads
-
+    from kvbucket.stores.hub.xet import reads as xet_reads
     monkeypatch.setattr(xet_reads, "RUN_OBJECTS", 1)
 
     hub = hub_bucket.hub

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from kvbucket.errors import DeadlineExceededError
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.testing.hub_emulator.request_log import count_routes
 
 LOAD_S = 2.0

@@ -19,10 +19,10 @@ from huggingface_hub.errors import BucketNotFoundError
 
 from kvbucket.errors import AuthError, NotFoundError
 from kvbucket.stores import open_store, xet_sessions
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig, build_config
-from kvbucket.stores.hfbucket_open import store_from_plugin_options
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.hub.config import HFBucketConfig, build_config
+from kvbucket.stores.hub.open import store_from_plugin_options
+from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.testing.store_tests import StoreTests, payload
 
 FAST = {"retry_backoff_secs": 0.01}
@@ -56,7 +56,7 @@ class TestHFBucketStoreOnEmulator(StoreTests):
 
 
 class TestHFBucketStoreOnEmulatorPythonDecoder(TestHFBucketStoreOnEmulator):
-    """The same suite with the pure-Python Xet decoder, the fallback (stores/xet_decode.py)."""
+    """The same suite with the pure-Python Xet decoder, the fallback (stores/hub/xet/decode.py)."""
 
     decoder = "python"
 

@@ -19,13 +19,13 @@ import pytest
 import xxhash
 
 from kvbucket import envelope as env
-from kvbucket.stores import xet_uploads
 from kvbucket.stores.base import Gather
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
-from kvbucket.stores.memory import MemoryStore
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.hub.xet import uploads as xet_uploads
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.hub_emulator.request_log import count_routes
 
 

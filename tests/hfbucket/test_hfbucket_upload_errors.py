@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from kvbucket.errors import AuthError, StoreError, TransientStoreError
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
-from kvbucket.stores.hub_errors import http_status
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.errors import http_status
+from kvbucket.stores.hub.store import HFBucketStore
 
 
 def _store(hub_bucket: Any) -> HFBucketStore:
@@ -47,7 +47,7 @@ def test_hf_xet_errors_give_their_status_and_a_reset_has_none() -> None:
     assert http_status(ConnectionError("Network error: Request error: HTTP status server error "
                                        "(503 Service Unavailable), domain: http://h/")) == 503
     assert http_status(ConnectionError("Network error: error sending request: connection reset")) is None
-    from kvbucket.stores.hub_client import HubBucketClient
+    from kvbucket.stores.hub.client import HubBucketClient
 
     client = HubBucketClient(endpoint="http://127.0.0.1:1", bucket_id="o/b", token=None, token_source="none")
     try:

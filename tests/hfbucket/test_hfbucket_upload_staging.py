@@ -1,4 +1,4 @@
-"""Uploads staged as private files in RAM (stores/xet_uploads.py), on the emulator with the real hf_xet.
+"""Uploads staged as private files in RAM (stores/hub/xet/uploads.py), on the emulator with the real hf_xet.
 
 Objects from ``STAGE_MIN_BYTES`` go to hf_xet by ``start_upload_file`` (read in Rust, without the
 GIL) from a 0600 file in a 0700 directory on /dev/shm, written with ``os.writev``; smaller ones,
@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 
 from kvbucket.errors import StoreError
-from kvbucket.stores import xet_uploads
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.hub.xet import uploads as xet_uploads
 from kvbucket.testing.hub_emulator.request_log import count_routes
 from kvbucket.testing.payloads import payload
 
@@ -224,7 +224,7 @@ def test_the_staging_setting_is_auto_off_or_a_directory_on_a_tmpfs(
     assert xet_uploads.staging_root() is None and xet_uploads.staging_dir() is None
     monkeypatch.setenv(env, str(tmp_path))  # a disk (the test's tmp directory is not a tmpfs here)
     if not xet_uploads._on_tmpfs(str(tmp_path)):
-        with caplog.at_level("WARNING", logger="kvbucket.stores.xet_uploads"):
+        with caplog.at_level("WARNING", logger="kvbucket.stores.hub.xet.uploads"):
             assert xet_uploads.staging_root() is None
             assert xet_uploads.staging_root() is None
         warned = [r.getMessage() for r in caplog.records if env in r.getMessage()]
@@ -335,7 +335,7 @@ def test_concurrent_puts_of_sizes_around_the_threshold_read_back_their_own_bytes
 
 _CHILD = """
 import sys, time
-from kvbucket.stores import xet_uploads
+from kvbucket.stores.hub.xet import uploads as xet_uploads
 s = xet_uploads.UploadStaging()
 print(s._stage(b"x" * (2 * xet_uploads.STAGE_MIN_BYTES)), flush=True)
 if sys.argv[1] == "hang":

@@ -1,4 +1,4 @@
-"""What the read path of HFBucketStore prepares, and when (stores/hub_client.py, xet_reads.py).
+"""What the read path of HFBucketStore prepares, and when (stores/hub/client.py, stores/hub/xet/reads.py).
 
 Counts and objects, never times: in a fresh process the first lookup paid for setting up HTTP
 clients (loading CA certificates into TLS contexts) on the inference path; opening the store
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from kvbucket.stores import xet_reads
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig, build_config
+from kvbucket.stores.hub.config import HFBucketConfig, build_config
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.hub.xet import reads as xet_reads
 
 
 def stored(hub_bucket: Any, prefix: str, names: list[str], sizes: list[int]
@@ -119,8 +119,7 @@ def test_opening_a_store_starts_its_load_and_request_threads() -> None:
     the store starts them, idle; no request is made (the endpoint listens nowhere)."""
     import threading
 
-    from kvbucket.stores import hub_client
-
+    from kvbucket.stores.hub import client as hub_client
     before = {t.name for t in threading.enumerate()}
     store = HFBucketStore(build_config(bucket_handle="hf://buckets/o/b/p", token="hf_x", token_env="",
                                        endpoint="http://127.0.0.1:9", load_concurrency=16))
@@ -265,8 +264,7 @@ def test_a_run_that_fails_midway_leaves_the_rest_to_their_own_fetch(
     """The third object of a run fails to parse: the two before it count as read, it and the ones
     after it are read by their own fetches (from their first byte), and every object is right."""
     from kvbucket.errors import TransientStoreError
-    from kvbucket.stores import xet_decode
-
+    from kvbucket.stores.hub.xet import decode as xet_decode
     names = [f"f{i}" for i in range(xet_reads.RUN_OBJECTS)]
     cfg, data = stored(hub_bucket, "runfail", names, [150_000 + 11 * i for i in range(len(names))])
     real = xet_decode.copy_range

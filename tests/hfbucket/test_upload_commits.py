@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvbucket.stores import xet_sessions
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.hub.xet import sessions as xet_sessions
 from kvbucket.testing.payloads import realistic_kv
 
 

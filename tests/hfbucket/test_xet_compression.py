@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from kvbucket.encryption import Keyring
-from kvbucket.stores import xet_compression
 from kvbucket.stores.base import Gather
-from kvbucket.stores.memory import MemoryStore
-from kvbucket.stores.sealed import seal_store
-from kvbucket.stores.xet_compression import batch_policy
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.hub.xet import compression as xet_compression
+from kvbucket.stores.hub.xet.compression import batch_policy
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.payloads import payload, realistic_kv
 
 MiB = 1 << 20

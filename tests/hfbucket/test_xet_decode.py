@@ -1,4 +1,4 @@
-"""The compiled Xet decoder against the pure-Python one and the original bytes (stores/xet_decode.py).
+"""The compiled Xet decoder against the pure-Python one and the original bytes (stores/hub/xet/decode.py).
 
 Randomized and differential: fetched ranges are built from random bytes and bf16 KV (per-channel
 scales, outlier channels), in every chunk scheme (raw, LZ4 frame, byte grouping 4 + LZ4) and
@@ -24,10 +24,10 @@ import pytest
 import xxhash
 
 from kvbucket.errors import StoreError
-from kvbucket.stores import xet_decode
 from kvbucket.stores.base import Scatter
 from kvbucket.stores.deadline import Abandoned, Gate
-from kvbucket.stores.xet_decode import Window, XetReadUnsupported, copy_range
+from kvbucket.stores.hub.xet import decode as xet_decode
+from kvbucket.stores.hub.xet.decode import Window, XetReadUnsupported, copy_range
 
 KERNEL = xet_decode.compiled()  # whatever KVBUCKET_XET_DECODER says (the suite runs once with python)
 
@@ -88,7 +88,7 @@ class Pieces:
 
 class Redirecting(Pieces):
     """A body whose reader redirects part 1 of ``dst`` to ``to`` once ``at`` bytes were read (what
-    a load does to a read-ahead on its way: stores/prefetch.py)."""
+    a load does to a read-ahead on its way: stores/guard/read_ahead.py)."""
 
     def __init__(self, body: bytes, rng: random.Random, dst: Scatter, at: int, to: np.ndarray) -> None:
         super().__init__(body, rng)
@@ -246,9 +246,9 @@ def test_real_hf_xet_uploads_decode_alike_into_buffers_scatters_and_sealed_reads
     read back by each decoder into fresh buffers, caller buffers, Scatters and through a sealed
     store (header + payload Scatter, hashed as it lands). The compiled decoder decodes every
     chunk itself (no chunk goes the Python way); the Python one decodes them all."""
-    from kvbucket.stores.hfbucket import HFBucketStore
-    from kvbucket.stores.hfbucket_config import build_config
-    from kvbucket.stores.sealed import seal_store
+    from kvbucket.stores.guard.sealed import seal_store
+    from kvbucket.stores.hub.config import build_config
+    from kvbucket.stores.hub.store import HFBucketStore
 
     rng = np.random.default_rng(7)
     sizes = [1, 4_097, 65_539, 1_000_003, 3 << 20]

@@ -16,8 +16,8 @@ from prometheus_client import REGISTRY
 from kvbucket import envelope as env
 from kvbucket.encryption import BLOCK, Keyring
 from kvbucket.stores.base import Scatter
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.sealed import SealedStore
+from kvbucket.stores.guard.sealed import SealedStore
+from kvbucket.stores.local.file import FileStore
 
 SIZE = 2 * BLOCK + BLOCK // 2 + 7  # three blocks, the last one short and odd-sized
 NAME = "m%2Fx@1@0@ab@bfloat16"

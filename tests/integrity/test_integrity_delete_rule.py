@@ -21,12 +21,12 @@ from kvbucket.encryption import Keyring
 from kvbucket.keys import CacheEngineKey, key_to_name
 from kvbucket.metrics import integrity_failures as failures
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig
-from kvbucket.stores.refusals import DAMAGE, UNREADABLE, removable
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.guard.refusals import DAMAGE, UNREADABLE, removable
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.backend_tests import chunk_bytes
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_size=64, dtype="bfloat16", chunk_tokens=8)
@@ -191,7 +191,7 @@ def test_a_fleet_node_that_cannot_open_a_chunk_does_not_report_it_deleted(tmp_pa
     without a keyring would have dropped the writer's chunks from every node's view."""
     from kvbucket.fleet.config import FleetConfig
     from kvbucket.l2 import ObjectStoreL2Adapter
-    from kvbucket.stores.memory import MemoryStore
+    from kvbucket.stores.local.memory import MemoryStore
     from kvbucket.testing import l2 as t
     from kvbucket.testing.fleet_node import chunk, until
     from kvbucket.testing.fleet_node import key as l2_key
@@ -228,7 +228,7 @@ def test_the_non_mp_connectors_lmcache_names_are_not_served_with_encryption_on(t
     """The connector routes names through the same FormatStore (kvbucket.l2.format_store)."""
     from kvbucket.l2.format_store import route_formats
     from kvbucket.l2.naming import Naming
-    from kvbucket.stores.sealed import seal_store
+    from kvbucket.stores.guard.sealed import seal_store
 
     naming = Naming(style="s3", connector=True)
     k = key(1).to_string()

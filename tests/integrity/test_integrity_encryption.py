@@ -22,7 +22,7 @@ from kvbucket.errors import ConfigError
 from kvbucket.keys import CacheEngineKey, ObjectKey, key_to_name
 from kvbucket.l2 import open_l2_adapter
 from kvbucket.metrics import integrity_failures
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing import l2 as t
 from kvbucket.testing.backend_tests import chunk_bytes
 

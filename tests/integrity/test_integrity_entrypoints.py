@@ -13,8 +13,8 @@ import pytest
 from kvbucket.envelope import HEADER_SIZE
 from kvbucket.keys import key_to_name
 from kvbucket.metrics import integrity_failures as failures
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.local.file import FileStore
 
 DAMAGES = ("flip-payload", "flip-header", "truncate", "swap-bodies", "other-tenant")
 REASON = {"flip-payload": "checksum", "flip-header": "header", "truncate": "truncated", "swap-bodies": "name",

@@ -9,8 +9,8 @@ import pytest
 
 from kvbucket import envelope as env
 from kvbucket.stores.base import Scatter
-from kvbucket.stores.memory import MemoryStore
-from kvbucket.stores.sealed import SealedStore, inspect_object, seal_store, tenant_of_name
+from kvbucket.stores.guard.sealed import SealedStore, inspect_object, seal_store, tenant_of_name
+from kvbucket.stores.local.memory import MemoryStore
 
 
 def sealed() -> tuple[SealedStore, MemoryStore]:

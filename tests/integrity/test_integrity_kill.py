@@ -23,8 +23,8 @@ from kvbucket.backends.local_disk import LocalDiskBackend
 from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.keys import key_to_name
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 
 BIG = KVLayout(num_layers=64, num_kv_heads=8, head_size=128, dtype="bfloat16", chunk_tokens=512)  # 64 MiB
 
@@ -66,9 +66,9 @@ def test_disk_tier_writer_killed_mid_write(tmp_path: Path) -> None:
 
 S3_WRITER = """
 import json, sys, numpy as np
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.s3.store import S3Store
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.guard.sealed import seal_store
 parts = {"s3_multipart_threshold": 5 << 20, "s3_multipart_part_size": 5 << 20}
 cfg = S3Config.parse({**json.loads(sys.argv[1]), **parts})
 store = seal_store(S3Store(cfg), tier="remote")
@@ -104,9 +104,9 @@ def test_s3_multipart_writer_killed_mid_upload(seaweedfs, s3_bucket) -> None:
 
 HF_WRITER = """
 import sys, numpy as np
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.guard.sealed import seal_store
 endpoint, token, bucket, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 cfg = build_config(bucket_handle=f"hf://buckets/{bucket}", token=token, token_env="", endpoint=endpoint,
                    store_timeout_secs=60.0)
@@ -122,9 +122,9 @@ def test_hf_bucket_writer_killed_before_or_during_its_commit(hub_bucket: Any, hu
                                                              route: str) -> None:
     """SIGKILL while the Xet upload runs (nothing committed) or while the bucket's batch commit is
     in flight: afterwards every name is absent or a complete chunk that verifies."""
-    from kvbucket.stores.hfbucket import HFBucketStore
-    from kvbucket.stores.hfbucket_config import build_config
-    from kvbucket.stores.sealed import seal_store
+    from kvbucket.stores.guard.sealed import seal_store
+    from kvbucket.stores.hub.config import build_config
+    from kvbucket.stores.hub.store import HFBucketStore
 
     hub = hub_bucket.hub
     hub_faults.add(route, latency_s=3.0)  # hold the step, so the kill surely lands inside it

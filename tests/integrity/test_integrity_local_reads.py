@@ -16,10 +16,10 @@ from prometheus_client import REGISTRY
 
 from kvbucket import envelope as env
 from kvbucket.encryption import HANDOFF_MIN, Handoff, Keyring
-from kvbucket.stores import decrypting_reads
 from kvbucket.stores.base import ItemResult
-from kvbucket.stores.file import HASH_STEP, FileStore
-from kvbucket.stores.sealed import SealedStore
+from kvbucket.stores.guard import decrypting_reads
+from kvbucket.stores.guard.sealed import SealedStore
+from kvbucket.stores.local.file import HASH_STEP, FileStore
 
 KEY_A, KEY_B = os.urandom(32), os.urandom(32)
 # Sizes around the read step and the GCM block size, a tiny one and an empty one.

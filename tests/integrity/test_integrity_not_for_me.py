@@ -22,10 +22,10 @@ from kvbucket.keys import CacheEngineKey, key_to_name
 from kvbucket.metrics import integrity_failures as failures
 from kvbucket.stores import open_store
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.backend_tests import chunk_bytes
 
 
@@ -91,7 +91,7 @@ def test_a_reader_at_another_root_misses_and_leaves_the_writers_chunks(at: Opene
 def test_a_chunk_copied_under_another_name_is_kept_and_damage_still_removed(tmp_path: Path) -> None:
     """The rule in one place: an intact envelope under another name is kept, a flipped byte removed."""
     from kvbucket.envelope import HEADER_SIZE
-    from kvbucket.stores.file import FileStore
+    from kvbucket.stores.local.file import FileStore
 
     with RemoteBackend(FileStore(tmp_path), LAYOUT) as w:
         w.batched_put([(key(i), chunk_bytes(LAYOUT, i)) for i in range(3)])

@@ -28,13 +28,13 @@ from kvbucket.envelope import HEADER_SIZE
 from kvbucket.keys import CacheEngineKey, key_to_name
 from kvbucket.metrics import integrity_failures as failures
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig
-from kvbucket.stores.refusals import removable
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.refusals import removable
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.backend_tests import chunk_bytes
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_size=64, dtype="bfloat16", chunk_tokens=8)

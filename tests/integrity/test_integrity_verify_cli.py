@@ -11,7 +11,7 @@ from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.envelope import HEADER_SIZE
 from kvbucket.keys import CacheEngineKey, key_to_name
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.backend_tests import chunk_bytes
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_size=64, dtype="bfloat16", chunk_tokens=8)

@@ -11,8 +11,8 @@ import pytest
 
 from kvbucket.keys import ObjectKey, key_to_name
 from kvbucket.l2 import EvictionConfig, ObjectStoreL2Adapter
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing import l2 as t
 
 CHUNK = 4096

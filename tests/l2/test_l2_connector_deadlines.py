@@ -15,9 +15,9 @@ pytest.importorskip("lmcache", reason="the lmcache extra is not installed (pip i
 import torch
 from lmcache.utils import CacheEngineKey
 
-from kvbucket.stores.breaker import OPEN
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config
+from kvbucket.stores.guard.breaker import OPEN
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.testing.lmcache_engine import MODEL, connector
 from kvbucket.testing.silent_server import SilentServer
 

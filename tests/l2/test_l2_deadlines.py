@@ -12,7 +12,7 @@ import pytest
 
 from kvbucket.keys import ObjectKey
 from kvbucket.l2 import open_l2_adapter
-from kvbucket.stores.breaker import OPEN
+from kvbucket.stores.guard.breaker import OPEN
 from kvbucket.testing import l2 as t
 from kvbucket.testing.silent_server import SilentServer
 

@@ -13,9 +13,9 @@ import pytest
 from kvbucket.envelope import HEADER_SIZE, MAGIC
 from kvbucket.keys import ObjectKey, key_to_name
 from kvbucket.l2 import open_l2_adapter
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.testing import l2 as t
 from kvbucket.testing.hub_fixtures import HubBucket
 

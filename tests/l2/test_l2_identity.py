@@ -27,7 +27,7 @@ from kvbucket.errors import ConfigError
 from kvbucket.identity.core import identity_of_dir
 from kvbucket.identity.manifest import read_identities
 from kvbucket.integrations.lmcache import KVBucketConnector
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.identity_models import OTHER_VARIANTS, make_model_dirs
 from kvbucket.testing.l2 import drain_fd, lmcache_memory_obj, wait_fd
 

@@ -20,7 +20,7 @@ from lmcache.v1.memory_management import MemoryFormat
 
 from kvbucket.integrations.lmcache import KVBucketL2Adapter, to_kvbucket_key, to_lmcache_key
 from kvbucket.keys import key_to_name
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.l2 import lmcache_memory_obj, wait_fd
 
 pytestmark = pytest.mark.lmcache

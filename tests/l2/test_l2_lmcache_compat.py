@@ -26,8 +26,8 @@ from lmcache.v1.distributed.api import ObjectKey as LMKey
 from lmcache.v1.memory_management import MemoryFormat
 
 from kvbucket.integrations.lmcache import KVBucketConnector, KVBucketL2Adapter
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import HFBucketConfig
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.testing.hub_fixtures import HubBucket
 from kvbucket.testing.l2 import drain_fd, lmcache_memory_obj, wait_fd
 from kvbucket.testing.s3_server import DOMAIN, S3Server, SeaweedFS

@@ -2,7 +2,7 @@
 ``load``, built by LMCache's ``create_l2_adapter``) and the non-MP connector (``contains`` then
 ``get_blocking``, through LMCache's ``RemoteBackend``), on the Hub emulator and on SeaweedFS.
 
-A lookup hit starts the load (kvbucket.stores.prefetch); the load then makes no request once the
+A lookup hit starts the load (kvbucket.stores.guard.read_ahead); the load then makes no request once the
 read-ahead landed, and none twice while it is on its way. Checked against the emulator's request
 counts and the S3 proxy's request log.
 """

@@ -46,7 +46,7 @@ ENGINES = {
     "sglang": "SGLang is the engine kvbucket plugs into: users run kvbucket inside it (docs/sglang.md)",
     "vllm": "vLLM is the engine kvbucket plugs into: users run kvbucket inside it (docs/vllm.md)",
     "neuronx_cc": "the AWS Neuron compiler, present on Neuron instances only",
-    "certifi": "optional (ImportError handled): stores/s3_direct.py falls back to libcurl's CA store",
+    "certifi": "optional (ImportError handled): stores/s3/direct.py falls back to libcurl's CA store",
     "triton": "optional (ImportError suppressed): compile_cache/torch_env.py names its version if present",
 }
 

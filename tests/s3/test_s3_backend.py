@@ -16,8 +16,8 @@ from kvbucket.chunks import ChunkSizeError, KVLayout
 from kvbucket.config import EngineConfig, build_backend
 from kvbucket.errors import ConfigError
 from kvbucket.keys import CacheEngineKey, key_to_name
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.backend_tests import BackendTests
 from kvbucket.testing.s3_server import FaultProxy, S3Server
 from kvbucket.testing.seed_configs import SEED_004_COREWEAVE, seed_config

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from kvbucket.cli import build_app
 from kvbucket.keys import CacheEngineKey, key_to_name
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.s3_server import S3Server
 
 KEY = CacheEngineKey("meta-llama/Llama-3.1-8B", 2, 1, -0x41257AF1DD85C366, "bfloat16")

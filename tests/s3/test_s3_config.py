@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvbucket.errors import ConfigError
-from kvbucket.stores.s3 import S3Store, store_from_remote_url
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store, store_from_remote_url
 from kvbucket.testing.seed_configs import SEED_004_BASIC, SEED_004_COREWEAVE, seed_config
 
 # The remote_url and extra_config blocks of seed 004's three examples, verbatim.

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from kvbucket.stores import open_store
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.s3_server import S3Server
 from kvbucket.testing.store_tests import StoreTests
 

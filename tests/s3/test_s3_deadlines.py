@@ -16,9 +16,9 @@ import pytest
 
 from kvbucket.errors import CircuitOpenError, DeadlineExceededError, TransientStoreError
 from kvbucket.metrics import STORE_BREAKER_STATE
-from kvbucket.stores.breaker import CLOSED, OPEN
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.guard.breaker import CLOSED, OPEN
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.s3_server import FaultProxy, S3Server, SeaweedFS
 from kvbucket.testing.silent_server import SilentServer
 

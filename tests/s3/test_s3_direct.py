@@ -18,10 +18,10 @@ import xxhash
 from kvbucket.errors import AuthError, SizeMismatchError
 from kvbucket.metrics import integrity_failures
 from kvbucket.stores.base import Scatter
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
-from kvbucket.stores.s3_direct import _Transfer
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.direct import _Transfer
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.s3_server import FaultProxy, S3Server
 from kvbucket.testing.tls import make_test_certificates
 
@@ -228,8 +228,7 @@ def test_a_large_batch_is_read_on_several_threads_each_item_once(
     then runs on several cores); every item is still one presigned GET, its bytes in place."""
     import threading
 
-    from kvbucket.stores import s3_direct
-
+    from kvbucket.stores.s3 import direct as s3_direct
     monkeypatch.setattr(s3_direct, "SPLIT_BYTES", 1 << 20)
     sealed = seal_store(store, tier="s3-split-test")
     data = [np.random.default_rng(i).integers(0, 256, 1 << 20, dtype=np.uint8) for i in range(8)]
@@ -269,7 +268,7 @@ class CountingHasher:
 def test_a_sealed_payloads_checksum_is_fed_per_256_kib_not_per_frame() -> None:
     """libcurl hands 16 KiB per callback; the checksum is fed from the buffer every 256 KiB (one
     GIL-releasing call instead of 16), and never claims bytes it has not hashed."""
-    from kvbucket.stores.s3_direct import HASH_STEP
+    from kvbucket.stores.s3.direct import HASH_STEP
 
     size = 4 << 20
     body = np.random.default_rng(9).integers(0, 256, 64 + size, dtype=np.uint8).tobytes()

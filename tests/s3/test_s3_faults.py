@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvbucket.errors import AuthError, NotFoundError, StoreError, TransientStoreError
-from kvbucket.stores.s3 import S3Store, store_from_remote_url
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store, store_from_remote_url
 from kvbucket.testing.s3_server import DOMAIN, FaultProxy, S3Server
 from kvbucket.testing.seed_configs import SEED_004_COREWEAVE, seed_config
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.s3_server import FaultProxy, S3Server
 
 LATENCY = 0.4  # longer than the spread of 64 connections accepted on a busy machine

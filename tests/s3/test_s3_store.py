@@ -13,8 +13,8 @@ import pytest
 
 from kvbucket.errors import InvalidKeyError, SizeMismatchError, StoreError
 from kvbucket.keys import CacheEngineKey, key_to_name, name_to_key
-from kvbucket.stores.s3 import S3Store
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.s3_server import S3Server
 
 MiB = 1024 * 1024

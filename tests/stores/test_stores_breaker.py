@@ -18,8 +18,8 @@ import pytest
 from kvbucket.errors import AuthError, CircuitOpenError, DeadlineExceededError, NotFoundError
 from kvbucket.metrics import STORE_BREAKER_OPENS, start_metrics_server
 from kvbucket.stores.base import ItemResult
-from kvbucket.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, RemoteStore
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.guard.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, RemoteStore
+from kvbucket.stores.local.memory import MemoryStore
 
 
 class FlakyStore(RemoteStore):

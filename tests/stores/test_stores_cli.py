@@ -15,7 +15,7 @@ from kvbucket.cli.store_cmd import RM_BATCH, display_key, human_size
 from kvbucket.errors import StoreError
 from kvbucket.keys import CacheEngineKey, ObjectKey, key_to_name
 from kvbucket.stores.base import ItemResult
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 
 runner = CliRunner()
 KEY = CacheEngineKey("meta-llama/Llama-3.1-8B", 2, 1, -0x41257AF1DD85C366, "bfloat16")

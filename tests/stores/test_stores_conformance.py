@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvbucket.stores import MemoryStore, open_store
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.store_tests import StoreTests
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from kvbucket.backends.local_disk import LOCK_NAME, LocalDiskBackend
 from kvbucket.errors import ConfigError, StoreError
-from kvbucket.stores.file import TMP_DIR_NAME, FileStore
+from kvbucket.stores.local.file import TMP_DIR_NAME, FileStore
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_a_key_that_is_not_valid_utf8_fails_alone_in_a_backend_batch() -> None:
     from kvbucket.backends.remote import RemoteBackend
     from kvbucket.chunks import KVLayout
     from kvbucket.errors import InvalidKeyError
-    from kvbucket.stores.memory import MemoryStore
+    from kvbucket.stores.local.memory import MemoryStore
 
     layout = KVLayout(num_layers=1, num_kv_heads=1, head_size=4, dtype="float16", chunk_tokens=4)
     store = MemoryStore()

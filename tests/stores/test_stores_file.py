@@ -16,7 +16,7 @@ import pytest
 
 from kvbucket.errors import ConfigError, InvalidKeyError, NotFoundError, StoreError
 from kvbucket.stores import open_store
-from kvbucket.stores.file import TMP_DIR_NAME, FileStore, open_file_store
+from kvbucket.stores.local.file import TMP_DIR_NAME, FileStore, open_file_store
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 BIG = 32 * 1024 * 1024
@@ -25,7 +25,7 @@ BIG = 32 * 1024 * 1024
 _CRASHER = textwrap.dedent(
     """
     import os, signal, sys
-    from kvbucket.stores.file import FileStore
+    from kvbucket.stores.local.file import FileStore
 
     root, point = sys.argv[1], sys.argv[2]
     store = FileStore(root)
@@ -305,7 +305,7 @@ def test_removed_temp_dir_is_recreated(tmp_path: Path) -> None:
 _LOOPING_WRITER = textwrap.dedent(
     """
     import sys
-    from kvbucket.stores.file import FileStore
+    from kvbucket.stores.local.file import FileStore
 
     store = FileStore(sys.argv[1])
     big = int(sys.argv[2])

@@ -9,11 +9,11 @@ from pathlib import Path
 
 
 def test_a_file_store_that_outlives_its_module_at_exit_closes_quietly(tmp_path: Path) -> None:
-    # sys is torn down last, so the store's __del__ runs after kvbucket.stores.file's globals
+    # sys is torn down last, so the store's __del__ runs after kvbucket.stores.local.file's globals
     # were cleared (as after gc.freeze() in a benchmark): it must not need them.
     code = textwrap.dedent(f"""
         import sys
-        from kvbucket.stores.file import FileStore
+        from kvbucket.stores.local.file import FileStore
         s = FileStore({str(tmp_path)!r})
         s.put_many([("a", b"x")])
         sys._kvbucket_test_hold = s

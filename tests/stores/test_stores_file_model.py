@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 
 # A small alphabet so that names collide, nest and share prefixes often.
 segment = st.sampled_from(["a", "b", "a-b", "é", "%2F", "x@1"])

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from kvbucket.stores.base import Buffer, ItemResult, Scatter
-from kvbucket.stores.memory import MemoryStore
-from kvbucket.stores.prefetch import PARALLEL_COPY_BYTES, PrefetchStore
-from kvbucket.stores.prefetch_config import ReadAheadSettings
+from kvbucket.stores.guard.read_ahead import PARALLEL_COPY_BYTES, PrefetchStore
+from kvbucket.stores.guard.read_ahead_config import ReadAheadSettings
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.counting_store import CountingStore
 from kvbucket.testing.fleet_node import until
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from kvbucket.stores.base import Buffer, ItemResult, Scatter
-from kvbucket.stores.memory import MemoryStore
-from kvbucket.stores.prefetch import PrefetchStore
-from kvbucket.stores.prefetch_config import ReadAheadSettings
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.read_ahead import PrefetchStore
+from kvbucket.stores.guard.read_ahead_config import ReadAheadSettings
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.counting_store import CountingStore
 
 SIZE = 64 * 1024
@@ -156,8 +156,7 @@ def test_a_load_arriving_while_its_read_ahead_is_decrypted_gets_plaintext(monkey
     A redirect then would copy ciphertext into the load's buffer (and decryption go on in the
     read-ahead's own buffer): the load must get the plaintext, or a miss, never ciphertext."""
     from kvbucket.encryption import Keyring
-    from kvbucket.stores import envelope_open
-
+    from kvbucket.stores.guard import envelope_open
     raw = HeldStore()
     raw.first_half_early = True
     raw.release.set()  # the store writes everything at once: the read is over before the load

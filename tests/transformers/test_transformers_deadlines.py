@@ -15,11 +15,11 @@ from kvbucket.backends import HybridBackend, LocalCPUBackend, RemoteBackend  # n
 from kvbucket.demo.model import TINY, build_model  # noqa: E402
 from kvbucket.integrations.transformers import KVBucketPrefixCache, probe_kv_layout  # noqa: E402
 from kvbucket.stores import ObjectStore  # noqa: E402
-from kvbucket.stores.breaker import OPEN  # noqa: E402
-from kvbucket.stores.hfbucket import HFBucketStore  # noqa: E402
-from kvbucket.stores.hfbucket_config import build_config  # noqa: E402
-from kvbucket.stores.s3 import S3Store  # noqa: E402
-from kvbucket.stores.s3_config import S3Config  # noqa: E402
+from kvbucket.stores.guard.breaker import OPEN  # noqa: E402
+from kvbucket.stores.hub.config import build_config  # noqa: E402
+from kvbucket.stores.hub.store import HFBucketStore  # noqa: E402
+from kvbucket.stores.s3.config import S3Config  # noqa: E402
+from kvbucket.stores.s3.store import S3Store  # noqa: E402
 from kvbucket.testing.silent_server import SilentServer  # noqa: E402
 
 T = 32

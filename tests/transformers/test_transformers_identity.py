@@ -15,7 +15,7 @@ from kvbucket.backends.remote import RemoteBackend  # noqa: E402
 from kvbucket.demo.model import TINY, build_model  # noqa: E402
 from kvbucket.identity.core import split  # noqa: E402
 from kvbucket.integrations.transformers import KVBucketPrefixCache, probe_kv_layout  # noqa: E402
-from kvbucket.stores.file import FileStore  # noqa: E402
+from kvbucket.stores.local.file import FileStore  # noqa: E402
 from kvbucket.testing.identity_models import COMMITS  # noqa: E402
 
 T = 16

@@ -12,8 +12,8 @@ from kvbucket.cli import build_app
 from kvbucket.keys import CacheEngineKey
 from kvbucket.metrics import InstrumentedBackend, InstrumentedStore, start_metrics_server, summarize
 from kvbucket.stores.base import Revision
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing.dict_backend import DictBackend as _DictBackend
 
 

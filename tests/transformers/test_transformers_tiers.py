@@ -16,7 +16,7 @@ from kvbucket.demo.model import TINY, build_model  # noqa: E402
 from kvbucket.integrations.transformers import KVBucketPrefixCache, probe_kv_layout  # noqa: E402
 from kvbucket.metrics import InstrumentedBackend, InstrumentedStore  # noqa: E402
 from kvbucket.stores import ObjectStore  # noqa: E402
-from kvbucket.stores.file import FileStore  # noqa: E402
+from kvbucket.stores.local.file import FileStore  # noqa: E402
 
 T = 32
 GEN = {"max_new_tokens": 10, "do_sample": False, "output_logits": True, "return_dict_in_generate": True}

@@ -1,7 +1,7 @@
 """LocalDiskBackend: chunks as files in a local directory, bounded by bytes, LRU.
 
-Files are written by :class:`~kvbucket.stores.file.FileStore` (temp file + rename), so a crash
-mid-write never leaves a partial chunk under a key, and sealed (:mod:`kvbucket.stores.sealed`):
+Files are written by :class:`~kvbucket.stores.local.file.FileStore` (temp file + rename), so a crash
+mid-write never leaves a partial chunk under a key, and sealed (:mod:`kvbucket.stores.guard.sealed`):
 every load is verified before the caller gets it. The index is rebuilt from the directory at
 start (oldest modification first in the LRU order), checking each file's envelope header
 against its size, so a truncated or damaged file is dropped instead of served: a restart loses
@@ -35,9 +35,9 @@ from kvbucket.identity.core import IdentitySetting, qualify_key_string, split_ke
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ObjectInfo, ObjectStore
-from kvbucket.stores.file import FileStore
-from kvbucket.stores.refusals import removable
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.refusals import removable
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.local.file import FileStore
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)  # one line per kind of failure, with a count

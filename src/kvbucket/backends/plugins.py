@@ -12,7 +12,7 @@ so kvbucket does not import every client library) or as a callable.
 Factories validate the keys they get strictly and raise :class:`ConfigError` for unknown ones.
 They never see a tier's fleet keys (``fleet``, ``max_capacity_gb``, ``eviction``,
 :mod:`kvbucket.backends.fleet`) or read-ahead keys (``read_ahead``, ``read_ahead_max_gb``,
-``read_ahead_ttl_secs``, :mod:`kvbucket.stores.prefetch`): :func:`remote_tier_specs` takes those
+``read_ahead_ttl_secs``, :mod:`kvbucket.stores.guard.read_ahead`): :func:`remote_tier_specs` takes those
 out first, for any store.
 
 This module reads an :class:`~kvbucket.engine_config.EngineConfig` (the settings module below
@@ -30,8 +30,8 @@ from kvbucket.backends.fleet import parse_fleet_settings, split_fleet_keys
 from kvbucket.did_you_mean import did_you_mean
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.memory import MemoryStore
-from kvbucket.stores.prefetch_config import ReadAheadSettings, split_read_ahead_keys
+from kvbucket.stores.guard.read_ahead_config import ReadAheadSettings, split_read_ahead_keys
+from kvbucket.stores.local.memory import MemoryStore
 
 if TYPE_CHECKING:
     from kvbucket.engine_config import EngineConfig
@@ -44,12 +44,12 @@ Factory = str | Callable[..., ObjectStore]
 URL_SCHEMES: dict[str, Factory] = {
     "file": "kvbucket.backends.plugins:file_store_from_remote_url",
     "memory": "kvbucket.backends.plugins:memory_store_from_remote_url",
-    "s3": "kvbucket.stores.s3:store_from_remote_url",
-    "hf": "kvbucket.stores.hfbucket_open:store_from_remote_url",
+    "s3": "kvbucket.stores.s3.store:store_from_remote_url",
+    "hf": "kvbucket.stores.hub.open:store_from_remote_url",
 }
 
 PLUGIN_TYPES: dict[str, Factory] = {
-    "hfbucket": "kvbucket.stores.hfbucket_open:store_from_plugin_options",
+    "hfbucket": "kvbucket.stores.hub.open:store_from_plugin_options",
 }
 
 
@@ -204,7 +204,7 @@ def _checked(store: Any, what: str) -> ObjectStore:
 
 def file_store_from_remote_url(url: str, extra_config: dict[str, Any], engine: EngineConfig) -> ObjectStore:
     """``file:///dir`` or a bare path; extra_config may hold ``fsync`` (bool)."""
-    from kvbucket.stores.file import open_file_store
+    from kvbucket.stores.local.file import open_file_store
 
     unknown = set(extra_config) - {"fsync"}
     if unknown:

@@ -60,10 +60,10 @@ from kvbucket.identity.core import (
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
-from kvbucket.stores.breaker import breaker_of
-from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
-from kvbucket.stores.prefetch_config import ReadAheadSettings
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.breaker import breaker_of
+from kvbucket.stores.guard.read_ahead import PrefetchStore, read_ahead, with_read_ahead
+from kvbucket.stores.guard.read_ahead_config import ReadAheadSettings
+from kvbucket.stores.guard.sealed import seal_store
 from kvbucket.threads import DaemonThreadPool
 
 if TYPE_CHECKING:
@@ -114,9 +114,9 @@ class RemoteBackend(QueuedBackend):
         # other objects, a miss; without one they are shared by model name only, as before.
         self._identity = IdentitySetting(model_identity)
         self._name_only_seen = False  # a key without an identity was named (warned once)
-        # Every object is sealed on write and verified on read (kvbucket.stores.sealed); the
+        # Every object is sealed on write and verified on read (kvbucket.stores.guard.sealed); the
         # envelope names the KV layout, so a chunk written for another layout is a miss. A
-        # lookup hit starts its load behind that check (kvbucket.stores.prefetch).
+        # lookup hit starts its load behind that check (kvbucket.stores.guard.read_ahead).
         self.store = seal_store(store, tier="remote", identity=layout_identity(layout), unsealed=unsealed,
                                 encryption=encryption)
         # Loads read through this (the sealed store itself, or a read-ahead buffer in front of it).

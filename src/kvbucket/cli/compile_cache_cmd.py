@@ -173,12 +173,12 @@ def create(
 
 def _create_hub_bucket(bucket_id: str, public: bool, timeout: float) -> str:
     """Create (or keep) a Hub bucket; a line saying where it is. Errors name the token's source."""
-    from kvbucket.stores.hfbucket_config import HFBucketConfig, check_hf_endpoint_env
+    from kvbucket.stores.hub.config import HFBucketConfig, check_hf_endpoint_env
 
     check_hf_endpoint_env()  # before huggingface_hub's import reads it
     from huggingface_hub import HfApi
 
-    from kvbucket.stores.hub_client import HubBucketClient
+    from kvbucket.stores.hub.client import HubBucketClient
 
     cfg = HFBucketConfig(bucket_handle=f"hf://buckets/{bucket_id}")
     endpoint, token = cfg.resolved_endpoint(), cfg.resolved_token()  # read now, not at import

@@ -1,6 +1,6 @@
 """``kvbucket verify URL``: check every object's envelope in a store, optionally remove bad ones.
 
-Each object is read whole and classified (:func:`kvbucket.stores.sealed.inspect_object`):
+Each object is read whole and classified (:func:`kvbucket.stores.guard.sealed.inspect_object`):
 
 - ``good``: a kvbucket envelope whose header, length and checksum verify;
 - ``corrupt``: damaged (checksum, truncated, wrong length, damaged header);
@@ -14,7 +14,7 @@ a pack against the digest in its name, a file listed in its entry's checksum rec
 record (see :mod:`kvbucket.compile_cache.sums`); they are ``good`` or ``corrupt`` like chunks.
 
 Exit status 1 when anything is corrupt or foreign, 2 for unusable input, 0 otherwise.
-``--delete-bad`` removes what the one rule of :mod:`kvbucket.stores.refusals` removes: objects
+``--delete-bad`` removes what the one rule of :mod:`kvbucket.stores.guard.refusals` removes: objects
 whose bytes contradict their own envelope (corrupt ones). Legacy objects and foreign ones
 (written under another name, for another layout, format or key) are reported, never deleted:
 they may be valid for another reader. When misnamed objects verify under a directory below the
@@ -76,7 +76,7 @@ def compile_cache_sums(store: ObjectStore, infos: Sequence[ObjectInfo]) -> Sums:
 def classify(name: str, data: Any, size: int, keyring: Keyring | None, sums: Sums) -> tuple[str, str | None]:
     """(status, reason) of one object: a compile-cache file by its sha256, anything else by envelope."""
     from kvbucket.compile_cache.sums import pack_digest, sha256_of
-    from kvbucket.stores.sealed import inspect_object
+    from kvbucket.stores.guard.sealed import inspect_object
 
     digest = pack_digest(name)
     if digest is None and name in sums:
@@ -120,7 +120,7 @@ class Scan:
 def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | None,
          progress: Progress | None) -> Scan:
     """Read and classify every object of ``infos``."""
-    from kvbucket.stores.envelope_open import written_under
+    from kvbucket.stores.guard.envelope_open import written_under
 
     out = Scan({s: [0, 0] for s in STATUSES})
     totals, bad = out.totals, out.bad
@@ -170,7 +170,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check every object's kvbucket envelope; exit status 1 when any is corrupt or foreign."""
         from kvbucket.encryption import Keyring
-        from kvbucket.stores.refusals import removable
+        from kvbucket.stores.guard.refusals import removable
 
         as_json = wants_json(fmt, as_json)
         console = output.console()

@@ -55,7 +55,7 @@ from kvbucket.compile_cache.transfer import (
 )
 from kvbucket.errors import InvalidKeyError
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.sealed import INTEGRITY_FAILURES, INTEGRITY_VERIFIED
+from kvbucket.stores.guard.sealed import INTEGRITY_FAILURES, INTEGRITY_VERIFIED
 
 #: The ``tier`` label of this module's integrity metrics.
 TIER = "compile_cache"

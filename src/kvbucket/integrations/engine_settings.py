@@ -17,7 +17,7 @@ from kvbucket.errors import ConfigError
 from kvbucket.integrations.engine_fleet import FleetSettings
 from kvbucket.integrations.engine_identity import IdentitySettings
 from kvbucket.l2.config import format_validation_error
-from kvbucket.stores.prefetch_config import ReadAheadConfig
+from kvbucket.stores.guard.read_ahead_config import ReadAheadConfig
 
 
 class EngineTierSettings(FleetSettings, ReadAheadConfig, IdentitySettings):

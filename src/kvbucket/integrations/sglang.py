@@ -7,7 +7,7 @@ SGLang (0.5.23) loads it with its own ``StorageBackendFactory`` and the ``dynami
         "class_name": "KVBucketHiCacheStorage", "interface_v1": 1,
         "store_url": "hf://buckets/my-org/kv-cache"}'
 
-Pages are stored as sealed objects (:mod:`kvbucket.stores.sealed`: a failed check is a miss) named
+Pages are stored as sealed objects (:mod:`kvbucket.stores.guard.sealed`: a failed check is a miss) named
 
     ``<prefix>/<model>/<salt>/<shard>/<layout>/<page hash>``
 
@@ -53,7 +53,7 @@ from kvbucket.integrations.naming import salt_segment as _salt_segment
 from kvbucket.integrations.tensor_regions import StorageViews
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import Gather, Scatter
-from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
+from kvbucket.stores.guard.read_ahead import PrefetchStore, read_ahead, with_read_ahead
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)
@@ -145,7 +145,7 @@ class KVBucketHiCacheStorage(_Base):
             raise ConfigError("kvbucket.integrations.sglang needs SGLang: pip install sglang")
         from kvbucket.metrics import InstrumentedStore
         from kvbucket.stores import open_store
-        from kvbucket.stores.sealed import seal_store
+        from kvbucket.stores.guard.sealed import seal_store
 
         self.settings = SGLangStorageSettings.from_extra_config(storage_config.extra_config)
         self.storage_config = storage_config
@@ -153,7 +153,8 @@ class KVBucketHiCacheStorage(_Base):
         opts = self.settings.store_options
         raw = store if store is not None else open_store(self.settings.store_url, **opts)
         self._raw = raw
-        # batch_exists hits start their loads (read-ahead, kvbucket.stores.prefetch), behind the check.
+        # batch_exists hits start their loads (read-ahead: kvbucket.stores.guard.read_ahead), behind the
+        # check.
         self.store = with_read_ahead(
             seal_store(InstrumentedStore(raw, name="sglang"), tier="sglang", unsealed=self.settings.unsealed,
                        encryption=self.settings.encryption),

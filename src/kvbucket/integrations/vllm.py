@@ -67,7 +67,7 @@ from kvbucket.integrations.engine_settings import EngineTierSettings
 from kvbucket.integrations.naming import path_segment, salt_segment
 from kvbucket.log_once import RepeatedLog
 from kvbucket.metrics_server import MetricsEndpointConfig, serve_metrics
-from kvbucket.stores.prefetch import PrefetchStore, read_ahead, with_read_ahead
+from kvbucket.stores.guard.read_ahead import PrefetchStore, read_ahead, with_read_ahead
 
 log = logging.getLogger(__name__)
 _repeated = RepeatedLog(log)
@@ -223,7 +223,7 @@ class KVBucketSecondaryTier(_TierBase):
 
         from kvbucket.metrics import InstrumentedStore
         from kvbucket.stores import open_store
-        from kvbucket.stores.sealed import seal_store
+        from kvbucket.stores.guard.sealed import seal_store
         from kvbucket.threads import DaemonThreadPool
 
         self.settings = s = VLLMTierSettings.from_tier_config(config)
@@ -248,7 +248,7 @@ class KVBucketSecondaryTier(_TierBase):
             model_key=path_segment(model.name))
         if self.manifest is not None:
             self.manifest.start()
-        # Lookup hits start their loads (read-ahead, kvbucket.stores.prefetch), behind the check.
+        # Lookup hits start their loads (read-ahead, kvbucket.stores.guard.read_ahead), behind the check.
         self.store = with_read_ahead(
             seal_store(InstrumentedStore(self._raw, name="vllm"), tier="vllm", unsealed=s.unsealed,
                        encryption=s.encryption),

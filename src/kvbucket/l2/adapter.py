@@ -52,10 +52,10 @@ from kvbucket.l2.store_path import StorePath
 from kvbucket.l2.tasks import TaskRunner
 from kvbucket.log_once import flush_all
 from kvbucket.stores.base import Buffer, ObjectStore, check_prefix
-from kvbucket.stores.breaker import breaker_of
-from kvbucket.stores.prefetch import PrefetchStore, with_read_ahead
-from kvbucket.stores.prefetch_config import ReadAheadSettings
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.breaker import breaker_of
+from kvbucket.stores.guard.read_ahead import PrefetchStore, with_read_ahead
+from kvbucket.stores.guard.read_ahead_config import ReadAheadSettings
+from kvbucket.stores.guard.sealed import seal_store
 
 if TYPE_CHECKING:
     from kvbucket.fleet.config import FleetConfig
@@ -91,7 +91,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         """``fleet``: share capacity, eviction and visibility with every other node on this
         prefix through the store (see :mod:`kvbucket.fleet`); usage is then rebuilt from the
         fleet's snapshot and journals instead of a listing. ``read_ahead``: a lookup hit starts
-        its load (:mod:`kvbucket.stores.prefetch`; None: off)."""
+        its load (:mod:`kvbucket.stores.guard.read_ahead`; None: off)."""
         if num_workers < 1:
             raise ValueError("num_workers must be at least 1")
         self._prefix = check_prefix(prefix)

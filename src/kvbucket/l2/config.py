@@ -22,10 +22,10 @@ Fields shared by every type (kvbucket's, on top of each type's own):
   ``{"keyring_file": "/path/keys.json"}`` or ``{"keyring_env": "VAR"}`` (see
   :mod:`kvbucket.encryption`; docs/integrity.md);
 - ``unsealed`` (``"miss"`` or ``"accept"``, default ``"miss"``): what a load does with an object
-  that has no kvbucket envelope (see :mod:`kvbucket.stores.sealed`);
+  that has no kvbucket envelope (see :mod:`kvbucket.stores.guard.sealed`);
 - ``read_ahead`` (bool, default true), ``read_ahead_max_gb`` (float, default 1),
   ``read_ahead_ttl_secs`` (float, default 10): a lookup hit starts its load into a bounded
-  buffer the load then takes from (:mod:`kvbucket.stores.prefetch`, docs/read-ahead.md);
+  buffer the load then takes from (:mod:`kvbucket.stores.guard.read_ahead`, docs/read-ahead.md);
 - ``fleet`` (dict, optional): share the prefix's capacity with every other node using it
   (see :class:`kvbucket.fleet.config.FleetConfig` and docs/fleet.md); ``max_capacity_gb``
   then bounds the whole prefix, not this node's stores;
@@ -55,9 +55,9 @@ from kvbucket.errors import ConfigError
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.metrics_server import MetricsEndpointConfig
-from kvbucket.stores.hfbucket_config import HFBucketConfig
-from kvbucket.stores.prefetch_config import ReadAheadConfig
-from kvbucket.stores.s3_config import S3Config
+from kvbucket.stores.guard.read_ahead_config import ReadAheadConfig
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.s3.config import S3Config
 
 GIB = 1024**3
 
@@ -95,7 +95,7 @@ class FsL2Config(L2CommonConfig):
 class HFBucketL2Config(HFBucketConfig, L2CommonConfig):
     """Seed 000's fields: ``{"type": "hfbucket", "bucket_handle": "hf://buckets/org/name[/prefix]"}``.
 
-    Every field of the hfbucket store's :class:`~kvbucket.stores.hfbucket_config.HFBucketConfig`
+    Every field of the hfbucket store's :class:`~kvbucket.stores.hub.config.HFBucketConfig`
     (``bucket_handle``, ``token_env``, ``token``, ``create_bucket_if_missing``,
     ``download_tmp_dir``, ``metadata_cache_ttl_secs``, ``num_workers``, and kvbucket's
     ``endpoint``/``max_retries``/``retry_backoff_secs``) plus the adapter fields above.
@@ -109,7 +109,7 @@ class HFBucketL2Config(HFBucketConfig, L2CommonConfig):
 class S3L2Config(S3Config, L2CommonConfig):
     """Seed 004's MP fields: ``{"type": "s3", "s3_endpoint": "s3://bucket", "s3_region": "..."}``.
 
-    Every field of the s3 store's :class:`~kvbucket.stores.s3_config.S3Config` (``s3_endpoint`` as
+    Every field of the s3 store's :class:`~kvbucket.stores.s3.config.S3Config` (``s3_endpoint`` as
     ``s3://bucket[/prefix]`` or a bare bucket host, ``s3_region``, ``s3_num_io_threads``,
     ``s3_prefer_http2``, ``s3_enable_s3express``, ``disable_tls``, ``aws_access_key_id``,
     ``aws_secret_access_key``, and kvbucket's ``s3_endpoint_url`` etc. for S3-compatible servers)

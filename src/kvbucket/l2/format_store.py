@@ -1,6 +1,6 @@
 """One store, two object formats: kvbucket's sealed chunks and LMCache's raw ones.
 
-Objects under kvbucket's names go through the :class:`~kvbucket.stores.sealed.SealedStore`
+Objects under kvbucket's names go through the :class:`~kvbucket.stores.guard.sealed.SealedStore`
 (envelope on write, verification on read). Objects under LMCache's names (see
 :mod:`kvbucket.l2.naming`) go to the raw store underneath: LMCache 0.5.6 writes raw chunk bytes
 and reads them back raw, so a bucket shared with LMCache nodes keeps exactly LMCache's bytes
@@ -24,7 +24,7 @@ from kvbucket.envelope import EnvelopeError
 from kvbucket.errors import ConfigError, StoreError
 from kvbucket.l2.naming import Naming
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
-from kvbucket.stores.sealed import SealedStore
+from kvbucket.stores.guard.sealed import SealedStore
 
 
 class _Unserved(ObjectStore):

@@ -8,7 +8,7 @@ index does not know are misses at once, in the caller's thread (no request, no h
 the full size, known from ``full_chunk_bytes`` or from the layout passed with a lookup (LMCache's
 ``MemoryLayoutDesc``, per object group), or, with neither, a non-empty object. Accessed keys are
 told to the listener right after the lookup's signal, as LMCache's hfbucket and s3 adapters do.
-Hits start their loads before the signal (read-ahead, :mod:`kvbucket.stores.prefetch`), so
+Hits start their loads before the signal (read-ahead, :mod:`kvbucket.stores.guard.read_ahead`), so
 LMCache's ``load`` that follows finds the bytes landed or on their way.
 
 LMCache 0.5.6's MP prefetch controller looks every key up in every L2 adapter, L1 hits included,
@@ -32,8 +32,8 @@ from kvbucket.l2.base import L2TaskId
 from kvbucket.l2.context import AdapterContext
 from kvbucket.l2.core import log
 from kvbucket.l2.tasks import Completions
-from kvbucket.stores.breaker import CircuitBreaker
-from kvbucket.stores.prefetch import drop_unused, read_ahead
+from kvbucket.stores.guard.breaker import CircuitBreaker
+from kvbucket.stores.guard.read_ahead import drop_unused, read_ahead
 
 #: Names remembered as not loaded from this adapter (:attr:`KeyState.not_loaded`), oldest dropped.
 NOT_LOADED_LIMIT = 65536

@@ -22,7 +22,7 @@ from typing import Any
 from kvbucket.batching import batches
 from kvbucket.l2.naming import Naming
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.sealed import SealedStore, seal_store
+from kvbucket.stores.guard.sealed import SealedStore, seal_store
 
 BATCH_ITEMS = 64
 BATCH_BYTES = 64 << 20

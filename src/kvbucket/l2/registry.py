@@ -151,19 +151,19 @@ def make_work_dir(config: L2CommonConfig, prefix: str) -> Path | None:
 
 # ---- built-in types --------------------------------------------------------------------------
 def _fs_store(config: FsL2Config) -> ObjectStore:
-    from kvbucket.stores.file import FileStore
+    from kvbucket.stores.local.file import FileStore
 
     return FileStore(config.base_path, fsync=config.fsync)
 
 
 def _hfbucket_store(config: HFBucketL2Config) -> ObjectStore:
-    from kvbucket.stores.hfbucket import HFBucketStore  # type: ignore[import-not-found]
+    from kvbucket.stores.hub.store import HFBucketStore  # type: ignore[import-not-found]
 
     return HFBucketStore.from_config(config)
 
 
 def _s3_store(config: S3L2Config) -> ObjectStore:
-    from kvbucket.stores.s3 import S3Store  # type: ignore[import-not-found]
+    from kvbucket.stores.s3.store import S3Store  # type: ignore[import-not-found]
 
     return S3Store.from_config(config)
 

@@ -11,6 +11,12 @@
 
 Backends register themselves in ``_OPENERS`` lazily so that importing kvbucket does not import
 every client library.
+
+The layout: :mod:`.base` (the protocol), :mod:`.deadline` and :mod:`.urls` here; one folder per
+store family (:mod:`.hub`, :mod:`.s3`, :mod:`.local`) and :mod:`.guard`, the read path every
+family's reads go through (sealing and checks, the refusal rule, read-ahead, the breaker). The
+store classes users name are importable from here (``from kvbucket.stores import S3Store``),
+each imported on first use.
 """
 
 from __future__ import annotations
@@ -20,16 +26,36 @@ from typing import Any
 
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_name
-from kvbucket.stores.memory import MemoryStore
+from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.stores.urls import resolve_store_url
 
 # scheme -> "module:function" taking (url, **options) and returning an ObjectStore
 _OPENERS: dict[str, str] = {
-    "memory": "kvbucket.stores.memory:MemoryStore",
-    "file": "kvbucket.stores.file:open_file_store",
-    "hf": "kvbucket.stores.hfbucket_open:open_hfbucket_store",
-    "s3": "kvbucket.stores.s3:open_s3_store",
+    "memory": "kvbucket.stores.local.memory:MemoryStore",
+    "file": "kvbucket.stores.local.file:open_file_store",
+    "hf": "kvbucket.stores.hub.open:open_hfbucket_store",
+    "s3": "kvbucket.stores.s3.store:open_s3_store",
 }
+
+# name -> "module:attr": the public classes, importable from kvbucket.stores without importing
+# every family's client library at ``import kvbucket.stores`` (PEP 562 module __getattr__).
+_LAZY: dict[str, str] = {
+    "FileStore": "kvbucket.stores.local.file:FileStore",
+    "HFBucketConfig": "kvbucket.stores.hub.config:HFBucketConfig",
+    "HFBucketStore": "kvbucket.stores.hub.store:HFBucketStore",
+    "S3Config": "kvbucket.stores.s3.config:S3Config",
+    "S3Store": "kvbucket.stores.s3.store:S3Store",
+    "SealedStore": "kvbucket.stores.guard.sealed:SealedStore",
+    "seal_store": "kvbucket.stores.guard.sealed:seal_store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def store_scheme(url: str) -> str:
@@ -54,7 +80,7 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     if scheme == "memory":
         return MemoryStore(url.partition("://")[2])
     if scheme == "hf":  # before huggingface_hub's import reads $HF_ENDPOINT
-        from kvbucket.stores.hfbucket_config import check_hf_endpoint_env
+        from kvbucket.stores.hub.config import check_hf_endpoint_env
 
         check_hf_endpoint_env()
     target = _OPENERS[scheme]
@@ -66,5 +92,6 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     return getattr(module, attr)(url, **options)
 
 
-__all__ = ["Buffer", "ItemResult", "MemoryStore", "ObjectInfo", "ObjectStore", "check_name", "open_store",
-           "resolve_store_url", "store_scheme"]
+__all__ = ["Buffer", "FileStore", "HFBucketConfig", "HFBucketStore", "ItemResult", "MemoryStore",
+           "ObjectInfo", "ObjectStore", "S3Config", "S3Store", "SealedStore", "check_name", "open_store",
+           "resolve_store_url", "seal_store", "store_scheme"]

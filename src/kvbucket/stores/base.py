@@ -127,7 +127,7 @@ def check_prefix(prefix: str) -> str:
 class Scatter:
     """A read destination made of several writable buffers filled in order (a scatter read).
 
-    The sealing layer (:mod:`kvbucket.stores.sealed`) reads an object's envelope header into a
+    The sealing layer (:mod:`kvbucket.stores.guard.sealed`) reads an object's envelope header into a
     small buffer and its payload straight into the caller's buffer with one read: every store
     accepts a ``Scatter`` wherever ``get_many`` accepts a buffer. Stores write into it exactly as
     into a flat view (``dst[a:b] = data``; :meth:`views_from` for ``readv``); ``data`` of the
@@ -280,7 +280,7 @@ class Scatter:
         """Let ``write`` produce bytes in place from ``start``: it gets the writable view of the
         part holding ``start`` (up to ``limit`` or the part's end), fills a prefix of it and
         returns that prefix's length, which is returned. For decoders that write their output
-        straight into the destination (stores/xet_decode.py) instead of building it elsewhere
+        straight into the destination (stores/hub/xet/decode.py) instead of building it elsewhere
         and copying it: like an item write, it runs under the redirect lock, is recorded for a
         redirect's copy and feeds the hash. 0 when no part holds ``start`` (``write`` not called)."""
         lock = self._lock

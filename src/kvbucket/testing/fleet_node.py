@@ -120,8 +120,8 @@ def run_engine_node(spec: dict[str, Any], plan: dict[str, Any], out: Any) -> Non
     then ``after`` s more)."""
     from kvbucket.fleet.layout import is_fleet_name
     from kvbucket.integrations.engine_fleet import FleetSettings, open_fleet
-    from kvbucket.stores.file import FileStore
-    from kvbucket.stores.sealed import seal_store
+    from kvbucket.stores.guard.sealed import seal_store
+    from kvbucket.stores.local.file import FileStore
 
     engine, size = plan["engine"], plan["chunk"]
     raw = FileStore(spec["root"])

@@ -15,7 +15,7 @@ from kvbucket.fleet.sync import Fleet
 from kvbucket.keys import key_to_name
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.file import FileStore
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.fleet_node import key
 
 P = "kv"
@@ -29,13 +29,13 @@ def open_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Obj
     if kind == "file":
         return FileStore(tmp_path / "kv")
     if kind == "s3":
-        from kvbucket.stores.s3 import S3Store
-        from kvbucket.stores.s3_config import S3Config
+        from kvbucket.stores.s3.config import S3Config
+        from kvbucket.stores.s3.store import S3Store
 
         server, bucket = request.getfixturevalue("seaweedfs"), request.getfixturevalue("s3_bucket")
         return S3Store.from_config(S3Config(**server.config(bucket)))
-    from kvbucket.stores.hfbucket import HFBucketStore
-    from kvbucket.stores.hfbucket_config import HFBucketConfig
+    from kvbucket.stores.hub.config import HFBucketConfig
+    from kvbucket.stores.hub.store import HFBucketStore
 
     hub = request.getfixturevalue("hub_bucket")
     return HFBucketStore(HFBucketConfig(bucket_handle=f"hf://buckets/{hub.bucket_id}",

@@ -33,7 +33,7 @@ from kvbucket.chunks import KVLayout, as_view
 from kvbucket.encryption import Keyring
 from kvbucket.keys import CacheEngineKey
 from kvbucket.stores.base import ObjectStore
-from kvbucket.stores.prefetch_config import ReadAheadSettings
+from kvbucket.stores.guard.read_ahead_config import ReadAheadSettings
 
 #: Rounds per cell and the seed (``make test`` runs the defaults; a long run raises the rounds).
 ROUNDS_ENV, SEED_ENV = "KVBUCKET_SERVED_ROUNDS", "KVBUCKET_SERVED_SEED"
@@ -101,8 +101,7 @@ def allowed(writes: list[Write], load: Load) -> list[bytes]:
 def decryption_jitter(rng: random.Random, max_secs: float = 0.004) -> Iterator[None]:
     """Hold in-place decryption a random moment (half of the time) before it starts: a load then
     arrives while a read-ahead is being decrypted as often as before or after it."""
-    from kvbucket.stores import envelope_open
-
+    from kvbucket.stores.guard import envelope_open
     real = envelope_open.decrypt_in_place
     lock = threading.Lock()
 
@@ -156,7 +155,7 @@ class _Lane:
 
     def write_all(self) -> None:
         """New bytes for every name of the lane in one batch (stored back to back, so a batched
-        load of them reads them as a run: stores/xet_reads.py)."""
+        load of them reads them as a run: stores/hub/xet/reads.py)."""
         values = [self.value() for _ in self.keys]
         ws = [Write(k, v, time.monotonic()) for k, v in zip(self.keys, values, strict=True)]
         for w in ws:

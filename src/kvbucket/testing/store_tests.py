@@ -5,7 +5,7 @@ provide a ``store`` fixture that yields a fresh, empty store, declare the store'
 and pytest collects every test below against your store::
 
     import pytest
-    from kvbucket.stores.file import FileStore
+    from kvbucket.stores.local.file import FileStore
     from kvbucket.testing.store_tests import StoreTests
 
     class TestMyFileStore(StoreTests):

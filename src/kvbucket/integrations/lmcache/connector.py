@@ -31,9 +31,9 @@ from kvbucket.l2.registry import build_store, instrumented, make_work_dir, namin
 from kvbucket.log_once import RepeatedLog
 from kvbucket.metrics_server import MetricsServer, serve_metrics
 from kvbucket.stores.base import ItemResult, ObjectStore
-from kvbucket.stores.hfbucket_config import lenient_bool
-from kvbucket.stores.prefetch import read_ahead, with_read_ahead
-from kvbucket.stores.sealed import seal_store
+from kvbucket.stores.guard.read_ahead import read_ahead, with_read_ahead
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.hub.config import lenient_bool
 
 if TYPE_CHECKING:
     from kvbucket.fleet.member import StoreFleet
@@ -175,13 +175,13 @@ class KVBucketConnector(RemoteConnector):
         self.metrics = self._serve_metrics(metadata)  # before the store opens: nothing to undo
         self.naming = naming_for(self._cfg, connector=True)
         # Sealed like every persistent tier: writes go through SealedStore.put_many, loads are
-        # verified before LMCache gets the memory object (kvbucket.stores.sealed); objects under
+        # verified before LMCache gets the memory object (kvbucket.stores.guard.sealed); objects under
         # LMCache's names stay raw, exactly LMCache's bytes (kvbucket.l2.format_store).
         raw = instrumented(store if store is not None else build_store(self._cfg))
         sealed = seal_store(
             raw, tier="connector", unsealed=self._cfg.unsealed, encryption=self._cfg.encryption
         )
-        # A lookup hit starts its load (read-ahead, kvbucket.stores.prefetch); every verb goes
+        # A lookup hit starts its load (read-ahead, kvbucket.stores.guard.read_ahead); every verb goes
         # through the buffer, so a store or delete drops what it replaces.
         self.store = with_read_ahead(route_formats(sealed, self.naming), self._cfg.read_ahead_settings(),
                                      label=raw.url)

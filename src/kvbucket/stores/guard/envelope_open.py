@@ -3,8 +3,8 @@
 :class:`EnvelopeOpener` holds what a reader knows (its KV layout identity, its keyring, how a
 name maps to a tenant) and opens one object read whole, or read into a caller's buffer through
 a :class:`Scatter`, raising :class:`~kvbucket.envelope.EnvelopeError` with the reason.
-:class:`~kvbucket.stores.sealed.SealedStore` is one; :func:`inspect_object` (``kvbucket verify``)
-uses one too. What happens to a refused object is :mod:`kvbucket.stores.refusals`' decision.
+:class:`~kvbucket.stores.guard.sealed.SealedStore` is one; :func:`inspect_object` (``kvbucket verify``)
+uses one too. What happens to a refused object is :mod:`kvbucket.stores.guard.refusals`' decision.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kvbucket.encryption import Keyring, decrypt_in_place
 from kvbucket.errors import StoreError
 from kvbucket.keys import decode_key
 from kvbucket.stores.base import Buffer, ItemResult, Scatter
-from kvbucket.stores.refusals import DAMAGE
+from kvbucket.stores.guard.refusals import DAMAGE
 
 
 def tenant_of_name(name: str) -> str:

@@ -1,6 +1,6 @@
 """Encrypted loads from a directory: read object by object into scratch, decrypted one-shot.
 
-The path :meth:`SealedStore.get_many <kvbucket.stores.sealed.SealedStore.get_many>` takes for an
+The path :meth:`SealedStore.get_many <kvbucket.stores.guard.sealed.SealedStore.get_many>` takes for an
 encrypted store whose inner store reads object by object (``get_each``: :class:`FileStore`).
 docs/integrity.md, "Cost", says what it saves and what was measured.
 """
@@ -17,7 +17,7 @@ from kvbucket.stores.base import Buffer, ItemResult, Scatter
 
 
 class SealedReads(Protocol):
-    """What this path uses of :class:`~kvbucket.stores.sealed.SealedStore`, which imports this
+    """What this path uses of :class:`~kvbucket.stores.guard.sealed.SealedStore`, which imports this
     module (typed here, so the import runs one way)."""
 
     inner: Any  # an ObjectStore with get_each (FileStore)

@@ -48,9 +48,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvbucket.errors import AuthError, DeadlineExceededError, StoreError, TransientStoreError
-from kvbucket.stores import xet_decode
 from kvbucket.stores.deadline import REAPER, Gate, Watch, left
-from kvbucket.stores.xet_decode import Window, XetReadUnsupported
+from kvbucket.stores.hub.xet import decode as xet_decode
+from kvbucket.stores.hub.xet.decode import Window, XetReadUnsupported
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ Every verb has a total time budget (``lookup_timeout_secs`` for ``head_many``,
 ``load_timeout_secs`` for ``get_many``, ``store_timeout_secs`` for ``put_many``/``delete_many``;
 each request is also bounded by ``connect_timeout_secs``/``request_timeout_secs``). Work hf_xet
 cannot cancel is abandoned at the deadline and its items fail with DeadlineExceededError; a
-circuit breaker (:mod:`kvbucket.stores.breaker`) answers at once while the Hub is down.
+circuit breaker (:mod:`kvbucket.stores.guard.breaker`) answers at once while the Hub is down.
 
 Remote failures are per-item results (:class:`~kvbucket.stores.base.ItemResult` errors:
 NotFoundError for a missing bucket, AuthError for a refused token, TransientStoreError after
@@ -57,13 +57,13 @@ from kvbucket.stores.base import (
     check_buffer_size,
     check_name,
 )
-from kvbucket.stores.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
-from kvbucket.stores.hfbucket_config import (
+from kvbucket.stores.guard.breaker import CircuitBreaker, RemoteStore
+from kvbucket.stores.hub.client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
+from kvbucket.stores.hub.config import (
     HFBucketConfig,
 )
-from kvbucket.stores.hub_client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
-from kvbucket.stores.meta_cache import MetaCache
+from kvbucket.stores.hub.meta_cache import MetaCache
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)

@@ -2,9 +2,9 @@
 
 Wrapping any :class:`ObjectStore` (``seal_store(store, tier=...)``), it stores every object in
 the chunk envelope (:mod:`kvbucket.envelope`) and checks every object read before the caller
-gets a byte of it (:mod:`kvbucket.stores.envelope_open`): a failed check is a *miss*, counted
+gets a byte of it (:mod:`kvbucket.stores.guard.envelope_open`): a failed check is a *miss*, counted
 in ``kvbucket_integrity_failures_total{tier,reason}``, and removed from the store only when its
-own bytes prove it damaged (:mod:`kvbucket.stores.refusals`, the one rule of what a reader may
+own bytes prove it damaged (:mod:`kvbucket.stores.guard.refusals`, the one rule of what a reader may
 delete): an object this reader cannot open (no keyring, another key, layout or format) stays
 for the readers that can.
 
@@ -35,9 +35,9 @@ from kvbucket.did_you_mean import did_you_mean
 from kvbucket.encryption import Keyring, encrypt_into
 from kvbucket.errors import ConfigError, SizeMismatchError, StoreError
 from kvbucket.stores.base import Buffer, Gather, ItemResult, ObjectInfo, ObjectStore, Scatter
-from kvbucket.stores.decrypting_reads import get_decrypting
-from kvbucket.stores.envelope_open import EnvelopeOpener, inspect_object, tenant_of_name
-from kvbucket.stores.refusals import INTEGRITY_FAILURES, INTEGRITY_REMOVED, INTEGRITY_VERIFIED, Refusals
+from kvbucket.stores.guard.decrypting_reads import get_decrypting
+from kvbucket.stores.guard.envelope_open import EnvelopeOpener, inspect_object, tenant_of_name
+from kvbucket.stores.guard.refusals import INTEGRITY_FAILURES, INTEGRITY_REMOVED, INTEGRITY_VERIFIED, Refusals
 
 UNSEALED_POLICIES = ("miss", "accept")
 
@@ -255,7 +255,7 @@ class SealedStore(EnvelopeOpener, ObjectStore):
 
     def refuse_names(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Count and log objects found bad without a load (e.g. at an index rebuild); removed by the
-        one rule (:mod:`kvbucket.stores.refusals`)."""
+        one rule (:mod:`kvbucket.stores.guard.refusals`)."""
         self._refuse([(n, env.EnvelopeError(reason, f"{n}: refused ({reason})")) for n, reason in pairs])
 
     # ---- the rest of the protocol -------------------------------------------------------

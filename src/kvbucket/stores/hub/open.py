@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvbucket.errors import ConfigError
-from kvbucket.stores.hfbucket import HFBucketStore
-from kvbucket.stores.hfbucket_config import build_config, config_from_plugin_options, lenient_bool
+from kvbucket.stores.hub.config import build_config, config_from_plugin_options, lenient_bool
+from kvbucket.stores.hub.store import HFBucketStore
 
 
 def open_hfbucket_store(url: str, *, create: bool | None = None, prestart: bool = True,

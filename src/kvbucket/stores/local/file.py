@@ -44,7 +44,7 @@ from kvbucket.stores.base import (
     Scatter,
     check_buffer_size,
 )
-from kvbucket.stores.file_paths import (
+from kvbucket.stores.local.paths import (
     DIR_FLAGS,
     DIR_MODE,
     MISSING_ERRNOS,
@@ -154,7 +154,7 @@ class FileStore(ObjectStore):
         return checked
 
     # Every path below the root is walked relative to the root's fd without following symlinks
-    # (kvbucket.stores.file_paths), so no verb can reach outside the root.
+    # (kvbucket.stores.local.paths), so no verb can reach outside the root.
     def _root(self) -> int:
         """The root directory's fd: opened once, reopened when the directory was removed (and
         maybe recreated) behind the store's back. Callers never close it: ``*at`` calls relative

@@ -22,7 +22,7 @@ ways, both of which keep the rules item writes keep: an item write ``dst[a:b] = 
 in-place decode run by :func:`_in_place`, which holds the read's :class:`Gate` (an abandoned read
 writes nothing) and, for a :class:`Scatter`, goes through :meth:`Scatter.fill` (under the
 redirect lock, recorded for a redirect's copy, fed to the hash) into one part. No decoder keeps a
-view of the destination between calls: a read-ahead redirect (stores/prefetch.py) moves a part
+view of the destination between calls: a read-ahead redirect (stores/guard/read_ahead.py) moves a part
 between two writes, never under one.
 """
 
@@ -102,8 +102,7 @@ def compiled() -> Kernel | None:
         try:
             if sys.byteorder != "little":
                 raise ImportError("the compiled Xet decoder assumes a little-endian host")
-            from kvbucket.stores import xet_kernel as k
-
+            from kvbucket.stores.hub.xet import kernel as k
             _kernel = Kernel(k.decode_run, k.lz4_address(), (k.DONE, k.NEED, k.BAD_HEADER, k.BAD_PAYLOAD,
                                                              k.NO_ROOM))
         except Exception as e:  # numba missing or failing: the pure-Python decoder does the work

@@ -44,13 +44,13 @@ from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_ba
 from kvbucket.errors import DeadlineExceededError, StoreError, TransientStoreError
 from kvbucket.secrets import redact
 from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
-from kvbucket.stores.hub_errors import HubContext, connection_refused, hub_error
-from kvbucket.stores.hub_files import RemoteFile, remote_file
-from kvbucket.stores.xet_compression import batch_policy
-from kvbucket.stores.xet_reads import XetReader, XetReadUnsupported
-from kvbucket.stores.xet_sessions import UploadCommits, download_session
-from kvbucket.stores.xet_tokens import TOKEN_SAFETY_SECS, Token, XetToken
-from kvbucket.stores.xet_uploads import UploadStaging
+from kvbucket.stores.hub.errors import HubContext, connection_refused, hub_error
+from kvbucket.stores.hub.files import RemoteFile, remote_file
+from kvbucket.stores.hub.xet.compression import batch_policy
+from kvbucket.stores.hub.xet.reads import XetReader, XetReadUnsupported
+from kvbucket.stores.hub.xet.sessions import UploadCommits, download_session
+from kvbucket.stores.hub.xet.tokens import TOKEN_SAFETY_SECS, Token, XetToken
+from kvbucket.stores.hub.xet.uploads import UploadStaging
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Read-ahead settings (:mod:`kvbucket.stores.prefetch`), as one set of keys every config surface
+"""Read-ahead settings (:mod:`kvbucket.stores.guard.read_ahead`), as one set of keys every config surface
 shares: the engine config, the L2 adapter and connector config, the SGLang and vLLM tiers.
 
 Import-light (pydantic only), so configuration models can mix it in without the store machinery.

@@ -2,7 +2,7 @@
 
 Every path is resolved one component at a time, relative to the directory opened just before
 it, with ``O_NOFOLLOW``: a symlink (or a directory swapped for one mid-call) anywhere inside the
-store is never followed, so no verb of :class:`~kvbucket.stores.file.FileStore` can reach
+store is never followed, so no verb of :class:`~kvbucket.stores.local.file.FileStore` can reach
 outside its root. The root itself is the configured path and may be reached through symlinks.
 """
 

@@ -9,7 +9,7 @@ its hits and sizes, which starts one batched ``get_many`` into buffers held here
 ``get_many`` then takes the bytes (waiting for a read still on its way, never sending another
 request for it) and sends only the rest to the store.
 
-Why it wraps the *verified* store (the sealing layer, :mod:`kvbucket.stores.sealed`): read-ahead
+Why it wraps the *verified* store (the sealing layer, :mod:`kvbucket.stores.guard.sealed`): read-ahead
 bytes go through exactly the verification of a normal load, during the read-ahead; an object
 that fails it is refused there (counted, removed as usual) and the load finds nothing to take.
 
@@ -51,7 +51,7 @@ from prometheus_client import Counter, Gauge
 
 from kvbucket.errors import DeadlineExceededError, StoreError, TransientStoreError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, Scatter, check_buffer_size
-from kvbucket.stores.prefetch_config import ReadAheadConfig, ReadAheadSettings
+from kvbucket.stores.guard.read_ahead_config import ReadAheadConfig, ReadAheadSettings
 from kvbucket.threads import DaemonThreadPool
 
 READ_AHEAD_BYTES = Counter(

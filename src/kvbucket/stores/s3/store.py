@@ -6,7 +6,7 @@ object_store's SigV4, retries with jittered backoff) does the request, so a pool
 ``s3_num_io_threads`` threads gives that many requests in flight at a fraction of boto3's CPU.
 obstore's async API is avoided because it sometimes aborted the interpreter at exit here.
 Reads of batches are the exception: obstore presigns them and libcurl runs them straight into
-the caller's buffers (:mod:`kvbucket.stores.s3_direct`), at half the client CPU per byte.
+the caller's buffers (:mod:`kvbucket.stores.s3.direct`), at half the client CPU per byte.
 
 Batches run their items concurrently on the pool and answer per item. A missing bucket is
 detected once per store by a one-key listing, because S3 answers HEAD on a missing bucket with
@@ -20,7 +20,7 @@ with DeadlineExceededError. A load's first answer (the status and headers of any
 requests) is its lookup part: with none within ``s3_lookup_timeout_secs`` the endpoint is hung
 and the load ends there, so a load on the critical path costs a hung store the lookup budget,
 not the load budget.
-A circuit breaker (:mod:`kvbucket.stores.breaker`) answers at once while the endpoint is down.
+A circuit breaker (:mod:`kvbucket.stores.guard.breaker`) answers at once while the endpoint is down.
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ from kvbucket.errors import (
 )
 from kvbucket.secrets import redact
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, Revision, check_buffer_size, check_name
-from kvbucket.stores.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
-from kvbucket.stores.s3_client import build_client, claim_runtime, direct_reader
-from kvbucket.stores.s3_config import S3Config, S3Target, resolve_target
-from kvbucket.stores.s3_direct import EXPIRED, MISSING, UNANSWERED, Body, Outcome, WrongSize
+from kvbucket.stores.guard.breaker import CircuitBreaker, RemoteStore
+from kvbucket.stores.s3.client import build_client, claim_runtime, direct_reader
+from kvbucket.stores.s3.config import S3Config, S3Target, resolve_target
+from kvbucket.stores.s3.direct import EXPIRED, MISSING, UNANSWERED, Body, Outcome, WrongSize
 from kvbucket.threads import DaemonThreadPool, in_daemon_thread
 
 _XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")

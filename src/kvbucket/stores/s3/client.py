@@ -17,8 +17,8 @@ from obstore.store import S3Store as _ObS3Store
 
 from kvbucket.errors import ConfigError, StoreError
 from kvbucket.secrets import redact, reveal
-from kvbucket.stores.s3_config import S3Config, S3Target
-from kvbucket.stores.s3_direct import DirectReader
+from kvbucket.stores.s3.config import S3Config, S3Target
+from kvbucket.stores.s3.direct import DirectReader
 
 # ---- fork -------------------------------------------------------------------------------
 
