@@ -250,3 +250,35 @@ def test_stores_rooms_import_downwards_only() -> None:
     assert not wrong, "\n".join(wrong)
     assert {"kvbucket.stores.hub.store", "kvbucket.stores.guard.sealed", "kvbucket.stores.s3.store",
             "kvbucket.stores.local.file"} <= set(graph)
+
+
+def test_store_classes_import_from_kvbucket_stores_without_loading_every_client() -> None:
+    """The public path (``from kvbucket.stores import S3Store``) and the old ``kvbucket.stores.s3``
+    name resolve, each family's client loads only when its class is first asked for."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import kvbucket.stores as s
+heavy = ("huggingface_hub", "hf_xet", "obstore", "pycurl", "numba")
+assert not [m for m in heavy if m in sys.modules], [m for m in heavy if m in sys.modules]
+from kvbucket.stores import *
+from kvbucket.stores.s3 import S3Config
+assert not [m for m in heavy if m in sys.modules], [m for m in heavy if m in sys.modules]
+from kvbucket.stores import FileStore, HFBucketConfig, HFBucketStore, S3Store, SealedStore, seal_store
+from kvbucket.stores.s3 import S3Store as Old
+from kvbucket.stores.s3.store import S3Store as New
+from kvbucket.stores.local.file import FileStore as F
+assert Old is New is S3Store and F is FileStore
+assert {"S3Store", "HFBucketStore", "SealedStore"} <= set(dir(s))
+try:
+    s.NoSuchStore
+except AttributeError as e:
+    assert "NoSuchStore" in str(e)
+else:
+    raise SystemExit("no AttributeError")
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

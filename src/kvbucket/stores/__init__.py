@@ -22,12 +22,21 @@ each imported on first use.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, check_name
 from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.stores.urls import resolve_store_url
+
+if TYPE_CHECKING:  # what type checkers see of the lazy names below
+    from kvbucket.stores.guard.sealed import SealedStore as SealedStore
+    from kvbucket.stores.guard.sealed import seal_store as seal_store
+    from kvbucket.stores.hub.config import HFBucketConfig as HFBucketConfig
+    from kvbucket.stores.hub.store import HFBucketStore as HFBucketStore
+    from kvbucket.stores.local.file import FileStore as FileStore
+    from kvbucket.stores.s3.config import S3Config as S3Config
+    from kvbucket.stores.s3.store import S3Store as S3Store
 
 # scheme -> "module:function" taking (url, **options) and returning an ObjectStore
 _OPENERS: dict[str, str] = {
@@ -56,6 +65,10 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module_name, _, attr = target.partition(":")
     return getattr(importlib.import_module(module_name), attr)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def store_scheme(url: str) -> str:
@@ -92,6 +105,6 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     return getattr(module, attr)(url, **options)
 
 
-__all__ = ["Buffer", "FileStore", "HFBucketConfig", "HFBucketStore", "ItemResult", "MemoryStore",
-           "ObjectInfo", "ObjectStore", "S3Config", "S3Store", "SealedStore", "check_name", "open_store",
-           "resolve_store_url", "seal_store", "store_scheme"]
+# The lazy names are left out, so that ``from kvbucket.stores import *`` imports no store client.
+__all__ = ["Buffer", "ItemResult", "MemoryStore", "ObjectInfo", "ObjectStore", "check_name", "open_store",
+           "resolve_store_url", "store_scheme"]

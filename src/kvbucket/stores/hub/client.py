@@ -18,7 +18,7 @@ it ends with the request or the process), and a request pool with no thread free
 is replaced. The read token is fetched once for all the loads that need it, on a thread of its
 own; each waits for it until its own deadline, and a fetch still running past the deadline of
 the call that started it is no longer joined (the next caller sends a new one). Xet reads
-(xet_reads) shut their sockets at the deadline.
+(xet/reads.py) shut their sockets at the deadline.
 
 Secrets: the Hub token and Xet CAS tokens live only in header dicts handed to the libraries;
 error messages are built from status codes and server messages and pass through ``redact``.
@@ -114,7 +114,7 @@ class HubBucketClient:
         self._download_group: Any = None
         self.load_concurrency = load_concurrency
         self._requests = DaemonThreadPool(_REQUEST_THREADS, _REQUEST_THREAD_NAME)  # see _bounded
-        self.direct_reads = True  # plain-HTTP reads with cached reconstructions (xet_reads)
+        self.direct_reads = True  # plain-HTTP reads with cached reconstructions (xet/reads.py)
         self._reader = XetReader(
             self._reader_token, lambda *a: self._requests.submit(*a), concurrency=load_concurrency,
             request_timeout_secs=request_timeout_secs, headers=self._headers,
@@ -329,7 +329,7 @@ class HubBucketClient:
 
     def _fetch_token(self, kind: str, until: float) -> Token:
         """Ask the Hub for a new Xet token (``kind``: read or write), retried until ``until``. On
-        the token's own thread (xet_tokens), so not through the request pool: its waiters are
+        the token's own thread (xet/tokens.py), so not through the request pool: its waiters are
         bounded by their deadlines."""
 
         def call(t: httpx2.Timeout) -> Token:
@@ -354,7 +354,7 @@ class HubBucketClient:
         token, exp, cas_url = self._write_token.get(deadline)
         policy = batch_policy(self._compression, [d for _, d in items])
         started: list[Any] = []
-        stagings: list[UploadStaging] = []  # per attempt: the objects' files in RAM (xet_uploads)
+        stagings: list[UploadStaging] = []  # per attempt: the objects' files in RAM (xet/uploads.py)
 
         def xet_upload() -> list[tuple[str, int]]:
             staging = UploadStaging()

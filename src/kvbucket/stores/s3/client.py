@@ -117,7 +117,7 @@ def build_client(cfg: S3Config, target: S3Target) -> _ObS3Store:
 
 
 def direct_reader(cfg: S3Config, target: S3Target, store: _ObS3Store) -> DirectReader | None:
-    """Direct reads when requests go straight to the endpoint over HTTP/1.1, plain or TLS (s3_direct.py).
+    """Direct reads when requests go straight to the endpoint over HTTP/1.1, plain or TLS (s3/direct.py).
 
     Proxies, HTTP/2 and S3 Express session auth stay with obstore, which implements them.
     """

@@ -1,11 +1,11 @@
 """Fetched Xet ranges into the caller's buffer: the compiled decoder, or the pure-Python one.
 
 A fetched range is a run of chunks (8-byte header, then raw, LZ4-frame or byte-grouped LZ4-frame
-payload: :mod:`.xet_kernel` describes the format). Two ways to lay them out at their offsets in
+payload: :mod:`.kernel` describes the format). Two ways to lay them out at their offsets in
 the object, giving the same bytes (tests/hfbucket/test_xet_decode.py compares them on random and
 bf16 KV data, every scheme and frame option, odd lengths and window boundaries):
 
-- **compiled** (:mod:`.xet_kernel`, numba): one call per window of fetched bytes walks the chunk
+- **compiled** (:mod:`.kernel`, numba): one call per window of fetched bytes walks the chunk
   headers and decodes every chunk of a term straight into the destination, the GIL released;
 - **pure Python**: per chunk, ``lz4.frame.decompress`` and slice assignments, then one item write
   ``dst[a:b] = data``. Kept as the fallback: where numba is missing, for what the compiled
@@ -59,7 +59,7 @@ class XetReadUnsupported(Exception):
 # ---- choosing the decoder -------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Kernel:
-    """The compiled decoder: :func:`.xet_kernel.decode_run` and the C LZ4 decoder's address."""
+    """The compiled decoder: :func:`.kernel.decode_run` and the C LZ4 decoder's address."""
 
     run: Callable[..., None]
     lz4: int
@@ -151,7 +151,7 @@ def decode_chunk(scheme: int, payload: memoryview, n: int) -> bytes | memoryview
 
 # ---- the walk over one fetched range --------------------------------------------------------
 class Window:
-    """Where a fetched body is read and parsed: kept per read slot and reused (see xet_reads)."""
+    """Where a fetched body is read and parsed: kept per read slot and reused (see .reads)."""
 
     __slots__ = ("arr", "buf", "chunk", "info", "mv", "scratch")
 

@@ -6,7 +6,7 @@ and hf_xet offers no way to hand it a reconstruction asked for earlier. Here the
 of each lookup hit is asked for as soon as the lookup answers (all at once, cached briefly:
 its fetch URLs are presigned and expire), so the load that follows is the fetches alone. The
 bytes are read from the socket into a parse window and decoded from there straight into the
-caller's buffer (:mod:`.xet_decode`: compiled, without the GIL, or pure Python); nothing
+caller's buffer (:mod:`.decode`: compiled, without the GIL, or pure Python); nothing
 touches the disk.
 
 What is checked (the reconstruction is the server's word for what the file is): every fetched
@@ -471,7 +471,7 @@ class XetReader:
         its own read, which writes it again from its first byte.
 
         **Invariant (a run is its objects' own fetches, back to back).** Each object's bytes go
-        through the same :func:`.xet_decode.copy_range` into its own destination through its own
+        through the same :func:`.decode.copy_range` into its own destination through its own
         gate, and count only once it returned (every term's length checked); the ranges asked for
         are the reconstructions' own, so the run's request asks for nothing else."""
         done = [0]
