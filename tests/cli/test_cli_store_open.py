@@ -16,7 +16,8 @@ import pytest
 from cli_run import run_cli
 
 from kvbucket.cli.common import open_for_command, opened_store
-from kvbucket.stores import hub_client, open_store
+from kvbucket.stores import open_store
+from kvbucket.stores.hub import client as hub_client
 from kvbucket.testing.hub_fixtures import HubBucket
 
 PREFIXES = ("kvbucket-hfbucket-load", hub_client._REQUEST_THREAD_NAME)

@@ -18,11 +18,12 @@ import pytest
 from huggingface_hub.errors import BucketNotFoundError
 
 from kvbucket.errors import AuthError, NotFoundError
-from kvbucket.stores import open_store, xet_sessions
+from kvbucket.stores import open_store
 from kvbucket.stores.guard.sealed import seal_store
 from kvbucket.stores.hub.config import HFBucketConfig, build_config
 from kvbucket.stores.hub.open import store_from_plugin_options
 from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.hub.xet import sessions as xet_sessions
 from kvbucket.testing.store_tests import StoreTests, payload
 
 FAST = {"retry_backoff_secs": 0.01}
