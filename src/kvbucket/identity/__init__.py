@@ -1,14 +1,19 @@
 """Model identity: what changes the KV bytes of the same tokens, in every chunk name.
 
 :mod:`.core` (the identity, its token, names with it), :mod:`.weights` (the weights part, from a
-Hub commit or the weight files), :mod:`.manifest` (which identities wrote under a namespace).
+Hub commit or the weight files' content), :mod:`.digest` (XXH3-128 of files and tensors),
+:mod:`.local_cache` (the machine's cache of file digests), :mod:`.manifest` (which identities
+wrote under a namespace).
 See docs/architecture.md, "Model identity".
 """
 
 from kvbucket.identity.core import (
-    ATTENTION_FIELDS,
+    IGNORED_FIELDS,
+    IdentityPending,
+    IdentitySetting,
     ModelIdentity,
     config_fields,
+    identity_of_dir,
     qualify,
     qualify_key_string,
     split,
@@ -18,9 +23,12 @@ from kvbucket.identity.core import (
 )
 
 __all__ = [
-    "ATTENTION_FIELDS",
+    "IGNORED_FIELDS",
+    "IdentityPending",
+    "IdentitySetting",
     "ModelIdentity",
     "config_fields",
+    "identity_of_dir",
     "qualify",
     "qualify_key_string",
     "split",

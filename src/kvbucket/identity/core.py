@@ -6,11 +6,15 @@ another quantization or KV cache dtype all give other bytes for the same tokens.
 :class:`ModelIdentity` holds what decides those bytes:
 
 - ``weights``: ``hub:<commit>`` (a resolved Hub commit hash, free to read), else
-  ``files:<digest>`` (:func:`kvbucket.identity.weights.files_fingerprint`: the weight files'
-  names, sizes and a sample of their bytes), else ``sampled:<digest>`` (tensors in memory, the
-  transformers integration), else ``set:<text>`` (a ``model_identity`` setting);
-- ``fields``: the config fields that shape attention and positions (:data:`ATTENTION_FIELDS`),
+  ``files:<digest>`` (:func:`kvbucket.identity.weights.files_fingerprint`: every weight file's
+  name, size and full content, hashed once per machine), else ``tensors:<digest>`` (every
+  parameter's bytes in memory, the transformers integration), else ``set:<text>`` (a
+  ``model_identity`` setting);
+- ``fields``: the whole model config minus :data:`IGNORED_FIELDS` (:func:`config_fields`),
   the model and KV cache dtypes, quantization, and the layout the engine already names.
+
+While the weights of a local directory are hashed for the first time, its identity is *not
+known yet* (:class:`IdentityPending`): a miss, never a guessed name.
 
 Its :attr:`~ModelIdentity.token` (16 hex digits, the same BLAKE2b-64 as the envelope's identity
 field, :func:`kvbucket.envelope.identity_digest`) is appended to the model part of every chunk
@@ -26,12 +30,13 @@ import logging
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvbucket.envelope import identity_digest
-from kvbucket.identity.weights import weights_identity
+from kvbucket.identity.weights import RETRY_S, IdentityPending, weights_identity, weights_job
 
 log = logging.getLogger("kvbucket.identity")
 
@@ -40,16 +45,28 @@ TOKEN_LEN = 16
 _TOKEN_RE = re.compile(r"^[0-9a-f]{16}$")
 _QUALIFIED_RE = re.compile(r"^(.+)~([0-9a-f]{16})$")
 
-#: Config fields that change the KV of the same tokens (attention shape, positions, precision).
-ATTENTION_FIELDS: tuple[str, ...] = (
-    "model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-    "head_dim", "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
-    "partial_rotary_factor", "rotary_dim", "rotary_pct", "position_embedding_type", "sliding_window",
-    "use_sliding_window", "layer_types", "attention_bias", "qk_layernorm", "use_qk_norm",
-    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-    "attn_logit_softcapping", "query_pre_attn_scalar", "vocab_size", "quantization_config",
-    "torch_dtype", "dtype",
-)
+#: Config keys that cannot change the KV bytes of the same tokens, left out of the identity (at
+#: the top and in every nested ``*_config``). Everything else counts, known or not: a field this
+#: list does not name changes the identity (a miss), it is never ignored. Keys starting with ``_``
+#: (transformers' bookkeeping: ``_name_or_path``, ``_commit_hash``, ``_attn_implementation``) are
+#: left out too; ``torch_dtype`` is spelt ``dtype`` (transformers renamed it).
+IGNORED_FIELDS: frozenset[str] = frozenset({
+    # which class loads it, which library wrote it, where from
+    "architectures", "transformers_version", "name_or_path",
+    # token ids the tokenizer and the generation loop use (the KV is of the token ids given)
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    # generation settings (sampling happens after the KV is made)
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens", "generation_config",
+    # what a forward returns, not what it computes; training and task heads
+    "use_cache", "return_dict", "output_attentions", "output_hidden_states", "torchscript",
+    "use_return_dict", "id2label", "label2id", "problem_type", "finetuning_task",
+    "task_specific_params", "tokenizer_class", "prefix", "initializer_range",
+})
 
 
 def is_token(text: str) -> bool:
@@ -78,28 +95,42 @@ def _plain(value: Any) -> Any:
     return str(value).removeprefix("torch.")
 
 
-def config_fields(config: Any) -> dict[str, Any]:
-    """The :data:`ATTENTION_FIELDS` a model config (a ``PretrainedConfig``, a dict) sets.
+def _config_dict(config: Any) -> dict[str, Any]:
+    if isinstance(config, dict):
+        return config
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        try:
+            out = to_dict()
+            if isinstance(out, dict):
+                return out
+        except Exception:
+            pass
+    return dict(getattr(config, "__dict__", {}))
 
-    A multimodal config's text part counts (``get_text_config``): it is the one that makes KV.
-    """
+
+def _kept(config: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        key = str(key)
+        if key.startswith("_") or key in IGNORED_FIELDS or value is None:
+            continue
+        if key.endswith("_config") and not isinstance(value, dict) and hasattr(value, "to_dict"):
+            value = _config_dict(value)
+        if key.endswith("_config") and isinstance(value, dict) and key != "quantization_config":
+            value = _kept(value)  # a nested model config (text_config, vision_config, ...)
+        if key == "torch_dtype":
+            key = "dtype"
+        out[key] = _plain(value)
+    return dict(sorted(out.items()))
+
+
+def config_fields(config: Any) -> dict[str, Any]:
+    """The whole model config (a ``PretrainedConfig``, an engine's resolved config, a dict from
+    ``config.json``) minus :data:`IGNORED_FIELDS`, nested configs included, JSON-able."""
     if config is None:
         return {}
-    get_text = getattr(config, "get_text_config", None)
-    if callable(get_text):
-        try:
-            config = get_text(decoder=True)
-        except TypeError:
-            config = get_text()
-    src = config if isinstance(config, dict) else getattr(config, "__dict__", {})
-    out: dict[str, Any] = {}
-    for name in ATTENTION_FIELDS:
-        value = src.get(name) if isinstance(src, dict) else None
-        if value is None and not isinstance(config, dict):
-            value = getattr(config, name, None)
-        if value is not None:
-            out[name] = _plain(value)
-    return out
+    return _kept(_config_dict(config))
 
 
 @dataclass(frozen=True)
@@ -136,50 +167,120 @@ class ModelIdentity:
 
 
 def identity_of_dir(path: str | os.PathLike[str], model: str | None = None, *,
-                    kv: dict[str, Any] | None = None) -> ModelIdentity:
-    """The :class:`~kvbucket.identity.core.ModelIdentity` of a local model directory: its
-    ``config.json`` fields and its weights (a Hub snapshot's commit, else the files' fingerprint).
-    ``kv``: the engine's KV fields (cache dtype, layout) to add. Nothing is downloaded."""
+                    kv: dict[str, Any] | None = None, wait: bool = True) -> ModelIdentity:
+    """The :class:`~kvbucket.identity.core.ModelIdentity` of a local model directory: its whole
+    ``config.json`` (:func:`config_fields`) and its weights (a Hub snapshot's commit, else the
+    digest of every weight file's content, :mod:`kvbucket.identity.weights`). ``kv``: the
+    engine's KV fields (cache dtype, layout) to add. Nothing is downloaded.
+
+    The first computation on a machine reads every weight byte; later ones cost a ``stat`` per
+    file. ``wait=False``: raises :class:`IdentityPending` instead of waiting for the first
+    computation (which then runs in a background thread): call again later."""
     p = Path(path)
     cfg_file = p / "config.json"
     config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
     fields = config_fields(config)
     fields.update(kv or {})
-    return ModelIdentity(model or p.name, weights_identity(p, config), fields)
+    return ModelIdentity(model or p.name, weights_identity(p, config, wait=wait), fields)
 
 
 class IdentitySetting:
     """A ``model_identity`` setting: one text (every model this process serves) or a dict of model
-    name -> text (``"*"``: the others); None or {} means none: names stay name-only."""
+    name -> text (``"*"``: the others); None or {} means none: names stay name-only.
+
+    A text that is an absolute path to a model directory is that directory's identity
+    (:func:`identity_of_dir`), computed in the background the first time on a machine: until it
+    is known, :meth:`identity` and :meth:`token` raise :class:`IdentityPending` (never a guessed
+    identity, never ``None``, which means name-only): callers answer lookups as misses and drop
+    (and count) stores. :meth:`ready` says whether it is known; :meth:`wait` waits for it."""
 
     def __init__(self, setting: str | dict[str, str] | None) -> None:
         if isinstance(setting, str):
             setting = {"*": setting} if setting else {}
         self._by_model = dict(setting or {})
         self._tokens: dict[str, str | None] = {}
-        # An absolute path to a model directory: its identity (config.json, weights), read once now.
+        # An absolute path to a model directory: its identity (config.json, weights), once known.
         self._dirs: dict[str, ModelIdentity] = {}
+        self._pending: dict[str, tuple[Any, float]] = {}  # text -> (its WeightsJob, next retry)
+        self._lock = threading.Lock()
         for text in self._by_model.values():
-            if text and os.path.isabs(text) and os.path.isdir(text):
-                self._dirs[text] = identity_of_dir(text)
+            if text and os.path.isabs(text) and os.path.isdir(text) and text not in self._dirs:
+                self._resolve(text)
+
+    def _resolve(self, text: str) -> ModelIdentity | None:
+        """The directory's identity when known; else starts (or checks) its computation."""
+        try:
+            found = self._dirs[text] = identity_of_dir(text, wait=False)
+            self._pending.pop(text, None)
+            return found
+        except IdentityPending:
+            if text not in self._pending:
+                log.info("model identity of %s: hashing its weight files (once per machine); until "
+                         "done, its chunks are misses and nothing is stored", text)
+            self._pending[text] = (weights_job(text), 0.0)
+        except Exception as e:  # unreadable files: still unknown, tried again later
+            log.error("model identity of %s cannot be computed (%s); its chunks are misses and nothing "
+                      "is stored until it can (retried every %.0f s)", text, e, RETRY_S)
+            self._pending[text] = (None, time.monotonic() + RETRY_S)
+        return None
 
     def __bool__(self) -> bool:
         return bool(self._by_model)
 
+    def _text(self, model: str) -> str | None:
+        return self._by_model.get(model, self._by_model.get("*")) or None
+
+    def _known(self, text: str) -> ModelIdentity | None:
+        found = self._dirs.get(text)
+        if found is not None or text not in self._pending:
+            return found
+        with self._lock:
+            job, retry_at = self._pending.get(text, (None, 0.0))
+            if text in self._dirs:
+                return self._dirs[text]
+            if (job is not None and job.done()) or (job is None and time.monotonic() >= retry_at):
+                return self._resolve(text)
+        return None
+
+    def ready(self, model: str | None = None) -> bool:
+        """Whether ``model``'s identity (every model's, when None) is known (no hashing under way)."""
+        texts = [self._text(model)] if model is not None else list(self._by_model.values())
+        return all(t not in self._pending or self._known(t) is not None for t in texts if t)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every identity is known (or ``timeout`` seconds); whether they are."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.ready():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            jobs = [j for j, _ in list(self._pending.values()) if j is not None]
+            if jobs:
+                jobs[0]._done.wait(left)
+            else:
+                time.sleep(min(1.0, left if left is not None else 1.0))
+        return True
+
     def identity(self, model: str) -> ModelIdentity | None:
-        text = self._by_model.get(model, self._by_model.get("*"))
+        """``model``'s identity; None: name-only; :class:`IdentityPending`: not known yet."""
+        text = self._text(model)
         if not text:
             return None
+        if text in self._pending:
+            found = self._known(text)
+            if found is None:
+                raise IdentityPending(text)
         found = self._dirs.get(text)
         if found is not None:
             return ModelIdentity(model, found.weights, found.fields)
         return ModelIdentity.from_setting(model, text)
 
     def token(self, model: str) -> str | None:
+        """``model``'s token; None: name-only; :class:`IdentityPending`: not known yet."""
         try:
             return self._tokens[model]
         except KeyError:
-            ident = self.identity(model)
+            ident = self.identity(model)  # raises IdentityPending: nothing remembered
             tok = self._tokens[model] = ident.token if ident is not None else None
             return tok
 
@@ -228,9 +329,10 @@ def warn_name_only(where: str) -> None:
 
 
 __all__ = [
-    "ATTENTION_FIELDS",
+    "IGNORED_FIELDS",
     "SEP",
     "TOKEN_LEN",
+    "IdentityPending",
     "IdentitySetting",
     "ModelIdentity",
     "config_fields",

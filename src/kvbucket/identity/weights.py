@@ -1,33 +1,53 @@
-"""The weights part of a model identity, without reading (or downloading) the weights.
+"""The weights part of a model identity: a Hub commit, or a digest of every weight byte.
 
 - A Hub snapshot (``.../models--org--name/snapshots/<commit>/``, or a config that carries
   ``_commit_hash``, as transformers sets it when it resolves a revision): ``hub:<commit>``, free.
-- Local weight files: ``files:<digest>``, a BLAKE2b of each weight file's name and size, the first
-  :data:`HEAD_BYTES` of it (a safetensors header: every tensor's name, dtype, shape and offset)
-  and :data:`SAMPLES` blocks of :data:`SAMPLE_BYTES` spread over the file (a fine-tune changes
-  nearly every value; a sample sees it). Mtimes are not in the digest (a copy of the same files
-  on another machine has other mtimes and must share chunks); they key the per-process cache, so
-  the files are read once per process, and again only when one was rewritten.
+  (A file edited in place inside the Hub cache keeps the commit: a documented limit.)
+- Local files: ``files:<digest>``, an XXH3-128 over every weight file under the directory,
+  recursively (:func:`weight_files`): its path relative to the directory, its size and the
+  XXH3-128 of its *full content* (:mod:`.digest`). A fine-tune of one tensor anywhere changes
+  it; a copy of the same files elsewhere, or a ``touch``, does not (mtimes and paths outside the
+  directory are not in it). Each file's digest is kept in the machine's cache
+  (:mod:`.local_cache`), so only the first computation on a machine reads the bytes.
+
+The first computation of a large model takes seconds (minutes from a cold disk). Callers that
+must not wait ask with ``wait=False``: a background thread computes it and :class:`IdentityPending`
+says "not known yet" until it is done (see :func:`weights_job`); never a guessed identity.
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
-HEAD_BYTES = 1 << 20
-SAMPLES = 16
-SAMPLE_BYTES = 4096
+from kvbucket.identity.digest import combine, hash_files
+from kvbucket.identity.local_cache import DigestCache, default_cache, stat_key
+
+log = logging.getLogger("kvbucket.identity")
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack",
+                   ".npz", ".npy", ".onnx", ".pkl", ".nemo", ".distcp")
+#: Any other file at least this large counts too (weights under a name no suffix list knows).
+LARGE_FILE = 4 << 20
+#: Seconds before a failed computation (a file unreadable) is tried again.
+RETRY_S = 30.0
 _SNAPSHOT_RE = re.compile(r"(?:^|/)snapshots/([0-9a-f]{40})(?:/|$)")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
-_cache: dict[tuple[Any, ...], str] = {}
-_lock = threading.Lock()
+
+class IdentityPending(Exception):
+    """The model's identity is not known yet: its weight files are being hashed for the first
+    time on this machine. Treat it as a miss: look nothing up, store nothing under any name."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(f"the identity of {path} is being computed (its weight files are hashed "
+                         "once per machine); until then its chunks are misses and nothing is stored")
+        self.path = str(path)
 
 
 def hub_commit(path: str | os.PathLike[str] | None = None, config: Any = None) -> str | None:
@@ -43,64 +63,142 @@ def hub_commit(path: str | os.PathLike[str] | None = None, config: Any = None) -
     return None
 
 
-def weight_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The weight files of a model directory (or the file itself), sorted by name."""
+def _is_weight(name: str, size: int) -> bool:
+    return name.endswith(WEIGHT_SUFFIXES) or size >= LARGE_FILE
+
+
+def weight_stats(path: str | os.PathLike[str]) -> list[tuple[str, Path, os.stat_result]]:
+    """``(relative name, file, stat)`` of every weight file under ``path`` (or the file itself),
+    sorted by name: recursive, file symlinks followed, hidden entries (``.git``, ``.cache``) and
+    directory symlinks skipped."""
     p = Path(path)
     if p.is_file():
-        return [p]
-    if not p.is_dir():
-        return []
-    return sorted(f for f in p.iterdir() if f.name.endswith(WEIGHT_SUFFIXES) and f.is_file())
-
-
-def _sample(f: Path, size: int, h: Any) -> None:
-    with open(f, "rb", buffering=0) as fh:
-        fd = fh.fileno()
-        h.update(os.pread(fd, min(HEAD_BYTES, size), 0))
-        if size <= HEAD_BYTES:
-            return
-        span = size - HEAD_BYTES - SAMPLE_BYTES
-        for i in range(SAMPLES):
-            off = HEAD_BYTES + (span * i) // max(SAMPLES - 1, 1) if span > 0 else HEAD_BYTES
-            h.update(os.pread(fd, SAMPLE_BYTES, off))
-
-
-def files_fingerprint(path: str | os.PathLike[str]) -> str | None:
-    """``files:<digest>`` of the weight files under ``path`` (see the module docstring); None
-    when there are none. Cached per process by (path, names, sizes, mtimes)."""
-    files = weight_files(path)
-    if not files:
-        return None
-    stats = [(f.name, f.stat()) for f in files]
-    cache_key = (str(Path(path).resolve()), tuple((n, s.st_size, s.st_mtime_ns) for n, s in stats))
-    with _lock:
-        hit = _cache.get(cache_key)
-    if hit is not None:
-        return hit
-    h = hashlib.blake2b(digest_size=16, person=b"kvbucket-wts")
-    for f, (name, st) in zip(files, stats, strict=True):
-        h.update(f"{name}\0{st.st_size}\0".encode())
-        _sample(f, st.st_size, h)
-    out = f"files:{h.hexdigest()}"
-    with _lock:
-        _cache[cache_key] = out
+        return [(p.name, p, p.stat())]
+    out: list[tuple[str, Path, os.stat_result]] = []
+    for dirpath, dirnames, filenames in os.walk(p):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            f = Path(dirpath, name)
+            try:
+                st = f.stat()
+            except OSError:  # a dangling symlink: not a weight file the engine can load
+                continue
+            if _is_weight(name, st.st_size) and not os.path.isdir(f):
+                out.append((f.relative_to(p).as_posix(), f, st))
+    out.sort(key=lambda t: t[0])
     return out
 
 
+def weight_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The weight files under a model directory (see :func:`weight_stats`), sorted by name."""
+    return [f for _, f, _ in weight_stats(path)]
+
+
+class WeightsJob:
+    """One computation of a directory's ``files:<digest>`` (shared by every caller meanwhile)."""
+
+    def __init__(self, root: str, stats: list[tuple[str, Path, os.stat_result]], cache: DigestCache) -> None:
+        self.root, self._stats, self._cache = root, stats, cache
+        self._done = threading.Event()
+        self._result: str | None = None
+        self._error: BaseException | None = None
+        self.started = time.monotonic()
+        self.finished = 0.0
+
+    def run(self) -> None:
+        try:
+            todo = {str(f.resolve()): (f, st) for _, f, st in self._stats}
+            digests = {real: d for real, (_, st) in todo.items()
+                       if (d := self._cache.get(real, stat_key(st))) is not None}
+            need = {real: ft for real, ft in todo.items() if real not in digests}
+            if need:
+                fresh = hash_files({real: st.st_size for real, (_, st) in need.items()})
+                # a file rewritten while it was read is not recorded (its next stat differs)
+                record = {}
+                for real, (_, st) in need.items():
+                    if stat_key(os.stat(real)) == stat_key(st):
+                        record[real] = (stat_key(st), fresh[real])
+                self._cache.put_many(record)
+                digests.update(fresh)
+                log.info("model weights under %s hashed: %d files, %.1f GiB in %.2f s", self.root, len(need),
+                         sum(st.st_size for _, st in need.values()) / 2**30, time.monotonic() - self.started)
+            self._result = "files:" + combine(
+                (rel, st.st_size, digests[str(f.resolve())]) for rel, f, st in self._stats)
+        except BaseException as e:
+            self._error = e
+        finally:
+            self.finished = time.monotonic()
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> str:
+        """The digest (waiting up to ``timeout``); :class:`IdentityPending` when not done by then."""
+        if not self._done.wait(timeout):
+            raise IdentityPending(self.root)
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+_jobs: dict[tuple[Any, ...], WeightsJob] = {}
+_jobs_lock = threading.Lock()
+
+
+def weights_job(path: str | os.PathLike[str], *, background: bool = True) -> WeightsJob | None:
+    """The computation of ``path``'s ``files:`` digest: done at once when every file's stat is in
+    the machine's cache; else started (``background``: in a daemon thread) or joined when one
+    for the same files is running. None when ``path`` holds no weight file."""
+    stats = weight_stats(path)
+    if not stats:
+        return None
+    root = str(Path(path).resolve())
+    cache = default_cache()
+    key = (root, cache.path, tuple((rel, stat_key(st)) for rel, _, st in stats))
+    with _jobs_lock:
+        job = _jobs.get(key)
+        if job is not None and not (job.done() and job._error is not None
+                                    and time.monotonic() - job.finished >= RETRY_S):
+            return job  # running, done, or failed a moment ago (its error is the answer)
+        job = _jobs[key] = WeightsJob(root, stats, cache)
+        if len(_jobs) > 256:
+            _jobs.pop(next(iter(_jobs)))
+    if all(cache.get(str(f.resolve()), stat_key(st)) is not None for _, f, st in stats) or not background:
+        job.run()  # a restart: one stat per file, no byte read
+    else:
+        threading.Thread(target=job.run, name="kvbucket-identity-hash", daemon=True).start()
+    return job
+
+
+def files_fingerprint(path: str | os.PathLike[str], *, wait: bool = True) -> str | None:
+    """``files:<digest>`` of the weight files under ``path`` (see the module docstring); None
+    when there are none. ``wait=False``: :class:`IdentityPending` while it is being computed."""
+    job = weights_job(path, background=not wait)
+    if job is None:
+        return None
+    return job.result(None if wait else 0)
+
+
 def weights_identity(path: str | os.PathLike[str] | None, config: Any = None,
-                     revision: str | None = None) -> str:
+                     revision: str | None = None, *, wait: bool = True) -> str:
     """The weights part of an identity: ``hub:<commit>``, else ``files:<digest>``, else
-    ``revision:<text>`` (a revision the engine was given but did not resolve), else ``""``."""
+    ``revision:<text>`` (a revision the engine was given but did not resolve), else ``""``.
+    ``wait=False``: :class:`IdentityPending` while the files' digest is being computed."""
     commit = hub_commit(path, config)
     if commit:
         return f"hub:{commit}"
     if revision and _COMMIT_RE.match(revision):
         return f"hub:{revision}"
     if path and Path(path).exists():
-        fp = files_fingerprint(path)
+        fp = files_fingerprint(path, wait=wait)
         if fp:
             return fp
     return f"revision:{revision}" if revision else ""
 
 
-__all__ = ["files_fingerprint", "hub_commit", "weight_files", "weights_identity"]
+__all__ = ["LARGE_FILE", "WEIGHT_SUFFIXES", "IdentityPending", "WeightsJob", "files_fingerprint",
+           "hub_commit", "weight_files", "weight_stats", "weights_identity", "weights_job"]
