@@ -29,3 +29,18 @@ def lm_loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.call_soon_threadsafe(loop.stop)
     th.join(5)
     loop.close()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _identity_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Weight digests (kvbucket.identity.local_cache) go to a file of this run, never ~/.cache.
+    Set in os.environ so subprocesses (the CLI, engines) inherit it."""
+    import os
+
+    old = os.environ.get("KVBUCKET_IDENTITY_CACHE")
+    os.environ["KVBUCKET_IDENTITY_CACHE"] = str(tmp_path_factory.mktemp("identity") / "weights.json")
+    yield
+    if old is None:
+        os.environ.pop("KVBUCKET_IDENTITY_CACHE", None)
+    else:
+        os.environ["KVBUCKET_IDENTITY_CACHE"] = old

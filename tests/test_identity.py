@@ -41,10 +41,11 @@ def test_each_kind_of_redeploy_is_another_identity(tmp_path: Path) -> None:
 
 
 def test_the_weight_files_are_read_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVBUCKET_IDENTITY_CACHE", str(tmp_path / "cache.json"))
     base = make_model_dirs(tmp_path)["base"]
-    reads: list[Path] = []
-    real = weights_mod._sample
-    monkeypatch.setattr(weights_mod, "_sample", lambda f, size, h: (reads.append(f), real(f, size, h)))
+    reads: list[str] = []
+    real = weights_mod.hash_files
+    monkeypatch.setattr(weights_mod, "hash_files", lambda sizes: (reads.extend(sizes), real(sizes))[1])
     first = files_fingerprint(base)
     assert files_fingerprint(base) == first and len(reads) == 1
     (base / "model.safetensors").write_bytes((base / "model.safetensors").read_bytes()[:-1] + b"\x00")
@@ -57,11 +58,29 @@ def test_hub_commit_from_config_or_snapshot_path() -> None:
     assert hub_commit("/models/llama") is None and hub_commit(config={"_commit_hash": "main"}) is None
 
 
-def test_config_fields_keep_what_shapes_attention_only() -> None:
+def test_config_fields_are_the_whole_config_minus_what_cannot_change_the_kv() -> None:
     cfg = {"rope_scaling": {"factor": 2.0, "rope_type": "linear"}, "num_key_value_heads": 8,
-           "transformers_version": "4.57", "_name_or_path": "/x", "max_position_embeddings": 8192}
-    assert config_fields(cfg) == {"rope_scaling": {"factor": 2.0, "rope_type": "linear"},
-                                  "num_key_value_heads": 8, "max_position_embeddings": 8192}  # fmt: skip
+           "transformers_version": "4.57", "_name_or_path": "/x", "max_position_embeddings": 8192,
+           "architectures": ["X"], "eos_token_id": 2, "temperature": 0.7, "rms_norm_eps": 1e-6,
+           "some_future_field": 3, "torch_dtype": "bfloat16", "sliding_window": None,
+           "text_config": {"rope_theta": 1e6, "bos_token_id": 1, "_name_or_path": "y"}}
+    assert config_fields(cfg) == {
+        "rope_scaling": {"factor": 2.0, "rope_type": "linear"}, "num_key_value_heads": 8,
+        "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "some_future_field": 3,
+        "dtype": "bfloat16", "text_config": {"rope_theta": 1e6}}  # fmt: skip
+
+
+def test_config_fields_of_a_transformers_config_include_its_nested_configs() -> None:
+    """An engine's resolved config (a ``PretrainedConfig``) counts whole, sub-configs included."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Gemma3Config(text_config={"sliding_window": 512}, vision_config={"patch_size": 14})
+    fields = config_fields(cfg)
+    assert fields["text_config"]["sliding_window"] == 512 and fields["vision_config"]["patch_size"] == 14
+    assert "architectures" not in fields and "_name_or_path" not in fields["text_config"]
+    # transformers 5 keeps rope_theta in rope_parameters (per attention type): it counts there
+    cfg.text_config.rope_parameters["full_attention"]["rope_theta"] = 2e6
+    assert config_fields(cfg)["text_config"]["rope_parameters"]["full_attention"]["rope_theta"] == 2e6
+    assert config_fields(cfg) != fields
 
 
 def test_names_carry_the_token_and_give_it_back() -> None:

@@ -22,9 +22,12 @@ T = 16
 CHUNKS = 3
 
 
-def model(seed: int = 1, commit: str = COMMITS[0], rope_scaling: dict | None = None):  # type: ignore[no-untyped-def]
+def model(seed: int = 1, commit: str | None = None, rope_scaling: dict | None = None):  # type: ignore[no-untyped-def]
+    """Built in memory (no files: the identity digests every parameter's bytes), or, with
+    ``commit``, as if transformers had loaded it from that Hub revision (``_commit_hash``)."""
     m = build_model(TINY, seed=seed, name="org/tiny")
-    m.config._commit_hash = commit  # as transformers sets it when it resolves a Hub revision
+    if commit is not None:
+        m.config._commit_hash = commit
     if rope_scaling is not None:  # the same weights under another position scaling
         m.config.rope_scaling = rope_scaling
     return m
@@ -51,6 +54,7 @@ def test_other_identity_misses_and_the_same_one_hits(tmp_path: Path) -> None:
         assert len(names) == CHUNKS and all(split(n.split("@")[0])[1] == token for n in names)
     stored = objects(root)
     variants = {"weights": model(seed=2), "revision": model(commit=COMMITS[1]),
+                "revision2": model(commit=COMMITS[0]),
                 "rope": model(rope_scaling={"rope_type": "linear", "factor": 2.0})}  # fmt: skip
     for what, other in variants.items():
         with cache(other) as c:
@@ -68,3 +72,36 @@ def test_other_identity_misses_and_the_same_one_hits(tmp_path: Path) -> None:
         assert sorted(bytes(memoryview(g).cast("B")) for g in got) == sorted(stored[n][64:] for n in names)
         c.prefill(ids)
         assert c.last_stats.hit_tokens == CHUNKS * T
+
+
+def test_every_parameter_byte_counts_when_no_files_are_known() -> None:
+    """A model built in memory: its identity digests every parameter's bytes, so one value of
+    one tensor changed (a sample would miss it) is another identity."""
+    from kvbucket.integrations.transformers_model import model_weights
+
+    m = model()
+    before = model_weights(m)
+    assert before.startswith("tensors:") and model_weights(model()) == before
+    name, p = sorted(m.named_parameters())[len(list(m.parameters())) // 2]
+    with torch.no_grad():
+        flat = p.view(-1)
+        flat[flat.numel() // 2 + 1] += 1e-3  # one value, between any sample points
+    assert model_weights(m) != before, name
+
+
+def test_a_model_loaded_from_a_directory_is_named_by_its_files(tmp_path: Path) -> None:
+    """``from_pretrained(dir)``: the identity's weights are the files' digest (the same as
+    ``identity_of_dir``, kept per machine); the directory fine-tuned in place is another one."""
+    from kvbucket.identity.core import identity_of_dir
+    from kvbucket.integrations.transformers_model import model_weights
+    from transformers import AutoModelForCausalLM
+
+    d = tmp_path / "tiny"
+    model().save_pretrained(d)
+    loaded = AutoModelForCausalLM.from_pretrained(d)
+    weights = model_weights(loaded)
+    assert weights.startswith("files:") and weights == identity_of_dir(d).weights
+    with torch.no_grad():
+        next(iter(loaded.parameters())).view(-1)[3] += 1.0
+    loaded.save_pretrained(d)  # rewritten in place
+    assert model_weights(AutoModelForCausalLM.from_pretrained(d)) not in (weights, "")

@@ -87,6 +87,9 @@ class LocalDiskBackend(BoundedLocalTier):
         # Names carry the model's identity (kvbucket.identity), as the remote tier's do: after a
         # redeploy with other weights, the directory's chunks of the old identity are not served.
         self._identity = IdentitySetting(model_identity)
+        # Its index is by identity: the first time a model directory's weights are hashed on this
+        # machine (kvbucket.identity.weights), the tier waits for it here, before any use.
+        self._identity.wait()
         # Files this tier does not serve but that are intact (file name -> bytes, oldest first):
         # in the byte bound, evicted first.
         self._foreign: OrderedDict[str, int] = OrderedDict()

@@ -205,6 +205,8 @@ class RemoteBackend(QueuedBackend):
         if self.serde.name != "naive":
             return super().batched_get_into(keys, buffers)
         check_buffers(keys, buffers)
+        if self._identity.unknown(len(keys)):  # not known yet (IdentityPending): misses
+            return [False] * len(keys)
         ks = [as_key_string(k) for k in keys]
         out, rest = self._copy_pending_into(ks, buffers)
         todo: list[int] = []
@@ -239,6 +241,8 @@ class RemoteBackend(QueuedBackend):
         A key the store could not answer for (deadline, breaker open, any store error) is a miss,
         counted in ``lookup_failures`` and logged once per kind of failure; never an exception.
         """
+        if self._identity.unknown(len(keys)):  # not known yet (IdentityPending): misses
+            return [False] * len(keys)
         ks = [as_key_string(k) for k in keys]
         out = [False] * len(ks)
         ask: list[int] = []
@@ -280,6 +284,8 @@ class RemoteBackend(QueuedBackend):
         return dropped or h.size is not None or r.size is not None
 
     def list(self) -> list[str]:
+        if self._identity.unknown():
+            return []
         keys: list[str] = []
         listing_prefix = f"{self.prefix}/" if self.prefix else ""
         for info in self.store.list(listing_prefix):
@@ -306,6 +312,7 @@ class RemoteBackend(QueuedBackend):
             "store": self.store.url,
             "lookup_failures": self.lookup_failures,
             "read_failures": self.read_failures,
+            "identity_pending": self._identity.pending_counts(),  # misses, stores dropped meanwhile
             "fleet": None if self._fleet is None else self._fleet.status(),
         }
 
@@ -416,6 +423,8 @@ class RemoteBackend(QueuedBackend):
         """Chunks of keys whose put is still queued (they are the newest), and the indexes of the
         keys left to fetch from the store."""
         out: list[Chunk | None] = [None] * len(ks)
+        if self._identity.unknown(len(ks)):  # not known yet (IdentityPending): misses
+            return out, []
         todo: list[int] = []
         for i, k in enumerate(ks):
             pending = self._queue.pending(k)

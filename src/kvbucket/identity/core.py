@@ -47,12 +47,14 @@ _QUALIFIED_RE = re.compile(r"^(.+)~([0-9a-f]{16})$")
 
 #: Config keys that cannot change the KV bytes of the same tokens, left out of the identity (at
 #: the top and in every nested ``*_config``). Everything else counts, known or not: a field this
-#: list does not name changes the identity (a miss), it is never ignored. Keys starting with ``_``
-#: (transformers' bookkeeping: ``_name_or_path``, ``_commit_hash``, ``_attn_implementation``) are
-#: left out too; ``torch_dtype`` is spelt ``dtype`` (transformers renamed it).
+#: list does not name changes the identity (a miss), it is never ignored. ``torch_dtype`` is
+#: spelt ``dtype`` (transformers renamed it), so either spelling gives one identity.
 IGNORED_FIELDS: frozenset[str] = frozenset({
     # which class loads it, which library wrote it, where from
-    "architectures", "transformers_version", "name_or_path",
+    "architectures", "transformers_version", "name_or_path", "_name_or_path", "_commit_hash",
+    # transformers' runtime choice of kernels (the model's maths is the same)
+    "_attn_implementation", "_attn_implementation_autoset", "_attn_implementation_internal",
+    "_experts_implementation",
     # token ids the tokenizer and the generation loop use (the KV is of the token ids given)
     "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
     # generation settings (sampling happens after the KV is made)
@@ -113,7 +115,7 @@ def _kept(config: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in config.items():
         key = str(key)
-        if key.startswith("_") or key in IGNORED_FIELDS or value is None:
+        if key in IGNORED_FIELDS or value is None:
             continue
         if key.endswith("_config") and not isinstance(value, dict) and hasattr(value, "to_dict"):
             value = _config_dict(value)
@@ -203,6 +205,8 @@ class IdentitySetting:
         self._dirs: dict[str, ModelIdentity] = {}
         self._pending: dict[str, tuple[Any, float]] = {}  # text -> (its WeightsJob, next retry)
         self._lock = threading.Lock()
+        self.pending_misses = 0  # keys answered as misses while an identity was not known yet
+        self.pending_refused = 0  # names refused (stores dropped) while it was not known yet
         for text in self._by_model.values():
             if text and os.path.isabs(text) and os.path.isdir(text) and text not in self._dirs:
                 self._resolve(text)
@@ -247,6 +251,17 @@ class IdentitySetting:
         texts = [self._text(model)] if model is not None else list(self._by_model.values())
         return all(t not in self._pending or self._known(t) is not None for t in texts if t)
 
+    def unknown(self, n: int = 0) -> bool:
+        """Whether an identity is set but not known yet; if so, ``n`` keys are counted as misses
+        (a request path's check: one dict lookup once every identity is known)."""
+        if not self._pending or self.ready():
+            return False
+        self.pending_misses += n
+        return True
+
+    def pending_counts(self) -> dict[str, int]:
+        return {"misses": self.pending_misses, "refused": self.pending_refused}
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every identity is known (or ``timeout`` seconds); whether they are."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -269,6 +284,7 @@ class IdentitySetting:
         if text in self._pending:
             found = self._known(text)
             if found is None:
+                self.pending_refused += 1
                 raise IdentityPending(text)
         found = self._dirs.get(text)
         if found is not None:

@@ -3,8 +3,9 @@
 Hashing the full content of a model's weights is the only way to see a fine-tune of one layer,
 and reading 16 GiB costs seconds (minutes from a cold disk): it is done once per machine. Each
 file's digest is kept in one small JSON file, keyed by the file's real path and its
-``(size, mtime_ns, inode)``: any rewrite (a new inode, size or mtime) is a miss and the file is
-hashed again; a plain ``touch`` re-hashes it too (to the same digest, so the identity holds).
+``(size, mtime_ns, inode, ctime_ns)``: any rewrite (a new inode, size or mtime; an edit in
+place whose mtime was set back still moves the ctime, which no user can set) is a miss and the
+file is hashed again; a plain ``touch`` re-hashes it too (to the same digest: the identity holds).
 
 Where: ``$KVBUCKET_IDENTITY_CACHE`` (a file path; ``off`` keeps digests in the process only),
 else ``$XDG_CACHE_HOME/kvbucket/identity-weights.json`` (``~/.cache/...``). Writes are atomic
@@ -29,11 +30,11 @@ from typing import Any
 log = logging.getLogger("kvbucket.identity")
 
 ENV = "KVBUCKET_IDENTITY_CACHE"
-VERSION = 1
+VERSION = 2
 #: Entries kept at most; past it the oldest-written go first (a machine's models, many times over).
 MAX_ENTRIES = 20_000
 
-StatKey = tuple[int, int, int]  # (size, mtime_ns, inode)
+StatKey = tuple[int, int, int, int]  # (size, mtime_ns, inode, ctime_ns)
 
 
 def cache_path() -> Path | None:
@@ -46,7 +47,7 @@ def cache_path() -> Path | None:
 
 
 def stat_key(st: os.stat_result) -> StatKey:
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 @contextlib.contextmanager
@@ -75,14 +76,15 @@ def _read(path: Path) -> dict[str, list[Any]]:
     try:
         doc = json.loads(raw)
         files = doc["files"] if doc.get("version") == VERSION else {}
-        return {k: v for k, v in files.items() if isinstance(v, list) and len(v) == 4}
+        return {k: v for k, v in files.items() if isinstance(v, list) and len(v) == 5}
     except Exception as e:  # damaged (a full disk, an editor): recomputed, then rewritten
         log.warning("identity cache %s is damaged (%s); the weight digests in it are recomputed", path, e)
         return {}
 
 
 class DigestCache:
-    """Weight-file digests by (real path, size, mtime_ns, inode): in the process, and on disk."""
+    """Weight-file digests by (real path, size, mtime_ns, inode, ctime_ns): in the process, and on
+    disk."""
 
     def __init__(self, path: Path | str | None = "default") -> None:
         self.path: Path | None = cache_path() if path == "default" else (Path(path) if path else None)
@@ -103,8 +105,8 @@ class DigestCache:
         with self._lock:
             self._load()
             hit = self._mem.get(real)
-        if hit is not None and tuple(hit[:3]) == key:
-            return str(hit[3])
+        if hit is not None and tuple(hit[:4]) == key:
+            return str(hit[4])
         return None
 
     def put_many(self, entries: dict[str, tuple[StatKey, str]]) -> None:

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from kvbucket.identity.core import ModelIdentity, is_token
+from kvbucket.identity.core import IdentityPending, ModelIdentity, is_token
 from kvbucket.keys import decode_key, encode_key
 
 log = logging.getLogger("kvbucket.identity")
@@ -149,7 +149,10 @@ class ManifestBook:
         m = self._manifests.get(model)
         if m is not None or not self.setting:
             return m
-        identity = self.setting.identity(model)
+        try:
+            identity = self.setting.identity(model)
+        except IdentityPending:  # not known yet: checked when it is
+            return None
         if identity is None:
             return None
         with self._lock:

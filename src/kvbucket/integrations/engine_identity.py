@@ -79,7 +79,7 @@ def engine_config_on_stack(attr: str, names: tuple[str, ...], depth: int = 40) -
 
 def from_model_config(name: str, model_config: Any, kv: dict[str, Any]) -> ModelIdentity:
     """From an engine's resolved model config (vLLM's or SGLang's ``ModelConfig``)."""
-    hf = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    hf = getattr(model_config, "hf_config", None) or getattr(model_config, "hf_text_config", None)
     path = getattr(model_config, "model", None) or getattr(model_config, "model_path", None)
     revision = getattr(model_config, "revision", None)
     commit = hub_commit(config=getattr(model_config, "hf_config", None))

@@ -61,6 +61,7 @@ from kvbucket.integrations.transformers_model import (
     logits_to_keep_kwarg,
     model_fingerprint,
     model_identity,
+    model_weights,
     new_dynamic_cache,
     np_view,
     probe_kv_layout,
@@ -118,8 +119,9 @@ class KVBucketPrefixCache:
         salt: isolates tenants; chunks stored under one salt are never used under another.
         chunk_tokens: tokens a chunk (256, as LMCache). Every sharer must use the same value.
         model_id: the model's name in keys (default: ``config._name_or_path`` or the model type).
-            A fingerprint of the config and a sample of the weights is always mixed into the hash,
-            so two different models sharing a name never share chunks.
+            The model's identity (its whole config and its weights: the files it was loaded from,
+            else every parameter's bytes) is always mixed into the hash and the names, so two
+            different models sharing a name never share chunks.
         store: write new full chunks (in the background). ``False`` makes the cache read-only.
         max_pending_chunks: store-queue bound; past it new chunks are dropped (counted), never
             delaying generation.
@@ -161,9 +163,10 @@ class KVBucketPrefixCache:
         self.fetch_window = fetch_window
         self.layout = probe_kv_layout(model, chunk_tokens)
         self.model_name = key_model_name(model, model_id)
-        fingerprint = model_fingerprint(model)
+        weights = model_weights(model)  # the files it was loaded from, else every parameter's bytes
+        fingerprint = model_fingerprint(model, weights)
         self._seed = self._hash_seed(fingerprint)
-        self.identity = model_identity(model, self.model_name, fingerprint, self.layout)
+        self.identity = model_identity(model, self.model_name, fingerprint, self.layout, weights)
         self._key_model = qualify(self.model_name, self.identity.token)  # the model part of every key
         self.last_stats = PrefillStats()
         self.store_stats = StoreStats()

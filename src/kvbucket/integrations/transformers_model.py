@@ -1,12 +1,15 @@
 """What kvbucket's transformers integration needs to know about a model and its KV cache.
 
 Which models prefix reuse can serve (full-attention ``DynamicLayer`` caches only), the layout of
-one stored chunk, the model's identity for chunk keys (a fingerprint of its config and sampled
-weights), and the small tensor/cache helpers the prefix cache uses.
+one stored chunk, the model's identity for chunk keys (its whole config and its weights: the
+files it was loaded from, else every parameter's bytes), and the small tensor/cache helpers the
+prefix cache uses.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +18,8 @@ import numpy as np
 
 from kvbucket.errors import ConfigError, KVBucketError
 from kvbucket.identity.core import ModelIdentity, config_fields
-from kvbucket.identity.weights import hub_commit
+from kvbucket.identity.digest import hash_buffers
+from kvbucket.identity.weights import files_fingerprint, hub_commit
 
 try:
     import torch
@@ -29,29 +33,6 @@ except ImportError as e:  # pragma: no cover - depends on installed extras
     ) from e
 
 DEFAULT_CHUNK_TOKENS = 256
-# Config fields that describe the runtime, not the weights or the attention maths; two machines
-# with different transformers versions or attention kernels still share chunks.
-_VOLATILE_CONFIG_FIELDS = frozenset(
-    {
-        "_name_or_path",
-        "transformers_version",
-        "dtype",
-        "torch_dtype",
-        "_attn_implementation",
-        "_attn_implementation_autoset",
-        "_attn_implementation_internal",
-        "_commit_hash",
-        "use_cache",
-        "output_attentions",
-        "output_hidden_states",
-        "return_dict",
-        "torchscript",
-        "architectures",
-        "_experts_implementation",
-    }
-)
-
-
 
 
 class UnsupportedModelError(KVBucketError, ValueError):
@@ -178,43 +159,53 @@ def key_model_name(model: Any, model_id: str | None) -> str:
     return name
 
 
-def model_fingerprint(model: Any, samples_per_tensor: int = 16) -> bytes:
-    """A stable digest of the model's config (minus runtime-only fields) and a sample of every weight.
-
-    Sampling a few values per tensor (not hashing gigabytes) still tells random initialisations
-    and fine-tunes apart, so two models that share a name never share chunks.
-    """
-    h = blake3.blake3()
-    config = model.config.to_dict()
-    for key in sorted(config):
-        if key in _VOLATILE_CONFIG_FIELDS:
-            continue
-        h.update(f"{key}={config[key]!r};".encode())
-    with torch.no_grad():
-        for name, tensor in sorted(model.state_dict().items()):
-            flat = tensor.detach().reshape(-1)
-            if flat.numel() == 0:
-                continue
-            k = min(samples_per_tensor, flat.numel())
-            idx = torch.arange(k, dtype=torch.int64) * (flat.numel() - 1) // max(k - 1, 1)  # exact ints
-            sample = flat[idx.to(flat.device)].to("cpu", torch.float64).numpy()
-            h.update(name.encode())
-            h.update(str(tuple(tensor.shape)).encode())
-            h.update(sample.tobytes())
-    return h.digest()
+def _tensor_bytes(tensor: Any) -> Any:
+    """Every byte of a tensor, on the CPU (bf16 and fp8 have no numpy dtype: seen as uint8)."""
+    flat = tensor.detach().reshape(-1).contiguous()
+    try:
+        return flat.view(torch.uint8).cpu().numpy()
+    except (RuntimeError, TypeError):  # a tensor subclass that cannot be viewed as bytes
+        return flat.cpu().numpy().tobytes()
 
 
-def model_identity(model: Any, name: str, fingerprint: bytes, layout: KVChunkLayout) -> ModelIdentity:
-    """The model's identity in chunk names (:mod:`kvbucket.identity`): the sampled weights (and
-    the resolved Hub commit, when transformers loaded it from the Hub), the attention and
-    position config fields, and the KV layout."""
-    weights = f"sampled:{fingerprint.hex()[:32]}"
-    commit = hub_commit(config=model.config)
+def model_weights(model: Any) -> str:
+    """The weights part of the model's identity (:mod:`kvbucket.identity.weights`): the Hub
+    commit it was loaded from (``config._commit_hash``, or a Hub-cache snapshot path), else the
+    digest of every weight file of the local directory it was loaded from (``_name_or_path``;
+    kept per machine, so a restart reads no weight byte), else ``tensors:<digest>`` of every
+    parameter's and buffer's bytes. A model changed in memory after loading from files (a LoRA
+    merged in memory) keeps its files' identity: give it its own ``model_id``."""
+    path = getattr(model.config, "_name_or_path", None) or getattr(model, "name_or_path", None)
+    commit = hub_commit(path if isinstance(path, str) and os.path.isdir(path) else None, model.config)
     if commit:
-        weights += f" hub:{commit}"
+        return f"hub:{commit}"
+    if isinstance(path, str) and os.path.isdir(path):
+        found = files_fingerprint(path)
+        if found:
+            return found
+    with torch.no_grad():
+        params = sorted(model.state_dict().items())
+        return "tensors:" + hash_buffers((name, _tensor_bytes(t)) for name, t in params)
+
+
+def model_fingerprint(model: Any, weights: str | None = None) -> bytes:
+    """A digest of the model's weights (:func:`model_weights`) and its whole config (minus the
+    keys that cannot change the KV, :func:`kvbucket.identity.core.config_fields`): the key hash's
+    seed, so two models that share a name never share chunks."""
+    weights = model_weights(model) if weights is None else weights
+    text = json.dumps({"weights": weights, "fields": config_fields(model.config)}, sort_keys=True,
+                      default=str)
+    return blake3.blake3(text.encode()).digest()
+
+
+def model_identity(model: Any, name: str, fingerprint: bytes, layout: KVChunkLayout,
+                   weights: str | None = None) -> ModelIdentity:
+    """The model's identity in chunk names (:mod:`kvbucket.identity`): its weights
+    (:func:`model_weights`), its whole config and the KV layout. ``fingerprint`` is not needed
+    (kept for callers)."""
     fields = config_fields(model.config)
     fields.update(kv_dtype=layout.dtype_name, kv_shape=list(layout.shape))
-    return ModelIdentity(name, weights, fields)
+    return ModelIdentity(name, model_weights(model) if weights is None else weights, fields)
 
 
 # ---- small helpers -------------------------------------------------------------------------
@@ -324,5 +315,6 @@ __all__ = [
     "UnsupportedModelError",
     "model_fingerprint",
     "model_identity",
+    "model_weights",
     "probe_kv_layout",
 ]

@@ -73,6 +73,9 @@ class InventoryPath:
 
     def _rebuild_sync(self) -> None:
         st = self._ctx.state
+        while not self._naming.identity.wait(1.0):  # names are read by identity: known first
+            if st.closed:
+                return
         prefix = f"{self._prefix}/" if self._prefix else ""
         page: list[tuple[str, ObjectKey, int, float]] = []
 
@@ -152,6 +155,7 @@ class InventoryPath:
             "full_chunk_bytes": st.full_fixed if st.full_fixed is not None else dict(st.full),
             "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
             "last_error": self._ctx.stats.last_error,
+            "identity_pending": self._naming.identity.pending_counts(),  # misses, stores dropped meanwhile
             **self._ctx.stats,
             **({"fleet": self._ctx.fleet.status()} if self._ctx.fleet is not None else {}),
         }

@@ -57,6 +57,10 @@ class LookupPath:
     def submit(self, keys: Sequence[ObjectKey], layout: Any | None = None) -> L2TaskId:
         keys = list(keys)
         st = self._ctx.state
+        if self._ctx.names.naming.identity.unknown(len(keys)):  # not known yet: misses (counted)
+            tid = self._ctx.runner.new_id()
+            self.done.publish(tid, [False] * len(keys))
+            return tid
         try:
             cands: list[tuple[str, ...]] | None = [self._ctx.names.names(k) for k in keys]
         except InvalidKeyError:

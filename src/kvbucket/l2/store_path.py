@@ -36,8 +36,12 @@ class StorePath:
         keys, buffers = list(keys), list(buffers)
         st = self._ctx.state
         tid = self._ctx.runner.new_id()
+        identity = self._ctx.names.naming.identity
         with st.lock:
             failed_now = st.closed or len(keys) != len(buffers)
+            if not failed_now and identity.unknown():  # not known yet: never a guessed name
+                failed_now = True
+                identity.pending_refused += len(keys)
             if not failed_now:
                 self._ctx.runner.schedule(self._run(tid, keys, buffers, keepalive))
         if failed_now:
