@@ -177,6 +177,8 @@ class LookupPath:
         was not loaded from here (module docstring): freed, and remembered as not loaded."""
         st = self._ctx.state
         released: list[str] = []
+        if self._ctx.names.naming.identity.unknown():  # no lookup could lock a key: nothing to drop
+            return
         with st.lock:
             locks = st.key_locks
             for key in keys:
