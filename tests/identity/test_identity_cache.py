@@ -104,3 +104,18 @@ def test_the_cache_can_be_turned_off(tmp_path: Path) -> None:
     d = model(tmp_path / "m")
     assert fresh("off", d)["hashed"] > 0 and fresh("off", d)["hashed"] > 0
     assert not list(tmp_path.rglob("*.json.lock"))
+
+
+def test_mapped_and_read_digests_agree(tmp_path: Path, monkeypatch: Any) -> None:
+    """A file hashed from a mapping and one read with preadv (where it cannot be mapped) give one
+    digest, over several segments and an empty file."""
+    from kvbucket.identity import digest
+
+    monkeypatch.setattr(digest, "SEGMENT", 1 << 16)
+    f, empty = tmp_path / "w.bin", tmp_path / "empty.bin"
+    f.write_bytes(np.random.default_rng(1).bytes(5 * (1 << 16) + 123))
+    empty.write_bytes(b"")
+    sizes = {str(f): f.stat().st_size, str(empty): 0}
+    mapped = digest.hash_files(sizes)
+    monkeypatch.setattr(digest.mmap, "mmap", lambda *a, **k: (_ for _ in ()).throw(OSError("no mmap")))
+    assert digest.hash_files(sizes) == mapped and mapped[str(f)] != mapped[str(empty)]

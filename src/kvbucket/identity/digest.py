@@ -1,15 +1,16 @@
 """Digests of whole files and of tensors: XXH3-128, in large blocks, on several threads.
 
-XXH3-128 hashes from memory at ~14 GiB/s on one core here and releases the GIL (as ``os.preadv``
-does), so threads overlap reading and hashing. A file is cut into :data:`SEGMENT` pieces hashed
-independently (one 5 GiB shard keeps every thread busy) and read in :data:`BLOCK` reads into a
-buffer reused per thread (it stays in the CPU cache between the read and the hash). A file's
-digest is the XXH3-128 of its size and its pieces' digests, in order. Not a cryptographic hash:
-it tells deployments apart, it does not defend against someone forging a collision.
+XXH3-128 hashes from memory at ~14 GiB/s on one core here and releases the GIL, so threads
+hash at once. A file is cut into :data:`SEGMENT` pieces hashed independently (one 5 GiB shard
+keeps every thread busy), each from a read-only mapping of the file (no copy out of the page
+cache), else read in :data:`BLOCK` reads. A file's digest is the XXH3-128 of its size and its
+pieces' digests, in order. Not a cryptographic hash: it tells deployments apart, it does not
+defend against someone forging a collision.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import threading
@@ -19,8 +20,10 @@ from typing import Any
 
 import xxhash
 
-BLOCK = 4 << 20
-SEGMENT = 256 << 20
+BLOCK = 4 << 20  # a read (preadv) into a buffer that stays in the CPU cache
+MAP_BLOCK = 16 << 20  # a hash update over the mapping
+SEGMENT = 256 << 20  # hashed on its own by one thread (a multiple of mmap.ALLOCATIONGRANULARITY)
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _local = threading.local()
 
 
@@ -33,7 +36,8 @@ def threads() -> int:
     return max(2, min(8, n))
 
 
-def _segment(path: str, off: int, length: int) -> bytes:
+def _read_segment(path: str, off: int, length: int) -> bytes:
+    """The digest of ``length`` bytes at ``off``, read with ``preadv`` into a per-thread buffer."""
     buf = getattr(_local, "buf", None)
     if buf is None:
         buf = _local.buf = bytearray(BLOCK)
@@ -51,6 +55,30 @@ def _segment(path: str, off: int, length: int) -> bytes:
     finally:
         os.close(fd)
     return h.digest()
+
+
+def _segment(path: str, off: int, length: int) -> bytes:
+    """The digest of ``length`` bytes at ``off``: hashed straight from the page cache through a
+    read-only mapping (no copy: twice the rate of reading into a buffer here), populated at once
+    (``MAP_POPULATE``: one sequential read when cold); read with ``preadv`` where a file cannot
+    be mapped. Mapped as safetensors and the engines map the same files to load them."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if os.fstat(fd).st_size < off + length:  # mapped bytes past the end would fault
+            raise OSError(f"{path} shrank while it was hashed (to under {off + length} bytes)")
+        m = mmap.mmap(fd, length, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ, offset=off)
+    except (OSError, ValueError):
+        return _read_segment(path, off, length)
+    finally:
+        os.close(fd)
+    try:
+        with memoryview(m) as mv:
+            h = xxhash.xxh3_128()
+            for o in range(0, length, MAP_BLOCK):
+                h.update(mv[o:o + MAP_BLOCK])
+            return h.digest()
+    finally:
+        m.close()
 
 
 def hash_files(sizes: dict[str, int], workers: int | None = None) -> dict[str, str]:
@@ -86,4 +114,4 @@ def hash_buffers(buffers: Iterable[tuple[str, Any]]) -> str:
     return h.hexdigest()
 
 
-__all__ = ["BLOCK", "SEGMENT", "combine", "hash_buffers", "hash_files", "threads"]
+__all__ = ["BLOCK", "MAP_BLOCK", "SEGMENT", "combine", "hash_buffers", "hash_files", "threads"]
