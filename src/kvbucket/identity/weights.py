@@ -99,7 +99,8 @@ def weight_files(path: str | os.PathLike[str]) -> list[Path]:
 class WeightsJob:
     """One computation of a directory's ``files:<digest>`` (shared by every caller meanwhile)."""
 
-    def __init__(self, root: str, stats: list[tuple[str, Path, os.stat_result]], cache: DigestCache) -> None:
+    def __init__(self, root: str, stats: list[tuple[str, str, os.stat_result]], cache: DigestCache) -> None:
+        """``stats``: (name relative to the directory, real path, stat) of each weight file."""
         self.root, self._stats, self._cache = root, stats, cache
         self._done = threading.Event()
         self._result: str | None = None
@@ -109,23 +110,19 @@ class WeightsJob:
 
     def run(self) -> None:
         try:
-            todo = {str(f.resolve()): (f, st) for _, f, st in self._stats}
-            digests = {real: d for real, (_, st) in todo.items()
+            digests = {real: d for _, real, st in self._stats
                        if (d := self._cache.get(real, stat_key(st))) is not None}
-            need = {real: ft for real, ft in todo.items() if real not in digests}
+            need = {real: st for _, real, st in self._stats if real not in digests}
             if need:
-                fresh = hash_files({real: st.st_size for real, (_, st) in need.items()})
+                fresh = hash_files({real: st.st_size for real, st in need.items()})
                 # a file rewritten while it was read is not recorded (its next stat differs)
-                record = {}
-                for real, (_, st) in need.items():
-                    if stat_key(os.stat(real)) == stat_key(st):
-                        record[real] = (stat_key(st), fresh[real])
-                self._cache.put_many(record)
+                self._cache.put_many({real: (stat_key(st), fresh[real]) for real, st in need.items()
+                                      if stat_key(os.stat(real)) == stat_key(st)})
                 digests.update(fresh)
                 log.info("model weights under %s hashed: %d files, %.1f GiB in %.2f s", self.root, len(need),
-                         sum(st.st_size for _, st in need.values()) / 2**30, time.monotonic() - self.started)
-            self._result = "files:" + combine(
-                (rel, st.st_size, digests[str(f.resolve())]) for rel, f, st in self._stats)
+                         sum(st.st_size for st in need.values()) / 2**30, time.monotonic() - self.started)
+            entries = ((rel, st.st_size, digests[real]) for rel, real, st in self._stats)
+            self._result = "files:" + combine(entries)
         except BaseException as e:
             self._error = e
         finally:
@@ -153,7 +150,7 @@ def weights_job(path: str | os.PathLike[str], *, background: bool = True) -> Wei
     """The computation of ``path``'s ``files:`` digest: done at once when every file's stat is in
     the machine's cache; else started (``background``: in a daemon thread) or joined when one
     for the same files is running. None when ``path`` holds no weight file."""
-    stats = weight_stats(path)
+    stats = [(rel, os.path.realpath(f), st) for rel, f, st in weight_stats(path)]
     if not stats:
         return None
     root = str(Path(path).resolve())
@@ -167,7 +164,7 @@ def weights_job(path: str | os.PathLike[str], *, background: bool = True) -> Wei
         job = _jobs[key] = WeightsJob(root, stats, cache)
         if len(_jobs) > 256:
             _jobs.pop(next(iter(_jobs)))
-    if all(cache.get(str(f.resolve()), stat_key(st)) is not None for _, f, st in stats) or not background:
+    if all(cache.get(real, stat_key(st)) is not None for _, real, st in stats) or not background:
         job.run()  # a restart: one stat per file, no byte read
     else:
         threading.Thread(target=job.run, name="kvbucket-identity-hash", daemon=True).start()
