@@ -100,3 +100,26 @@ def test_l2_adapter_misses_and_drops_until_known(tmp_path: Path, held: threading
         adapter.close()
     token = identity_of_dir(d, "org/llama").token
     assert all(f"~{token}@" in n for n in chunk_files(root))
+
+
+def test_lmcache_connector_misses_and_drops_until_known(tmp_path: Path, held: threading.Event,
+                                                        lm_loop: object) -> None:
+    pytest.importorskip("lmcache", reason="the lmcache extra is not installed")
+    from tests_l2_helpers import conn_put, conn_read, connector, run  # type: ignore[import-not-found]
+
+    d = make_model_dirs(tmp_path / "models")["base"]
+    root = tmp_path / "kv"
+    conn = connector(lm_loop, root, model_identity=str(d))
+    try:
+        assert conn_read(conn, lm_loop) == (0, [])
+        conn_put(conn, lm_loop)  # dropped, counted: nothing written under any name
+        assert chunk_files(root) == [] and run(lm_loop, conn.list()) == []
+        assert conn.naming.identity.pending_counts()["refused"] == 5
+        held.set()
+        assert conn.naming.identity.wait(30)
+        conn_put(conn, lm_loop)
+        assert conn_read(conn, lm_loop) == (5, list(range(5)))
+    finally:
+        run(lm_loop, conn.close())
+    token = identity_of_dir(d, "org/llama").token
+    assert len(chunk_files(root)) == 5 and all(f"~{token}@" in n for n in chunk_files(root))

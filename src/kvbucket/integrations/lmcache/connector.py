@@ -223,6 +223,8 @@ class KVBucketConnector(RemoteConnector):
         """Per key, the first of its names holding an object, with its size (or its written
         name and None): kvbucket's and LMCache's names are both read. Also the indexes of the
         keys the store could not answer for (hung, down, breaker open): misses, never errors."""
+        if self.naming.identity.unknown(len(keys)):  # not known yet (IdentityPending): misses
+            return [("", None)] * len(keys), set(range(len(keys)))
         cands = [self.naming.read_names(k) for k in keys]
         out: builtins.list[tuple[str, int | None]] = [(c[0], None) for c in cands]
         failed: set[int] = set()
@@ -362,6 +364,9 @@ class KVBucketConnector(RemoteConnector):
     def _batched_put_sync(self, keys: builtins.list[Any], memory_objs: builtins.list[Any]) -> None:
         if len(keys) != len(memory_objs):
             raise ValueError(f"batched_put got {len(keys)} keys but {len(memory_objs)} chunks")
+        if self.naming.identity.unknown():  # not known yet: dropped, counted, never a guessed name
+            self.naming.identity.pending_refused += len(keys)
+            return
         items = []
         for key, obj in zip(keys, memory_objs, strict=True):
             data = obj.byte_array
@@ -415,6 +420,8 @@ class KVBucketConnector(RemoteConnector):
         return await asyncio.to_thread(self._list_sync)
 
     def _list_sync(self) -> builtins.list[str]:
+        if self.naming.identity.unknown():
+            return []
         out = []
         for info in self.store.list():
             key = self.naming.parse_key_string(info.name)  # kvbucket's names and LMCache's
