@@ -81,45 +81,90 @@ def test_remote_tier_misses_and_drops_until_known_then_names_by_it(tmp_path: Pat
 
 
 def test_l2_adapter_misses_and_drops_until_known(tmp_path: Path, held: threading.Event) -> None:
-    pytest.importorskip("lmcache", reason="the lmcache extra is not installed")
-    from tests_l2_helpers import mp_adapter, mp_read, mp_store_result  # type: ignore[import-not-found]
+    """The L2 adapter LMCache's plugin wraps (``open_l2_adapter``, as ``adapter_params``)."""
+    from kvbucket.keys import ObjectKey
+    from kvbucket.l2.registry import open_l2_adapter
+    from kvbucket.testing import l2 as t
 
     d = make_model_dirs(tmp_path / "models")["base"]
     root = tmp_path / "kv"
-    adapter = mp_adapter(root, model_identity=str(d))
+    keys = [ObjectKey("org/llama", 1, bytes([i + 1]) * 16) for i in range(5)]
+    data = [bytes([i + 7]) * 4096 for i in range(5)]
+    adapter = open_l2_adapter({"type": "fs", "base_path": str(root), "model_identity": str(d)})
     try:
-        assert mp_read(adapter) == ([], [])
-        assert not mp_store_result(adapter) and chunk_files(root) == []
-        status = adapter.impl.report_status()["identity_pending"]
-        assert status["misses"] >= 5 and status["refused"] == 5
+        assert t.lookup(adapter, keys) == [False] * 5
+        assert t.load(adapter, keys, [bytearray(4096) for _ in keys]) == [False] * 5
+        assert not t.store(adapter, keys, data).success and chunk_files(root) == []
+        status = adapter.report_status()["identity_pending"]
+        assert status["misses"] >= 10 and status["refused"] == 5
         held.set()
-        assert adapter.impl.naming.identity.wait(30)
-        assert mp_store_result(adapter)
-        assert mp_read(adapter) == (list(range(5)), list(range(5)))
+        assert adapter.naming.identity.wait(30)
+        assert t.store(adapter, keys, data).success
+        assert t.lookup(adapter, keys) == [True] * 5
+        bufs = [bytearray(4096) for _ in keys]
+        assert t.load(adapter, keys, bufs) == [True] * 5 and [bytes(b) for b in bufs] == data
+        adapter.submit_unlock(keys)
     finally:
         adapter.close()
     token = identity_of_dir(d, "org/llama").token
-    assert all(f"~{token}@" in n for n in chunk_files(root))
+    assert len(chunk_files(root)) == 5 and all(f"~{token}@" in n for n in chunk_files(root))
 
 
 def test_lmcache_connector_misses_and_drops_until_known(tmp_path: Path, held: threading.Event,
                                                         lm_loop: object) -> None:
+    """LMCache's non-MP connector (its engine config, metadata and CPU backend)."""
     pytest.importorskip("lmcache", reason="the lmcache extra is not installed")
-    from tests_l2_helpers import conn_put, conn_read, connector, run  # type: ignore[import-not-found]
+    import asyncio
+
+    import torch
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.memory_management import MemoryFormat
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+
+    from kvbucket.integrations.lmcache import KVBucketConnector
 
     d = make_model_dirs(tmp_path / "models")["base"]
     root = tmp_path / "kv"
-    conn = connector(lm_loop, root, model_identity=str(d))
+    pre = "remote_storage_plugin.kv."
+    extra = {pre + "module_path": "kvbucket.integrations.lmcache", pre + "class_name": "KVBucketConnector",
+             pre + "bucket_handle": f"file://{root}", pre + "model_identity": str(d)}
+    cfg = LMCacheEngineConfig.from_defaults(chunk_size=16, local_cpu=False, max_local_cpu_size=0.05,
+                                            remote_serde="naive", remote_storage_plugins=["kv"],
+                                            extra_config=extra)
+    md = LMCacheMetadata(model_name="org/llama", world_size=1, local_world_size=1, worker_id=0,
+                         local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=(2, 2, 16, 2, 64),
+                         chunk_size=16)
+    cpu = LocalCPUBackend(cfg, md, dst_device="cpu")
+    conn = KVBucketConnector(loop=lm_loop, local_cpu_backend=cpu, config=cfg)
+    keys = [CacheEngineKey("org/llama", 1, 0, h, torch.bfloat16) for h in range(0x100, 0x105)]
+
+    def run(coro):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coro, lm_loop).result(30)  # type: ignore[arg-type]
+
+    def put_all() -> None:
+        for i, k in enumerate(keys):
+            obj = cpu.allocate(md.get_shapes(), md.get_dtypes(), MemoryFormat.KV_2LTD)
+            obj.raw_data.view(torch.uint8).fill_(i + 1)
+            run(conn.put(k, obj))
+
+    def hits() -> int:
+        got = [o for o in run(conn.batched_get(keys)) if o is not None]
+        for o in got:
+            o.ref_count_down()
+        return min(run(conn.batched_async_contains("t", keys)), len(got))
+
     try:
-        assert conn_read(conn, lm_loop) == (0, [])
-        conn_put(conn, lm_loop)  # dropped, counted: nothing written under any name
-        assert chunk_files(root) == [] and run(lm_loop, conn.list()) == []
+        assert hits() == 0
+        put_all()  # dropped, counted: nothing written under any name
+        assert chunk_files(root) == [] and run(conn.list()) == []
         assert conn.naming.identity.pending_counts()["refused"] == 5
         held.set()
         assert conn.naming.identity.wait(30)
-        conn_put(conn, lm_loop)
-        assert conn_read(conn, lm_loop) == (5, list(range(5)))
+        put_all()
+        assert hits() == 5
     finally:
-        run(lm_loop, conn.close())
+        run(conn.close())
     token = identity_of_dir(d, "org/llama").token
     assert len(chunk_files(root)) == 5 and all(f"~{token}@" in n for n in chunk_files(root))
