@@ -32,6 +32,7 @@ from urllib.parse import unquote
 
 from kvbucket.errors import InvalidKeyError
 from kvbucket.identity.core import (
+    IdentityPending,
     IdentitySetting,
     qualify_key_string,
     split,
@@ -188,7 +189,10 @@ class Naming:
 
     def readable(self, model: str, token: str | None) -> bool:
         """Whether a name of ``model`` written with ``token`` (None: name-only) is this reader's."""
-        mine = self.identity.token(model) if self.identity else None
+        try:
+            mine = self.identity.token(model) if self.identity else None
+        except IdentityPending:  # not known yet: no name is this reader's (listings, fleet journals)
+            return False
         return (self.accept_name_only or mine is None) if token is None else token == mine
 
     def own_key(self, key: ObjectKey) -> ObjectKey | None:
