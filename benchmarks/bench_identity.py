@@ -165,8 +165,9 @@ def main() -> None:
         res.figure("cold_gibs", gib / statistics.median(cold), "GiB/s", label="read+hash rate, cold")
         res.figure("restart", statistics.median(restart), "s",
                    label="restart with the digest cache (goal < 10 ms)")
-        res.figure("per_request_token", per_token, "s", label="per request: IdentitySetting.token()")
-        res.figure("per_request_unknown", per_unknown, "s", label="per request: IdentitySetting.unknown()")
+        res.figure("per_request_token", per_token * 1e9, "ns", label="per request: IdentitySetting.token()")
+        res.figure("per_request_unknown", per_unknown * 1e9, "ns",
+                   label="per request: IdentitySetting.unknown()")
         res.run(cold_cache=how, bytes=total, on_disk_bytes=on_disk)
         res.write(args.results_dir)
     finally:
