@@ -138,3 +138,28 @@ def test_disk_tier_keys_chunks_by_identity_too(tmp_path: Path) -> None:
         assert other.batched_get(keys) == [None] * 3 and other.list() == []
         # not for this identity: kept (a rollback finds them), in the bound, evicted first (issue 29 item 2)
         assert sorted(p.name for p in (tmp_path / "disk").iterdir() if "@" in p.name) == files
+
+
+def test_an_engines_resolved_config_counts_whole_nested_configs_included() -> None:
+    """vLLM's and SGLang's ``ModelConfig``: its ``hf_config`` whole (a multimodal model's
+    ``text_config`` and ``vision_config`` too), its quantization and dtype, the KV fields."""
+    from types import SimpleNamespace
+
+    transformers = pytest.importorskip("transformers")
+    from kvbucket.integrations.engine_identity import from_model_config
+
+    def engine(**text: object) -> object:
+        hf = transformers.Gemma3Config(text_config={"sliding_window": 512, **text},
+                                       vision_config={"patch_size": 14})
+        hf._commit_hash = "c" * 40
+        return SimpleNamespace(hf_config=hf, hf_text_config=hf.text_config, model="org/g", revision=None,
+                               quantization=None, dtype="bfloat16", max_model_len=4096)
+
+    kv = {"kv_cache_dtype": "auto"}
+    base = from_model_config("org/g", engine(), kv)
+    assert base.weights == "hub:" + "c" * 40 and base.fields["text_config"]["sliding_window"] == 512
+    others = [from_model_config("org/g", engine(sliding_window=1024), kv),
+              from_model_config("org/g", engine(rms_norm_eps=1e-5), kv),
+              from_model_config("org/g", engine(), {"kv_cache_dtype": "fp8"})]
+    assert len({base.token, *(o.token for o in others)}) == 4
+    assert from_model_config("org/g", engine(), kv).token == base.token
