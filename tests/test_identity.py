@@ -163,3 +163,18 @@ def test_an_engines_resolved_config_counts_whole_nested_configs_included() -> No
               from_model_config("org/g", engine(), {"kv_cache_dtype": "fp8"})]
     assert len({base.token, *(o.token for o in others)}) == 4
     assert from_model_config("org/g", engine(), kv).token == base.token
+
+
+def test_weights_only_in_a_subfolder_are_the_weights(tmp_path: Path) -> None:
+    """``original/model.safetensors`` alone (as several Hub repos ship it): the weights part is
+    its digest, not empty (the identity is not the config's alone)."""
+    from kvbucket.testing.identity_models import write_safetensors
+
+    d = tmp_path / "m"
+    (d / "original").mkdir(parents=True)
+    (d / "config.json").write_text('{"model_type": "llama"}')
+    write_safetensors(d / "original" / "model.safetensors", seed=1)
+    first = identity_of_dir(d, "org/m")
+    assert first.weights.startswith("files:")
+    write_safetensors(d / "original" / "model.safetensors", seed=2)
+    assert identity_of_dir(d, "org/m").token != first.token
