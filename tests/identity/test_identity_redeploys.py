@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,15 @@ def tokens_in_fresh_process(items: list[tuple[Path, dict[str, Any]]], cache: Pat
 
 def run_table(root: Path, cases: tuple[Case, ...]) -> tuple[dict[str, str], dict[str, str]]:
     """(before, after) token of each case: before, all in one fresh process (which fills the
-    digest cache); then each change made in place and its identity in its own fresh process."""
+    digest cache: a change must not hide behind it); then each change made in place and its
+    identity in its own fresh process."""
     dirs = prepare(root / "models", cases)
     cache = root / "identity-cache.json"
+    time.sleep(1.1)  # the copies are older than RACY_NS: the first process keeps their digests
     base = tokens_in_fresh_process([(dirs[c.name], KV)
                                     for c in cases], cache)
     before = {c.name: base[str(dirs[c.name])] for c in cases}
+    assert len(json.loads(cache.read_text())["files"]) >= len(cases)  # every copy's files kept
     for c in cases:
         if c.change is not None:
             c.change(dirs[c.name])

@@ -6,6 +6,8 @@ file's digest is kept in one small JSON file, keyed by the file's real path and 
 ``(size, mtime_ns, inode, ctime_ns)``: any rewrite (a new inode, size or mtime; an edit in
 place whose mtime was set back still moves the ctime, which no user can set) is a miss and the
 file is hashed again; a plain ``touch`` re-hashes it too (to the same digest: the identity holds).
+A file changed less than a second before it was hashed is not kept (it is hashed again next
+time): a rewrite within one timestamp tick could leave its stat unchanged (git's "racily clean").
 
 Where: ``$KVBUCKET_IDENTITY_CACHE`` (a file path; ``off`` keeps digests in the process only),
 else ``$XDG_CACHE_HOME/kvbucket/identity-weights.json`` (``~/.cache/...``). Writes are atomic

@@ -34,6 +34,9 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5
                    ".npz", ".npy", ".onnx", ".pkl", ".nemo", ".distcp")
 #: Any other file at least this large counts too (weights under a name no suffix list knows).
 LARGE_FILE = 4 << 20
+#: A file changed this recently (ctime, before its stat) is hashed but its digest is not kept in
+#: the machine's cache: a rewrite within the same timestamp tick could leave its stat unchanged.
+RACY_NS = 1_000_000_000
 #: Seconds before a failed computation (a file unreadable) is tried again.
 RETRY_S = 30.0
 _SNAPSHOT_RE = re.compile(r"(?:^|/)snapshots/([0-9a-f]{40})(?:/|$)")
@@ -99,9 +102,12 @@ def weight_files(path: str | os.PathLike[str]) -> list[Path]:
 class WeightsJob:
     """One computation of a directory's ``files:<digest>`` (shared by every caller meanwhile)."""
 
-    def __init__(self, root: str, stats: list[tuple[str, str, os.stat_result]], cache: DigestCache) -> None:
-        """``stats``: (name relative to the directory, real path, stat) of each weight file."""
+    def __init__(self, root: str, stats: list[tuple[str, str, os.stat_result]], cache: DigestCache,
+                 stat_time_ns: int) -> None:
+        """``stats``: (name relative to the directory, real path, stat) of each weight file, taken
+        at ``stat_time_ns`` (wall clock)."""
         self.root, self._stats, self._cache = root, stats, cache
+        self._settled_ns = stat_time_ns - RACY_NS
         self._done = threading.Event()
         self._result: str | None = None
         self._error: BaseException | None = None
@@ -115,9 +121,12 @@ class WeightsJob:
             need = {real: st for _, real, st in self._stats if real not in digests}
             if need:
                 fresh = hash_files({real: st.st_size for real, st in need.items()})
-                # a file rewritten while it was read is not recorded (its next stat differs)
+                # Not recorded: a file rewritten while it was read (its stat differs now), and one
+                # changed less than RACY_NS before its stat (a write in the same clock tick, during
+                # the hash, could leave its stat as it was: the "racily clean" files of git).
                 self._cache.put_many({real: (stat_key(st), fresh[real]) for real, st in need.items()
-                                      if stat_key(os.stat(real)) == stat_key(st)})
+                                      if st.st_ctime_ns < self._settled_ns
+                                      and stat_key(os.stat(real)) == stat_key(st)})
                 digests.update(fresh)
                 log.info("model weights under %s hashed: %d files, %.1f GiB in %.2f s", self.root, len(need),
                          sum(st.st_size for st in need.values()) / 2**30, time.monotonic() - self.started)
@@ -150,6 +159,7 @@ def weights_job(path: str | os.PathLike[str], *, background: bool = True) -> Wei
     """The computation of ``path``'s ``files:`` digest: done at once when every file's stat is in
     the machine's cache; else started (``background``: in a daemon thread) or joined when one
     for the same files is running. None when ``path`` holds no weight file."""
+    now = time.time_ns()
     stats = [(rel, os.path.realpath(f), st) for rel, f, st in weight_stats(path)]
     if not stats:
         return None
@@ -161,7 +171,7 @@ def weights_job(path: str | os.PathLike[str], *, background: bool = True) -> Wei
         if job is not None and not (job.done() and job._error is not None
                                     and time.monotonic() - job.finished >= RETRY_S):
             return job  # running, done, or failed a moment ago (its error is the answer)
-        job = _jobs[key] = WeightsJob(root, stats, cache)
+        job = _jobs[key] = WeightsJob(root, stats, cache, now)
         if len(_jobs) > 256:
             _jobs.pop(next(iter(_jobs)))
     if all(cache.get(real, stat_key(st)) is not None for _, real, st in stats) or not background:
