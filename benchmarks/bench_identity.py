@@ -63,8 +63,8 @@ def write_shards(local: Path, total: int, shards: int) -> list[Path]:
     files = []
     for i in range(shards):
         f = local / f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        blocks = max(1, size // BLOCK)
-        tensors = [(f"model.layers.{i}.t{j}", bytes([i, j]) + block[2:]) for j in range(blocks)]
+        lengths = [min(BLOCK, size - off) for off in range(0, size, BLOCK)]
+        tensors = [(f"layers.{i}.t{j}", bytes([i, j % 256]) + block[2:n]) for j, n in enumerate(lengths)]
         write_raw_safetensors(f, tensors)
         fd = os.open(f, os.O_RDONLY)
         os.fsync(fd)
