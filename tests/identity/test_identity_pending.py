@@ -168,3 +168,22 @@ def test_lmcache_connector_misses_and_drops_until_known(tmp_path: Path, held: th
         run(conn.close())
     token = identity_of_dir(d, "org/llama").token
     assert len(chunk_files(root)) == 5 and all(f"~{token}@" in n for n in chunk_files(root))
+
+
+def test_an_unreadable_weight_file_is_never_a_guessed_identity(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hashing fails (a file unreadable): still not known, a miss; ``wait`` says what is wrong."""
+    from kvbucket.errors import ConfigError
+
+    monkeypatch.setenv("KVBUCKET_IDENTITY_CACHE", str(tmp_path / "cache.json"))
+    def unreadable(sizes):  # type: ignore[no-untyped-def]
+        raise PermissionError("denied")
+
+    monkeypatch.setattr(weights_mod, "hash_files", unreadable)
+    d = make_model_dirs(tmp_path / "models")["base"]
+    setting = IdentitySetting(str(d))
+    with pytest.raises(ConfigError, match=r"cannot be computed.*denied"):
+        setting.wait(10)
+    assert setting.unknown(1) and not setting.ready()
+    with pytest.raises(IdentityPending):
+        setting.token("org/llama")

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbucket.envelope import identity_digest
+from kvbucket.errors import ConfigError
 from kvbucket.identity.weights import RETRY_S, IdentityPending, weights_identity, weights_job
 
 log = logging.getLogger("kvbucket.identity")
@@ -204,6 +205,7 @@ class IdentitySetting:
         # An absolute path to a model directory: its identity (config.json, weights), once known.
         self._dirs: dict[str, ModelIdentity] = {}
         self._pending: dict[str, tuple[Any, float]] = {}  # text -> (its WeightsJob, next retry)
+        self._errors: dict[str, Exception] = {}  # text -> why its last computation failed
         self._lock = threading.Lock()
         self.pending_misses = 0  # keys answered as misses while an identity was not known yet
         self.pending_refused = 0  # names refused (stores dropped) while it was not known yet
@@ -216,6 +218,7 @@ class IdentitySetting:
         try:
             found = self._dirs[text] = identity_of_dir(text, wait=False)
             self._pending.pop(text, None)
+            self._errors.pop(text, None)
             return found
         except IdentityPending:
             if text not in self._pending:
@@ -226,6 +229,7 @@ class IdentitySetting:
             log.error("model identity of %s cannot be computed (%s); its chunks are misses and nothing "
                       "is stored until it can (retried every %.0f s)", text, e, RETRY_S)
             self._pending[text] = (None, time.monotonic() + RETRY_S)
+            self._errors[text] = e
         return None
 
     def __bool__(self) -> bool:
@@ -263,17 +267,24 @@ class IdentitySetting:
         return {"misses": self.pending_misses, "refused": self.pending_refused}
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every identity is known (or ``timeout`` seconds); whether they are."""
+        """Wait until every identity is known (or ``timeout`` seconds); whether they are. A
+        computation that failed (a weight file unreadable) raises :class:`ConfigError` saying so
+        (it is tried again every :data:`RETRY_S` seconds)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.ready():
+            failed = [(t, e) for t, e in list(self._errors.items()) if t in self._pending]
+            if failed:
+                text, err = failed[0]
+                raise ConfigError(f"the model identity of {text} cannot be computed: {err} (make its weight "
+                                  "files readable, or set model_identity to a token or text)") from err
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
             jobs = [j for j, _ in list(self._pending.values()) if j is not None]
             if jobs:
-                jobs[0]._done.wait(left)
+                jobs[0].wait(left)
             else:
-                time.sleep(min(1.0, left if left is not None else 1.0))
+                time.sleep(0.05)
         return True
 
     def identity(self, model: str) -> ModelIdentity | None:

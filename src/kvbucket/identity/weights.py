@@ -141,6 +141,10 @@ class WeightsJob:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the computation ended (done or failed); whether it did."""
+        return self._done.wait(timeout)
+
     def result(self, timeout: float | None = None) -> str:
         """The digest (waiting up to ``timeout``); :class:`IdentityPending` when not done by then."""
         if not self._done.wait(timeout):

@@ -12,6 +12,7 @@ from bisect import bisect_right
 from types import MappingProxyType
 from typing import Any
 
+from kvbucket.errors import KVBucketError
 from kvbucket.fleet.layout import is_fleet_name
 from kvbucket.identity.manifest import is_manifest_name
 from kvbucket.keys import ObjectKey
@@ -71,9 +72,16 @@ class InventoryPath:
                 self._ctx.state.rebuilt = True
                 self._ctx.state.deleted_while_rebuilding.clear()
 
+    def _identity_known(self) -> bool:
+        try:
+            return self._naming.identity.wait(1.0)
+        except KVBucketError:  # its computation failed (logged); retried by the setting
+            time.sleep(1.0)
+            return False
+
     def _rebuild_sync(self) -> None:
         st = self._ctx.state
-        while not self._naming.identity.wait(1.0):  # names are read by identity: known first
+        while not self._identity_known():  # names are read by identity: known first
             if st.closed:
                 return
         prefix = f"{self._prefix}/" if self._prefix else ""
