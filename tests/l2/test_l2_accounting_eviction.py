@@ -323,3 +323,30 @@ def test_capacity_usage_and_evictions_are_exported_without_a_fleet() -> None:
         a.close()
         plain.close()
     assert scraped(a.store.url) == {}  # a closed adapter drops out
+
+
+def test_a_capacity_without_an_eviction_setting_is_enforced(tmp_path) -> None:
+    """Issue 40: ``max_capacity_gb`` alone (no ``"eviction"``) evicts with the documented default
+    (LRU, watermark 0.8, ratio 0.2): 20 x 64 KiB into 0.2 MB keeps the directory under 0.2 MB."""
+    size = 64 * 1024
+    cap_gb = 0.2e6 / 1024**3
+    spec = {"type": "fs", "base_path": str(tmp_path / "kv"), "max_capacity_gb": cap_gb}
+    with open_l2_adapter(spec) as a:
+        assert a.report_status()["eviction_policy"] == "LRU"
+        cap = a.get_usage().capacity_bytes
+        for i in range(20):
+            assert t.store(a, [k(i)], [bytes([i]) * size]).success
+            a.delete([])  # a round trip through the loop: the eviction pass this store started ended
+            _settle(a)
+            on_disk = sum(f.stat().st_size for f in (tmp_path / "kv").rglob("*") if f.is_file())
+            assert on_disk <= cap, f"after {i + 1} stores: {on_disk} bytes in a {cap}-byte capacity"
+        assert a.report_status()["evicted_keys"] >= 16
+        assert t.lookup(a, [k(19)]) == [True]
+    # unbounded stays unbounded; "noop" turns eviction off explicitly
+    with open_l2_adapter({**spec, "max_capacity_gb": 0}) as a:
+        assert a.report_status()["eviction_policy"] is None
+    noop = {**spec, "base_path": str(tmp_path / "kv2"), "eviction": {"eviction_policy": "noop"}}
+    with open_l2_adapter(noop) as a:
+        for i in range(5):
+            t.store(a, [k(i)], [bytes([i]) * size])
+        assert a.get_usage().bytes_used == 5 * size

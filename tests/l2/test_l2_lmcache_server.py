@@ -17,11 +17,6 @@ there, each store's requests under its URL, as it does on LMCache's own HTTP API
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +27,7 @@ import pytest
 pytest.importorskip("lmcache", reason="the lmcache extra is not installed (pip install kvbucket[lmcache])")
 
 import httpx
+from lmcache_server import Server
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvbucket.keys import ObjectKey
@@ -45,8 +41,6 @@ pytestmark = pytest.mark.lmcache
 
 N = 4
 CHUNK = 8192
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-PLUGIN = {"type": "plugin", "module_path": "kvbucket.integrations.lmcache", "class_name": "KVBucketL2Adapter"}
 
 
 def hf_params(b: HubBucket) -> dict[str, Any]:
@@ -66,60 +60,6 @@ def s3_params(s: S3Server, bucket: str) -> dict[str, Any]:
 
 def keys(model: str) -> list[ObjectKey]:
     return [ObjectKey(model, 0, i.to_bytes(16, "big")) for i in range(N)]
-
-
-class Server:
-    """``lmcache server`` in a subprocess of its own session (killed with its group)."""
-
-    def __init__(self, adapters: list[dict[str, Any]], log: Path) -> None:
-        self.http, self.port = free_port(), free_port()
-        # engine_driven: the MP client moves CPU KV caches itself (lmcache_driven is CUDA/NPU IPC)
-        args = [sys.executable, "-m", "lmcache.cli.main", "server", "--host", "127.0.0.1",
-                "--port", str(self.port), "--http-host", "127.0.0.1", "--http-port", str(self.http),
-                "--l1-size-gb", "0.05", "--eviction-policy", "LRU", "--chunk-size", str(BLOCK),
-                "--supported-transfer-mode", "engine_driven"]  # fmt: skip
-        for params in adapters:
-            args += ["--l2-adapter", json.dumps({**PLUGIN, "adapter_params": params})]
-        env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.log = log
-        self.proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)  # fmt: skip
-        self.url = f"http://127.0.0.1:{self.http}"
-
-    def wait_ready(self, timeout: float = 150) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"lmcache server exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/healthcheck", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"lmcache server not ready: {self.log.read_text()[-3000:]}")
-
-    def adapters(self, complete: bool = True, timeout: float = 60) -> list[dict[str, Any]]:
-        """The L2 adapters' report_status() as the server shows them (after the startup listings)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = httpx.get(self.url + "/status", timeout=10).json()["storage_manager"]["l2_adapters"]
-            if not complete or all(a.get("usage_complete") for a in found) or time.monotonic() > deadline:
-                return found
-            time.sleep(0.2)
-
-    def l1_objects(self) -> int:
-        status = httpx.get(self.url + "/status", timeout=10).json()["storage_manager"]
-        return status["l1_manager"]["total_object_count"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
 
 
 @pytest.fixture

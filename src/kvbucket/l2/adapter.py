@@ -40,7 +40,7 @@ from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import KeyPage, L2Adapter, L2TaskId, StoreResult, Usage
 from kvbucket.l2.context import AdapterContext
 from kvbucket.l2.core import L2Listener, Listeners, NameCache, Stats
-from kvbucket.l2.eviction import EvictionConfig
+from kvbucket.l2.eviction import EvictionConfig, effective_eviction
 from kvbucket.l2.format_store import route_formats
 from kvbucket.l2.inventory import InventoryPath
 from kvbucket.l2.load_path import LoadPath
@@ -113,8 +113,7 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._owns_store = owns_store
         self._delete_timeout = delete_timeout_secs
         capacity = int(max_capacity_bytes)
-        if fleet is not None and eviction is None:  # max_age works without a capacity
-            eviction = EvictionConfig(eviction_policy="LRU" if capacity > 0 else "noop")
+        eviction = effective_eviction(eviction, capacity, fleet=fleet is not None)
 
         self._state = KeyState(full_chunk_bytes=full_chunk_bytes, rebuilt=not rebuild_usage and fleet is None)
         self._stats = Stats()

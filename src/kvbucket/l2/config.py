@@ -10,7 +10,9 @@ Fields shared by every type (kvbucket's, on top of each type's own):
 - ``num_workers`` (int, default 4): the worker pool doing blocking store calls;
 - ``max_capacity_gb`` (float, default 0): the capacity ``get_usage()`` reports and eviction
   works against; 0 means unbounded (usage fraction -1, no eviction);
-- ``eviction`` (dict, optional): see :class:`kvbucket.l2.eviction.EvictionConfig`;
+- ``eviction`` (dict, optional): see :class:`kvbucket.l2.eviction.EvictionConfig`; unset with a
+  capacity, the default ``LRU`` policy (a capacity that is set is enforced,
+  :func:`kvbucket.l2.eviction.effective_eviction`);
 - ``metadata_cache_ttl_secs`` (float, default 30): how long a lookup miss is remembered;
 - ``full_chunk_bytes`` (int, optional): the full chunk size; stores of other sizes are
   refused and lookups of other sizes miss. Unset, any size is stored (see :mod:`kvbucket.l2.adapter`);

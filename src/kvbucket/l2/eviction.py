@@ -15,6 +15,7 @@ salt this is plain LRU.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Container
 from typing import Literal
@@ -22,6 +23,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvbucket.l2.accounting import KeyIndex
+
+log = logging.getLogger("kvbucket.l2")
 
 
 class EvictionConfig(BaseModel):
@@ -47,6 +50,23 @@ class EvictionConfig(BaseModel):
 
     def triggered(self, used: int, capacity: int) -> bool:
         return self.eviction_policy != "noop" and capacity > 0 and used >= self.trigger_watermark * capacity
+
+
+def effective_eviction(
+    eviction: EvictionConfig | None, capacity: int, *, fleet: bool = False
+) -> EvictionConfig | None:
+    """The eviction an adapter runs: a capacity that is set is enforced, so a capacity without an
+    ``eviction`` setting gets the default policy (``LRU``, watermark 0.8, ratio 0.2); a bucket
+    that grows without bound is a bill. A fleet without a capacity still runs ``max_age_secs``
+    (``noop``). ``{"eviction_policy": "noop"}`` turns it off explicitly (e.g. to let LMCache's
+    own controller, the plugin spec's top-level ``"eviction"``, do it)."""
+    if eviction is not None:
+        return eviction
+    if capacity > 0:
+        log.info("a capacity of %d bytes without an eviction setting: evicting LRU (trigger_watermark "
+                 "0.8, eviction_ratio 0.2); set \"eviction\" to choose another policy", capacity)
+        return EvictionConfig()
+    return EvictionConfig(eviction_policy="noop") if fleet else None
 
 
 def choose_victims(
@@ -77,4 +97,4 @@ def choose_victims(
     return victims
 
 
-__all__ = ["EvictionConfig", "choose_victims"]
+__all__ = ["EvictionConfig", "choose_victims", "effective_eviction"]
