@@ -53,7 +53,7 @@ LMCACHE_ONLY_KEYS = frozenset({
 })
 
 #: extra_config keys the engine config itself reads (the stores and plugins check theirs)
-_ENGINE_EXTRA_KEYS = ("encryption", "unsealed")
+_ENGINE_EXTRA_KEYS = ("encryption", "unsealed", "metrics")
 
 
 class EngineConfig(BaseModel):
@@ -150,6 +150,8 @@ class EngineConfig(BaseModel):
                     f"encryption takes enabled, keyring_file and keyring_env; check {fields}"
                     + (f" ({hints.strip()})" if hints else "")
                 ) from None
+        if not isinstance(v.get("metrics", True), bool):
+            raise ValueError("metrics must be true or false (false: build_backend counts nothing)")
         if v.get("unsealed", "miss") not in ("miss", "accept"):
             raise ValueError("unsealed must be 'miss' or 'accept'")
         return v
@@ -167,6 +169,12 @@ class EngineConfig(BaseModel):
         a token, text naming the weights, an absolute path to the model directory, or a dict of
         model name -> one of those. Unset: chunks are shared by model name only."""
         return self.extra_config.get("model_identity")
+
+    @property
+    def metrics(self) -> bool:
+        """``extra_config.metrics`` (default true): ``build_backend`` counts every tier
+        (``kvbucket_backend_*``) and remote store (``kvbucket_store_*``) in the default registry."""
+        return bool(self.extra_config.get("metrics", True))
 
     @property
     def unsealed(self) -> str:

@@ -252,6 +252,36 @@ class InstrumentedBackend(StorageBackend):
             self._count_get(c)
         return chunks
 
+    def get_into(self, key: Key, buffer: Chunk) -> bool:
+        """The inner tier's own ``get_into`` (straight into the caller's buffer), counted."""
+        with self._time("get_into"):
+            try:
+                hit = self.inner.get_into(key, buffer)
+            except Exception:
+                self._count("get", "error")
+                raise
+        self._count_into([hit], [buffer])
+        return hit
+
+    def batched_get_into(self, keys: Sequence[Key], buffers: Sequence[Chunk]) -> list[bool]:
+        """The inner tier's own ``batched_get_into`` (no intermediate copy), counted."""
+        with self._time("batched_get_into"):
+            try:
+                hits = list(self.inner.batched_get_into(keys, buffers))
+            except Exception:
+                self._count("get", "error", len(keys))
+                raise
+        self._count_into(hits, buffers)
+        return hits
+
+    def _count_into(self, hits: Sequence[bool], buffers: Sequence[Chunk]) -> None:
+        n = sum(1 for h in hits if h)
+        self._count("get", "hit", n)
+        self._count("get", "miss", len(hits) - n)
+        if n:
+            read = sum(_nbytes(b) for b, h in zip(buffers, hits, strict=True) if h)
+            BACKEND_BYTES.labels(self.tier, "read").inc(read)
+
     def flush(self, timeout: float | None = DEFAULT_FLUSH_TIMEOUT_SECS) -> FlushResult:
         return self.inner.flush(timeout)
 
@@ -356,6 +386,14 @@ class InstrumentedStore(ObjectStore):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def uninstrumented(obj: Any) -> Any:
+    """The tier or store under kvbucket's metrics wrappers (``build_backend`` wraps every tier
+    and remote store unless ``extra_config.metrics`` is false); anything else as is."""
+    while isinstance(obj, InstrumentedBackend | InstrumentedStore):
+        obj = obj.inner
+    return obj
 
 
 class _Timer:

@@ -16,6 +16,7 @@ from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
 from kvbucket.chunks import KVLayout
 from kvbucket.config import EngineConfig, build_backend, load_engine_config
 from kvbucket.errors import ConfigError
+from kvbucket.metrics import InstrumentedBackend
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.local.file import FileStore
 from kvbucket.stores.local.memory import MemoryStore
@@ -64,7 +65,8 @@ def test_seed_001_minimal_yaml_passes_plugin_options(tmp_path: Path, fakes: Fake
     assert cfg.remote_storage_plugins == ["hfbucket"] and cfg.local_cpu is False
     backend = build_backend(cfg, LAYOUT)
     try:
-        assert isinstance(backend, RemoteBackend)
+        assert isinstance(backend, InstrumentedBackend) and backend.tier == "remote:hfbucket"
+        assert isinstance(backend.inner, RemoteBackend)
         assert fakes.plugin_calls == [("hfbucket", {
             "bucket_handle": "hf://buckets/my-org/lmcache-kv/prod",
             "token_env": "HF_TOKEN",
@@ -81,7 +83,8 @@ def test_seed_001_multiple_instances(tmp_path: Path, fakes: FakeFactories) -> No
     backend = build_backend(cfg, LAYOUT)
     try:
         assert isinstance(backend, HybridBackend)
-        assert [type(t) for t in backend.tiers] == [LocalCPUBackend, RemoteBackend, RemoteBackend]
+        assert [type(t.inner) for t in backend.tiers] == [LocalCPUBackend, RemoteBackend, RemoteBackend]
+        assert [t.tier for t in backend.tiers] == ["local_cpu", "remote:hfbucket.us", "remote:hfbucket.eu"]
         assert dict(fakes.plugin_calls) == {
             "hfbucket.us": {"bucket_handle": "hf://buckets/my-org/lmcache-kv/us", "token_env": "HF_US_TOKEN"},
             "hfbucket.eu": {"bucket_handle": "hf://buckets/my-org/lmcache-kv/eu", "token_env": "HF_EU_TOKEN"},
@@ -106,7 +109,7 @@ def test_seed_004_coreweave_yaml_goes_to_the_s3_factory(tmp_path: Path, fakes: F
     assert "your-secret-access-key" not in repr(cfg) and "your-secret-access-key" not in str(cfg)
     backend = build_backend(cfg, LAYOUT)
     try:
-        assert isinstance(backend, PipelinedRemoteBackend)  # enable_async_loading
+        assert isinstance(backend.inner, PipelinedRemoteBackend)  # enable_async_loading
         ((url, extra),) = fakes.url_calls
         assert url == "s3://test-127.cwlota.com"
         assert extra["s3_region"] == "US-WEST-04A" and extra["disable_tls"] is True and len(extra) == 8
@@ -127,9 +130,9 @@ def test_build_full_stack_on_files(tmp_path: Path) -> None:
                        extra_config={"fsync": True})
     with build_backend(cfg, LAYOUT) as backend:
         assert isinstance(backend, HybridBackend)
-        assert [type(t) for t in backend.tiers] == [LocalCPUBackend, LocalDiskBackend, RemoteBackend]
-        remote = backend.tiers[2]
-        assert isinstance(remote, RemoteBackend) and isinstance(remote.store.inner, FileStore)
+        assert [type(t.inner) for t in backend.tiers] == [LocalCPUBackend, LocalDiskBackend, RemoteBackend]
+        remote = backend.tiers[2].inner
+        assert isinstance(remote, RemoteBackend) and isinstance(remote.store.inner.inner, FileStore)
         assert remote.store.fsync is True
         backend.put(key(1), chunk_bytes(LAYOUT, 1))
         assert as_bytes(backend.get(key(1))) == chunk_bytes(LAYOUT, 1)

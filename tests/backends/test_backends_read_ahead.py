@@ -39,7 +39,8 @@ ON = ReadAheadSettings(True, 64 * FULL, 10.0)
 assert READ_AHEAD_BYTES is not None  # re-exported by kvbucket.metrics
 
 
-def metric(outcome: str, store: str = "remote") -> float:
+def metric(outcome: str, store: str) -> float:
+    """A read-ahead counter of one store (labelled with its URL, as its other series are)."""
     labels = {"store": store, "outcome": outcome}
     return REGISTRY.get_sample_value("kvbucket_read_ahead_bytes_total", labels) or 0.0
 
@@ -83,7 +84,7 @@ def fill(store: Any, n: int) -> list[bytes]:
 def test_a_load_after_a_lookup_hit_makes_no_request(raw: GatedStore) -> None:
     chunks = fill(raw, 6)
     keys = [key(i) for i in range(6)]
-    before = (metric("prefetched"), metric("used"))
+    before = (metric("prefetched", raw.url), metric("used", raw.url))
     with backend_on(raw) as b:
         assert isinstance(b.reads, PrefetchStore)
         raw.reset()
@@ -103,8 +104,8 @@ def test_a_load_after_a_lookup_hit_makes_no_request(raw: GatedStore) -> None:
         assert [x.tobytes() for x in bufs] == chunks[:2]
         assert raw.total_calls == 0
         assert b.reads.held_bytes == 0
-    assert metric("prefetched") - before[0] == 8 * FULL
-    assert metric("used") - before[1] == 8 * FULL
+    assert metric("prefetched", raw.url) - before[0] == 8 * FULL
+    assert metric("used", raw.url) - before[1] == 8 * FULL
 
 
 def test_a_load_waits_for_a_read_ahead_on_its_way(raw: GatedStore) -> None:
@@ -127,7 +128,7 @@ def test_a_load_waits_for_a_read_ahead_on_its_way(raw: GatedStore) -> None:
 def test_the_buffer_never_exceeds_its_bound(raw: GatedStore) -> None:
     chunks = fill(raw, 10)
     keys = [key(i) for i in range(10)]
-    before = metric("wasted")
+    before = metric("wasted", raw.url)
     with backend_on(raw, ReadAheadSettings(True, 3 * FULL + 10, 10.0)) as b:
         assert isinstance(b.reads, PrefetchStore)
         raw.watch = b.reads
@@ -146,19 +147,19 @@ def test_the_buffer_never_exceeds_its_bound(raw: GatedStore) -> None:
         # A lookup never followed by a load wastes at most the bound.
         assert b.batched_contains(keys) == [True] * 10
         assert b.reads.settle()
-    assert metric("wasted") - before == 3 * FULL  # dropped at close
+    assert metric("wasted", raw.url) - before == 3 * FULL  # dropped at close
 
 
 def test_untaken_read_aheads_expire(raw: GatedStore) -> None:
     chunks = fill(raw, 3)
     keys = [key(i) for i in range(3)]
-    before = metric("wasted")
+    before = metric("wasted", raw.url)
     with backend_on(raw, ReadAheadSettings(True, 64 * FULL, 0.1)) as b:
         assert isinstance(b.reads, PrefetchStore)
         assert b.batched_contains(keys) == [True] * 3
         assert b.reads.settle()
         assert until(lambda: b.reads.held_bytes == 0, 5)  # the sweeper drops them, no call needed
-        assert metric("wasted") - before == 3 * FULL
+        assert metric("wasted", raw.url) - before == 3 * FULL
         raw.reset()
         assert [as_bytes(c) for c in b.batched_get(keys)] == chunks  # type: ignore[arg-type]
         assert raw.items["get"] == 3  # fetched again
@@ -337,7 +338,7 @@ def test_read_ahead_bytes_are_verified_like_a_load(raw: GatedStore) -> None:
     blob[-1] ^= 0xFF  # one flipped payload bit, same size
     raw.inner.put(name, bytes(blob))  # type: ignore[attr-defined]
     failures = integrity_failures()
-    before_used = metric("used")
+    before_used = metric("used", raw.url)
     with backend_on(raw) as b:
         assert b.batched_contains([key(0), key(1)]) == [True, True]
         assert b.reads.settle()
@@ -345,7 +346,7 @@ def test_read_ahead_bytes_are_verified_like_a_load(raw: GatedStore) -> None:
     assert as_bytes(got[0]) == chunks[0]
     assert got[1] is None  # refused by the check during the read-ahead, never served
     assert integrity_failures() > failures
-    assert metric("used") - before_used == FULL
+    assert metric("used", raw.url) - before_used == FULL
 
 
 def integrity_failures() -> float:

@@ -28,6 +28,7 @@ from kvbucket.config import EngineConfig, build_backend, load_engine_config
 from kvbucket.errors import ConfigError
 from kvbucket.fleet.report import inspect_fleet
 from kvbucket.keys import key_to_name
+from kvbucket.metrics import uninstrumented
 from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.fleet_backend_node import LAYOUT, backend_chunk, backend_key, chunk_bytes
 from kvbucket.testing.fleet_node import until
@@ -52,7 +53,7 @@ def build(data: dict[str, Any]) -> HybridBackend:
 
 
 def remote(backend: HybridBackend) -> RemoteBackend:
-    tier = backend.tiers[-1]
+    tier = uninstrumented(backend.tiers[-1])
     assert isinstance(tier, RemoteBackend)
     return tier
 

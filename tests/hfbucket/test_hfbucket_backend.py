@@ -19,6 +19,7 @@ from kvbucket.config import EngineConfig, build_backend
 from kvbucket.envelope import HEADER_SIZE
 from kvbucket.errors import ConfigError
 from kvbucket.keys import key_to_name
+from kvbucket.metrics import uninstrumented
 from kvbucket.stores.hub.config import build_config
 from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.testing.backend_tests import BackendTests, as_bytes, chunk_bytes, key
@@ -69,7 +70,8 @@ def hf_env(hub_emulator: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_seed_001_single_instance(hf_env: Any, hub_bucket: Any, tmp_path: Path) -> None:
     cfg = write_yaml(tmp_path, SEED_001_SINGLE.format(bucket=hub_bucket.bucket_id, tmp=tmp_path / "dl"))
     backend = build_backend(cfg, LAYOUT)
-    assert isinstance(backend, RemoteBackend) and isinstance(backend.store.inner, HFBucketStore)
+    remote = uninstrumented(backend)
+    assert isinstance(remote, RemoteBackend) and isinstance(uninstrumented(remote.store.inner), HFBucketStore)
     full = LAYOUT.full_chunk_bytes
     with backend:
         chunks = {key(i): chunk_bytes(LAYOUT, i) for i in range(3)}
@@ -128,6 +130,7 @@ def test_remote_url_form(hf_env: Any, hub_bucket: Any) -> None:
     cfg = EngineConfig.from_dict({"local_cpu": False, "remote_url": f"hf://buckets/{hub_bucket.bucket_id}/url",
                                   "extra_config": {"hfbucket.metadata_cache_ttl_secs": 5}})
     with build_backend(cfg, LAYOUT) as backend:
-        assert isinstance(backend, RemoteBackend) and backend.store.config.metadata_cache_ttl_secs == 5
+        remote = uninstrumented(backend)
+        assert isinstance(remote, RemoteBackend) and remote.store.config.metadata_cache_ttl_secs == 5
         backend.put(key(3), chunk_bytes(LAYOUT, 3))
         assert backend.contains(key(3))

@@ -16,6 +16,7 @@ from kvbucket.chunks import ChunkSizeError, KVLayout
 from kvbucket.config import EngineConfig, build_backend
 from kvbucket.errors import ConfigError
 from kvbucket.keys import CacheEngineKey, key_to_name
+from kvbucket.metrics import uninstrumented
 from kvbucket.stores.s3.config import S3Config
 from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.backend_tests import BackendTests
@@ -80,8 +81,9 @@ def test_seed_basic_yaml_builds_a_working_stack(seaweedfs: S3Server, s3_bucket: 
         }
     )
     with build_backend(cfg, LAYOUT) as backend:
-        assert isinstance(backend, RemoteBackend) and isinstance(backend.store.inner, S3Store)
-        assert backend.store.config.s3_retry_timeout_secs == 10
+        remote = uninstrumented(backend)
+        assert isinstance(remote, RemoteBackend) and isinstance(uninstrumented(remote.store.inner), S3Store)
+        assert remote.store.config.s3_retry_timeout_secs == 10
         _round_trip(backend)
     keys = [o["Key"] for o in seaweedfs.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
     assert sorted(keys) == sorted(key_to_name(k) for k in KEYS)  # same keys any S3 client sees
@@ -99,7 +101,7 @@ def test_seed_coreweave_yaml_builds_a_hybrid_stack(seaweedfs: S3Server, fault_pr
             )
         )
         with build_backend(cfg, LAYOUT) as backend:
-            assert isinstance(backend, PipelinedRemoteBackend | HybridBackend)
+            assert isinstance(uninstrumented(backend), PipelinedRemoteBackend | HybridBackend)
             _round_trip(backend)
         assert fault_proxy.hosts and set(fault_proxy.hosts) == {"test-127.cwlota.com"}
     finally:

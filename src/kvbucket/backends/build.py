@@ -19,6 +19,7 @@ from kvbucket.backends.plugins import open_remote_store, remote_tier_specs
 from kvbucket.backends.remote import PipelinedRemoteBackend, RemoteBackend
 from kvbucket.encryption import Keyring
 from kvbucket.errors import ConfigError
+from kvbucket.metrics import InstrumentedBackend, InstrumentedStore
 
 if TYPE_CHECKING:
     from kvbucket.chunks import KVLayout
@@ -32,6 +33,13 @@ def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
     read-through with promotion). ``enable_async_loading`` selects the pipelined remote backend.
     A remote tier with fleet keys (``fleet``, ``max_capacity_gb``, ``eviction``) joins its
     prefix's fleet (docs/fleet.md); every key is checked before anything is opened.
+
+    Metrics are on unless ``extra_config.metrics`` is false: each tier comes wrapped in an
+    :class:`~kvbucket.metrics.InstrumentedBackend` (``.inner`` is the tier) labelled
+    ``local_cpu``, ``local_disk``, ``remote`` (the ``remote_url`` tier) or ``remote:<instance>``
+    (a plugin instance), and each remote store is counted under its URL, the label its circuit
+    breaker, read-ahead and fleet series carry too; so ``start_metrics_server`` and
+    ``kvbucket stats`` show them without wrapping anything by hand.
     """
     if layout.chunk_tokens != config.chunk_size:
         raise ConfigError(
@@ -43,17 +51,24 @@ def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
     remotes = remote_tier_specs(config)
     tiers: list[StorageBackend] = []
     keyring = Keyring.from_setting(config.encryption)  # one keyring (and one error) for every tier
+
+    def counted(tier: StorageBackend, name: str) -> StorageBackend:
+        return InstrumentedBackend(tier, name) if config.metrics else tier
+
     try:
         if config.local_cpu:
-            tiers.append(LocalCPUBackend(config.local_cpu_bytes))
+            tiers.append(counted(LocalCPUBackend(config.local_cpu_bytes), "local_cpu"))
         if config.local_disk is not None:
-            tiers.append(LocalDiskBackend(config.local_disk, config.local_disk_bytes, encryption=keyring,
-                                          model_identity=config.model_identity))
+            disk = LocalDiskBackend(config.local_disk, config.local_disk_bytes, encryption=keyring,
+                                    model_identity=config.model_identity)
+            tiers.append(counted(disk, "local_disk"))
         remote_cls = PipelinedRemoteBackend if config.enable_async_loading else RemoteBackend
         for spec in remotes:
             store = open_remote_store(config, spec)
+            if config.metrics:  # the store that makes the requests, under sealing and read-ahead
+                store = InstrumentedStore(store, name=store.url)
             try:
-                tiers.append(remote_cls(
+                tiers.append(counted(remote_cls(
                     store,
                     layout,
                     serde=config.remote_serde,
@@ -64,7 +79,7 @@ def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
                     fleet=spec.fleet,
                     read_ahead=spec.read_ahead,
                     model_identity=config.model_identity,
-                ))
+                ), f"remote:{spec.label}" if spec.plugin else "remote"))
             except BaseException:
                 store.close()
                 raise

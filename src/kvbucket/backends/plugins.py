@@ -81,7 +81,7 @@ def _resolve(factory: Factory, what: str) -> Callable[..., ObjectStore]:
 
 
 #: extra_config keys that configure kvbucket itself (every tier), not a store: see EngineConfig.
-ENGINE_KEYS = frozenset({"encryption", "unsealed", "model_identity"})
+ENGINE_KEYS = frozenset({"encryption", "unsealed", "model_identity", "metrics"})
 
 
 def plugin_type(instance: str) -> str:

@@ -120,7 +120,8 @@ class RemoteBackend(QueuedBackend):
         self.store = seal_store(store, tier="remote", identity=layout_identity(layout), unsealed=unsealed,
                                 encryption=encryption)
         # Loads read through this (the sealed store itself, or a read-ahead buffer in front of it).
-        self.reads = with_read_ahead(self.store, read_ahead, label="remote")
+        # labelled with the store's URL, as its requests, circuit breaker and fleet series are
+        self.reads = with_read_ahead(self.store, read_ahead, label=self.store.url)
         self.layout = layout
         self.serde = get_serde(serde)
         self.save_unfull_chunk = save_unfull_chunk
