@@ -350,3 +350,33 @@ def test_a_capacity_without_an_eviction_setting_is_enforced(tmp_path) -> None:
         for i in range(5):
             t.store(a, [k(i)], [bytes([i]) * size])
         assert a.get_usage().bytes_used == 5 * size
+
+
+def test_close_during_an_eviction_pass_leaves_no_pending_task(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 40: closing an adapter while its eviction pass waits on a delete once logged asyncio's
+    "Task was destroyed but it is pending! ... RemovalPath._evict()"."""
+    import gc
+    import logging
+    import threading
+    import time
+
+    gate, entered = threading.Event(), threading.Event()
+
+    class SlowDeletes(MemoryStore):
+        def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+            entered.set()
+            gate.wait(3)
+            return super().delete_many(names)
+
+    a = ObjectStoreL2Adapter(SlowDeletes(), max_capacity_bytes=10 * CHUNK, full_chunk_bytes=CHUNK,
+                             delete_timeout_secs=0.5)
+    for i in range(10):
+        t.store(a, [k(i)], [chunk(i)])
+    assert entered.wait(10), "no eviction pass started"
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        a.close()
+        gate.set()  # the delete returns after close gave up waiting for it
+        time.sleep(0.3)
+        del a
+        gc.collect()
+    assert "Task was destroyed" not in caplog.text, caplog.text

@@ -108,7 +108,9 @@ class RemovalPath:
             if not expired and not cfg.triggered(st.index.bytes_used, self._capacity):
                 return
             self.evicting = True
-        self._ctx.runner.loop.create_task(self._evict())
+        # In the runner's in-flight set (not a bare loop task): close() waits for the pass within
+        # its deadline, and the runner cancels it if it is still waiting on a delete then.
+        self._ctx.runner.schedule(self._evict())
 
     async def _evict(self) -> None:
         assert self._eviction is not None

@@ -10,6 +10,7 @@ store's batch verbs on ``num_workers`` pool threads, splitting each batch into a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import threading
@@ -96,12 +97,27 @@ class TaskRunner:
         return out
 
     def stop(self) -> None:
-        """Stop the loop and the pool (after the caller waited for what it wanted finished)."""
+        """Stop the loop and the pool (after the caller waited for what it wanted finished).
+
+        Whatever still runs on the loop (a task past the caller's deadline, e.g. an eviction pass
+        waiting on a hung delete) is cancelled and allowed to unwind first: a pending task
+        dropped with its loop is asyncio's "Task was destroyed but it is pending!"."""
+        with contextlib.suppress(Exception):  # a loop already stopped, or unwinding past 5 s
+            asyncio.run_coroutine_threadsafe(_cancel_pending(), self.loop).result(timeout=5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         self.pool.shutdown(wait=True, cancel_futures=True)
         if not self.thread.is_alive():
             self.loop.close()
+
+
+async def _cancel_pending() -> None:
+    """Cancel every other task of the running loop and wait until they have unwound."""
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Completions(Generic[T]):
