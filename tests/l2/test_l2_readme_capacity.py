@@ -112,3 +112,26 @@ def test_readme_lmcache_command_keeps_the_bucket_under_its_capacity(
         held = check.get_usage().bytes_used
     assert 0 < held <= capacity, f"the bucket holds {held} bytes in a {capacity}-byte capacity"
     assert 3 * capacity < REQUESTS * BLOCKS * CHUNK
+
+
+def test_a_bad_adapter_field_ends_lmcaches_startup_traceback_with_kvbuckets_line(tmp_path: Path) -> None:
+    """docs/l2.md quotes what `lmcache server` prints for a bad ``adapter_params`` field: its
+    startup traceback (tens of lines) whose last error line is kvbucket's, then exit 1."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "l2.md").read_text()
+    quoted = re.search(r"```text\n(kvbucket\.errors\.ConfigError: L2 adapter .*?)\n", doc)
+    assert quoted, "docs/l2.md no longer quotes the ConfigError line"
+    params = {"type": "hfbucket", "bucket_handle": "hf://buckets/my-org/kv", "num_workers": "8"}
+    argv = ["--l1-size-gb", "0.05", "--eviction-policy", "LRU", "--l2-adapter",
+            json.dumps({"type": "plugin", "module_path": "kvbucket.integrations.lmcache",
+                        "class_name": "KVBucketL2Adapter", "adapter_params": params})]  # fmt: skip
+    srv = Server([], tmp_path / "server.log", argv=argv, env={"LMCACHE_DISABLE_BANNER": "1"})
+    try:
+        assert srv.proc.wait(120) != 0
+    finally:
+        srv.stop()
+    out = re.sub(r"\x1b\[[0-9;]*m", "", srv.log.read_text())
+    assert quoted.group(1) in out
+    tail = out[out.index("Traceback"):].splitlines()
+    assert len(tail) > 20 and [ln for ln in tail if ln.startswith("kvbucket.errors.ConfigError")] == [
+        quoted.group(1)]
+    assert "Application startup failed" in out
