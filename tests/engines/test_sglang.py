@@ -18,7 +18,13 @@ import pytest
 
 from kvbucket.errors import ConfigError
 from kvbucket.integrations import sglang as integ
-from kvbucket.testing.engines import assert_all_passed, engine_venv, run_checks, store_targets
+from kvbucket.testing.engines import (
+    assert_all_passed,
+    check_compiled_decoder,
+    engine_venv,
+    run_checks,
+    store_targets,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("sglang_checks.py")
@@ -38,6 +44,12 @@ def test_sglang_hicache_backend_on_dir_hub_and_s3(sglang_venv: Path, hub_bucket:
     assert_all_passed(proc, N_CHECKS, targets)
     assert any((tmp_path / "store").rglob("*")), "the directory store holds no page"
 
+
+
+def test_the_compiled_xet_decoder_runs_in_the_sglang_venv(sglang_venv: Path) -> None:
+    """kvbucket's dependencies come from its metadata (engines/venv.sh): numba and llvmlite are
+    there and the compiled decoder loads and decodes, as in a user's `pip install kvbucket`."""
+    assert check_compiled_decoder(sglang_venv, ROOT).startswith("numba ")
 
 # ---- main venv (no SGLang): what loads without the engine
 

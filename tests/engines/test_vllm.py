@@ -18,7 +18,13 @@ import pytest
 
 from kvbucket.errors import ConfigError
 from kvbucket.integrations import vllm as integ
-from kvbucket.testing.engines import assert_all_passed, engine_venv, run_checks, store_targets
+from kvbucket.testing.engines import (
+    assert_all_passed,
+    check_compiled_decoder,
+    engine_venv,
+    run_checks,
+    store_targets,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("vllm_checks.py")
@@ -38,6 +44,12 @@ def test_vllm_secondary_tier_on_dir_hub_and_s3(vllm_venv: Path, hub_bucket: Any,
     assert_all_passed(proc, N_CHECKS, targets)
     assert any((tmp_path / "store").rglob("*-g0")), "the directory store holds no chunk"
 
+
+
+def test_the_compiled_xet_decoder_runs_in_the_vllm_venv(vllm_venv: Path) -> None:
+    """kvbucket's dependencies come from its metadata (engines/venv.sh): numba and llvmlite are
+    there and the compiled decoder loads and decodes, as in a user's `pip install kvbucket`."""
+    assert check_compiled_decoder(vllm_venv, ROOT).startswith("numba ")
 
 # ---- main venv (no vLLM): what loads without the engine
 

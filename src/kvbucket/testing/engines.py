@@ -129,3 +129,37 @@ def bench_in_engine_venv(root: Path, engine: str, stores: str, argv: list[str]) 
         env = {BENCH_TARGETS_ENV: json.dumps(targets), "HF_XET_CACHE": f"{tmp}/xet", "HF_HOME": f"{tmp}/hf"}
         code = reexec_in_engine_venv(root, engine, argv, env)
     sys.exit(code)
+
+
+_DECODER_CHECK = """
+import lz4.frame
+import numpy as np
+import llvmlite, numba
+from kvbucket.stores.hub.xet import kernel
+from kvbucket.stores.hub.xet.decode import compiled
+
+k = compiled()
+assert k is not None and k.run is kernel.decode_run, "the compiled Xet decoder did not load"
+payload = bytes(range(256)) * 64
+chunks = b""
+for scheme, body in ((0, payload), (1, lz4.frame.compress(payload))):  # raw, then one LZ4 frame
+    n, u = len(body), len(payload)
+    chunks += bytes([0, n & 255, n >> 8 & 255, n >> 16, scheme, u & 255, u >> 8 & 255, u >> 16]) + body
+win = np.frombuffer(bytearray(chunks), dtype=np.uint8)
+out = np.zeros(2 * len(payload), dtype=np.uint8)
+info = np.zeros(5, dtype=np.int64)
+k.run(k.lz4, win, 0, len(win), 2, out, 0, len(out), np.zeros(len(payload), dtype=np.uint8), 1 << 20, info)
+assert info[3] == kernel.DONE and info[1] == 2 and out.tobytes() == payload * 2, info
+print("numba", numba.__version__, "llvmlite", llvmlite.__version__)
+"""
+
+
+def check_compiled_decoder(venv: Path, root: Path) -> str:
+    """Load kvbucket's compiled Xet decoder in an engine venv and decode a raw and an LZ4 chunk
+    with it (numba and llvmlite installed from kvbucket's metadata); returns its versions line."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KVBUCKET_XET_DECODER", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(root / "src")
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", _DECODER_CHECK], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip()
