@@ -322,20 +322,21 @@ def test_fleet_refuses_over_capacity_and_evicts_what_was_not_read(target: dict[s
     assert any(i.name.startswith("_fleet/") for i in fresh._raw.list(""))
 
 
-def _store_gets() -> float:
-    """Objects the sglang tier's store has been asked to read (kvbucket's store counter)."""
+def _store_gets(store: str) -> float:
+    """Objects the sglang tier's store has been asked to read (kvbucket's store counter, labelled
+    with the store's URL as every series of the store is)."""
     from prometheus_client import REGISTRY
 
     return sum(REGISTRY.get_sample_value("kvbucket_store_objects_total",
-                                         {"store": "sglang", "op": "get", "result": r}) or 0.0
+                                         {"store": store, "op": "get", "result": r}) or 0.0
                for r in ("hit", "miss", "error"))
 
 
-def _read_ahead(outcome: str) -> float:
+def _read_ahead(store: str, outcome: str) -> float:
     from prometheus_client import REGISTRY
 
     return REGISTRY.get_sample_value("kvbucket_read_ahead_bytes_total",
-                                     {"store": "sglang", "outcome": outcome}) or 0.0
+                                     {"store": store, "outcome": outcome}) or 0.0
 
 
 def test_batch_exists_reads_ahead_for_batch_get_v1(target: dict[str, Any]) -> None:
@@ -348,18 +349,19 @@ def test_batch_exists_reads_ahead_for_batch_get_v1(target: dict[str, Any]) -> No
     dst = host_pool()
     idx2 = dst.alloc(N_PAGES * PAGE)
     r = backend(target, dst)
-    used = _read_ahead("used")
+    url = r._raw.url
+    used = _read_ahead(url, "used")
     assert r.batch_exists(keys) == N_PAGES
     assert r.store.settle()
-    gets = _store_gets()
+    gets = _store_gets(url)
     assert r.batch_get_v1(keys, idx2) == [True] * N_PAGES
-    assert _store_gets() == gets  # every page came from the read-ahead: no request
+    assert _store_gets(url) == gets  # every page came from the read-ahead: no request
     assert page_bytes(dst, idx2, N_PAGES) == page_bytes(src, idx, N_PAGES)
-    assert _read_ahead("used") - used == N_PAGES * len(page_bytes(src, idx, 1)[0])
+    assert _read_ahead(url, "used") - used == N_PAGES * len(page_bytes(src, idx, 1)[0])
     off = backend(target, host_pool(), read_ahead=False)
-    gets = _store_gets()
+    gets = _store_gets(url)
     assert off.batch_exists(keys) == N_PAGES
-    assert _store_gets() == gets  # off: a lookup reads nothing
+    assert _store_gets(url) == gets  # off: a lookup reads nothing
 
 
 def _listing(target: dict[str, Any]) -> dict[str, int]:

@@ -483,8 +483,8 @@ def _tier_metric(name: str, labels: dict[str, str]) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def _tier_gets() -> float:
-    return sum(_tier_metric("kvbucket_store_objects_total", {"store": "vllm", "op": "get", "result": r})
+def _tier_gets(store: str) -> float:
+    return sum(_tier_metric("kvbucket_store_objects_total", {"store": store, "op": "get", "result": r})
                for r in ("hit", "miss", "error"))
 
 
@@ -495,21 +495,22 @@ def test_a_lookup_hit_reads_ahead_for_the_load_job(target: dict[str, Any]) -> No
     keys = offload_keys(21)
     kv = kv_data(a, 21)
     a.store(keys, kv)
+    url = a.tier._raw.url  # the store's label in every series (requests, read-ahead, breaker)
     a.close()
-    used = _tier_metric("kvbucket_read_ahead_bytes_total", {"store": "vllm", "outcome": "used"})
-    gets = _tier_gets()
+    used = _tier_metric("kvbucket_read_ahead_bytes_total", {"store": url, "outcome": "used"})
+    gets = _tier_gets(url)
     b = engine(target)
     hits, got = b.load(keys)
     assert hits == N and torch.equal(got, kv)
-    assert _tier_gets() - gets == N  # read once (by the read-ahead), not again by the load job
+    assert _tier_gets(url) - gets == N  # read once (by the read-ahead), not again by the load job
     assert _tier_metric("kvbucket_read_ahead_bytes_total",
-                        {"store": "vllm", "outcome": "used"}) - used == N * b.tier.block_size_bytes
+                        {"store": url, "outcome": "used"}) - used == N * b.tier.block_size_bytes
     b.close()
     off = engine(target, read_ahead=False)
-    used = _tier_metric("kvbucket_read_ahead_bytes_total", {"store": "vllm", "outcome": "used"})
+    used = _tier_metric("kvbucket_read_ahead_bytes_total", {"store": url, "outcome": "used"})
     hits, got = off.load(keys)
     assert hits == N and torch.equal(got, kv)
-    assert _tier_metric("kvbucket_read_ahead_bytes_total", {"store": "vllm", "outcome": "used"}) == used
+    assert _tier_metric("kvbucket_read_ahead_bytes_total", {"store": url, "outcome": "used"}) == used
     off.close()
 
 
@@ -532,7 +533,7 @@ def test_metrics_port_serves_once_per_process_and_a_taken_port_says_so(target: d
     assert b.tier.metrics is a.tier.metrics
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     puts = [ln for ln in body.splitlines() if ln.startswith("kvbucket_store_objects_total{")
-            and all(lab in ln for lab in ('store="vllm"', 'op="put"', 'result="ok"'))]
+            and all(lab in ln for lab in (f'store="{a.tier._raw.url}"', 'op="put"', 'result="ok"'))]
     assert len(puts) == 1 and float(puts[0].split()[-1]) >= 1
     a.close()
     b.close()

@@ -155,10 +155,11 @@ class KVBucketHiCacheStorage(_Base):
         self._raw = raw
         # batch_exists hits start their loads (read-ahead: kvbucket.stores.guard.read_ahead), behind the
         # check.
+        # The store's series (requests, read-ahead) carry its URL, as its circuit breaker's do.
         self.store = with_read_ahead(
-            seal_store(InstrumentedStore(raw, name="sglang"), tier="sglang", unsealed=self.settings.unsealed,
+            seal_store(InstrumentedStore(raw, name=raw.url), tier="sglang", unsealed=self.settings.unsealed,
                        encryption=self.settings.encryption),
-            self.settings.read_ahead_settings(), label="sglang")
+            self.settings.read_ahead_settings(), label=raw.url)
         model_name = storage_config.model_name or "model"
         # What SGLang resolved (its ModelConfig, memoized on the published server args) or the
         # model's files (kvbucket.integrations.engine_identity): the model's identity in every name.
@@ -462,7 +463,7 @@ class KVBucketHiCacheStorage(_Base):
     def get_stats(self) -> Any:
         """SGLang's ``StorageMetrics`` since the last call (pages and GB/s per batch).
 
-        kvbucket's own Prometheus metrics (``kvbucket_store_*{store="sglang"}``,
+        kvbucket's own Prometheus metrics (``kvbucket_store_*{store="<store URL>"}``,
         ``kvbucket_integrity_*{tier="sglang"}``) are in the default registry that SGLang's
         ``/metrics`` endpoint serves.
         """

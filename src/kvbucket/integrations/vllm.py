@@ -249,10 +249,11 @@ class KVBucketSecondaryTier(_TierBase):
         if self.manifest is not None:
             self.manifest.start()
         # Lookup hits start their loads (read-ahead, kvbucket.stores.guard.read_ahead), behind the check.
+        # The store's series (requests, read-ahead) carry its URL, as its circuit breaker's do.
         self.store = with_read_ahead(
-            seal_store(InstrumentedStore(self._raw, name="vllm"), tier="vllm", unsealed=s.unsealed,
+            seal_store(InstrumentedStore(self._raw, name=self._raw.url), tier="vllm", unsealed=s.unsealed,
                        encryption=s.encryption),
-            s.read_ahead_settings(), label="vllm")
+            s.read_ahead_settings(), label=self._raw.url)
         auto = "index" if s.store_url.startswith("s3://") else "head"  # S3: one request per HEAD
         self.lookup_mode = auto if s.lookup == "auto" else s.lookup
         self.known = _KnownChunks(s.known_chunks, s.miss_ttl_secs)
