@@ -380,3 +380,39 @@ def test_close_during_an_eviction_pass_leaves_no_pending_task(caplog: pytest.Log
         del a
         gc.collect()
     assert "Task was destroyed" not in caplog.text, caplog.text
+
+
+def test_report_status_moves_an_outages_error_to_history_once_the_store_answers() -> None:
+    """Issue 40 (soak): after an outage report_status() kept its last_error next to
+    ``is_healthy: true``; the error of now is None once a store call fully succeeded after it."""
+
+    class Outage(MemoryStore):
+        down = False
+
+        def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+            if self.down:
+                raise TransientStoreError("connection reset by peer")
+            return super().put_many(items)
+
+        def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+            if self.down:
+                raise TransientStoreError("connection reset by peer")
+            return super().head_many(names)
+
+    store = Outage()
+    a = ObjectStoreL2Adapter(store, full_chunk_bytes=CHUNK)
+    try:
+        assert (a.report_status()["last_error"], a.report_status()["last_error_at"]) == (None, None)
+        store.down = True
+        assert not t.store(a, [k(1)], [chunk(1)]).success
+        down = a.report_status()
+        assert "connection reset by peer" in down["last_error"] and down["previous_error"] is None
+        assert down["last_error_at"] is not None
+        store.down = False
+        assert t.store(a, [k(2)], [chunk(2)]).success
+        up = a.report_status()
+        assert up["is_healthy"] and up["last_error"] is None
+        assert "connection reset by peer" in up["previous_error"]
+        assert up["last_error_at"] == down["last_error_at"]
+    finally:
+        a.close()

@@ -10,6 +10,7 @@ attribute read per call.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -70,7 +71,8 @@ class Listeners:
 
 
 class Stats(dict[str, int]):
-    """The counters ``report_status`` shows, and the last error any path saw."""
+    """The counters ``report_status`` shows, and the last error any path saw: when it happened,
+    and whether a store call has fully succeeded since (then it is history, not the state)."""
 
     def __init__(self) -> None:
         super().__init__(
@@ -90,7 +92,24 @@ class Stats(dict[str, int]):
             breaker_misses=0,  # keys a lookup answered as misses, unasked, while the breaker was open
             read_ahead_skipped=0,  # lookup hits not read ahead: LMCache did not load them from here last time
         )
-        self.last_error: str | None = None
+        self._last_error: str | None = None
+        self.last_error_at: float | None = None  # wall-clock seconds of the last error
+        self.recovered = False  # a store call fully succeeded after the last error
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    @last_error.setter
+    def last_error(self, message: str | None) -> None:
+        self._last_error = message
+        self.last_error_at = time.time() if message is not None else None
+        self.recovered = False
+
+    def note_ok(self) -> None:
+        """A store call answered every item without an error: the last error is past."""
+        if self._last_error is not None:
+            self.recovered = True
 
 
 class NameCache:

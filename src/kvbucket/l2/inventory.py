@@ -20,6 +20,7 @@ from kvbucket.l2.base import KeyPage, Usage
 from kvbucket.l2.context import AdapterContext
 from kvbucket.l2.core import log
 from kvbucket.l2.eviction import EvictionConfig
+from kvbucket.stores.guard.breaker import OPEN, breaker_of
 
 _REBUILD_PAGE = 1000
 
@@ -149,8 +150,11 @@ class InventoryPath:
         with st.lock:
             locked = sum(1 for c in st.key_locks.values() if c > 0)
             keys = len(st.index)
+        stats = self._ctx.stats
+        breaker = breaker_of(self._ctx.store)
         return {
-            "is_healthy": not st.closed,
+            # closed, or its store's circuit breaker open: not serving
+            "is_healthy": not st.closed and (breaker is None or breaker.state != OPEN),
             "store": self._ctx.store.url,
             "prefix": self._prefix,
             "keys": keys,
@@ -162,7 +166,11 @@ class InventoryPath:
             "inflight_tasks": len(self._ctx.runner.inflight),
             "full_chunk_bytes": st.full_fixed if st.full_fixed is not None else dict(st.full),
             "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
-            "last_error": self._ctx.stats.last_error,
+            # the error of now: None once a store call fully succeeded after it (then it moves
+            # to previous_error); last_error_at: when the last error happened, either way
+            "last_error": None if stats.recovered else stats.last_error,
+            "previous_error": stats.last_error if stats.recovered else None,
+            "last_error_at": stats.last_error_at,
             "identity_pending": self._naming.identity.pending_counts(),  # misses, stores dropped meanwhile
             **self._ctx.stats,
             **({"fleet": self._ctx.fleet.status()} if self._ctx.fleet is not None else {}),

@@ -86,14 +86,19 @@ class TaskRunner:
             futs.append(loop.run_in_executor(self.pool, fn, *args))
         parts = await asyncio.gather(*futs, return_exceptions=True)
         out: list[ItemResult] = []
+        ok = True
         for i, part in zip(range(0, n, step), parts, strict=True):
             chunk = names[i : i + step]
             if isinstance(part, BaseException):
                 err = part if isinstance(part, StoreError) else StoreError(f"{type(part).__name__}: {part}")
                 self._stats.last_error = str(err)
                 out.extend(ItemResult(item_name(x), error=err) for x in chunk)
+                ok = False
             else:
                 out.extend(part)
+                ok = ok and all(r.error is None for r in part)
+        if ok:
+            self._stats.note_ok()
         return out
 
     def stop(self) -> None:
