@@ -48,7 +48,12 @@ from kvbucket.stores.hub.errors import HubContext, connection_refused, hub_error
 from kvbucket.stores.hub.files import RemoteFile, remote_file
 from kvbucket.stores.hub.xet.compression import batch_policy
 from kvbucket.stores.hub.xet.reads import XetReader, XetReadUnsupported
-from kvbucket.stores.hub.xet.sessions import UploadCommits, download_session
+from kvbucket.stores.hub.xet.sessions import (
+    UploadCommits,
+    download_session,
+    hold_download_session,
+    release_download_session,
+)
 from kvbucket.stores.hub.xet.tokens import TOKEN_SAFETY_SECS, Token, XetToken
 from kvbucket.stores.hub.xet.uploads import UploadStaging
 from kvbucket.threads import DaemonThreadPool
@@ -112,6 +117,7 @@ class HubBucketClient:
         self._group_lock = threading.Lock()  # one group made at a time (see _group)
         self._warming = False
         self._download_group: Any = None
+        self._holds_session = False  # this client counts in the shared download session's users
         self.load_concurrency = load_concurrency
         self._requests = DaemonThreadPool(_REQUEST_THREADS, _REQUEST_THREAD_NAME)  # see _bounded
         self.direct_reads = True  # plain-HTTP reads with cached reconstructions (xet/reads.py)
@@ -461,7 +467,11 @@ class HubBucketClient:
             token, exp, cas_url = self._xet_read_token(deadline)
             from huggingface_hub.utils._xet import xet_headers_without_auth
 
-            session = download_session(self.load_concurrency)
+            if self._holds_session:
+                session = download_session(self.load_concurrency)
+            else:  # held until close: the last client to close drops the process's session
+                session = hold_download_session(self.load_concurrency)
+                self._holds_session = True
 
             def call(_t: httpx2.Timeout) -> Any:
                 return session.new_download_stream_group(
@@ -540,6 +550,10 @@ class HubBucketClient:
                 group.finish()
             except Exception:  # best-effort telemetry flush
                 log.debug("closing the download group failed", exc_info=True)
+        with self._group_lock:
+            held, self._holds_session = self._holds_session, False
+        if held:
+            release_download_session(self.load_concurrency)
 
 
 __all__ = ["HUB_BATCH_LIMIT", "HubBucketClient", "RemoteFile"]

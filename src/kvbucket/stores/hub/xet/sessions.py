@@ -156,6 +156,7 @@ def _abort(commit: Any) -> None:
 
 
 _download_sessions: dict[tuple[int, int], Any] = {}  # (pid, concurrency) -> hf_xet.XetSession
+_download_users: dict[tuple[int, int], int] = {}  # (pid, concurrency) -> open clients holding it
 
 
 def download_session(concurrency: int) -> Any:
@@ -195,4 +196,29 @@ def download_session(concurrency: int) -> Any:
         return session
 
 
-__all__ = ["UploadCommits", "download_session", "upload_session"]
+def hold_download_session(concurrency: int) -> Any:
+    """:func:`download_session`, counted as held by one more open client until
+    :func:`release_download_session`."""
+    session = download_session(concurrency)
+    key = (os.getpid(), concurrency)
+    with _session_lock:
+        _download_users[key] = _download_users.get(key, 0) + 1
+    return session
+
+
+def release_download_session(concurrency: int) -> None:
+    """One client closed. The last one drops the session, so its runtime threads and pooled
+    connections end with the stores that used them (hf_xet keeps them while the session lives;
+    a download group still winding down keeps what it needs)."""
+    key = (os.getpid(), concurrency)
+    with _session_lock:
+        left = _download_users.get(key, 0) - 1
+        if left > 0:
+            _download_users[key] = left
+            return
+        _download_users.pop(key, None)
+        _download_sessions.pop(key, None)
+
+
+__all__ = ["UploadCommits", "download_session", "hold_download_session", "release_download_session",
+           "upload_session"]
