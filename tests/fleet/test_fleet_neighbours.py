@@ -147,3 +147,24 @@ def test_du_from_outside_shows_a_fleet_that_stopped_as_having_no_live_node(
     later = inspect_fleet(store, P)
     assert later is not None and later["chunks"] == 5 and later["live_nodes"] == [], later
     store.close()
+
+
+def test_one_late_write_is_not_a_clock_behind(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 40's soak: after an outage a node warned that another's clock was 95 s behind, all
+    three on one machine: a journal whose put retried through the outage landed with an old
+    stamp. One late object is not a skew; two in a row are; a stamp ahead is at once."""
+    from kvbucket.fleet.peers import Peers
+
+    caplog.set_level(logging.WARNING, "kvbucket.fleet.peers")
+    p = Peers("n0", 0, 30.0, "test")
+    now = time.time()
+    p.clock_of("n1", now - 95, now - 5, now)  # one journal stamped before the outage, landed after
+    p.clock_of("n1", now + 1, now - 1, now + 2)  # the next: on time
+    p.clock_of("n1", now - 95, now - 5, now)  # another late one, not in a row
+    assert not warnings(caplog, "kvbucket.fleet.peers", "n1's clock")
+    p.clock_of("n1", now - 96, now - 5, now)  # two in a row: the clock is behind
+    lines = warnings(caplog, "kvbucket.fleet.peers", "n1's clock")
+    assert len(lines) == 1 and "behind this node's (n0)" in lines[0], lines
+    p.clock_of("n2", now + 3600, now - 5, now)  # ahead: told at once
+    lines = warnings(caplog, "kvbucket.fleet.peers", "n2's clock")
+    assert len(lines) == 1 and "ahead of this node's (n0)" in lines[0], lines

@@ -121,6 +121,7 @@ class Peers:
         self.me, self.capacity, self.timeout, self.where = me, capacity, timeout, where
         self.caps: dict[str, int] = {me: capacity} if capacity > 0 else {}
         self.skews: dict[str, float] = {}  # node -> seconds its clock is ahead (< 0: behind)
+        self._behind: dict[str, int] = {}  # node -> objects in a row whose stamp read behind
         self._warned_caps: set[tuple[str, int]] = set()
 
     def capacity_of(self, node: str, cap: int) -> None:
@@ -137,14 +138,24 @@ class Peers:
 
     def clock_of(self, node: str, theirs: float, lo: float | None, hi: float) -> None:
         """``node``'s clock read ``theirs`` at a moment this node's clock placed in ``[lo, hi]``
-        (``lo`` None: unknown, only "ahead" can be told)."""
+        (``lo`` None: unknown, only "ahead" can be told).
+
+        A stamp ahead is a clock ahead: nothing makes an object land before it was written. A
+        stamp behind may be a write that landed late (a journal whose put retried through an
+        outage reads 95 s behind on one machine), so "behind" is told only when two objects in a
+        row read so; the node that is really behind also sees this one ahead, and says so."""
         if node == self.me:
             return
         if theirs > hi + self.timeout:
             skew = theirs - hi
+            self._behind.pop(node, None)
         elif lo is not None and theirs < lo - self.timeout:
             skew = theirs - lo
+            self._behind[node] = self._behind.get(node, 0) + 1
+            if self._behind[node] < 2:
+                return
         else:
+            self._behind.pop(node, None)
             return
         if node in self.skews:
             self.skews[node] = skew
