@@ -16,7 +16,8 @@ import pytest
 
 from kvbucket.errors import ConfigError, InvalidKeyError, NotFoundError, StoreError
 from kvbucket.stores import open_store
-from kvbucket.stores.local.file import TMP_DIR_NAME, FileStore, open_file_store
+from kvbucket.stores.local.file import TMP_DIR_NAME, FileStore
+from kvbucket.stores.local.open_file import open_file_store
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 BIG = 32 * 1024 * 1024

@@ -204,7 +204,7 @@ def _checked(store: Any, what: str) -> ObjectStore:
 
 def file_store_from_remote_url(url: str, extra_config: dict[str, Any], engine: EngineConfig) -> ObjectStore:
     """``file:///dir`` or a bare path; extra_config may hold ``fsync`` (bool)."""
-    from kvbucket.stores.local.file import open_file_store
+    from kvbucket.stores.local.open_file import open_file_store
 
     unknown = set(extra_config) - {"fsync"}
     if unknown:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names below
 # scheme -> "module:function" taking (url, **options) and returning an ObjectStore
 _OPENERS: dict[str, str] = {
     "memory": "kvbucket.stores.local.memory:MemoryStore",
-    "file": "kvbucket.stores.local.file:open_file_store",
+    "file": "kvbucket.stores.local.open_file:open_file_store",
     "hf": "kvbucket.stores.hub.open:open_hfbucket_store",
     "s3": "kvbucket.stores.s3.store:open_s3_store",
 }

@@ -263,6 +263,34 @@ class StoreTests:
         store.delete("gone")
         assert store.get("gone") is None and store.head("gone") is None
 
+    # ---- versions: a delete names the version it judged (docs/integrity.md) ---------------
+    def test_delete_versions_keeps_a_newer_version(self, store: ObjectStore) -> None:
+        store.put("v/n", b"first version")
+        (v1,) = store.get_versions(["v/n"])
+        assert v1.ok and v1.version and bytes(v1.data) == b"first version"
+        store.put("v/n", b"the second version, written since")
+        (kept,) = store.delete_versions([("v/n", v1.version)])
+        assert kept.ok and kept.changed and not kept.removed
+        assert store.get("v/n") == b"the second version, written since"
+        (v2,) = store.get_versions(["v/n"])
+        assert v2.version and v2.version != v1.version
+        (gone,) = store.delete_versions([("v/n", v2.version)])
+        assert gone.ok and gone.removed and store.get("v/n") is None
+        (again,) = store.delete_versions([("v/n", v2.version)])
+        assert again.ok and not again.removed and not again.changed
+        (missing,) = store.get_versions(["v/missing"])
+        assert missing.ok and missing.size is None
+
+    def test_listed_versions_name_what_is_stored(self, store: ObjectStore) -> None:
+        store.put_many([("lv/a", b"a1"), ("lv/b", b"b1")])
+        listed = {i.name: i.version for i in store.list("lv/")}
+        if any(v is None for v in listed.values()):
+            pytest.skip(f"{type(store).__name__} lists no versions")
+        store.put("lv/a", b"a2, rewritten after the listing")
+        out = store.delete_versions(sorted(listed.items()))
+        assert [(r.removed, r.changed) for r in out] == [(False, True), (True, False)]
+        assert store.get("lv/a") == b"a2, rewritten after the listing" and store.get("lv/b") is None
+
     def test_delete_nested_keeps_siblings(self, store: ObjectStore) -> None:
         store.put_many([("d/1", b"1"), ("d/2", b"2"), ("d/sub/3", b"3")])
         store.delete("d/sub/3")

@@ -513,6 +513,13 @@ class HubBucketClient:
                 log.debug("reading %s through hf_xet: %s", f.path, e)
         self._stream_into(f, view, gate)
 
+    def download_afresh(self, f: RemoteFile, view: memoryview) -> None:
+        """Fill ``view`` through hf_xet, which asks the storage for a new reconstruction and reads
+        on connections of its own (and decodes with its own decoder): the re-read of an object
+        whose first read failed its checksum (stores/hub/versions.py)."""
+        if f.size:
+            self._stream_into(f, view, None)
+
     def _stream_into(self, f: RemoteFile, view: memoryview, gate: Gate | None) -> None:
         from hf_xet import XetFileInfo
 

@@ -54,11 +54,13 @@ from kvbucket.stores.base import (
     ItemResult,
     ObjectInfo,
     Revision,
+    VersionedDelete,
     check_buffer_size,
     check_name,
 )
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.guard.breaker import CircuitBreaker, RemoteStore
+from kvbucket.stores.hub import versions as hub_versions
 from kvbucket.stores.hub.client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
 from kvbucket.stores.hub.config import (
     HFBucketConfig,
@@ -295,7 +297,8 @@ class HFBucketStore(RemoteStore):
             self._cache.set_written(
                 (p, RemoteFile(p, size, h)) for p, (h, size) in zip(paths, uploaded, strict=True)
             )
-            return {i: ItemResult(n, size=size) for (i, n, _), (_, size) in zip(batch, uploaded, strict=True)}
+            return {i: ItemResult(n, size=size, version=h)
+                    for (i, n, _), (h, size) in zip(batch, uploaded, strict=True)}
         return self._reconcile_put(batch, paths, uploaded, failed, failure, deadline)
 
     def _reconcile_put(
@@ -321,7 +324,7 @@ class HFBucketStore(RemoteStore):
         for (i, n, _), p, (h, size) in zip(batch, paths, uploaded, strict=True):
             f = now.get(p)
             if f is not None and f.xet_hash == h and f.size == size:
-                out[i] = ItemResult(n, size=size)
+                out[i] = ItemResult(n, size=size, version=h)
             else:
                 msg = failed.get(p) or (str(failure) if failure else "the Hub did not apply this write")
                 out[i] = ItemResult(n, error=StoreError(f"object {n!r} was not stored in {self.url}: {msg}"))
@@ -536,6 +539,16 @@ class HFBucketStore(RemoteStore):
         return {p: StoreError(f"{p!r} was not removed from {self.url}: {failed.get(p) or err}")
                 for p in chunk if p in still}
 
+    def get_versions(self, names: Sequence[str]) -> list[ItemResult]:
+        """Whole objects and their Xet hashes, read afresh (stores/hub/versions.py)."""
+        self._check_open()
+        return hub_versions.get_versions(self, self._names(names))
+
+    def delete_versions(self, items: Sequence[tuple[str, str]]) -> list[VersionedDelete]:
+        """Compare each Xet hash, then one batch delete (stores/hub/versions.py)."""
+        self._check_open()
+        return hub_versions.delete_versions(self, self._names([n for n, _ in items]), [v for _, v in items])
+
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
         """Objects whose name starts with ``prefix``, in the Hub's order, fetched lazily."""
         self._check_open()
@@ -554,7 +567,7 @@ class HFBucketStore(RemoteStore):
             for f in self._client.list_tree(directory):
                 if f.path.startswith(full) and len(f.path) > strip:
                     self._cache.set_many([(f.path, f)], since=since)
-                    yield ObjectInfo(f.path[strip:], f.size, f.mtime)
+                    yield ObjectInfo(f.path[strip:], f.size, f.mtime, f.xet_hash or None)
         except NotFoundError:
             if not self.config.create_bucket_if_missing:
                 raise

@@ -31,9 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
-from kvbucket.did_you_mean import with_hints
 from kvbucket.errors import ConfigError, InvalidKeyError, NoSpaceError, NotFoundError, StoreError
 from kvbucket.stores.base import (
     Buffer,
@@ -42,8 +40,10 @@ from kvbucket.stores.base import (
     ObjectInfo,
     ObjectStore,
     Scatter,
+    VersionedDelete,
     check_buffer_size,
 )
+from kvbucket.stores.local import versions
 from kvbucket.stores.local.paths import (
     DIR_FLAGS,
     DIR_MODE,
@@ -232,11 +232,11 @@ class FileStore(ObjectStore):
         to_sync: dict[str, list[int]] = {}  # directory -> indexes of the items waiting on its fsync
         for i, (n, v) in enumerate(zip(names, views, strict=True)):
             try:
-                dirs = self._put_one(root_fd, tmp_fd, n, v)
+                dirs, version = self._put_one(root_fd, tmp_fd, n, v)
             except OSError as e:
                 results.append(ItemResult(n, error=_store_error("write", n, e)))
                 continue
-            results.append(ItemResult(n, size=v.nbytes))
+            results.append(ItemResult(n, size=v.nbytes, version=version))
             for d in dirs:
                 to_sync.setdefault(d, []).append(i)
         # One fsync per directory per batch (not per object): the renames are durable before
@@ -249,8 +249,10 @@ class FileStore(ObjectStore):
                     results[i] = ItemResult(names[i], error=_store_error("make durable", names[i], e))
         return results
 
-    def _put_one(self, root_fd: int, tmp_fd: int, name: str, view: memoryview | Gather) -> list[str]:
-        """Write one object atomically; return the directories (relative) whose fsync makes it durable."""
+    def _put_one(self, root_fd: int, tmp_fd: int, name: str, view: memoryview | Gather
+                 ) -> tuple[list[str], str]:
+        """Write one object atomically; return the directories (relative) whose fsync makes it
+        durable, and its version."""
         tmp = uuid.uuid4().hex
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_BINARY | O_CLOEXEC
         fd = os.open(tmp, flags, FILE_MODE, dir_fd=tmp_fd)
@@ -265,6 +267,7 @@ class FileStore(ObjectStore):
                         written += os.write(fd, view[written:])
                 if self.fsync:
                     os.fsync(fd)
+                version = versions.identity(os.fstat(fd))  # a rename keeps it
             finally:
                 os.close(fd)
             leaf = name.rsplit("/", 1)[-1]
@@ -291,9 +294,9 @@ class FileStore(ObjectStore):
                         raise
                     raise NotADirectoryError(errno.ENOTDIR, why_not_a_dir(root_fd, name)) from None
             if not self.fsync:
-                return []
+                return [], version
             parent = name.rsplit("/", 1)[0] if "/" in name else ""
-            return [parent, *(d.rsplit("/", 1)[0] if "/" in d else "" for d in created)]
+            return [parent, *(d.rsplit("/", 1)[0] if "/" in d else "" for d in created)], version
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=tmp_fd)
@@ -451,12 +454,30 @@ class FileStore(ObjectStore):
             # this, a long-lived cache that churns nested names would accumulate empty
             # directories that slow every listing. A concurrent put into a directory being
             # removed walks again and recreates it (see ``_put_one``).
-            for i in range(len(segs) - 2, -1, -1):
-                try:
-                    os.rmdir(segs[i], dir_fd=fds[i])
-                except OSError:
-                    break  # not empty (or already gone): stop climbing
+            versions.remove_empty_parents(segs, fds)
         return st.st_size
+
+    def get_versions(self, names: Sequence[str]) -> list[ItemResult]:
+        names = self._check(names)
+        root_fd = self._root_for("read", names)
+        out = []
+        for n in names:
+            try:
+                out.append(versions.read_versioned(root_fd, n))
+            except OSError as e:
+                out.append(ItemResult(n, error=_store_error("read", n, e)))
+        return out
+
+    def delete_versions(self, items: Sequence[tuple[str, str]]) -> list[VersionedDelete]:
+        """Remove each name only while it is the file its version names (stores/local/versions.py)."""
+        self._check([n for n, _ in items])
+        if not items or (root_fd := self._root_for("delete", items)) < 0:
+            return [VersionedDelete(n) for n, _ in items]
+        tmp_fd = self._open_tmp(root_fd)
+        try:
+            return versions.delete_versions(root_fd, tmp_fd, items)
+        finally:
+            os.close(tmp_fd)
 
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
         if not isinstance(prefix, str):
@@ -510,7 +531,7 @@ class FileStore(ObjectStore):
                 continue  # deleted since the scan
             if not stat.S_ISREG(st.st_mode) or not valid_name(name):
                 continue
-            yield ObjectInfo(name, st.st_size, st.st_mtime)
+            yield ObjectInfo(name, st.st_size, st.st_mtime, versions.identity(st))
 
     def close(self) -> None:
         """Nothing to release. Every call opens and closes its own files; the root directory's
@@ -546,50 +567,4 @@ class FileStore(ObjectStore):
         return removed
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def _as_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-        return value.lower() in _TRUE
-    raise ConfigError(f"file store option {key}={value!r} must be true or false")
-
-
-_FILE_OPTIONS = ("fsync", "create", "stale_tmp_secs")
-
-
-def open_file_store(url: str, **options: Any) -> FileStore:
-    """Open ``file:///abs/dir``, ``file://rel/dir`` (relative to the working directory) or a path.
-
-    Everything after ``file://`` is the path, taken verbatim (no percent-decoding, no host part),
-    so ``file:///data/kv`` is ``/data/kv`` and ``file://kv`` is ``./kv``; ``~`` is expanded.
-    Options: ``fsync`` (bool), ``create`` (bool, default True), ``stale_tmp_secs`` (float).
-    """
-    if not isinstance(url, str):
-        raise ConfigError(f"a file store URL must be a string, got {type(url).__name__}")
-    path = url[len("file://") :] if url.startswith("file://") else url
-    if not path:
-        raise ConfigError(f"{url!r} names no directory; use file:///absolute/dir or file://relative/dir")
-    unknown = set(options) - set(_FILE_OPTIONS)
-    if unknown:
-        raise ConfigError(
-            f"unknown file store option(s) {with_hints(sorted(unknown), _FILE_OPTIONS)}; "
-            f"known: {', '.join(_FILE_OPTIONS)}"
-        )
-    kwargs: dict[str, Any] = {}
-    for key in ("fsync", "create"):
-        if key in options:
-            kwargs[key] = _as_bool(key, options[key])
-    if "stale_tmp_secs" in options:
-        try:
-            kwargs["stale_tmp_secs"] = float(options["stale_tmp_secs"])
-        except (TypeError, ValueError):
-            value = options["stale_tmp_secs"]
-            raise ConfigError(f"stale_tmp_secs={value!r} must be a number of seconds") from None
-    return FileStore(path, **kwargs)
-
-
-__all__ = ["TMP_DIR_NAME", "FileStore", "open_file_store"]
+__all__ = ["TMP_DIR_NAME", "FileStore"]

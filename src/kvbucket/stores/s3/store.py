@@ -47,9 +47,18 @@ from kvbucket.errors import (
     TransientStoreError,
 )
 from kvbucket.secrets import redact
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, Revision, check_buffer_size, check_name
+from kvbucket.stores.base import (
+    Buffer,
+    ItemResult,
+    ObjectInfo,
+    Revision,
+    VersionedDelete,
+    check_buffer_size,
+    check_name,
+)
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.guard.breaker import CircuitBreaker, RemoteStore
+from kvbucket.stores.s3 import versions as s3_versions
 from kvbucket.stores.s3.client import build_client, claim_runtime, direct_reader
 from kvbucket.stores.s3.config import S3Config, S3Target, resolve_target
 from kvbucket.stores.s3.direct import EXPIRED, MISSING, UNANSWERED, Body, Outcome, WrongSize
@@ -157,6 +166,15 @@ class S3Store(RemoteStore):
         except Exception:  # retry one request per key to learn which ones failed
             return self._run(self._delete_one, [(n,) for n in names], deadline, "delete")
 
+    def get_versions(self, names: Sequence[str]) -> list[ItemResult]:
+        """Whole objects and their ETags, through a new client (stores/s3/versions.py)."""
+        return s3_versions.get_versions(self, self._names(names))
+
+    def delete_versions(self, items: Sequence[tuple[str, str]]) -> list[VersionedDelete]:
+        """HEAD, then ``DELETE`` with ``If-Match`` (stores/s3/versions.py)."""
+        self._names([n for n, _ in items])
+        return s3_versions.delete_versions(self, items)
+
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
         self._ready(True, deadline_in(self.config.s3_request_timeout_secs))
         # obstore's prefixes match whole path segments; ours are plain string prefixes, so list the
@@ -177,7 +195,8 @@ class S3Store(RemoteStore):
                     name = str(meta["path"])
                     if name.startswith(prefix):
                         mtime = meta.get("last_modified")
-                        yield ObjectInfo(name, int(meta["size"]), mtime.timestamp() if mtime else None)
+                        yield ObjectInfo(name, int(meta["size"]), mtime.timestamp() if mtime else None,
+                                         meta.get("e_tag"))
         except StoreError:
             raise
         except Exception as e:
@@ -196,7 +215,7 @@ class S3Store(RemoteStore):
         size = view.nbytes
         multipart = size > self.config.s3_multipart_threshold
         try:
-            obstore.put(
+            put = obstore.put(
                 self._store,
                 name,
                 view,
@@ -206,7 +225,7 @@ class S3Store(RemoteStore):
             )
         except Exception as e:
             return ItemResult(name, error=self._error(e, "put", name))
-        return ItemResult(name, size=size)
+        return ItemResult(name, size=size, version=put.get("e_tag"))
 
     def _get_one(self, name: str, buf: Buffer | None, gate: Gate | None = None,
                  answered: threading.Event | None = None) -> ItemResult:
@@ -279,7 +298,7 @@ class S3Store(RemoteStore):
             meta = obstore.head(self._store, name)
         except Exception as e:
             return self._missing_or_error(e, "head", name)
-        return ItemResult(name, size=int(meta["size"]))
+        return ItemResult(name, size=int(meta["size"]), version=meta.get("e_tag"))
 
     def _delete_one(self, name: str) -> ItemResult:
         try:
