@@ -131,19 +131,27 @@ def is_sealed(head: Any) -> bool:
 
 
 def parse_header(head: Any, name: str) -> Header:
-    """Parse and check a 64-byte header read for ``name``; raise :class:`EnvelopeError`."""
+    """Parse and check a 64-byte header read for ``name``; raise :class:`EnvelopeError`.
+
+    Only kvbucket's own chunks can be damaged chunks: bytes count as an envelope only when they
+    carry the whole magic and a format version this reader knows, checked before anything else
+    (the header check included). Anything else is "unsealed" (``K``, ``KVB``, a text file that
+    starts ``KVBE...``) or "version" (a newer format, whose header check may differ), and kept.
+    """
     view = memoryview(head)
-    if view.nbytes < HEADER_SIZE:
-        if bytes(view[:4]) == MAGIC[: min(4, view.nbytes)] and view.nbytes:
-            raise EnvelopeError("truncated", f"{name}: {view.nbytes} bytes, shorter than an envelope header")
+    n = view.nbytes
+    if n < 5 or bytes(view[:4]) != MAGIC:
         raise EnvelopeError("unsealed", f"{name}: no kvbucket envelope")
-    magic, version, flags, kind, reserved, plen, csum, ndig, ident, key_id, nonce = _HEADER.unpack_from(view)
-    if magic != MAGIC:
-        raise EnvelopeError("unsealed", f"{name}: no kvbucket envelope")
+    version = view[4]
+    if version != VERSION:
+        raise EnvelopeError("version", f"{name}: envelope format {version} is not one this kvbucket reads")
+    if n < HEADER_SIZE:
+        raise EnvelopeError("truncated", f"{name}: {n} bytes, shorter than an envelope header")
+    _magic, version, flags, kind, reserved, plen, csum, ndig, ident, key_id, nonce = _HEADER.unpack_from(view)
     (check,) = struct.unpack_from("<I", view, HEADER_SIZE - 4)
     if check != xxhash.xxh3_64_intdigest(view[: HEADER_SIZE - 4]) & 0xFFFFFFFF:
         raise EnvelopeError("header", f"{name}: the envelope header is damaged")
-    if version != VERSION or kind != CHECKSUM_XXH3_64 or reserved or flags & ~FLAG_AES_GCM:
+    if kind != CHECKSUM_XXH3_64 or reserved or flags & ~FLAG_AES_GCM:
         raise EnvelopeError(
             "version", f"{name}: envelope format {version} (checksum {kind}) is not one this kvbucket reads"
         )

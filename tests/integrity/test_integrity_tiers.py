@@ -211,7 +211,7 @@ def test_disk_index_rebuild_drops_headerless_and_damaged_files(tmp_path: Path) -
     good, short, damaged = key(1), key(2), key(3)
     with LocalDiskBackend(tmp_path, 1 << 30) as b:
         b.batched_put([(k, chunk_bytes(LAYOUT, i)) for i, k in enumerate((good, short, damaged))])
-    (tmp_path / key_to_name(short)).write_bytes(b"KVBE")  # shorter than a header
+    (tmp_path / key_to_name(short)).write_bytes(b"KVBE\x01")  # an envelope of this format, cut short
     raw = bytearray((tmp_path / key_to_name(damaged)).read_bytes())
     raw[10] ^= 0xFF  # the header's length field: its check fails
     (tmp_path / key_to_name(damaged)).write_bytes(raw)

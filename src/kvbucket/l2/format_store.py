@@ -23,7 +23,7 @@ from typing import Any
 from kvbucket.envelope import EnvelopeError
 from kvbucket.errors import ConfigError, StoreError
 from kvbucket.l2.naming import Naming
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, VersionedDelete
 from kvbucket.stores.guard.sealed import SealedStore
 
 
@@ -77,6 +77,12 @@ class FormatStore(ObjectStore):
 
     def __repr__(self) -> str:
         return f"FormatStore({self.sealed!r})"
+
+    def get_versions(self, names: Sequence[str]) -> list[ItemResult]:
+        return self.raw.get_versions(names)  # both formats live in the raw store
+
+    def delete_versions(self, items: Sequence[tuple[str, str]]) -> list[VersionedDelete]:
+        return self.raw.delete_versions(items)
 
     def _split(self, names: Sequence[str]) -> tuple[list[int], list[int]]:
         raw, sealed = [], []

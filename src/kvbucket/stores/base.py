@@ -190,8 +190,13 @@ class ObjectStore(abc.ABC):
         for a bucket, a new reconstruction), each result's ``version`` naming the bytes read.
 
         What a reader judges before it removes an object: the judgement then names its version.
-        This default names no version, so every item fails and nothing is removed by it.
+        A wrapper (``self.inner``: sealing, metrics, read-ahead) passes it on: versions and bytes
+        are the stored ones (a sealed store's: envelope included). Other stores without an
+        implementation name no version: every item fails, and nothing is removed by it.
         """
+        inner = getattr(self, "inner", None)
+        if isinstance(inner, ObjectStore):
+            return inner.get_versions(names)
         err = StoreError(f"{type(self).__name__} cannot name object versions; nothing is removed by version")
         return [ItemResult(n, error=err) for n in self._names(names)]
 
@@ -199,8 +204,12 @@ class ObjectStore(abc.ABC):
         """Remove each ``(name, version)`` only while the name still holds that version; an object
         written since (another version) is kept and reported ``changed``, not as an error.
 
-        This default cannot compare versions: every item fails and is kept.
+        A wrapper (``self.inner``) passes it on; a store without an implementation cannot compare
+        versions: every item fails and is kept.
         """
+        inner = getattr(self, "inner", None)
+        if isinstance(inner, ObjectStore):
+            return inner.delete_versions(items)
         err = StoreError(f"{type(self).__name__} cannot delete by version; nothing was removed")
         return [VersionedDelete(n, error=err) for n, _ in items]
 

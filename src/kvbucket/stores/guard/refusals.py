@@ -14,14 +14,20 @@ byte bound, and evicts them first (:mod:`kvbucket.backends.local_disk`). docs/in
 
 Every refusal of a load goes through :meth:`Refusals.refuse` (counted, logged once, removed by
 :func:`removable`); ``kvbucket verify --delete-bad`` asks :func:`removable` too.
+
+A removal names the version judged, and damage is seen twice before it counts as damage in
+storage (:func:`judge_again`): the object is read again afresh (:meth:`ObjectStore.get_versions`:
+a new connection, a new reconstruction), judged again, and removed only when that read is damaged
+too, by :meth:`ObjectStore.delete_versions` naming the version of the bytes judged. A re-read that
+verifies (the damage was on the wire, or the object was written since) is kept and served.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
@@ -29,7 +35,11 @@ from kvbucket import envelope as env
 from kvbucket.errors import StoreError
 
 if TYPE_CHECKING:
-    from kvbucket.stores.base import ObjectStore
+    from kvbucket.stores.base import ItemResult, ObjectStore, VersionedDelete
+
+#: Opens one object read whole (an envelope opener's ``_open_whole``): its verified result, or
+#: :class:`~kvbucket.envelope.EnvelopeError` with the reason.
+Judge = Callable[[str, Any], "ItemResult"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +60,19 @@ INTEGRITY_REMOVED = Counter(
     "Refused objects removed from the store (damaged: their bytes contradict their envelope), by tier "
     "and reason.",
     ["tier", "reason"],
+)
+INTEGRITY_REREADS = Counter(
+    "kvbucket_integrity_rereads",
+    "Objects refused as damaged and read again afresh before any removal, by tier and outcome: damaged "
+    "(seen twice: damage in storage, removed by version), intact (not seen again: damage on the wire, "
+    "or written since; kept and served), failed (the re-read failed: kept).",
+    ["tier", "outcome"],
+)
+DELETES_KEPT = Counter(
+    "kvbucket_deletes_kept_changed",
+    "Deletes kvbucket decided on its own that found the object written since it was judged (another "
+    "version): kept, by path (refusal, eviction, fleet_eviction, verify, rm).",
+    ["path"],
 )
 INTEGRITY_VERIFIED = Counter(
     "kvbucket_integrity_verified",
@@ -77,12 +100,56 @@ def removable(reason: str) -> bool:
     return reason in DAMAGE
 
 
+def delete_judged(store: ObjectStore, items: Sequence[tuple[str, str]], path: str) -> list[VersionedDelete]:
+    """``store.delete_versions(items)``, counting the objects written since their judgement
+    (kept) under ``path`` in ``kvbucket_deletes_kept_changed_total``. Every delete kvbucket makes on
+    its own initiative goes through here."""
+    if not items:
+        return []
+    out = store.delete_versions(items)
+    changed = sum(1 for r in out if r.changed)
+    if changed:
+        DELETES_KEPT.labels(path).inc(changed)
+        log.info("%d object(s) of %s were written since they were judged (%s): kept", changed,
+                 getattr(store, "url", store), path)
+    return out
+
+
+def judge_again(store: ObjectStore, names: Sequence[str], judge: Judge, tier: str
+                ) -> tuple[dict[str, ItemResult], list[tuple[str, str, str]]]:
+    """Read ``names`` again afresh and judge them again: (the names that verified now -> their
+    verified results, the (name, version, reason) of those damaged again). Counted in
+    ``kvbucket_integrity_rereads_total``; a failed re-read, a miss, or a refusal not for damage
+    (another writer's version) appear in neither."""
+    good: dict[str, ItemResult] = {}
+    damaged: list[tuple[str, str, str]] = []
+    for r in store.get_versions(names):
+        if r.error is not None or r.size is None or r.version is None:
+            if r.error is not None:
+                INTEGRITY_REREADS.labels(tier, "failed").inc()
+                log.warning("integrity: %s could not be read again to confirm its damage (%s); kept",
+                            r.name, r.error)
+            continue
+        try:
+            good[r.name] = judge(r.name, r.data)
+        except env.EnvelopeError as e:
+            if removable(e.reason):
+                INTEGRITY_REREADS.labels(tier, "damaged").inc()
+                damaged.append((r.name, r.version, e.reason))
+            continue
+        INTEGRITY_REREADS.labels(tier, "intact").inc()
+        log.warning("integrity: %s was damaged when read but intact when read again (damage on the wire, "
+                    "or written since): kept", r.name)
+    return good, damaged
+
+
 class Refusals:
     """Counts, logs and removes (or keeps) the objects one store refused, by the one rule."""
 
-    def __init__(self, tier: str, url: str) -> None:
+    def __init__(self, tier: str, url: str, judge: Judge | None = None) -> None:
         self.tier = tier
         self.url = url
+        self.judge = judge
         self._logged: set[str] = set()
         self._kept_reasons: set[str] = set()
         self._lock = threading.Lock()
@@ -99,23 +166,26 @@ class Refusals:
             self._kept_reasons.add(reason)
         return first, first_reason
 
-    def refuse(self, store: ObjectStore, bad: Sequence[tuple[str, env.EnvelopeError]]) -> None:
-        """Count every refusal of ``bad`` (objects of ``store``); remove those :func:`removable`.
+    def refuse(self, store: ObjectStore, bad: Sequence[tuple[str, env.EnvelopeError]]
+               ) -> dict[str, ItemResult]:
+        """Count every refusal of ``bad`` (objects of ``store``); read again those :func:`removable`
+        and remove the ones damaged again, by version. Returns the objects that verified when read
+        again (name -> verified result), which the load serves.
 
         A damaged object is logged once at WARNING; objects kept for a reason of this reader's own
         are logged at WARNING once per reason (with the fix), then at DEBUG: one misconfigured
         node reading a whole bucket says it once, not once per chunk.
         """
-        drop: list[tuple[str, str]] = []
+        drop: list[str] = []
         for name, e in bad:
             INTEGRITY_FAILURES.labels(self.tier, e.reason).inc()
             deleting = removable(e.reason)
             first, first_reason = self._first(name, e.reason)
             if deleting:
-                drop.append((name, e.reason))
+                drop.append(name)
                 if first:
-                    log.warning("integrity: %s refused on tier %s (%s, %s): %s; treated as a miss, removed",
-                                name, self.tier, self.url, e.reason, e)
+                    log.warning("integrity: %s refused on tier %s (%s, %s): %s; treated as a miss, read "
+                                "again and removed if damaged again", name, self.tier, self.url, e.reason, e)
             elif first_reason:
                 log.warning("integrity: %s refused on tier %s (%s, %s: %s); a miss, left in place for the "
                             "readers that can open it. Further objects refused for %r here are counted "
@@ -124,28 +194,35 @@ class Refusals:
             elif first:
                 log.debug("integrity: %s refused on tier %s (%s): %s; left in place", name, self.tier,
                           e.reason, e)
-        if drop:
-            self._remove(store, drop)
-
-    def _remove(self, store: ObjectStore, drop: list[tuple[str, str]]) -> None:
-        reasons = dict(drop)
+        if not drop or self.judge is None:
+            return {}
         try:
-            for r in store.delete_many([n for n, _ in drop]):
-                if r.error is not None:
-                    log.warning("integrity: could not remove refused %s from %s: %s", r.name, self.url,
-                                r.error)
-                elif r.name in reasons:
-                    INTEGRITY_REMOVED.labels(self.tier, reasons[r.name]).inc()
+            return self._remove(store, list(dict.fromkeys(drop)), self.judge)
         except StoreError as e:
             log.warning("integrity: could not remove %d refused objects from %s: %s", len(drop), self.url, e)
+            return {}
+
+    def _remove(self, store: ObjectStore, drop: list[str], judge: Judge) -> dict[str, ItemResult]:
+        good, damaged = judge_again(store, drop, judge, self.tier)
+        reasons = {n: reason for n, _, reason in damaged}
+        for r in delete_judged(store, [(n, v) for n, v, _ in damaged], "refusal"):
+            if r.error is not None:
+                log.warning("integrity: could not remove refused %s from %s: %s", r.name, self.url, r.error)
+            elif r.removed:
+                INTEGRITY_REMOVED.labels(self.tier, reasons[r.name]).inc()
+        return good
 
 
 __all__ = [
     "DAMAGE",
+    "DELETES_KEPT",
     "INTEGRITY_FAILURES",
     "INTEGRITY_REMOVED",
+    "INTEGRITY_REREADS",
     "INTEGRITY_VERIFIED",
     "UNREADABLE",
     "Refusals",
+    "delete_judged",
+    "judge_again",
     "removable",
 ]
