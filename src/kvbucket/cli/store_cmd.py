@@ -183,13 +183,15 @@ def _remove_generation(url: str, prefix: str, model: str, identity: str, *, dry_
     done = Removal(dry_run=dry_run)
     with opened_store(url, timeout) as store:
         batch: list[tuple[str, int | None]] = []
+        listed: dict[str, str | None] = {}  # each chunk's version as listed: a rewrite since is kept
         for info in select(store.list(prefix, page_size=RM_BATCH), model, identity):
             batch.append((info.name, info.size))
+            listed[info.name] = info.version
             if len(batch) == RM_BATCH:
-                done.remove(store, batch, echo=not as_json)
-                batch = []
+                done.remove(store, batch, echo=not as_json, versions=listed)
+                batch, listed = [], {}
         if batch:
-            done.remove(store, batch, echo=not as_json)
+            done.remove(store, batch, echo=not as_json, versions=listed)
     _report(done, as_json)
 
 
@@ -234,8 +236,10 @@ class Removal:
         self.missing: list[str] = []
         self.failed: list[tuple[str, str]] = []
 
-    def remove(self, store: ObjectStore, batch: list[tuple[str, int | None]], echo: bool) -> None:
-        """Remove the batch's objects; ``None`` sizes are objects not found (reported, not removed)."""
+    def remove(self, store: ObjectStore, batch: list[tuple[str, int | None]], echo: bool,
+               versions: dict[str, str | None] | None = None) -> None:
+        """Remove the batch's objects; ``None`` sizes are objects not found (reported, not removed).
+        With ``versions`` (as listed), an object written since is kept (counted as not found)."""
         present = [(name, size) for name, size in batch if size is not None]
         self.missing += [name for name, size in batch if size is None]
         if self.dry_run:
@@ -245,8 +249,10 @@ class Removal:
                     typer.echo(f"would remove {name} ({size} bytes)")
             return
         errors: dict[str, list[str]] = {}
-        for r, (name, size) in zip(store.delete_many([n for n, _ in present]), present, strict=True):
-            if r.error is not None:
+        for r, (name, size) in zip(_delete(store, [n for n, _ in present], versions), present, strict=True):
+            if r.error is None and getattr(r, "changed", False):
+                self.missing.append(name)  # written since it was listed: kept
+            elif r.error is not None:
                 self.failed.append((name, str(r.error)))
                 if exit_code_for(r.error) == 2:  # a refused token: no other object will go
                     before = f" ({len(self.removed)} removed before)" if self.removed else ""
@@ -276,6 +282,15 @@ class Removal:
             "failed": [{"name": n, "error": redact(e)} for n, e in self.failed],
             "bytes": sum(s or 0 for _, s in self.removed),
         }
+
+
+def _delete(store: ObjectStore, names: list[str], versions: dict[str, str | None] | None) -> list[Any]:
+    """``delete_many``, or with every name's listed version, the delete that names it."""
+    if versions is None or not names or any(versions.get(n) is None for n in names):
+        return store.delete_many(names)
+    from kvbucket.stores.guard.refusals import delete_judged
+
+    return delete_judged(store, [(n, str(versions[n])) for n in names], "rm")
 
 
 def names_for(given: str) -> list[str]:

@@ -15,7 +15,9 @@ record (see :mod:`kvbucket.compile_cache.sums`); they are ``good`` or ``corrupt`
 
 Exit status 1 when anything is corrupt or foreign, 2 for unusable input, 0 otherwise.
 ``--delete-bad`` removes what the one rule of :mod:`kvbucket.stores.guard.refusals` removes: objects
-whose bytes contradict their own envelope (corrupt ones). Legacy objects and foreign ones
+whose bytes contradict their own envelope (corrupt ones), each read again afresh and removed only
+when damaged again, by the version read (an object written since, or intact on the second read,
+is kept and counted as kept). Legacy objects and foreign ones
 (written under another name, for another layout, format or key) are reported, never deleted:
 they may be valid for another reader. When misnamed objects verify under a directory below the
 URL, or most objects are misnamed, the URL is said to look wrong (with the one to give).
@@ -95,6 +97,7 @@ class Scan:
 
     totals: dict[str, list[int]]
     bad: list[tuple[str, str, str]] = field(default_factory=list)
+    sums: Sums = field(default_factory=dict)
     below: Counter[str] = field(default_factory=Counter)  # root (relative to the URL) -> objects
 
     def wrong_url(self, url: str) -> str | None:
@@ -122,9 +125,9 @@ def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | Non
     """Read and classify every object of ``infos``."""
     from kvbucket.stores.guard.envelope_open import written_under
 
-    out = Scan({s: [0, 0] for s in STATUSES})
-    totals, bad = out.totals, out.bad
     sums = compile_cache_sums(store, infos)
+    out = Scan({s: [0, 0] for s in STATUSES}, sums=sums)
+    totals, bad = out.totals, out.bad
     for batch in _batches(infos):
         for info, r in zip(batch, store.get_many([i.name for i in batch]), strict=True):
             if r.error is not None:
@@ -141,6 +144,30 @@ def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | Non
         if progress is not None:
             progress.advance(sum(i.size for i in batch))
     return out
+
+
+def remove_damaged(store: ObjectStore, names: Sequence[str], keyring: Keyring | None, sums: Sums
+                   ) -> tuple[int, int]:
+    """Read ``names`` again afresh, and remove those damaged again, naming the version read:
+    (removed, kept: written since, intact when read again, or unreadable now)."""
+    from kvbucket.stores.guard.refusals import delete_judged, removable
+
+    removed = kept = 0
+    for i in range(0, len(names), BATCH_ITEMS):
+        doomed = []
+        for r in store.get_versions(names[i : i + BATCH_ITEMS]):
+            if r.error is not None or r.size is None or r.version is None:
+                kept += r.error is not None
+                continue
+            status, reason = classify(r.name, r.data, int(r.size), keyring, sums)
+            if status == "corrupt" and reason is not None and removable(reason):
+                doomed.append((r.name, r.version))
+            else:
+                kept += 1
+        for d in delete_judged(store, doomed, "verify"):
+            removed += d.removed
+            kept += d.changed or d.error is not None
+    return removed, kept
 
 
 def register(app: typer.Typer) -> None:
@@ -184,19 +211,17 @@ def register(app: typer.Typer) -> None:
                 found = scan(store, infos, keyring, progress)
             totals, bad = found.totals, found.bad
             wrong_url = found.wrong_url(url)
-            removed = 0
+            removed = kept = 0
             to_remove = [name for name, _, reason in bad if removable(reason)]
             if delete_bad and to_remove:
-                for i in range(0, len(to_remove), 1000):
-                    results = store.delete_many(to_remove[i : i + 1000])
-                    removed += sum(1 for r in results if r.error is None)
+                removed, kept = remove_damaged(store, to_remove, keyring, found.sums)
         if as_json:
             output.print_json({
                 "url": store.url, "objects": len(infos),
                 "totals": {s: {"objects": totals[s][0], "bytes": totals[s][1]} for s in STATUSES},
                 "not_good": [{"name": n, "status": s, "reason": r} for n, s, r in bad],
                 "wrong_url": wrong_url, "delete_bad": delete_bad, "damaged": len(to_remove),
-                "removed": removed,
+                "removed": removed, "kept": kept,
             })
             if any(status in ("corrupt", "foreign") for _, status, _ in bad):
                 raise typer.Exit(1)
@@ -215,5 +240,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"hint: {wrong_url}", markup=False, highlight=False, soft_wrap=True)
         if delete_bad:
             console.print(f"removed {removed} of {len(to_remove)} damaged objects", markup=False)
+            if kept:
+                console.print(f"kept {kept}: written since the scan, intact when read again, or unreadable "
+                              "now", markup=False)
         if any(status in ("corrupt", "foreign") for _, status, _ in bad):
             raise typer.Exit(1)

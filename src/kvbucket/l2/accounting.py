@@ -18,6 +18,7 @@ from kvbucket.keys import ObjectKey
 class Entry:
     key: ObjectKey
     size: int
+    version: str | None = None  # as the put, head or listing saw it: what eviction deletes
 
 
 class KeyIndex:
@@ -40,8 +41,10 @@ class KeyIndex:
     def get(self, name: str) -> Entry | None:
         return self._entries.get(name)
 
-    def add(self, name: str, key: ObjectKey, size: int, *, touch: bool = True) -> int:
-        """Record that ``name`` holds ``size`` bytes; returns the change in bytes used.
+    def add(self, name: str, key: ObjectKey, size: int, *, touch: bool = True,
+            version: str | None = None) -> int:
+        """Record that ``name`` holds ``size`` bytes (of ``version``, None: unknown); returns the
+        change in bytes used.
 
         ``touch=False`` records an object found by a listing without making it recent (it goes
         to the old end, so objects from before a restart are evicted before fresh ones).
@@ -50,7 +53,7 @@ class KeyIndex:
         delta = size - (old.size if old else 0)
         salt = key.cache_salt
         if old is None:
-            self._entries[name] = Entry(key, size)
+            self._entries[name] = Entry(key, size, version)
             order = self._order_by_salt.setdefault(salt, OrderedDict())
             self._order[name] = None
             order[name] = None
@@ -59,6 +62,7 @@ class KeyIndex:
                 order.move_to_end(name, last=False)
         else:
             old.size = size
+            old.version = version
             if touch:
                 self.touch(name)
         self.bytes_used += delta

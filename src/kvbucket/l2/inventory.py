@@ -86,19 +86,19 @@ class InventoryPath:
             if st.closed:
                 return
         prefix = f"{self._prefix}/" if self._prefix else ""
-        page: list[tuple[str, ObjectKey, int, float]] = []
+        page: list[tuple[str, ObjectKey, int, float, str | None]] = []
 
         def flush() -> None:
             # Newest first with touch=False, so the oldest ends up at the LRU end.
             page.sort(key=lambda t: t[3], reverse=True)
             with st.lock:
-                for name, key, size, _ in page:
+                for name, key, size, _, version in page:
                     if (
                         name not in st.deleted_while_rebuilding
                         and name not in st.deleting
                         and name not in st.storing
                     ):
-                        st.index.add(name, key, size, touch=False)
+                        st.index.add(name, key, size, touch=False, version=version)
             page.clear()
 
         for info in self._ctx.store.list(prefix):
@@ -109,7 +109,7 @@ class InventoryPath:
                 if not (is_fleet_name(info.name, self._prefix) or is_manifest_name(info.name, self._prefix)):
                     self._ctx.stats["foreign_objects"] += 1
                 continue
-            page.append((info.name, key, info.size, info.mtime or 0.0))
+            page.append((info.name, key, info.size, info.mtime or 0.0, info.version))
             if len(page) >= _REBUILD_PAGE:
                 flush()
         flush()

@@ -234,7 +234,7 @@ class LookupPath:
                     for (i, name), h in zip(ask, heads, strict=True):
                         if h.found and h.size:
                             if name not in st.index and name not in st.deleting:
-                                st.index.add(name, keys[i], h.size)
+                                st.index.add(name, keys[i], h.size, version=h.version)
                                 found.append(keys[i])
                                 found_sizes.append(h.size)
                         elif h.ok and self._neg_ttl > 0:

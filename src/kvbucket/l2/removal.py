@@ -13,6 +13,10 @@ from kvbucket.keys import ObjectKey
 from kvbucket.l2.context import AdapterContext
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
 from kvbucket.stores.base import ItemResult
+from kvbucket.stores.guard.refusals import delete_judged
+
+# An eviction's delete that found the object written since (kept): not a failure.
+_CHANGED = StoreError("written since it was judged: kept")
 
 
 class RemovalPath:
@@ -63,15 +67,18 @@ class RemovalPath:
         return out
 
     async def _delete_names(
-        self, names: list[str], *, notify: bool = True, evicted: bool = False
+        self, names: list[str], *, notify: bool = True, evicted: bool = False,
+        versions: dict[str, str | None] | None = None,
     ) -> tuple[list[bool], dict[str, int]]:
         """Delete from the store, then from the index; names must be in the state's ``deleting``.
 
+        With ``versions`` (eviction: as the index saw them), a name is removed only while it holds
+        that version (docs/integrity.md): one written since stays, and stays indexed as unknown.
         Returns which names are gone and the indexed size of each removed indexed name; with
         ``notify`` the listener is told of the removed indexed keys."""
         st = self._ctx.state
         try:
-            results = await self._ctx.runner.sliced(self._ctx.store.delete_many, names)
+            results = await self._delete(names, versions or {})
         except Exception as e:
             results = [ItemResult(n, error=StoreError(str(e))) for n in names]
         removed = [r.ok for r in results]
@@ -81,6 +88,11 @@ class RemovalPath:
         with st.lock:
             for name, r in zip(names, results, strict=True):
                 st.deleting.discard(name)
+                if r.error is _CHANGED:  # written since: another version, kept, and recent
+                    if (entry := st.index.get(name)) is not None:
+                        entry.version = None
+                        st.index.touch(name)
+                    continue
                 if not r.ok:
                     self._ctx.stats["delete_failures"] += 1
                     self._ctx.stats.last_error = str(r.error)
@@ -96,6 +108,21 @@ class RemovalPath:
         if notify:
             self._ctx.listeners.deleted(gone_keys, gone_sizes)
         return removed, sizes
+
+    async def _delete(self, names: list[str], versions: dict[str, str | None]) -> list[ItemResult]:
+        """Names with a version: removed only while they hold it (``_CHANGED`` when written
+        since); the others (user deletes, versions unknown): removed as they are."""
+        known = [(n, str(versions[n])) for n in names if versions.get(n)]
+        plain = [n for n in names if not versions.get(n)]
+        out: dict[str, ItemResult] = {}
+        if known:
+            done = await self._ctx.runner.sliced(
+                lambda part: delete_judged(self._ctx.store, part, "eviction"), known)  # type: ignore[arg-type,return-value]
+            out.update((d.name, ItemResult(d.name, error=d.error or (_CHANGED if d.changed else None)))
+                       for d in done)
+        if plain:
+            out.update((r.name, r) for r in await self._ctx.runner.sliced(self._ctx.store.delete_many, plain))
+        return [out.get(n) or ItemResult(n, error=StoreError("no answer for this delete")) for n in names]
 
     def maybe_evict(self) -> None:
         """Called on the loop thread after a store or a fleet round: start one eviction pass if needed."""
@@ -124,10 +151,12 @@ class RemovalPath:
                     else:
                         victims = choose_victims(st.index, self._capacity, self._eviction, busy)
                     sizes = {v: e.size for v in victims if (e := st.index.get(v)) is not None}
+                    versions = {v: e.version if e is not None else None
+                                for v in victims for e in (st.index.get(v),)}
                     st.deleting.update(victims)
                 if not victims:
                     return
-                removed, _ = await self._delete_names(victims, evicted=True)
+                removed, _ = await self._delete_names(victims, evicted=True, versions=versions)
                 self._ctx.stats["evicted_keys"] += sum(removed)
                 self._ctx.stats["evicted_bytes"] += sum(
                     sizes.get(v, 0) for v, r in zip(victims, removed, strict=True) if r

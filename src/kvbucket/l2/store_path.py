@@ -89,10 +89,12 @@ class StorePath:
                     st.unmark_storing(names.values())
                 raise
             landed: dict[int, int] = {}
+            versions: dict[int, str | None] = {}  # what eviction will name (docs/integrity.md)
             failed: list[int] = []
             for i, r in zip(take, results, strict=True):
                 if r.ok:
                     landed[i] = r.size if r.size is not None else sizes[i]
+                    versions[i] = r.version
                 else:
                     failed.append(i)
             if failed:
@@ -111,12 +113,14 @@ class StorePath:
                 for i, h in zip(failed, heads, strict=True):
                     if h.found and h.size == sizes[i]:
                         landed[i] = h.size
+                        versions[i] = h.version
                     elif h.found and h.size:
                         present[i] = h.size
                 with st.lock:
                     for i, size in present.items():
                         if names[i] not in st.deleting:
-                            st.index.add(names[i], keys[i], size, touch=False)
+                            st.index.add(names[i], keys[i], size, touch=False,
+                                         version=heads[failed.index(i)].version)
             with st.lock:
                 st.unmark_storing(names.values())
                 for i, size in landed.items():
@@ -124,7 +128,7 @@ class StorePath:
                     if names[i] in st.deleting:
                         continue
                     was_new = names[i] not in st.index
-                    st.index.add(names[i], keys[i], size)
+                    st.index.add(names[i], keys[i], size, version=versions.get(i))
                     if was_new:
                         new_keys.append(keys[i])
                         new_sizes.append(size)

@@ -39,7 +39,9 @@ class Fault:
     only the first half of the body (with the full Content-Length) and hangs up; ``HANG_UP``
     forwards it whole and then closes the connection without saying so, as a server does with
     an idle keep-alive connection; ``TRICKLE`` forwards it and sends the answer's headers at
-    once, then its body one byte every ``delay`` seconds (a slow transfer, not a hung server).
+    once, then its body one byte every ``delay`` seconds (a slow transfer, not a hung server);
+    ``FLIP`` forwards it and flips one bit in the middle of the answer's body (damage on the
+    wire: what the server stores stays intact).
     """
 
     status: int
@@ -53,6 +55,7 @@ class Fault:
 CUT = -1
 HANG_UP = -2
 TRICKLE = -3
+FLIP = -4
 
 
 class FaultProxy:
@@ -218,7 +221,7 @@ class FaultProxy:
                 if proxy.latency:
                     time.sleep(proxy.latency)
                 fault = proxy._take(self.command, self.path)
-                if fault is not None and fault.status not in (CUT, HANG_UP, TRICKLE):
+                if fault is not None and fault.status not in (CUT, HANG_UP, TRICKLE, FLIP):
                     if fault.delay:
                         time.sleep(fault.delay)
                     if fault.status == 0:
@@ -284,6 +287,10 @@ class FaultProxy:
                         self.wfile.flush()
                         time.sleep(fault.delay)
                     return
+                if fault is not None and fault.status == FLIP and data:
+                    flipped = bytearray(data)
+                    flipped[len(flipped) // 2] ^= 0x01
+                    data = bytes(flipped)
                 if self.command != "HEAD" and data:
                     self.wfile.write(data)
                 if fault is not None and fault.status == HANG_UP:
@@ -327,4 +334,4 @@ class FaultProxy:
         self.stop()
 
 
-__all__ = ["CUT", "HANG_UP", "TRICKLE", "Fault", "FaultProxy"]
+__all__ = ["CUT", "FLIP", "HANG_UP", "TRICKLE", "Fault", "FaultProxy"]

@@ -149,7 +149,7 @@ class SealedStore(EnvelopeOpener, ObjectStore):
             blobs.append((name, blob))
             sizes.append((len(blob) if isinstance(blob, bytes) else blob.nbytes) - self.overhead)
         for i, size, r in zip(todo, sizes, self.inner.put_many(blobs) if blobs else [], strict=True):
-            results[i] = r if r.error is not None else ItemResult(r.name, size=size)
+            results[i] = r if r.error is not None else ItemResult(r.name, size=size, version=r.version)
         return [r for r in results if r is not None]
 
     # ---- read ---------------------------------------------------------------------------
@@ -297,7 +297,8 @@ class SealedStore(EnvelopeOpener, ObjectStore):
         return size - self.overhead if size >= self.overhead else size
 
     def head_many(self, names: Sequence[str]) -> list[ItemResult]:
-        return [r if r.error is not None else ItemResult(r.name, size=self.payload_size(r.size))
+        return [r if r.error is not None
+                else ItemResult(r.name, size=self.payload_size(r.size), version=r.version)
                 for r in self.inner.head_many(names)]
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
@@ -307,7 +308,7 @@ class SealedStore(EnvelopeOpener, ObjectStore):
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
         for info in self.inner.list(prefix, page_size=page_size):
             size = info.size - self.overhead if info.size >= self.overhead else info.size
-            yield ObjectInfo(info.name, size, info.mtime)
+            yield ObjectInfo(info.name, size, info.mtime, info.version)
 
     def check_headers(self, infos: Sequence[ObjectInfo]) -> list[str | None]:
         """For listed objects (payload sizes), the failure reason of each one's header, None if good.

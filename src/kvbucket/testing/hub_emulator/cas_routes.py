@@ -283,9 +283,13 @@ class CasRoutes:
         rng = parse_range(request.headers.get("Range"), size)
         start, end = rng if rng else (0, size)
         fault: Fault | None = request.get(FAULT)
-        if fault is None or not (fault.drop or fault.trickle_s):  # those are applied to a whole body
+        if fault is None or not (fault.drop or fault.trickle_s or fault.flip):  # applied to a whole body
             return await self._sendfile(request, str(path), start, end, size, rng is not None)
         data = await self.emu.cpu(_pread, str(path), start, end - start)
+        if fault.flip and data:  # damage on the wire: the stored xorb stays intact
+            flipped = bytearray(data)
+            flipped[len(flipped) // 2] ^= 0x01
+            data = bytes(flipped)
         headers = {"Content-Range": f"bytes {start}-{end - 1}/{size}"} if rng else {}
         return web.Response(
             body=data, status=206 if rng else 200, headers=headers, content_type="application/octet-stream"

@@ -29,7 +29,8 @@ class FaultRule:
     or only the ``nth`` matching request (1-based) when given; at most ``times`` firings.
     Effects (any combination): ``latency_s`` delay, ``status`` error reply, ``drop`` the
     connection mid-body, ``trickle_s`` sends the body one byte every that many seconds (headers
-    at once), ``fail_batch_line`` (1-based) fails that line of a batch.
+    at once), ``fail_batch_line`` (1-based) fails that line of a batch, ``flip`` flips one bit in
+    the middle of a ``fetch`` body (damage on the wire; the stored bytes stay intact).
     """
 
     route: str
@@ -41,6 +42,7 @@ class FaultRule:
     drop: bool = False
     trickle_s: float = 0.0
     fail_batch_line: int | None = None
+    flip: bool = False
     seen: int = 0
     fired: int = 0
 
@@ -63,6 +65,7 @@ class Fault:
     latency_s: float = 0.0
     drop: bool = False
     trickle_s: float = 0.0
+    flip: bool = False
     fail_batch_lines: set[int] = field(default_factory=set)
 
 
@@ -103,6 +106,7 @@ class FaultPlan:
                 out.latency_s += r.latency_s
                 out.status = r.status if r.status is not None else out.status
                 out.drop = out.drop or r.drop
+                out.flip = out.flip or r.flip
                 out.trickle_s = max(out.trickle_s, r.trickle_s)
                 if r.fail_batch_line is not None:
                     out.fail_batch_lines.add(r.fail_batch_line)
