@@ -78,7 +78,7 @@ class RemovalPath:
         ``notify`` the listener is told of the removed indexed keys."""
         st = self._ctx.state
         try:
-            results = await self._delete(names, versions or {})
+            results = await self._delete(names, versions or {}, evicted)
         except Exception as e:
             results = [ItemResult(n, error=StoreError(str(e))) for n in names]
         removed = [r.ok for r in results]
@@ -109,9 +109,15 @@ class RemovalPath:
             self._ctx.listeners.deleted(gone_keys, gone_sizes)
         return removed, sizes
 
-    async def _delete(self, names: list[str], versions: dict[str, str | None]) -> list[ItemResult]:
+    async def _delete(self, names: list[str], versions: dict[str, str | None], evicted: bool
+                      ) -> list[ItemResult]:
         """Names with a version: removed only while they hold it (``_CHANGED`` when written
-        since); the others (user deletes, versions unknown): removed as they are."""
+        since); the others (user deletes; a store that names no versions): removed as they are."""
+        versions = dict(versions)
+        if evicted and (unknown := [n for n in names if not versions.get(n)]):
+            # Indexed without a version (a fleet's change, a rewrite seen since): as a HEAD sees it now.
+            for h in await self._ctx.runner.sliced(self._ctx.store.head_many, unknown):
+                versions[h.name] = h.version
         known = [(n, str(versions[n])) for n in names if versions.get(n)]
         plain = [n for n in names if not versions.get(n)]
         out: dict[str, ItemResult] = {}

@@ -347,7 +347,8 @@ class HFBucketStore(RemoteStore):
         if self.config.prefetch_reconstructions:  # a hit is loaded next: its load is the fetch alone
             hits = [f for f in meta.values() if f is not None]
             self._client.prefetch_reconstructions(hits, background=True)  # the lookup does not wait
-        return [ItemResult(n, size=None if meta[p] is None else meta[p].size)  # type: ignore[union-attr]
+        return [ItemResult(n) if (f := meta[p]) is None
+                else ItemResult(n, size=f.size, version=f.xet_hash or None)
                 for n, p in zip(names, paths, strict=True)]
 
     def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:

@@ -73,6 +73,7 @@ class Body:
 
     size: int
     data: Any
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class _Transfer:
     data: Any = None
     wrong_size: bool = False
     error_body: bytearray = field(default_factory=bytearray)
+    etag: str | None = None  # a HEAD's: the version eviction deletes (S3Store.delete_versions)
     # Into a sealed object's payload once the header has landed: (payload view, header size,
     # hasher, the Scatter, the payload's address); see _fast_path.
     fast: tuple[memoryview, int, Any, Scatter, int] | None = None
@@ -109,6 +111,8 @@ class _Transfer:
         elif line[:15].lower() == b"content-length:":
             value = line[15:].strip()
             self.announced = int(value) if value.isdigit() else -1
+        elif self.head and line[:5].lower() == b"etag:":
+            self.etag = line[5:].strip().decode("latin-1") or None
         elif line in (b"\r\n", b"\n"):
             self.headed = True
 
@@ -157,7 +161,7 @@ class _Transfer:
     def outcome(self, curl_ok: bool, original: Any) -> Outcome:
         if self.head:  # a HEAD 404 has no body; the bucket itself was checked by S3Store._ready
             if curl_ok and self.status == 200 and self.announced >= 0:
-                return Body(self.announced, None)
+                return Body(self.announced, None, self.etag)
             return MISSING if curl_ok and self.status == 404 else RETRY
         if self.wrong_size:
             return WrongSize(self.announced)

@@ -484,7 +484,7 @@ class S3Store(RemoteStore):
 def _settled(name: str, buf: Buffer | None, got: Outcome) -> ItemResult | None:
     """The result a direct read or HEAD settled, or None when obstore should repeat it."""
     if isinstance(got, Body):
-        return ItemResult(name, size=got.size, data=got.data)  # a HEAD's Body has no data
+        return ItemResult(name, size=got.size, data=got.data, version=got.etag)  # a HEAD's: no data
     if got == MISSING:
         return ItemResult(name)
     if isinstance(got, WrongSize):

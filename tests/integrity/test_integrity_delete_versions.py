@@ -1,0 +1,215 @@
+"""A delete names the version it judged; damage on the wire is read again (issue 39).
+
+Over a directory, SeaweedFS and a Hub bucket (the emulator driven by huggingface_hub/hf_xet):
+
+- the no-hook race (a writer storing v2 at a random 0-4 ms moment while a reader refuses a
+  damaged v1) loses no valid rewrite (20 trials per kind here; benchmarks/delete_races.py runs 300);
+- a forced interleaving (a hook between the judgement and the delete, storing a new version)
+  of every delete kvbucket makes on its own: the refusal, capacity eviction, ``verify
+  --delete-bad`` and ``rm --identity``: the new version survives, every time;
+- a bit flipped in transit (a proxy, the emulator's fault rule) leaves the object in place and
+  the load serves the right bytes from the re-read; damage in storage is still removed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvbucket import envelope as env
+from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.guard.refusals import DELETES_KEPT, INTEGRITY_REREADS
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
+from kvbucket.testing.delete_races import HookedStore, damage, refusal_race, sealed_pair
+
+
+def count(counter: Any, *labels: str) -> float:
+    return float(counter.labels(*labels)._value.get())
+
+
+@pytest.fixture(params=["file", "s3", "hub"])
+def open_raw(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], ObjectStore]]:
+    """A factory of fresh stores over one shared place (each actor opens its own)."""
+    if request.param == "file":
+        yield lambda: FileStore(tmp_path / "shared")
+    elif request.param == "s3":
+        seaweedfs, bucket = request.getfixturevalue("seaweedfs"), request.getfixturevalue("s3_bucket")
+        yield lambda: S3Store(S3Config.parse(seaweedfs.config(bucket)))
+    else:
+        hub_bucket = request.getfixturevalue("hub_bucket")
+        yield lambda: HFBucketStore(HFBucketConfig(
+            bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/kv", token=hub_bucket.hub.write_token,
+            endpoint=hub_bucket.hub.endpoint, metadata_cache_ttl_secs=0))
+
+
+def test_no_hook_refusal_race_loses_no_rewrite(open_raw: Callable[[], ObjectStore]) -> None:
+    report = refusal_race(open_raw, 20, seed=7)
+    assert report.trials == 20 and report.lost == 0, report.lost_names
+
+
+def test_refusal_keeps_a_version_written_between_judgement_and_delete(
+    open_raw: Callable[[], ObjectStore],
+) -> None:
+    v1, v2 = os.urandom(3000), os.urandom(3000)
+    writer = seal_store(open_raw(), tier="w", identity="race")
+    reader, hooked, _ = sealed_pair(open_raw, lambda names: writer.put(names[0], v2))
+    writer.put("n", v1)
+    damage(writer.inner, "n")
+    kept = count(DELETES_KEPT, "refusal")
+    assert reader.get("n") is None  # v1 judged damaged (twice): a miss
+    assert hooked.hooked == ["n"]  # the writer stored v2 right before the delete
+    assert seal_store(open_raw(), tier="c", identity="race").get("n") == v2
+    assert count(DELETES_KEPT, "refusal") == kept + 1
+
+
+def test_damage_in_storage_is_still_removed(open_raw: Callable[[], ObjectStore]) -> None:
+    writer = seal_store(open_raw(), tier="w", identity="race")
+    reader = seal_store(open_raw(), tier="damage-at-rest", identity="race")
+    writer.put("n", os.urandom(3000))
+    damage(writer.inner, "n")
+    before = count(INTEGRITY_REREADS, "damage-at-rest", "damaged")
+    assert reader.get("n") is None
+    assert writer.inner.head("n") is None  # seen twice: damage in storage, removed
+    assert count(INTEGRITY_REREADS, "damage-at-rest", "damaged") == before + 1
+
+
+def test_eviction_keeps_a_version_written_since_the_index_saw_it(open_raw: Callable[[], ObjectStore]) -> None:
+    from kvbucket.keys import ObjectKey
+    from kvbucket.l2 import EvictionConfig, ObjectStoreL2Adapter
+    from kvbucket.testing import l2 as t
+
+    chunk = 512
+    keys = [ObjectKey("m", 1, i.to_bytes(4, "big")) for i in range(6)]
+    other = ObjectStoreL2Adapter(open_raw(), full_chunk_bytes=chunk)
+    rewritten: list[str] = []
+
+    def rewrite(names: list[str]) -> None:  # another node stores the first victim again
+        key = next(k for k in keys if other._naming.write_name(k) == names[0])
+        assert t.store(other, [key], [b"\x07" * chunk]).success
+        rewritten.append(names[0])
+
+    hooked = HookedStore(open_raw(), rewrite)
+    # 6 chunks stored, 4 over the watermark (0.8 * 5): the 2 oldest go (target 0.6 * 5 = 3 chunks);
+    # the rewritten one is kept, recent, and room is made by evicting the next oldest instead.
+    cfg = EvictionConfig(eviction_policy="LRU", trigger_watermark=0.8, eviction_ratio=0.2)
+    a = ObjectStoreL2Adapter(hooked, max_capacity_bytes=5 * chunk, eviction=cfg, full_chunk_bytes=chunk)
+    try:
+        for i, k in enumerate(keys):
+            assert t.store(a, [k], [bytes([i + 1]) * chunk]).success
+        for _ in range(300):
+            if rewritten and not a._evicting:
+                break
+            time.sleep(0.02)
+        assert rewritten, "no eviction ran"
+        out = bytearray(chunk)
+        victim = next(k for k in keys if other._naming.write_name(k) == rewritten[0])
+        assert t.load(other, [victim], [out]) == [True] and bytes(out) == b"\x07" * chunk
+    finally:
+        a.close()
+        other.close()
+
+
+def test_verify_delete_bad_keeps_a_version_written_since_the_scan(
+    open_raw: Callable[[], ObjectStore],
+) -> None:
+    from kvbucket.cli.verify_cmd import remove_damaged
+
+    v2 = os.urandom(2000)
+    writer = seal_store(open_raw(), tier="w")
+    writer.put("bad", os.urandom(2000))
+    writer.put("also-bad", os.urandom(2000))
+    damage(writer.inner, "bad")
+    damage(writer.inner, "also-bad")
+    hooked = HookedStore(open_raw(), lambda names: writer.put("bad", v2))
+    removed, kept = remove_damaged(hooked, ["bad", "also-bad"], None, {})
+    assert (removed, kept) == (1, 1)
+    assert writer.get("bad") == v2 and writer.inner.head("also-bad") is None
+
+
+def test_rm_identity_keeps_a_chunk_written_since_the_listing(
+    open_raw: Callable[[], ObjectStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from kvbucket.cli import build_app, store_cmd
+    from kvbucket.identity.core import IdentitySetting
+    from kvbucket.keys import ObjectKey
+    from kvbucket.l2 import ObjectStoreL2Adapter
+    from kvbucket.l2.naming import Naming
+    from kvbucket.testing import l2 as t
+
+    chunk, model, ident = 256, "org/llama", "org/llama@rev-1"
+    keys = [ObjectKey(model, 0, i.to_bytes(8, "big")) for i in range(3)]
+    rewritten: list[ObjectKey] = []
+    writer = ObjectStoreL2Adapter(open_raw(), full_chunk_bytes=chunk,
+                                  naming=Naming(identity=IdentitySetting(ident)))
+    try:
+        assert t.store(writer, keys, [bytes([i + 1]) * chunk for i in range(3)]).success
+
+        def rewrite(names: list[str]) -> None:  # the first chunk of the batch (not the manifest)
+            key = next(k for n in names for k in keys if writer._naming.write_name(k) == n)
+            assert t.store(writer, [key], [b"\x09" * chunk]).success
+            rewritten.append(key)
+
+        @contextmanager
+        def hooked_store(url: str, timeout: float = 30.0) -> Iterator[ObjectStore]:
+            with open_raw() as s:  # the command's store, with the hook before its first delete
+                yield HookedStore(s, rewrite)
+
+        monkeypatch.setattr(store_cmd, "opened_store", hooked_store)
+        url = open_raw().url
+        token = IdentitySetting(ident).token(model) or ""
+        r = CliRunner().invoke(build_app(), ["rm", url, "--model", model, "--identity", token, "--json"])
+        assert r.exit_code == 0, r.output
+        out = bytearray(chunk)
+        assert t.load(writer, [rewritten[0]], [out]) == [True]
+        assert bytes(out) == b"\x09" * chunk
+        others = [writer._naming.write_name(k) for k in keys if k != rewritten[0]]
+        assert [r.size for r in open_raw().head_many(others)] == [None, None]  # those were removed
+    finally:
+        writer.close()
+
+
+# ---- damage on the wire ----------------------------------------------------------------------
+def test_a_bit_flipped_by_a_proxy_is_read_again_and_served(seaweedfs: Any, s3_bucket: str, fault_proxy: Any
+                                                           ) -> None:
+    from kvbucket.testing.fault_proxy import FLIP
+
+    cfg = S3Config.parse(seaweedfs.config(s3_bucket, s3_endpoint_url=fault_proxy.url))
+    data = os.urandom(64 << 10)
+    with seal_store(S3Store(cfg), tier="s3-wire") as s:
+        s.put("n", data)
+        for into in (None, bytearray(len(data))):
+            fault_proxy.fail(FLIP, times=1, methods={"GET"})
+            intact = count(INTEGRITY_REREADS, "s3-wire", "intact")
+            if into is None:
+                assert s.get("n") == data
+            else:
+                assert s.get_into("n", into) and bytes(into) == data
+            assert fault_proxy.injected >= 1 and count(INTEGRITY_REREADS, "s3-wire", "intact") == intact + 1
+            assert s.inner.head("n") == len(data) + env.HEADER_SIZE  # still in the bucket
+
+
+def test_a_bit_flipped_in_a_xet_fetch_is_read_again_and_served(hub_bucket: Any) -> None:
+    cfg = HFBucketConfig(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/kv",
+                         token=hub_bucket.hub.write_token, endpoint=hub_bucket.hub.endpoint)
+    data = os.urandom(256 << 10)  # random: stored uncompressed, so the flip lands in the payload
+    with seal_store(HFBucketStore(cfg), tier="hub-wire") as s:
+        s.put("n", data)
+        hub_bucket.hub.faults.add("fetch", flip=True, times=1)
+        out = bytearray(len(data))
+        assert s.get_into("n", out) and bytes(out) == data
+        assert count(INTEGRITY_REREADS, "hub-wire", "intact") == 1
+        assert s.inner.head("n") == len(data) + env.HEADER_SIZE
+        assert hub_bucket.hub.faults.rules()[0]["fired"] == 1
