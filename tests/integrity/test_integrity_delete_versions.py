@@ -120,6 +120,47 @@ def test_eviction_keeps_a_version_written_since_the_index_saw_it(open_raw: Calla
         other.close()
 
 
+def test_fleet_eviction_keeps_a_version_written_since_its_victims_were_chosen(
+    open_raw: Callable[[], ObjectStore],
+) -> None:
+    from kvbucket.fleet.config import FleetConfig
+    from kvbucket.keys import ObjectKey
+    from kvbucket.l2 import EvictionConfig, ObjectStoreL2Adapter
+    from kvbucket.testing import l2 as t
+
+    chunk = 512
+    keys = [ObjectKey("m", 1, i.to_bytes(4, "big")) for i in range(6)]
+    other = ObjectStoreL2Adapter(open_raw(), full_chunk_bytes=chunk)
+    rewritten: list[str] = []
+
+    def rewrite(names: list[str]) -> None:  # another writer stores the first victim again
+        key = next(k for k in keys if other._naming.write_name(k) == names[0])
+        assert t.store(other, [key], [b"\x05" * chunk]).success
+        rewritten.append(names[0])
+
+    hooked = HookedStore(open_raw(), rewrite, only=lambda n: not n.startswith("_fleet/"))
+    fleet = FleetConfig(node_id="a", sync_secs=0.1, heartbeat_secs=0.5, node_timeout_secs=5.0,
+                        compact_secs=0.5, grace_secs=0.0)
+    cfg = EvictionConfig(eviction_policy="LRU", trigger_watermark=0.8, eviction_ratio=0.2)
+    a = ObjectStoreL2Adapter(hooked, max_capacity_bytes=5 * chunk, eviction=cfg, full_chunk_bytes=chunk,
+                             fleet=fleet)
+    try:
+        assert a.wait_until_rebuilt(30)
+        kept = count(DELETES_KEPT, "fleet_eviction")
+        for i, k in enumerate(keys):
+            assert t.store(a, [k], [bytes([i + 1]) * chunk]).success
+        deadline = time.monotonic() + 30
+        while not rewritten or count(DELETES_KEPT, "fleet_eviction") == kept:
+            assert time.monotonic() < deadline, "no fleet eviction met the rewrite"
+            time.sleep(0.05)
+        out = bytearray(chunk)
+        victim = next(k for k in keys if other._naming.write_name(k) == rewritten[0])
+        assert t.load(other, [victim], [out]) == [True] and bytes(out) == b"\x05" * chunk
+    finally:
+        a.close()
+        other.close()
+
+
 def test_verify_delete_bad_keeps_a_version_written_since_the_scan(
     open_raw: Callable[[], ObjectStore],
 ) -> None:

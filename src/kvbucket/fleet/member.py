@@ -19,6 +19,7 @@ from kvbucket.fleet.config import FleetConfig
 from kvbucket.fleet.sync import Fleet
 from kvbucket.l2.eviction import EvictionConfig
 from kvbucket.stores.base import ObjectStore
+from kvbucket.stores.guard.refusals import delete_as_seen
 
 _UNSALTED = SimpleNamespace(cache_salt="")  # connector keys carry no cache_salt
 
@@ -100,7 +101,10 @@ class StoreFleet:
         victims = self.fleet.victims(())
         if not victims:
             return
-        gone = [r.name for r in self._chunks.delete_many(victims) if r.ok]
+        # By the version a HEAD sees now: a rewrite from then on is kept (docs/integrity.md).
+        done = delete_as_seen(self._chunks, victims, {}, "fleet_eviction")
+        gone = [n for n in victims if (r := done.get(n)) is not None and r.ok
+                and getattr(r, "removed", True) and not getattr(r, "changed", False)]
         self.fleet.note_deleted(gone, evicted=True)
         if gone:
             self._on_gone(gone)

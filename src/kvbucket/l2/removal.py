@@ -13,7 +13,7 @@ from kvbucket.keys import ObjectKey
 from kvbucket.l2.context import AdapterContext
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
 from kvbucket.stores.base import ItemResult
-from kvbucket.stores.guard.refusals import delete_judged
+from kvbucket.stores.guard.refusals import delete_as_seen
 
 # An eviction's delete that found the object written since (kept): not a failure.
 _CHANGED = StoreError("written since it was judged: kept")
@@ -111,24 +111,23 @@ class RemovalPath:
 
     async def _delete(self, names: list[str], versions: dict[str, str | None], evicted: bool
                       ) -> list[ItemResult]:
-        """Names with a version: removed only while they hold it (``_CHANGED`` when written
-        since); the others (user deletes; a store that names no versions): removed as they are."""
-        versions = dict(versions)
-        if evicted and (unknown := [n for n in names if not versions.get(n)]):
-            # Indexed without a version (a fleet's change, a rewrite seen since): as a HEAD sees it now.
-            for h in await self._ctx.runner.sliced(self._ctx.store.head_many, unknown):
-                versions[h.name] = h.version
-        known = [(n, str(versions[n])) for n in names if versions.get(n)]
-        plain = [n for n in names if not versions.get(n)]
-        out: dict[str, ItemResult] = {}
-        if known:
-            done = await self._ctx.runner.sliced(
-                lambda part: delete_judged(self._ctx.store, part, "eviction"), known)  # type: ignore[arg-type,return-value]
-            out.update((d.name, ItemResult(d.name, error=d.error or (_CHANGED if d.changed else None)))
-                       for d in done)
-        if plain:
-            out.update((r.name, r) for r in await self._ctx.runner.sliced(self._ctx.store.delete_many, plain))
-        return [out.get(n) or ItemResult(n, error=StoreError("no answer for this delete")) for n in names]
+        """An eviction's names: removed only while they hold the version the index saw (or, when
+        it saw none, a HEAD sees now): ``_CHANGED`` when written since. A user's delete: as they are."""
+        if not evicted:
+            return await self._ctx.runner.sliced(self._ctx.store.delete_many, names)
+        path = "fleet_eviction" if self._ctx.fleet is not None else "eviction"
+        done = await self._ctx.runner.loop.run_in_executor(
+            self._ctx.runner.pool, delete_as_seen, self._ctx.store, names, versions, path)
+        out = []
+        for n in names:
+            r = done.get(n)
+            if r is None:
+                out.append(ItemResult(n, error=StoreError("no answer for this delete")))
+            elif getattr(r, "changed", False):
+                out.append(ItemResult(n, error=_CHANGED))
+            else:
+                out.append(ItemResult(n, error=r.error))
+        return out
 
     def maybe_evict(self) -> None:
         """Called on the loop thread after a store or a fleet round: start one eviction pass if needed."""

@@ -27,12 +27,15 @@ from kvbucket.stores.guard.sealed import SealedStore, seal_store
 
 
 class HookedStore(ObjectStore):
-    """``inner``, with ``hook(names)`` run once before the first delete reaches it."""
+    """``inner``, with ``hook(names)`` run once before the first delete of names ``only`` accepts
+    (default: any) reaches it."""
 
-    def __init__(self, inner: ObjectStore, hook: Callable[[list[str]], Any]) -> None:
+    def __init__(self, inner: ObjectStore, hook: Callable[[list[str]], Any],
+                 only: Callable[[str], bool] | None = None) -> None:
         self.inner = inner
         self.url = inner.url
         self.hook: Callable[[list[str]], Any] | None = hook
+        self.only = only
         self.hooked: list[str] = []  # the names the hook ran before
 
     def __getattr__(self, name: str) -> Any:
@@ -41,10 +44,12 @@ class HookedStore(ObjectStore):
         return getattr(self.inner, name)
 
     def _before(self, names: list[str]) -> None:
+        names = [n for n in names if self.only is None or self.only(n)]
+        if not names or self.hook is None:
+            return
         hook, self.hook = self.hook, None
-        if hook is not None and names:
-            self.hooked = names
-            hook(names)
+        self.hooked = names
+        hook(names)
 
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
         return self.inner.put_many(items)

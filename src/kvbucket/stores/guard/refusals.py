@@ -115,6 +115,23 @@ def delete_judged(store: ObjectStore, items: Sequence[tuple[str, str]], path: st
     return out
 
 
+def delete_as_seen(store: ObjectStore, names: Sequence[str], versions: dict[str, str | None], path: str
+                   ) -> dict[str, VersionedDelete | ItemResult]:
+    """Eviction's delete: each name by the version its judgement saw (``versions``), or where that
+    is unknown, by the version a HEAD sees now (a write before that HEAD and after the judgement
+    is the window left: docs/integrity.md); names a store gives no version for are removed as
+    they are. Name -> outcome (a :class:`VersionedDelete`, or ``delete_many``'s result)."""
+    versions = dict(versions)
+    if unknown := [n for n in names if not versions.get(n)]:
+        versions.update((h.name, h.version) for h in store.head_many(unknown) if h.found)
+    known = [(n, str(versions[n])) for n in names if versions.get(n)]
+    plain = [n for n in names if not versions.get(n)]
+    out: dict[str, VersionedDelete | ItemResult] = {d.name: d for d in delete_judged(store, known, path)}
+    if plain:
+        out.update((r.name, r) for r in store.delete_many(plain))
+    return out
+
+
 def judge_again(store: ObjectStore, names: Sequence[str], judge: Judge, tier: str
                 ) -> tuple[dict[str, ItemResult], list[tuple[str, str, str]]]:
     """Read ``names`` again afresh and judge them again: (the names that verified now -> their
@@ -222,6 +239,7 @@ __all__ = [
     "INTEGRITY_VERIFIED",
     "UNREADABLE",
     "Refusals",
+    "delete_as_seen",
     "delete_judged",
     "judge_again",
     "removable",

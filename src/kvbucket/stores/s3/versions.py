@@ -47,7 +47,17 @@ def get_versions(store: S3Store, names: Sequence[str]) -> list[ItemResult]:
 
 
 def delete_versions(store: S3Store, items: Sequence[tuple[str, str]]) -> list[VersionedDelete]:
-    return [_delete_one(store, n, etag) for n, etag in items]
+    """Each item's HEAD and conditional DELETE, the items concurrently on the store's pool."""
+    if len(items) < 2:
+        return [_delete_one(store, n, etag) for n, etag in items]
+    futures = [store._pool.submit(_delete_one, store, n, etag) for n, etag in items]
+    out = []
+    for (n, _), f in zip(items, futures, strict=True):
+        try:
+            out.append(f.result())
+        except Exception as e:  # the pool shut down (the store closed): kept
+            out.append(VersionedDelete(n, error=StoreError(f"S3 delete of {n!r} did not run: {e}")))
+    return out
 
 
 def _delete_one(store: S3Store, name: str, etag: str) -> VersionedDelete:
