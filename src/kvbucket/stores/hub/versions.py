@@ -56,10 +56,11 @@ def delete_versions(store: HFBucketStore, names: Sequence[str], versions: Sequen
         return []
     paths = [store._path(n) for n in names]
     deadline = deadline_in(store.config.store_timeout_secs)
-    try:
-        now = store._lookup(paths, deadline, use_cache=False)
+    try:  # in this thread, right before the batch: the window is this answer's way back
+        found = store._client.paths_info(paths, deadline)
     except StoreError as e:
         return [VersionedDelete(n, error=e) for n in names]
+    now = {p: found.get(p) for p in paths}
     out: dict[str, VersionedDelete] = {}
     doomed: list[str] = []
     for n, p, v in zip(names, paths, versions, strict=True):
