@@ -33,42 +33,33 @@ a lookup + load ~15-25% against a load alone. When the store writes through the 
 buffer that the sealing layer wraps; the load moves it to its own buffer (:meth:`Scatter.redirect`
 copies what had landed) until the read is over, so the rest lands there (:meth:`_serve`: the gate).
 
-Counters (re-exported by :mod:`kvbucket.metrics`): ``kvbucket_read_ahead_bytes{store, outcome}``
-(``prefetched``, ``used``, ``wasted``), the gauges ``kvbucket_read_ahead_held_bytes`` and
-``kvbucket_read_ahead_pooled_bytes``: their sum is the memory held, never above ``max_bytes``.
+Counters (:mod:`kvbucket.metrics`): ``kvbucket_read_ahead_bytes{store, outcome}`` (``prefetched``,
+``used``, ``wasted``), gauges ``kvbucket_read_ahead_held_bytes``/``_pooled_bytes`` (<= ``max_bytes``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import wait
 from typing import Any
 
 import numpy as np
-from prometheus_client import Counter, Gauge
 
 from kvbucket.errors import DeadlineExceededError, StoreError, TransientStoreError
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, Scatter, check_buffer_size
+from kvbucket.stores.base import (
+    Buffer,
+    ItemResult,
+    ObjectInfo,
+    ObjectStore,
+    Scatter,
+    VersionedDelete,
+    check_buffer_size,
+)
 from kvbucket.stores.guard.read_ahead_config import ReadAheadConfig, ReadAheadSettings
+from kvbucket.stores.guard.read_ahead_metrics import READ_AHEAD_BYTES, READ_AHEAD_HELD, READ_AHEAD_POOLED
 from kvbucket.threads import DaemonThreadPool
-
-READ_AHEAD_BYTES = Counter(
-    "kvbucket_read_ahead_bytes",
-    "Read-ahead bytes by outcome: prefetched (landed after a lookup hit), used (served to a load), "
-    "wasted (dropped unused: expired, overwritten, deleted, closed).",
-    ["store", "outcome"],
-)
-READ_AHEAD_HELD = Gauge(
-    "kvbucket_read_ahead_held_bytes", "Bytes the read-ahead buffer holds (in flight or landed).", ["store"]
-)
-READ_AHEAD_POOLED = Gauge(
-    "kvbucket_read_ahead_pooled_bytes",
-    "Bytes of free read-ahead buffers kept for the next read-aheads (held + pooled: the memory the "
-    "read-ahead holds, within read_ahead_max_gb).", ["store"]
-)
-
 
 HELD, TAKEN, DROPPED = "held", "taken", "dropped"  # in the table / a load owns it / forgotten
 
@@ -503,17 +494,19 @@ class PrefetchStore(ObjectStore):
                 self._publish()
 
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
-        names = [n for n, _ in items]
-        self.forget(names)
-        try:
-            return self.inner.put_many(items)
-        finally:
-            self.forget(names)  # read-aheads a lookup started meanwhile may hold the old bytes
+        # forgotten after too: read-aheads a lookup started meanwhile may hold the old bytes
+        return self._forgetting([n for n, _ in items], lambda: self.inner.put_many(items))
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self._forgetting(names, lambda: self.inner.delete_many(names))
+
+    def delete_versions(self, items: Sequence[tuple[str, str]]) -> list[VersionedDelete]:
+        return self._forgetting([n for n, _ in items], lambda: self.inner.delete_versions(items))
+
+    def _forgetting(self, names: Sequence[str], call: Callable[[], Any]) -> Any:
         self.forget(names)
         try:
-            return self.inner.delete_many(names)
+            return call()
         finally:
             self.forget(names)
 
