@@ -75,6 +75,73 @@ class HookedStore(ObjectStore):
         self.inner.close()
 
 
+class WireDamage(ObjectStore):
+    """``inner`` behind a bad wire: each object read by ``get_many`` has one bit flipped, with
+    probability ``rate``, before it lands in the reader's buffer (so the checksum a load feeds as
+    bytes land sees it, as it would see a flip in transit). ``get_versions`` (the fresh re-read of
+    a refusal) goes straight to ``inner``: a new connection does not meet the damage again."""
+
+    def __init__(self, inner: ObjectStore, rate: float, seed: int = 0) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.rate = rate
+        self.flipped = 0
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("inner", "get_each", "read_prefixes"):  # reads that would bypass the wire
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def _maybe_flip(self, data: Any) -> Any:
+        with self._lock:
+            flip = self._rng.random() < self.rate
+            at = self._rng.random()
+        if not flip or not len(data):
+            return data
+        out = bytearray(data)
+        out[int(at * len(out))] ^= 0x10
+        with self._lock:
+            self.flipped += 1
+        return out
+
+    def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
+        from kvbucket.errors import StoreError
+        from kvbucket.stores.base import check_buffer_size
+
+        results = []
+        for i, r in enumerate(self.inner.get_many(names)):
+            if not r.found:
+                results.append(r)
+                continue
+            data = self._maybe_flip(r.data)
+            buf = out[i] if out is not None else None
+            if buf is None:
+                results.append(ItemResult(r.name, size=len(data), data=data))
+                continue
+            try:
+                view = check_buffer_size(r.name, len(data), buf)
+                view[0 : len(data)] = data
+            except StoreError as e:
+                results.append(ItemResult(r.name, error=e))
+                continue
+            results.append(ItemResult(r.name, size=len(data), data=buf))
+        return results
+
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
+        return self.inner.put_many(items)
+
+    def head_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self.inner.head_many(names)
+
+    def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
+        return self.inner.delete_many(names)
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
+        return self.inner.list(prefix, page_size=page_size)
+
+
 def damage(raw: ObjectStore, name: str, offset: int | None = None) -> None:
     """Flip one payload byte of the sealed object ``name`` in storage (damage at rest)."""
     data = bytearray(raw.get(name) or b"")
@@ -154,4 +221,4 @@ def sealed_pair(open_raw: Callable[[], ObjectStore], hook: Callable[[list[str]],
             seal_store(open_raw(), tier="hooked-writer", identity="race"))
 
 
-__all__ = ["HookedStore", "RaceReport", "damage", "refusal_race", "sealed_pair"]
+__all__ = ["HookedStore", "RaceReport", "WireDamage", "damage", "refusal_race", "sealed_pair"]

@@ -10,6 +10,13 @@ its decryption (slowed at random by :func:`decryption_jitter`), and a put or del
 name. The model is the history of writes with their start and end instants; each load is checked
 against it when the round ends.
 
+With ``damage`` (issue 39), the writer of a lane also damages objects in storage (a flipped
+payload bit, written behind the tier's back) and evicts them (by the version a HEAD saw, after a
+random pause), and reads cross a bad wire (:class:`~kvbucket.testing.delete_races.WireDamage`):
+a load must still serve only allowed bytes, and after every round each name whose last event was
+a good put must still be stored (no valid chunk deleted: a refusal removes only what it read
+damaged twice, by version; an eviction only the version it saw).
+
 The plan (names, operations, delays, payloads, keys) comes from the seed and is reproducible;
 which thread runs first is the machine's. A failure names the seed, the cell and the round, with
 the history of that name, so it can be replayed (``KVBUCKET_SERVED_SEED``).
@@ -31,7 +38,7 @@ import numpy as np
 from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout, as_view
 from kvbucket.encryption import Keyring
-from kvbucket.keys import CacheEngineKey
+from kvbucket.keys import CacheEngineKey, as_key_string
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.guard.read_ahead_config import ReadAheadSettings
 
@@ -78,11 +85,21 @@ class Tally:
     loads: int = 0
     found: int = 0
     wrong: list[str] = field(default_factory=list)
+    valid_deleted: list[str] = field(default_factory=list)  # with damage: good chunks gone
+    damaged: int = 0  # objects damaged in storage (with damage)
+    evicted: int = 0  # evictions that removed the version they saw (with damage)
+    evictions_kept: int = 0  # evictions that found another version (with damage)
+    wire_flipped: int = 0  # reads damaged on the wire (with damage)
 
     def add(self, other: Tally) -> None:
         self.loads += other.loads
         self.found += other.found
         self.wrong.extend(other.wrong)
+        self.valid_deleted.extend(other.valid_deleted)
+        self.damaged += other.damaged
+        self.evicted += other.evicted
+        self.evictions_kept += other.evictions_kept
+        self.wire_flipped += other.wire_flipped
 
 
 def allowed(writes: list[Write], load: Load) -> list[bytes]:
@@ -127,8 +144,12 @@ def _delay(rng: random.Random) -> float:
 class _Lane:
     """One reader and one writer on the names of this lane, round after round."""
 
-    def __init__(self, backend: RemoteBackend, lane: int, seed: int, layout: KVLayout) -> None:
+    def __init__(self, backend: RemoteBackend, lane: int, seed: int, layout: KVLayout,
+                 raw: ObjectStore | None = None) -> None:
         self.backend = backend
+        self.raw = raw  # with damage: the store itself (damage at rest goes behind the tier's back)
+        self.last: dict[int, str] = {}  # with damage: each name's last event (put, failed, gone, damaged)
+        self.tally = Tally()
         self.rng = random.Random(seed * 1_000_003 + lane)
         self.keys = [lane * NAMES_PER_LANE + j for j in range(NAMES_PER_LANE)]
         self.layout = layout
@@ -152,6 +173,40 @@ class _Lane:
         except Exception:  # failed: it may still have landed (allowed() counts it possible)
             w.ok = False
         w.end = time.monotonic()
+        self.last[k] = "failed" if not w.ok else "gone" if value is None else "put"
+
+    def name(self, k: int) -> str:
+        return self.backend._name(as_key_string(ckey(k)))
+
+    def damage_at_rest(self, k: int) -> None:
+        """Flip a payload bit of ``k``'s object in storage (behind the tier: a new version there)."""
+        from kvbucket.testing.delete_races import damage
+
+        assert self.raw is not None
+        with contextlib.suppress(ValueError):  # nothing stored to damage
+            damage(self.raw, self.name(k))
+            self.last[k] = "damaged"
+            self.tally.damaged += 1
+
+    def evict(self, k: int, pause: float) -> None:
+        """Evict ``k`` by the version a HEAD sees, after ``pause`` (a reader or refusal may run)."""
+        from kvbucket.stores.guard.refusals import delete_as_seen
+
+        name = self.name(k)
+        (h,) = self.backend.reads.head_many([name])
+        if not h.found or h.version is None:
+            return
+        time.sleep(pause)
+        w = Write(k, None, time.monotonic())
+        r = delete_as_seen(self.backend.reads, [name], {name: h.version}, "eviction").get(name)
+        w.end = time.monotonic()
+        self.backend._invalidate([name])
+        if r is not None and r.ok and getattr(r, "removed", False):
+            self.writes[k].append(w)
+            self.last[k] = "gone"
+            self.tally.evicted += 1
+        elif r is not None and getattr(r, "changed", False):
+            self.tally.evictions_kept += 1
 
     def write_all(self) -> None:
         """New bytes for every name of the lane in one batch (stored back to back, so a batched
@@ -170,6 +225,7 @@ class _Lane:
         end = time.monotonic()
         for w in ws:
             w.end = end
+            self.last[w.key] = "put" if w.ok else "failed"
 
     def load_all(self, how: str) -> None:
         """Every name of the lane in one batched load (a run where they sit back to back)."""
@@ -191,10 +247,21 @@ class _Lane:
         into = rng.random() < 0.5
         second = rng.random() < 0.3
         together = rng.random() < 0.25  # the writer rewrites the lane in one batch, the reader loads it so
+        spoil = rng.random() if self.raw is not None else 1.0  # with damage: < 0.2 damage, < 0.3 evict
+        epause = rng.random() * 0.004
+        rng_free_write = do_write and rng.random() < 0.5 and wvalue is not None  # a rewrite after it
 
         def writer() -> None:
             start.wait()
-            if do_write:
+            if spoil < 0.3:
+                time.sleep(wdelay)
+                if spoil < 0.2:
+                    self.damage_at_rest(k)
+                else:
+                    self.evict(k, epause)
+                if rng_free_write:
+                    self.write(k, wvalue)
+            elif do_write:
                 time.sleep(wdelay)
                 if together:
                     self.write_all()
@@ -227,8 +294,20 @@ class _Lane:
             got = None if chunk is None else as_view(chunk).tobytes()
         self.loads.append(Load(k, t0, time.monotonic(), got, how))
 
+    def check_stored(self, cell: str, seed: int, rnd: int) -> None:
+        """With damage, after a round (nothing running): a name whose last event was a good put
+        is still stored."""
+        if self.raw is None:
+            return
+        good = [k for k in self.keys if self.last.get(k) == "put"]
+        for k, h in zip(good, self.raw.head_many([self.name(k) for k in good]), strict=True):
+            if h.ok and h.size is None:
+                self.tally.valid_deleted.append(f"{cell} seed={seed} round={rnd} key={k}: a good chunk was "
+                                                "deleted")
+
     def check(self, cell: str, seed: int, rnd: int) -> Tally:
-        t = Tally()
+        self.check_stored(cell, seed, rnd)
+        t, self.tally = self.tally, Tally()
         for ld in self.loads:
             t.loads += 1
             if ld.got is None:
@@ -256,19 +335,25 @@ def ckey(k: int) -> CacheEngineKey:
 
 
 def run_cell(store: ObjectStore, *, encrypted: bool, read_ahead: bool, rounds: int, seed: int,
-             chunk_kib: int = DEFAULT_CHUNK_KIB, cell: str = "") -> Tally:
+             chunk_kib: int = DEFAULT_CHUNK_KIB, cell: str = "", damage: float = 0.0) -> Tally:
     """``rounds`` rounds on each of :data:`LANES` lanes through a :class:`RemoteBackend` over
-    ``store`` (which stays open); every load checked against the history (see the module)."""
+    ``store`` (which stays open); every load checked against the history (see the module).
+    ``damage`` > 0: damage in storage, eviction, and that share of reads damaged on the wire."""
+    from kvbucket.testing.delete_races import WireDamage
+
+    raw = store if damage else None
+    if damage:
+        store = WireDamage(store, damage, seed)
     rng = random.Random(seed)
     layout = layout_of(chunk_kib)
     keyring = Keyring({"*": {1: rng.randbytes(32)}}) if encrypted else None
     settings = ReadAheadSettings(True, 64 * layout.full_chunk_bytes, 10.0) if read_ahead else None
     cell = cell or f"encrypted={encrypted} read_ahead={read_ahead}"
     total = Tally()
-    prefix = f"served-{seed}-{int(encrypted)}{int(read_ahead)}"
+    prefix = f"served-{seed}-{int(encrypted)}{int(read_ahead)}{'d' if damage else ''}"
     with RemoteBackend(store, layout, encryption=keyring, read_ahead=settings, owns_store=False,
                        prefix=prefix) as backend, decryption_jitter(random.Random(seed + 1)):
-        lanes = [_Lane(backend, i, seed, layout) for i in range(LANES)]
+        lanes = [_Lane(backend, i, seed, layout, raw) for i in range(LANES)]
         for lane in lanes:  # every name starts stored, the lane's names in one batch
             lane.write_all()
         for rnd in range(rounds):
@@ -282,6 +367,8 @@ def run_cell(store: ObjectStore, *, encrypted: bool, read_ahead: bool, rounds: i
             assert not any(th.is_alive() for th in threads), f"{cell}: round {rnd} did not end in 120 s"
             for lane in lanes:
                 total.add(lane.check(cell, seed, rnd))
+    if isinstance(store, WireDamage):
+        total.wire_flipped = store.flipped
     return total
 
 

@@ -458,3 +458,18 @@ class StoreTests:
               f"{tally.loads} loads, {tally.found} found, {len(tally.wrong)} wrong")
         assert tally.wrong == [], "\n".join(tally.wrong[:10])
         assert tally.found > 0  # the check saw hits, not only misses
+
+    @requires("checks_served_bytes")
+    def test_damage_at_rest_and_on_the_wire_deletes_no_valid_chunk(self, store: ObjectStore) -> None:
+        """The same rounds with damage (issue 39): objects damaged in storage, 10% of reads damaged
+        on the wire, evictions by version; no wrong bytes served, no good chunk deleted (a refusal
+        removes only what it read damaged twice, by version; an eviction only what it saw)."""
+        rounds, seed, chunk_kib = settings_from_env()
+        tally = run_cell(store, encrypted=False, read_ahead=True, rounds=rounds, seed=seed,
+                         chunk_kib=chunk_kib, cell=f"{type(self).__name__} damage", damage=0.1)
+        print(f"served-bytes {type(self).__name__} damage: {tally.loads} loads, {tally.found} found, "
+              f"{len(tally.wrong)} wrong, {tally.damaged} damaged at rest, {tally.evicted} evicted "
+              f"({tally.evictions_kept} kept: written since), {len(tally.valid_deleted)} good chunks deleted")
+        assert tally.wrong == [], "\n".join(tally.wrong[:10])
+        assert tally.valid_deleted == [], "\n".join(tally.valid_deleted[:10])
+        assert tally.found > 0 and tally.damaged > 0

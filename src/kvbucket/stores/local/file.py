@@ -425,7 +425,9 @@ class FileStore(ObjectStore):
             except OSError as e:
                 results.append(_os_error_result("stat", n, e))
                 continue
-            results.append(ItemResult(n, size=st.st_size if stat.S_ISREG(st.st_mode) else None))
+            regular = stat.S_ISREG(st.st_mode)
+            results.append(ItemResult(n, size=st.st_size, version=versions.identity(st)) if regular
+                           else ItemResult(n))
         return results
 
     def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
