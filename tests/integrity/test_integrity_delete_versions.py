@@ -3,7 +3,8 @@
 Over a directory, SeaweedFS and a Hub bucket (the emulator driven by huggingface_hub/hf_xet):
 
 - the no-hook race (a writer storing v2 at a random 0-4 ms moment while a reader refuses a
-  damaged v1) loses no valid rewrite (20 trials per kind here; benchmarks/delete_races.py runs 300);
+  damaged v1) loses no valid rewrite on a directory and SeaweedFS (20 trials each here;
+  benchmarks/delete_races.py runs 300 per kind, the Hub's included);
 - a forced interleaving (a hook between the judgement and the delete, storing a new version)
   of every delete kvbucket makes on its own: the refusal, capacity eviction, ``verify
   --delete-bad`` and ``rm --identity``: the new version survives, every time;
@@ -53,6 +54,10 @@ def open_raw(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callabl
             endpoint=hub_bucket.hub.endpoint, metadata_cache_ttl_secs=0))
 
 
+# Not the Hub: its bucket API deletes without a condition, so a write committed between the
+# paths-info that compares the Xet hash and the deleteFile batch is lost (docs/integrity.md; the
+# figure is measured by benchmarks/delete_races.py). The forced interleavings below cover its compare.
+@pytest.mark.parametrize("open_raw", ["file", "s3"], indirect=True)
 def test_no_hook_refusal_race_loses_no_rewrite(open_raw: Callable[[], ObjectStore]) -> None:
     report = refusal_race(open_raw, 20, seed=7)
     assert report.trials == 20 and report.lost == 0, report.lost_names

@@ -105,6 +105,10 @@ class StoreFleet:
         done = delete_as_seen(self._chunks, victims, {}, "fleet_eviction")
         gone = [n for n in victims if (r := done.get(n)) is not None and r.ok
                 and getattr(r, "removed", True) and not getattr(r, "changed", False)]
+        if changed := [n for n in victims if getattr(done.get(n), "changed", False)]:
+            # Written since: recent now (the view's entry is stale), judged anew later.
+            sizes = self.fleet.sizes(changed)
+            self.fleet.note_stored(list(sizes), list(sizes.values()))
         self.fleet.note_deleted(gone, evicted=True)
         if gone:
             self._on_gone(gone)

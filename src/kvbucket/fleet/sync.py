@@ -174,6 +174,12 @@ class Fleet:
                 self._state.buf.append(rec)
         self._pace.hurry()
 
+    def sizes(self, names: Iterable[str]) -> dict[str, int]:
+        """The size the view holds for each of ``names`` it knows."""
+        with self._lock:
+            entries = self._state.view.entries
+            return {n: e.size for n in names if (e := entries.get(n)) is not None}
+
     # ---- what the host asks ----------------------------------------------------------------------
     def admit(self, sizes: list[int]) -> int:
         """How many of these chunks (in order) this node may store now: the write cap."""

@@ -90,8 +90,10 @@ class RemovalPath:
                 st.deleting.discard(name)
                 if r.error is _CHANGED:  # written since: another version, kept, and recent
                     if (entry := st.index.get(name)) is not None:
-                        entry.version = None
+                        entry.version = None  # a later eviction judges it anew (a HEAD's version)
                         st.index.touch(name)
+                        if self._ctx.fleet is not None:  # the fleet's view of it is stale too
+                            self._ctx.fleet.stored([name], [entry.size])
                     continue
                 if not r.ok:
                     self._ctx.stats["delete_failures"] += 1
