@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout
@@ -184,3 +185,39 @@ def test_verify_checks_a_compile_cache_by_its_sha256s(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"corrupt (checksum): {neff}" in proc.stdout and f"corrupt (checksum): {pack}" in proc.stdout
     assert "removed 2 of 2" in proc.stdout and not raw.exists(neff) and not raw.exists(pack)
+
+
+def test_verify_delete_bad_keeps_files_kvbucket_never_wrote(tmp_path: Path) -> None:
+    """Only kvbucket's own chunks can be damaged chunks (issue 39): prefixes of the magic, a
+    ``KVBE...`` text file and a newer format are reported (legacy/foreign), never removed."""
+    raw = FileStore(tmp_path)
+    files = {"k": b"K", "kvb": b"KVB", "notes/kvbe.md": b"KVBE notes: " + b"x" * 88,
+             "future": b"KVBE\x02" + bytes(120)}
+    raw.put_many(list(files.items()))
+    proc = kvbucket("verify", str(tmp_path), "--delete-bad")
+    assert table_rows(proc.stdout)["corrupt"] == "0", proc.stdout + proc.stderr
+    assert "removed 0 of 0 damaged objects" in proc.stdout
+    assert {n: raw.get(n) for n in files} == files
+
+
+def test_verify_delete_bad_keeps_an_object_damaged_only_on_the_wire(
+    seaweedfs: Any, s3_bucket: str, fault_proxy: Any,
+) -> None:
+    """A bit flipped in transit makes the first read corrupt; the second read (a new connection)
+    is intact, so ``--delete-bad`` keeps the object and says so."""
+    from kvbucket.stores.s3.config import S3Config
+    from kvbucket.stores.s3.store import S3Store
+    from kvbucket.testing.fault_proxy import FLIP
+
+    with RemoteBackend(S3Store(S3Config.parse(seaweedfs.config(s3_bucket))), LAYOUT) as b:
+        b.batched_put([(key(1), chunk_bytes(LAYOUT, 1))])
+    fault_proxy.fail(FLIP, times=1, methods={"GET"}, path_contains="bfloat16")  # the object, not a listing
+    env = {**os.environ, **seaweedfs.env(), "AWS_ENDPOINT_URL": fault_proxy.url, "COLUMNS": "200",
+           "NO_COLOR": "1"}
+    proc = subprocess.run([SCRIPT, "verify", f"s3://{s3_bucket}", "--delete-bad"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert fault_proxy.injected == 1, (proc.stdout + proc.stderr, fault_proxy.targets)
+    assert "removed 0 of 1 damaged objects" in proc.stdout, (proc.stdout, fault_proxy.targets)
+    assert "kept 1" in proc.stdout
+    with S3Store(S3Config.parse(seaweedfs.config(s3_bucket))) as s:
+        assert s.head(key_to_name(key(1))) == LAYOUT.full_chunk_bytes + HEADER_SIZE
