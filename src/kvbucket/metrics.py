@@ -30,6 +30,7 @@ from kvbucket.metrics_server import MetricsServer, serve_metrics, start_metrics_
 from kvbucket.metrics_summary import Row, Summary, integrity_failures, integrity_totals, summarize
 from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, Revision
 from kvbucket.stores.guard import read_ahead as _prefetch
+from kvbucket.stores.guard import refusals as _refusals
 from kvbucket.stores.guard import sealed as _sealed
 
 _LATENCY_BUCKETS = (
@@ -105,6 +106,10 @@ PREFIX_SECONDS = Histogram(
 INTEGRITY_FAILURES = _sealed.INTEGRITY_FAILURES
 INTEGRITY_VERIFIED = _sealed.INTEGRITY_VERIFIED
 INTEGRITY_REMOVED = _sealed.INTEGRITY_REMOVED
+# Damage read again before removal (damaged / intact / failed), and deletes kvbucket decided on
+# its own that found a newer version (kept), by path (kvbucket.stores.guard.refusals).
+INTEGRITY_REREADS = _refusals.INTEGRITY_REREADS
+DELETES_KEPT = _refusals.DELETES_KEPT
 # Read-ahead counters (kvbucket.stores.guard.read_ahead): prefetched / used / wasted bytes, held and
 # pooled bytes.
 READ_AHEAD_BYTES = _prefetch.READ_AHEAD_BYTES
@@ -416,8 +421,10 @@ __all__ = [
     "BACKEND_BYTES",
     "BACKEND_LATENCY",
     "BACKEND_OPS",
+    "DELETES_KEPT",
     "DISK_SKIPPED_FULL",
     "INTEGRITY_FAILURES",
+    "INTEGRITY_REREADS",
     "INTEGRITY_VERIFIED",
     "PREFIX_CHUNKS",
     "PREFIX_SECONDS",

@@ -517,8 +517,11 @@ class HubBucketClient:
         """Fill ``view`` through hf_xet, which asks the storage for a new reconstruction and reads
         on connections of its own (and decodes with its own decoder): the re-read of an object
         whose first read failed its checksum (stores/hub/versions.py)."""
-        if f.size:
-            self._stream_into(f, view, None)
+        if not f.size:
+            return
+        if not self.direct_reads:  # the first read went through hf_xet too: a new group, new connections
+            self.reset_download_group()
+        self._stream_into(f, view, None)
 
     def _stream_into(self, f: RemoteFile, view: memoryview, gate: Gate | None) -> None:
         from hf_xet import XetFileInfo
