@@ -302,6 +302,7 @@ class _Lane:
         good = [k for k in self.keys if self.last.get(k) == "put"]
         for k, h in zip(good, self.raw.head_many([self.name(k) for k in good]), strict=True):
             if h.ok and h.size is None:
+                self.last[k] = "lost"  # counted once (not again each round until it is rewritten)
                 self.tally.valid_deleted.append(f"{cell} seed={seed} round={rnd} key={k}: a good chunk was "
                                                 "deleted")
 
