@@ -44,6 +44,9 @@ class TestHFBucketStoreOnEmulator(StoreTests):
     supports_reopen = True
     checks_served_bytes = True  # a persistent store the KV tiers load from
     lists_sorted = False  # the Hub documents no listing order
+    # The bucket API deletes without a condition: a write committed between the Xet-hash compare
+    # and the deleteFile batch is lost (docs/integrity.md). Counted in the damage run, not asserted.
+    deletes_conditionally = False
     decoder = "numba"  # KVBUCKET_XET_DECODER: the compiled Xet decoder from the first read
 
     @pytest.fixture

@@ -29,6 +29,9 @@ skip with the reason, never as a test that silently passes:
 - ``name_and_prefix_coexist`` (bool, default True): an object ``a`` and objects under ``a/``
   can exist together (object stores: yes; a directory tree: no, and the second put must then
   fail for that item only, leaving the first object intact).
+- ``deletes_conditionally`` (bool, default True): ``delete_versions`` has no window (a condition
+  the server checks, or a local compare that cannot be raced); False (a Hub bucket) lets the
+  damage run report good chunks lost in the window instead of failing on them.
 - ``checks_served_bytes`` (bool, default False): a persistent store the KV tiers load from; the
   served-bytes invariant is checked on it at random moments (:mod:`kvbucket.testing.served_bytes`:
   sealed and encrypted, read-ahead on and off; ``KVBUCKET_SERVED_ROUNDS`` / ``KVBUCKET_SERVED_SEED``
@@ -94,6 +97,7 @@ class StoreTests:
     lists_sorted: ClassVar[bool] = False
     name_and_prefix_coexist: ClassVar[bool] = True
     checks_served_bytes: ClassVar[bool] = False
+    deletes_conditionally: ClassVar[bool] = True
 
     @pytest.fixture
     def store(self) -> Iterator[ObjectStore]:
@@ -471,5 +475,6 @@ class StoreTests:
               f"{len(tally.wrong)} wrong, {tally.damaged} damaged at rest, {tally.evicted} evicted "
               f"({tally.evictions_kept} kept: written since), {len(tally.valid_deleted)} good chunks deleted")
         assert tally.wrong == [], "\n".join(tally.wrong[:10])
-        assert tally.valid_deleted == [], "\n".join(tally.valid_deleted[:10])
+        if self.deletes_conditionally:
+            assert tally.valid_deleted == [], "\n".join(tally.valid_deleted[:10])
         assert tally.found > 0 and tally.damaged > 0
