@@ -9,7 +9,7 @@ Damage (a flipped byte, a truncation) is still removed: tests/integrity/test_int
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +22,7 @@ from kvbucket.keys import CacheEngineKey, key_to_name
 from kvbucket.metrics import integrity_failures as failures
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.guard.refusals import DAMAGE, UNREADABLE, removable
-from kvbucket.stores.hub.config import HFBucketConfig
-from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.stores.local.file import FileStore
-from kvbucket.stores.s3.config import S3Config
-from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.backend_tests import chunk_bytes
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_size=64, dtype="bfloat16", chunk_tokens=8)
@@ -52,21 +48,6 @@ def ring(tenants: dict[str, dict[int, str]] | None) -> Keyring | None:
 
 def key(i: int) -> CacheEngineKey:
     return CacheEngineKey("org/model", 1, 0, 4000 + i, "bfloat16", {"tenant": "a"})
-
-
-@pytest.fixture(params=["file", "s3", "hub"])
-def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], ObjectStore]]:
-    """A factory of fresh stores over one shared place (each node opens its own)."""
-    if request.param == "file":
-        yield lambda: FileStore(tmp_path / "shared")
-    elif request.param == "s3":
-        seaweedfs, bucket = request.getfixturevalue("seaweedfs"), request.getfixturevalue("s3_bucket")
-        yield lambda: S3Store(S3Config.parse(seaweedfs.config(bucket)))
-    else:
-        hub_bucket = request.getfixturevalue("hub_bucket")
-        yield lambda: HFBucketStore(HFBucketConfig(
-            bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/kv", token=hub_bucket.hub.write_token,
-            endpoint=hub_bucket.hub.endpoint, metadata_cache_ttl_secs=0))
 
 
 @pytest.mark.parametrize("reader", list(READERS))

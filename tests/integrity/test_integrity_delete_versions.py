@@ -18,7 +18,6 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +28,6 @@ from kvbucket.stores.guard.refusals import DELETES_KEPT, INTEGRITY_REREADS
 from kvbucket.stores.guard.sealed import seal_store
 from kvbucket.stores.hub.config import HFBucketConfig
 from kvbucket.stores.hub.store import HFBucketStore
-from kvbucket.stores.local.file import FileStore
 from kvbucket.stores.s3.config import S3Config
 from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.delete_races import HookedStore, damage, refusal_race, sealed_pair
@@ -39,48 +37,33 @@ def count(counter: Any, *labels: str) -> float:
     return float(counter.labels(*labels)._value.get())
 
 
-@pytest.fixture(params=["file", "s3", "hub"])
-def open_raw(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], ObjectStore]]:
-    """A factory of fresh stores over one shared place (each actor opens its own)."""
-    if request.param == "file":
-        yield lambda: FileStore(tmp_path / "shared")
-    elif request.param == "s3":
-        seaweedfs, bucket = request.getfixturevalue("seaweedfs"), request.getfixturevalue("s3_bucket")
-        yield lambda: S3Store(S3Config.parse(seaweedfs.config(bucket)))
-    else:
-        hub_bucket = request.getfixturevalue("hub_bucket")
-        yield lambda: HFBucketStore(HFBucketConfig(
-            bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/kv", token=hub_bucket.hub.write_token,
-            endpoint=hub_bucket.hub.endpoint, metadata_cache_ttl_secs=0))
-
-
 # Not the Hub: its bucket API deletes without a condition, so a write committed between the
 # paths-info that compares the Xet hash and the deleteFile batch is lost (docs/integrity.md; the
 # figure is measured by benchmarks/delete_races.py). The forced interleavings below cover its compare.
-@pytest.mark.parametrize("open_raw", ["file", "s3"], indirect=True)
-def test_no_hook_refusal_race_loses_no_rewrite(open_raw: Callable[[], ObjectStore]) -> None:
-    report = refusal_race(open_raw, 20, seed=7)
+@pytest.mark.parametrize("open_store", ["file", "s3"], indirect=True)
+def test_no_hook_refusal_race_loses_no_rewrite(open_store: Callable[[], ObjectStore]) -> None:
+    report = refusal_race(open_store, 20, seed=7)
     assert report.trials == 20 and report.lost == 0, report.lost_names
 
 
 def test_refusal_keeps_a_version_written_between_judgement_and_delete(
-    open_raw: Callable[[], ObjectStore],
+    open_store: Callable[[], ObjectStore],
 ) -> None:
     v1, v2 = os.urandom(3000), os.urandom(3000)
-    writer = seal_store(open_raw(), tier="w", identity="race")
-    reader, hooked, _ = sealed_pair(open_raw, lambda names: writer.put(names[0], v2))
+    writer = seal_store(open_store(), tier="w", identity="race")
+    reader, hooked, _ = sealed_pair(open_store, lambda names: writer.put(names[0], v2))
     writer.put("n", v1)
     damage(writer.inner, "n")
     kept = count(DELETES_KEPT, "refusal")
     assert reader.get("n") is None  # v1 judged damaged (twice): a miss
     assert hooked.hooked == ["n"]  # the writer stored v2 right before the delete
-    assert seal_store(open_raw(), tier="c", identity="race").get("n") == v2
+    assert seal_store(open_store(), tier="c", identity="race").get("n") == v2
     assert count(DELETES_KEPT, "refusal") == kept + 1
 
 
-def test_damage_in_storage_is_still_removed(open_raw: Callable[[], ObjectStore]) -> None:
-    writer = seal_store(open_raw(), tier="w", identity="race")
-    reader = seal_store(open_raw(), tier="damage-at-rest", identity="race")
+def test_damage_in_storage_is_still_removed(open_store: Callable[[], ObjectStore]) -> None:
+    writer = seal_store(open_store(), tier="w", identity="race")
+    reader = seal_store(open_store(), tier="damage-at-rest", identity="race")
     writer.put("n", os.urandom(3000))
     damage(writer.inner, "n")
     before = count(INTEGRITY_REREADS, "damage-at-rest", "damaged")
@@ -89,22 +72,42 @@ def test_damage_in_storage_is_still_removed(open_raw: Callable[[], ObjectStore])
     assert count(INTEGRITY_REREADS, "damage-at-rest", "damaged") == before + 1
 
 
-def test_eviction_keeps_a_version_written_since_the_index_saw_it(open_raw: Callable[[], ObjectStore]) -> None:
+class Rewriter:
+    """Another adapter on the same place: the hook that stores the first of the names it is
+    handed again (a new version), and loads it back afterwards."""
+
+    def __init__(self, store: ObjectStore, keys: list[Any], chunk: int, value: int) -> None:
+        from kvbucket.l2 import ObjectStoreL2Adapter
+
+        self.adapter = ObjectStoreL2Adapter(store, full_chunk_bytes=chunk)
+        self.keys, self.chunk, self.value = keys, chunk, bytes([value]) * chunk
+        self.rewritten: list[Any] = []
+
+    def __call__(self, names: list[str]) -> None:
+        from kvbucket.testing import l2 as t
+
+        key = next(k for k in self.keys if self.adapter._naming.write_name(k) == names[0])
+        assert t.store(self.adapter, [key], [self.value]).success
+        self.rewritten.append(key)
+
+    def survived(self) -> bool:
+        from kvbucket.testing import l2 as t
+
+        out = bytearray(self.chunk)
+        return t.load(self.adapter, self.rewritten[:1], [out]) == [True] and bytes(out) == self.value
+
+
+def test_eviction_keeps_a_version_written_since_the_index_saw_it(
+    open_store: Callable[[], ObjectStore],
+) -> None:
     from kvbucket.keys import ObjectKey
     from kvbucket.l2 import EvictionConfig, ObjectStoreL2Adapter
     from kvbucket.testing import l2 as t
 
     chunk = 512
     keys = [ObjectKey("m", 1, i.to_bytes(4, "big")) for i in range(6)]
-    other = ObjectStoreL2Adapter(open_raw(), full_chunk_bytes=chunk)
-    rewritten: list[str] = []
-
-    def rewrite(names: list[str]) -> None:  # another node stores the first victim again
-        key = next(k for k in keys if other._naming.write_name(k) == names[0])
-        assert t.store(other, [key], [b"\x07" * chunk]).success
-        rewritten.append(names[0])
-
-    hooked = HookedStore(open_raw(), rewrite)
+    other = Rewriter(open_store(), keys, chunk, 7)
+    hooked = HookedStore(open_store(), other)
     # 6 chunks stored, 4 over the watermark (0.8 * 5): the 2 oldest go (target 0.6 * 5 = 3 chunks);
     # the rewritten one is kept, recent, and room is made by evicting the next oldest instead.
     cfg = EvictionConfig(eviction_policy="LRU", trigger_watermark=0.8, eviction_ratio=0.2)
@@ -113,20 +116,18 @@ def test_eviction_keeps_a_version_written_since_the_index_saw_it(open_raw: Calla
         for i, k in enumerate(keys):
             assert t.store(a, [k], [bytes([i + 1]) * chunk]).success
         for _ in range(300):
-            if rewritten and not a._evicting:
+            if other.rewritten and not a._evicting:
                 break
             time.sleep(0.02)
-        assert rewritten, "no eviction ran"
-        out = bytearray(chunk)
-        victim = next(k for k in keys if other._naming.write_name(k) == rewritten[0])
-        assert t.load(other, [victim], [out]) == [True] and bytes(out) == b"\x07" * chunk
+        assert other.rewritten, "no eviction ran"
+        assert other.survived()
     finally:
         a.close()
-        other.close()
+        other.adapter.close()
 
 
 def test_fleet_eviction_keeps_a_version_written_since_its_victims_were_chosen(
-    open_raw: Callable[[], ObjectStore],
+    open_store: Callable[[], ObjectStore],
 ) -> None:
     from kvbucket.fleet.config import FleetConfig
     from kvbucket.keys import ObjectKey
@@ -135,15 +136,8 @@ def test_fleet_eviction_keeps_a_version_written_since_its_victims_were_chosen(
 
     chunk = 512
     keys = [ObjectKey("m", 1, i.to_bytes(4, "big")) for i in range(6)]
-    other = ObjectStoreL2Adapter(open_raw(), full_chunk_bytes=chunk)
-    rewritten: list[str] = []
-
-    def rewrite(names: list[str]) -> None:  # another writer stores the first victim again
-        key = next(k for k in keys if other._naming.write_name(k) == names[0])
-        assert t.store(other, [key], [b"\x05" * chunk]).success
-        rewritten.append(names[0])
-
-    hooked = HookedStore(open_raw(), rewrite, only=lambda n: not n.startswith("_fleet/"))
+    other = Rewriter(open_store(), keys, chunk, 5)
+    hooked = HookedStore(open_store(), other, only=lambda n: not n.startswith("_fleet/"))
     fleet = FleetConfig(node_id="a", sync_secs=0.1, heartbeat_secs=0.5, node_timeout_secs=5.0,
                         compact_secs=0.5, grace_secs=0.0)
     cfg = EvictionConfig(eviction_policy="LRU", trigger_watermark=0.8, eviction_ratio=0.2)
@@ -155,36 +149,34 @@ def test_fleet_eviction_keeps_a_version_written_since_its_victims_were_chosen(
         for i, k in enumerate(keys):
             assert t.store(a, [k], [bytes([i + 1]) * chunk]).success
         deadline = time.monotonic() + 30
-        while not rewritten or count(DELETES_KEPT, "fleet_eviction") == kept:
+        while not other.rewritten or count(DELETES_KEPT, "fleet_eviction") == kept:
             assert time.monotonic() < deadline, "no fleet eviction met the rewrite"
             time.sleep(0.05)
-        out = bytearray(chunk)
-        victim = next(k for k in keys if other._naming.write_name(k) == rewritten[0])
-        assert t.load(other, [victim], [out]) == [True] and bytes(out) == b"\x05" * chunk
+        assert other.survived()
     finally:
         a.close()
-        other.close()
+        other.adapter.close()
 
 
 def test_verify_delete_bad_keeps_a_version_written_since_the_scan(
-    open_raw: Callable[[], ObjectStore],
+    open_store: Callable[[], ObjectStore],
 ) -> None:
     from kvbucket.cli.verify_cmd import remove_damaged
 
     v2 = os.urandom(2000)
-    writer = seal_store(open_raw(), tier="w")
+    writer = seal_store(open_store(), tier="w")
     writer.put("bad", os.urandom(2000))
     writer.put("also-bad", os.urandom(2000))
     damage(writer.inner, "bad")
     damage(writer.inner, "also-bad")
-    hooked = HookedStore(open_raw(), lambda names: writer.put("bad", v2))
+    hooked = HookedStore(open_store(), lambda names: writer.put("bad", v2))
     removed, kept = remove_damaged(hooked, ["bad", "also-bad"], None, {})
     assert (removed, kept) == (1, 1)
     assert writer.get("bad") == v2 and writer.inner.head("also-bad") is None
 
 
 def test_rm_identity_keeps_a_chunk_written_since_the_listing(
-    open_raw: Callable[[], ObjectStore], monkeypatch: pytest.MonkeyPatch
+    open_store: Callable[[], ObjectStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from typer.testing import CliRunner
 
@@ -198,7 +190,7 @@ def test_rm_identity_keeps_a_chunk_written_since_the_listing(
     chunk, model, ident = 256, "org/llama", "org/llama@rev-1"
     keys = [ObjectKey(model, 0, i.to_bytes(8, "big")) for i in range(3)]
     rewritten: list[ObjectKey] = []
-    writer = ObjectStoreL2Adapter(open_raw(), full_chunk_bytes=chunk,
+    writer = ObjectStoreL2Adapter(open_store(), full_chunk_bytes=chunk,
                                   naming=Naming(identity=IdentitySetting(ident)))
     try:
         assert t.store(writer, keys, [bytes([i + 1]) * chunk for i in range(3)]).success
@@ -210,11 +202,11 @@ def test_rm_identity_keeps_a_chunk_written_since_the_listing(
 
         @contextmanager
         def hooked_store(url: str, timeout: float = 30.0) -> Iterator[ObjectStore]:
-            with open_raw() as s:  # the command's store, with the hook before its first delete
+            with open_store() as s:  # the command's store, with the hook before its first delete
                 yield HookedStore(s, rewrite)
 
         monkeypatch.setattr(store_cmd, "opened_store", hooked_store)
-        url = open_raw().url
+        url = open_store().url
         token = IdentitySetting(ident).token(model) or ""
         r = CliRunner().invoke(build_app(), ["rm", url, "--model", model, "--identity", token, "--json"])
         assert r.exit_code == 0, r.output
@@ -222,7 +214,7 @@ def test_rm_identity_keeps_a_chunk_written_since_the_listing(
         assert t.load(writer, [rewritten[0]], [out]) == [True]
         assert bytes(out) == b"\x09" * chunk
         others = [writer._naming.write_name(k) for k in keys if k != rewritten[0]]
-        assert [r.size for r in open_raw().head_many(others)] == [None, None]  # those were removed
+        assert [r.size for r in open_store().head_many(others)] == [None, None]  # those were removed
     finally:
         writer.close()
 
