@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -364,3 +365,52 @@ def test_unwritable_root_is_a_store_error(tmp_path: Path) -> None:
     (root / TMP_DIR_NAME).write_bytes(b"a file where the temp dir should be")
     with pytest.raises(StoreError, match="cannot write to store directory"):
         store.put("x", b"1")
+
+
+def test_delete_version_gives_back_a_file_written_between_compare_and_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one moment a directory's version delete could take a newer file: a writer's rename
+    between the compare and the delete's own rename. The moved file is compared again and linked
+    back (stores/local/versions.py)."""
+    from kvbucket.stores.local import versions
+
+    s = FileStore(tmp_path)
+    s.put("a/n", b"v1")
+    (v1,) = s.get_versions(["a/n"])
+    real_rename = os.rename
+
+    def racing(*args: Any, **kw: Any) -> None:
+        FileStore(tmp_path).put("a/n", b"v2, written just now")
+        real_rename(*args, **kw)
+
+    monkeypatch.setattr(versions.os, "rename", racing)
+    (r,) = s.delete_versions([("a/n", str(v1.version))])
+    assert r.ok and r.changed and not r.removed
+    assert s.get("a/n") == b"v2, written just now"
+    assert not os.listdir(tmp_path / TMP_DIR_NAME)  # no tomb left behind
+
+
+def test_delete_version_drops_a_file_superseded_while_it_was_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kvbucket.stores.local import versions
+
+    s = FileStore(tmp_path)
+    s.put("n", b"v1")
+    (v1,) = s.get_versions(["n"])
+    real_rename, real_link = os.rename, os.link
+
+    def racing_rename(*args: Any, **kw: Any) -> None:
+        FileStore(tmp_path).put("n", b"v2")
+        real_rename(*args, **kw)
+
+    def racing_link(*args: Any, **kw: Any) -> None:
+        FileStore(tmp_path).put("n", b"v3, the newest")
+        real_link(*args, **kw)
+
+    monkeypatch.setattr(versions.os, "rename", racing_rename)
+    monkeypatch.setattr(versions.os, "link", racing_link)
+    (r,) = s.delete_versions([("n", str(v1.version))])
+    assert r.changed and s.get("n") == b"v3, the newest"
+    assert not os.listdir(tmp_path / TMP_DIR_NAME)
