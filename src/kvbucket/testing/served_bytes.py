@@ -247,9 +247,12 @@ class _Lane:
         into = rng.random() < 0.5
         second = rng.random() < 0.3
         together = rng.random() < 0.25  # the writer rewrites the lane in one batch, the reader loads it so
-        spoil = rng.random() if self.raw is not None else 1.0  # with damage: < 0.2 damage, < 0.3 evict
-        epause = rng.random() * 0.004
-        rng_free_write = do_write and rng.random() < 0.5 and wvalue is not None  # a rewrite after it
+        # With damage (drawn only then: the plans of runs without it stay as they were): damage at
+        # rest (< 0.2) or an eviction (< 0.3) after a pause, then half of the time a rewrite.
+        spoil, epause, rewrite_after = 1.0, 0.0, False
+        if self.raw is not None:
+            spoil, epause = rng.random(), rng.random() * 0.004
+            rewrite_after = rng.random() < 0.5 and do_write and wvalue is not None
 
         def writer() -> None:
             start.wait()
@@ -259,7 +262,7 @@ class _Lane:
                     self.damage_at_rest(k)
                 else:
                     self.evict(k, epause)
-                if rng_free_write:
+                if rewrite_after:
                     self.write(k, wvalue)
             elif do_write:
                 time.sleep(wdelay)
