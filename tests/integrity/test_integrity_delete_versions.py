@@ -251,3 +251,47 @@ def test_a_bit_flipped_in_a_xet_fetch_is_read_again_and_served(hub_bucket: Any) 
         assert count(INTEGRITY_REREADS, "hub-wire", "intact") == 1
         assert s.inner.head("n") == len(data) + env.HEADER_SIZE
         assert hub_bucket.hub.faults.rules()[0]["fired"] == 1
+
+
+def test_an_engine_tiers_fleet_eviction_keeps_a_version_written_since(
+    open_store: Callable[[], ObjectStore],
+) -> None:
+    """The fleet member of a tier without an index (the engine tiers, the non-MP connector:
+    kvbucket.fleet.member.StoreFleet) deletes its victims by the version a HEAD sees: a writer's
+    new version between that HEAD and the delete is kept."""
+    from kvbucket.backends.remote import RemoteBackend
+    from kvbucket.chunks import KVLayout
+    from kvbucket.fleet.config import FleetConfig
+    from kvbucket.integrations.engine_fleet import FleetSettings
+    from kvbucket.keys import CacheEngineKey, key_to_name
+    from kvbucket.l2.eviction import EvictionConfig
+
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_size=64, dtype="bfloat16", chunk_tokens=4)
+    chunk = layout.full_chunk_bytes
+    keys = [CacheEngineKey("org/model", 1, 0, 500 + i, "bfloat16") for i in range(8)]
+    names = {key_to_name(k.to_string()): k for k in keys}
+    other = RemoteBackend(open_store(), layout)
+    rewritten: list[CacheEngineKey] = []
+
+    def rewrite(victims: list[str]) -> None:
+        key = names[victims[0]]
+        assert other.batched_put([(key, b"\x0b" * chunk)]) == 1
+        rewritten.append(key)
+
+    hooked = HookedStore(open_store(), rewrite, only=lambda n: n in names)
+    settings = FleetSettings(
+        fleet=FleetConfig(node_id="a", sync_secs=0.1, heartbeat_secs=0.5, node_timeout_secs=5.0,
+                          compact_secs=0.5, grace_secs=0.0),
+        max_capacity_gb=5 * chunk / 1024**3,
+        eviction=EvictionConfig(trigger_watermark=0.8, eviction_ratio=0.2))
+    kept = count(DELETES_KEPT, "fleet_eviction")
+    with RemoteBackend(hooked, layout, fleet=settings) as tier:
+        for i, k in enumerate(keys[:6]):
+            tier.batched_put([(k, bytes([i + 1]) * chunk)])
+        deadline = time.monotonic() + 30
+        while not rewritten or count(DELETES_KEPT, "fleet_eviction") == kept:
+            assert time.monotonic() < deadline, "no fleet eviction met the rewrite"
+            time.sleep(0.05)
+    got = other.get(rewritten[0])
+    assert got is not None and bytes(memoryview(got).cast("B")) == b"\x0b" * chunk
+    other.close()
