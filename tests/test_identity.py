@@ -52,9 +52,9 @@ def test_the_weight_files_are_read_once_per_process(tmp_path: Path, monkeypatch:
     assert files_fingerprint(base) != first and len(reads) == 2  # rewritten: read again
 
 
-def test_hub_commit_from_config_or_snapshot_path() -> None:
+def test_hub_commit_from_config_or_snapshot_path(tmp_path: Path) -> None:
     assert hub_commit(config={"_commit_hash": COMMITS[1]}) == COMMITS[1]
-    assert hub_commit("/c/hub/models--o--m/snapshots/" + COMMITS[0] + "/model.safetensors") == COMMITS[0]
+    assert hub_commit(make_model_dirs(tmp_path)["revision"]) == COMMITS[0]  # huggingface_hub's layout
     assert hub_commit("/models/llama") is None and hub_commit(config={"_commit_hash": "main"}) is None
 
 

@@ -384,7 +384,7 @@ def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
 
     from huggingface_hub import constants
 
-    from kvbucket.testing.identity_models import COMMITS, make_model_dirs
+    from kvbucket.testing.identity_models import COMMITS, hub_snapshot, make_model_dirs
 
     dirs = make_model_dirs(Path(tmp_path) / "models")
     live = Path(tmp_path) / "serve" / "llama"
@@ -426,7 +426,7 @@ def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
     # a Hub repo id: the weights are the local Hub cache's refs/main commit (no request)
     repo = Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE) / "models--org--llama"
     for commit in COMMITS:
-        shutil.copytree(dirs["base"], repo / "snapshots" / commit, dirs_exist_ok=True)
+        hub_snapshot(repo, commit, dirs["base"])
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(COMMITS[0])
     d = backend(target, src, model="org/llama")

@@ -37,6 +37,7 @@ from typing import Any
 
 from kvbucket.envelope import identity_digest
 from kvbucket.errors import ConfigError
+from kvbucket.identity.files import LARGE_FILE, WEIGHT_SUFFIXES, ModelFilesError, NoWeightsError
 from kvbucket.identity.weights import RETRY_S, IdentityPending, weights_identity, weights_job
 
 log = logging.getLogger("kvbucket.identity")
@@ -49,7 +50,8 @@ _QUALIFIED_RE = re.compile(r"^(.+)~([0-9a-f]{16})$")
 #: Config keys that cannot change the KV bytes of the same tokens, left out of the identity (at
 #: the top and in every nested ``*_config``). Everything else counts, known or not: a field this
 #: list does not name changes the identity (a miss), it is never ignored. ``torch_dtype`` is
-#: spelt ``dtype`` (transformers renamed it), so either spelling gives one identity.
+#: spelt ``dtype`` (transformers renamed it), so either spelling gives one identity; with both,
+#: ``dtype`` wins, as in transformers.
 IGNORED_FIELDS: frozenset[str] = frozenset({
     # which class loads it, which library wrote it, where from
     "architectures", "transformers_version", "name_or_path", "_name_or_path", "_commit_hash",
@@ -123,6 +125,8 @@ def _kept(config: dict[str, Any]) -> dict[str, Any]:
         if key.endswith("_config") and isinstance(value, dict) and key != "quantization_config":
             value = _kept(value)  # a nested model config (text_config, vision_config, ...)
         if key == "torch_dtype":
+            if config.get("dtype") is not None:
+                continue  # both spelt: transformers keeps ``dtype`` (PretrainedConfig.__post_init__)
             key = "dtype"
         out[key] = _plain(value)
     return dict(sorted(out.items()))
@@ -169,33 +173,59 @@ class ModelIdentity:
         return cls(model, f"set:{setting}")
 
 
+def is_path_setting(text: str) -> bool:
+    """Whether a ``model_identity`` text names a path (absolute, ``./``, ``../``, ``~``): it is then
+    the model at that path, never text (see :class:`IdentitySetting`)."""
+    return os.path.isabs(text) or text.startswith(("./", "../", "~")) or text in (".", "..")
+
+
+def setting_path(text: str) -> Path:
+    """The absolute path a path setting names (``~`` expanded, relative to the working directory)."""
+    return Path(os.path.abspath(os.path.expanduser(text)))
+
+
 def identity_of_dir(path: str | os.PathLike[str], model: str | None = None, *,
                     kv: dict[str, Any] | None = None, wait: bool = True) -> ModelIdentity:
     """The :class:`~kvbucket.identity.core.ModelIdentity` of a local model directory: its whole
-    ``config.json`` (:func:`config_fields`) and its weights (a Hub snapshot's commit, else the
-    digest of every weight file's content, :mod:`kvbucket.identity.weights`). ``kv``: the
+    ``config.json`` (:func:`config_fields`) and its weights (a real Hub snapshot's commit, else the
+    digest of every file that counts, :mod:`kvbucket.identity.weights`). ``path`` may be one
+    weights file (a GGUF): its digest, with the ``config.json`` beside it if any. ``kv``: the
     engine's KV fields (cache dtype, layout) to add. Nothing is downloaded.
 
-    The first computation on a machine reads every weight byte; later ones cost a ``stat`` per
-    file. ``wait=False``: raises :class:`IdentityPending` instead of waiting for the first
-    computation (which then runs in a background thread): call again later."""
+    Raises :class:`~kvbucket.identity.files.ModelFilesError` when ``path`` does not exist, holds no
+    weight file, or an entry under it cannot be read (never an identity of what could be seen).
+    The first computation on a machine reads every byte; later ones cost a ``stat`` per file.
+    ``wait=False``: raises :class:`IdentityPending` instead of waiting for the first computation
+    (which then runs in a background thread): call again later."""
     p = Path(path)
-    cfg_file = p / "config.json"
+    if not p.exists():
+        raise ModelFilesError(f"the model path {p} does not exist (not mounted or downloaded yet?): "
+                              "its identity is not known until it does")
+    cfg_file = (p.parent if p.is_file() else p) / "config.json"
     config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
     fields = config_fields(config)
     fields.update(kv or {})
-    return ModelIdentity(model or p.name, weights_identity(p, config, wait=wait), fields)
+    weights = weights_identity(p, wait=wait)
+    if not weights:
+        raise NoWeightsError(f"no weight file under {p} (none of {', '.join(WEIGHT_SUFFIXES[:4])}, ..., "
+                             f"nor any file of {LARGE_FILE >> 20} MiB or more): point model_identity at the "
+                             "directory the engine loads its weights from")
+    return ModelIdentity(model or p.name, weights, fields)
 
 
 class IdentitySetting:
     """A ``model_identity`` setting: one text (every model this process serves) or a dict of model
     name -> text (``"*"``: the others); None or {} means none: names stay name-only.
 
-    A text that is an absolute path to a model directory is that directory's identity
-    (:func:`identity_of_dir`), computed in the background the first time on a machine: until it
-    is known, :meth:`identity` and :meth:`token` raise :class:`IdentityPending` (never a guessed
-    identity, never ``None``, which means name-only): callers answer lookups as misses and drop
-    (and count) stores. :meth:`ready` says whether it is known; :meth:`wait` waits for it."""
+    A text that names a path (absolute, ``./``, ``../``, ``~``: :func:`is_path_setting`) is the
+    identity of the model there (:func:`identity_of_dir`: a directory, or one weights file),
+    computed in the background the first time on a machine; any other text is a label (its
+    digest is the token). Until a path's identity is known (being hashed, or the path missing,
+    holding no weights or unreadable: logged with the path, tried again every :data:`RETRY_S`
+    seconds), :meth:`identity` and :meth:`token` raise :class:`IdentityPending` (never a guessed
+    identity, never ``None``, which means name-only, never the path as text): callers answer
+    lookups as misses and drop (and count) stores. :meth:`ready` says whether it is known;
+    :meth:`wait` waits for it (and raises when it cannot be computed)."""
 
     def __init__(self, setting: str | dict[str, str] | None) -> None:
         if isinstance(setting, str):
@@ -210,24 +240,27 @@ class IdentitySetting:
         self.pending_misses = 0  # keys answered as misses while an identity was not known yet
         self.pending_refused = 0  # names refused (stores dropped) while it was not known yet
         for text in self._by_model.values():
-            if text and os.path.isabs(text) and os.path.isdir(text) and text not in self._dirs:
+            if text and is_path_setting(text) and text not in self._dirs:
                 self._resolve(text)
 
     def _resolve(self, text: str) -> ModelIdentity | None:
         """The directory's identity when known; else starts (or checks) its computation."""
         try:
-            found = self._dirs[text] = identity_of_dir(text, wait=False)
+            found = self._dirs[text] = identity_of_dir(setting_path(text), wait=False)
             self._pending.pop(text, None)
             self._errors.pop(text, None)
             return found
         except IdentityPending:
-            if text not in self._pending:
+            if text not in self._pending or text in self._errors:
                 log.info("model identity of %s: hashing its weight files (once per machine); until "
                          "done, its chunks are misses and nothing is stored", text)
-            self._pending[text] = (weights_job(text), 0.0)
-        except Exception as e:  # unreadable files: still unknown, tried again later
-            log.error("model identity of %s cannot be computed (%s); its chunks are misses and nothing "
-                      "is stored until it can (retried every %.0f s)", text, e, RETRY_S)
+            self._pending[text] = (weights_job(setting_path(text)), 0.0)
+            self._errors.pop(text, None)
+        except Exception as e:  # missing, no weights, unreadable: still unknown, tried again later
+            if text not in self._errors:
+                log.error("model identity of %s cannot be computed (%s); its chunks are misses and nothing "
+                          "is stored until it can (retried every %.0f s; or set model_identity to a "
+                          "label such as v3)", text, e, RETRY_S)
             self._pending[text] = (None, time.monotonic() + RETRY_S)
             self._errors[text] = e
         return None
@@ -275,8 +308,8 @@ class IdentitySetting:
             failed = [(t, e) for t, e in list(self._errors.items()) if t in self._pending]
             if failed:
                 text, err = failed[0]
-                raise ConfigError(f"the model identity of {text} cannot be computed: {err} (make its weight "
-                                  "files readable, or set model_identity to a token or text)") from err
+                raise ConfigError(f"the model identity of {text} cannot be computed: {err} (or set "
+                                  "model_identity to a token or a label such as v3)") from err
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
@@ -364,9 +397,11 @@ __all__ = [
     "ModelIdentity",
     "config_fields",
     "identity_of_dir",
+    "is_path_setting",
     "is_token",
     "qualify",
     "qualify_key_string",
+    "setting_path",
     "split",
     "split_key_string",
     "token_of",

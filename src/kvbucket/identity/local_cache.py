@@ -32,9 +32,11 @@ from typing import Any
 log = logging.getLogger("kvbucket.identity")
 
 ENV = "KVBUCKET_IDENTITY_CACHE"
-VERSION = 2
-#: Entries kept at most; past it the oldest-written go first (a machine's models, many times over).
-MAX_ENTRIES = 20_000
+VERSION = 3
+#: Entries (files) kept at most: well above a machine's models (a model of 25,000 files is kept
+#: whole). Past it, whole model directories go, the least recently written first, never the one
+#: being written: a model is never left half cached (its restart would hash the rest again).
+MAX_ENTRIES = 100_000
 
 StatKey = tuple[int, int, int, int]  # (size, mtime_ns, inode, ctime_ns)
 
@@ -77,8 +79,10 @@ def _read(path: Path) -> dict[str, list[Any]]:
         return {}
     try:
         doc = json.loads(raw)
-        files = doc["files"] if doc.get("version") == VERSION else {}
-        return {k: v for k, v in files.items() if isinstance(v, list) and len(v) == 5}
+        files = doc["files"] if doc.get("version") in (2, VERSION) else {}
+        # [size, mtime_ns, inode, ctime_ns, digest, model directory] (version 2 entries: no directory)
+        return {k: v if len(v) == 6 else [*v, ""] for k, v in files.items()
+                if isinstance(v, list) and len(v) in (5, 6)}
     except Exception as e:  # damaged (a full disk, an editor): recomputed, then rewritten
         log.warning("identity cache %s is damaged (%s); the weight digests in it are recomputed", path, e)
         return {}
@@ -111,11 +115,12 @@ class DigestCache:
             return str(hit[4])
         return None
 
-    def put_many(self, entries: dict[str, tuple[StatKey, str]]) -> None:
-        """Record digests, in the process and (merged under the file lock) on disk."""
+    def put_many(self, entries: dict[str, tuple[StatKey, str]], group: str = "") -> None:
+        """Record digests of the files of model directory ``group``, in the process and (merged
+        under the file lock) on disk."""
         if not entries:
             return
-        fresh = {real: [*key, digest] for real, (key, digest) in entries.items()}
+        fresh = {real: [*key, digest, group] for real, (key, digest) in entries.items()}
         with self._lock:
             self._load()
             self._mem.update(fresh)
@@ -129,7 +134,7 @@ class DigestCache:
                     merged.pop(real, None)  # re-inserted last: the newest survive pruning
                 merged.update(fresh)
                 if len(merged) > MAX_ENTRIES:
-                    merged = dict(list(merged.items())[-MAX_ENTRIES:])
+                    merged = _pruned(merged, group)
                 fd, tmp = tempfile.mkstemp(prefix=".identity-", dir=self.path.parent)
                 try:
                     with os.fdopen(fd, "w") as f:
@@ -147,6 +152,24 @@ class DigestCache:
         except OSError as e:  # a read-only home: the digests still hold for this process
             log.warning("cannot write the identity cache %s (%s): weight digests are kept in this "
                         "process only (set %s to a writable file)", self.path, e, ENV)
+
+
+def _pruned(files: dict[str, list[Any]], keep: str) -> dict[str, list[Any]]:
+    """``files`` under :data:`MAX_ENTRIES`: whole model directories dropped, the least recently
+    written first (entries are in write order), never ``keep``."""
+    last: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for i, v in enumerate(files.values()):
+        last[v[5]] = i
+        count[v[5]] = count.get(v[5], 0) + 1
+    n, drop = len(files), set()
+    for g in sorted(last, key=last.__getitem__):
+        if n <= MAX_ENTRIES:
+            break
+        if g != keep:
+            drop.add(g)
+            n -= count[g]
+    return {k: v for k, v in files.items() if v[5] not in drop}
 
 
 _default: DigestCache | None = None

@@ -1,14 +1,17 @@
 """The weights part of a model identity: a Hub commit, or a digest of every weight byte.
 
-- A Hub snapshot (``.../models--org--name/snapshots/<commit>/``, or a config that carries
-  ``_commit_hash``, as transformers sets it when it resolves a revision): ``hub:<commit>``, free.
-  (A file edited in place inside the Hub cache keeps the commit: a documented limit.)
-- Local files: ``files:<digest>``, an XXH3-128 over every weight file under the directory,
-  recursively (:func:`weight_files`): its path relative to the directory, its size and the
-  XXH3-128 of its *full content* (:mod:`.digest`). A fine-tune of one tensor anywhere changes
-  it; a copy of the same files elsewhere, or a ``touch``, does not (mtimes and paths outside the
-  directory are not in it). Each file's digest is kept in the machine's cache
-  (:mod:`.local_cache`), so only the first computation on a machine reads the bytes.
+- A real Hub cache snapshot (``<cache>/models--org--name/snapshots/<commit>/``, its files symlinks
+  into ``../../blobs/``: :func:`.files.hub_snapshot_commit`), or a config that carries
+  ``_commit_hash`` (transformers sets it when it resolves a repo id) and was not loaded from a
+  local directory: ``hub:<commit>``, free. (A file edited in place inside the Hub cache keeps the
+  commit: a documented limit.)
+- Local files: ``files:<digest>``, an XXH3-128 over every file of the model that counts
+  (:func:`.files.model_file_stats`: every file under the directory, recursively, but a short
+  list that cannot change the KV), of which at least one must be weights: its path relative to
+  the directory, its size and the XXH3-128 of its *full content* (:mod:`.digest`). A fine-tune
+  of one tensor anywhere changes it; a copy of the same files elsewhere, or a ``touch``, does not
+  (mtimes and paths outside the directory are not in it). Each file's digest is kept in the
+  machine's cache (:mod:`.local_cache`), so only the first computation on a machine reads the bytes.
 
 The first computation of a large model takes seconds (minutes from a cold disk). Callers that
 must not wait ask with ``wait=False``: a background thread computes it and :class:`IdentityPending`
@@ -26,20 +29,22 @@ from pathlib import Path
 from typing import Any
 
 from kvbucket.identity.digest import combine, hash_files
+from kvbucket.identity.files import (
+    LARGE_FILE,
+    WEIGHT_SUFFIXES,
+    has_weights,
+    hub_snapshot_commit,
+    model_file_stats,
+)
 from kvbucket.identity.local_cache import DigestCache, default_cache, stat_key
 
 log = logging.getLogger("kvbucket.identity")
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack",
-                   ".npz", ".npy", ".onnx", ".pkl", ".nemo", ".distcp")
-#: Any other file at least this large counts too (weights under a name no suffix list knows).
-LARGE_FILE = 4 << 20
 #: A file changed this recently (ctime, before its stat) is hashed but its digest is not kept in
 #: the machine's cache: a rewrite within the same timestamp tick could leave its stat unchanged.
 RACY_NS = 1_000_000_000
 #: Seconds before a failed computation (a file unreadable) is tried again.
 RETRY_S = 30.0
-_SNAPSHOT_RE = re.compile(r"(?:^|/)snapshots/([0-9a-f]{40})(?:/|$)")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -54,49 +59,20 @@ class IdentityPending(Exception):
 
 
 def hub_commit(path: str | os.PathLike[str] | None = None, config: Any = None) -> str | None:
-    """The resolved Hub commit of a model: from its config's ``_commit_hash`` or from a snapshot
-    path of the Hub cache (a symlink farm under ``snapshots/<commit>``). None when neither says."""
+    """The resolved Hub commit of a model: from a real Hub cache snapshot (``path``, else the
+    config's ``_name_or_path`` when it is a local directory: :func:`.files.hub_snapshot_commit`),
+    else the config's ``_commit_hash`` (transformers sets it when it resolves a repo id). None
+    when neither says. A local directory that is not a real snapshot has no commit, whatever its
+    path or config say (transformers takes any ``snapshots/<hex>/`` in a path as a commit)."""
+    local = path
+    if local is None:
+        name = (config.get("_name_or_path") if isinstance(config, dict)
+                else getattr(config, "_name_or_path", None))
+        local = name if isinstance(name, str) and name and os.path.exists(name) else None
+    if local is not None and os.path.exists(local):
+        return hub_snapshot_commit(local)
     commit = config.get("_commit_hash") if isinstance(config, dict) else getattr(config, "_commit_hash", None)
-    if isinstance(commit, str) and _COMMIT_RE.match(commit):
-        return commit
-    if path:
-        m = _SNAPSHOT_RE.search(Path(path).as_posix())
-        if m:
-            return m.group(1)
-    return None
-
-
-def _is_weight(name: str, size: int) -> bool:
-    return name.endswith(WEIGHT_SUFFIXES) or size >= LARGE_FILE
-
-
-def weight_stats(path: str | os.PathLike[str]) -> list[tuple[str, Path, os.stat_result]]:
-    """``(relative name, file, stat)`` of every weight file under ``path`` (or the file itself),
-    sorted by name: recursive, file symlinks followed, hidden entries (``.git``, ``.cache``) and
-    directory symlinks skipped."""
-    p = Path(path)
-    if p.is_file():
-        return [(p.name, p, p.stat())]
-    out: list[tuple[str, Path, os.stat_result]] = []
-    for dirpath, dirnames, filenames in os.walk(p):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            if name.startswith("."):
-                continue
-            f = Path(dirpath, name)
-            try:
-                st = f.stat()
-            except OSError:  # a dangling symlink: not a weight file the engine can load
-                continue
-            if _is_weight(name, st.st_size) and not os.path.isdir(f):
-                out.append((f.relative_to(p).as_posix(), f, st))
-    out.sort(key=lambda t: t[0])
-    return out
-
-
-def weight_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The weight files under a model directory (see :func:`weight_stats`), sorted by name."""
-    return [f for _, f, _ in weight_stats(path)]
+    return commit if isinstance(commit, str) and _COMMIT_RE.match(commit) else None
 
 
 class WeightsJob:
@@ -126,7 +102,7 @@ class WeightsJob:
                 # the hash, could leave its stat as it was: the "racily clean" files of git).
                 self._cache.put_many({real: (stat_key(st), fresh[real]) for real, st in need.items()
                                       if st.st_ctime_ns < self._settled_ns
-                                      and stat_key(os.stat(real)) == stat_key(st)})
+                                      and stat_key(os.stat(real)) == stat_key(st)}, group=self.root)
                 digests.update(fresh)
                 log.info("model weights under %s hashed: %d files, %.1f GiB in %.2f s", self.root, len(need),
                          sum(st.st_size for st in need.values()) / 2**30, time.monotonic() - self.started)
@@ -164,9 +140,10 @@ def weights_job(path: str | os.PathLike[str], *, background: bool = True) -> Wei
     the machine's cache; else started (``background``: in a daemon thread) or joined when one
     for the same files is running. None when ``path`` holds no weight file."""
     now = time.time_ns()
-    stats = [(rel, os.path.realpath(f), st) for rel, f, st in weight_stats(path)]
-    if not stats:
+    found = model_file_stats(path)
+    if not has_weights(found):
         return None
+    stats = [(rel, os.path.realpath(f), st) for rel, f, st in found]
     root = str(Path(path).resolve())
     cache = default_cache()
     key = (root, cache.path, tuple((rel, stat_key(st)) for rel, _, st in stats))
@@ -212,4 +189,4 @@ def weights_identity(path: str | os.PathLike[str] | None, config: Any = None,
 
 
 __all__ = ["LARGE_FILE", "WEIGHT_SUFFIXES", "IdentityPending", "WeightsJob", "files_fingerprint",
-           "hub_commit", "weight_files", "weight_stats", "weights_identity", "weights_job"]
+           "hub_commit", "weights_identity", "weights_job"]

@@ -4,8 +4,9 @@ Each engine resolves its model once at start; the tier reads what the engine res
 never downloads anything (:mod:`kvbucket.identity`):
 
 1. ``model_identity`` in the tier's settings, when set to anything but ``"auto"``/``"off"``: a
-   token (as ``kvbucket du`` shows), an absolute path to the model directory, or text naming
-   the weights. ``"off"``: names carry no identity (as before identities; a warning says so);
+   token (as ``kvbucket du`` shows), a path to the model (absolute, ``./``, ``~``: its
+   identity, or an error at start when it cannot be computed), or text naming the weights.
+   ``"off"``: names carry no identity (as before identities; a warning says so);
 2. the engine's own model config, when the engine hands one (SGLang's ``ModelConfig``; vLLM's
    ``ModelConfig`` when the tier finds it, see :func:`engine_config_on_stack`): its HF config
    (``_commit_hash``, the fields that shape attention), revision, quantization and dtype;
@@ -28,7 +29,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from kvbucket.identity.core import ModelIdentity, config_fields, identity_of_dir, warn_name_only
+from kvbucket.identity.core import (
+    ModelIdentity,
+    config_fields,
+    identity_of_dir,
+    is_path_setting,
+    setting_path,
+    warn_name_only,
+)
+from kvbucket.identity.files import NoWeightsError
 from kvbucket.identity.weights import hub_commit, weights_identity
 
 log = logging.getLogger("kvbucket.identity")
@@ -102,8 +111,11 @@ def from_files(name: str, revision: str | None, kv: dict[str, Any]) -> ModelIden
     where = Path(name) if os.path.isdir(name) else hub_cache_snapshot(name, revision)
     if where is None:
         return None
-    ident = identity_of_dir(where, name, kv=kv)
-    return ident if ident.weights else None
+    try:
+        return identity_of_dir(where, name, kv=kv)
+    except NoWeightsError as e:
+        log.warning("model %r: %s", name, e)
+        return None
 
 
 def resolve(where: str, name: str, settings: IdentitySettings, kv: dict[str, Any],
@@ -114,8 +126,8 @@ def resolve(where: str, name: str, settings: IdentitySettings, kv: dict[str, Any
         warn_name_only(where)
         return None
     if setting != "auto":
-        if os.path.isabs(setting) and os.path.isdir(setting):
-            found = identity_of_dir(setting, name, kv=kv)
+        if is_path_setting(setting):  # a path is always the model there (an error if it cannot be)
+            found = identity_of_dir(setting_path(setting), name, kv=kv)
             return ModelIdentity(name, found.weights, found.fields)
         return ModelIdentity.from_setting(name, setting)
     ident = from_model_config(name, model_config, kv) if model_config is not None else None

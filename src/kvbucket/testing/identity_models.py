@@ -2,13 +2,14 @@
 
 Each is a ``config.json`` and one ``model.safetensors`` (a real safetensors header and random
 tensor bytes): ``base``; ``weights`` (other tensor bytes, same config); ``rope`` (the base's
-weights, ``rope_scaling`` added); ``revision`` and ``revision2`` (Hub-cache snapshots of two
-commits holding the base's files); ``copy`` (the base's files copied elsewhere, other mtimes:
-the same identity). Used by the identity tests of every engine path.
+weights, ``rope_scaling`` added); ``revision`` and ``revision2`` (real Hub-cache snapshots of
+two commits holding the base's files, :func:`hub_snapshot`); ``copy`` (the base's files copied
+elsewhere, other mtimes: the same identity). Used by the identity tests of every engine path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -39,6 +40,26 @@ def _model(root: Path, config: dict[str, Any], seed: int) -> Path:
     return root
 
 
+def hub_snapshot(repo: Path, commit: str, src: Path) -> Path:
+    """``src``'s files as huggingface_hub's cache holds them: ``<repo>/snapshots/<commit>/<name>``,
+    each a relative symlink to ``<repo>/blobs/<its sha256>`` (``repo``: ``.../models--org--name``)."""
+    snap = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.rglob("*")):
+        if not f.is_file():
+            continue
+        data = f.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        if not blob.exists():
+            blob.write_bytes(data)
+        link = snap / f.relative_to(src)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return snap
+
+
 def make_model_dirs(tmp: Path) -> dict[str, Path]:
     base = _model(tmp / "local" / "llama", CONFIG, seed=1)
     out = {
@@ -48,9 +69,7 @@ def make_model_dirs(tmp: Path) -> dict[str, Path]:
                        {**CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, seed=1),
     }
     for key, commit in zip(("revision", "revision2"), COMMITS, strict=True):
-        snap = tmp / "hub" / "models--org--llama" / "snapshots" / commit
-        shutil.copytree(base, snap)
-        out[key] = snap
+        out[key] = hub_snapshot(tmp / "hub" / "models--org--llama", commit, base)
     copy = tmp / "elsewhere" / "llama"
     shutil.copytree(base, copy)
     os.utime(copy / "model.safetensors", (1_000_000_000, 1_000_000_000))
@@ -61,4 +80,4 @@ def make_model_dirs(tmp: Path) -> dict[str, Path]:
 #: The variants a second process may run under the first one's model name: all must miss.
 OTHER_VARIANTS = ("weights", "revision", "rope")
 
-__all__ = ["COMMITS", "CONFIG", "OTHER_VARIANTS", "make_model_dirs", "write_safetensors"]
+__all__ = ["COMMITS", "CONFIG", "OTHER_VARIANTS", "hub_snapshot", "make_model_dirs", "write_safetensors"]
