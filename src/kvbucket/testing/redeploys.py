@@ -3,7 +3,8 @@
 Two bases: ``small`` (a config that sets every field the issue names, a multimodal
 ``text_config``/``vision_config``, three safetensors shards of attention and MLP tensors written
 with the ``safetensors`` package, ``original/model.safetensors`` in a subfolder, a ``.bin`` and a
-GGUF file) and ``big`` (one 64 MiB safetensors file of 32 tensors of 2 MiB, real random bytes).
+GGUF file, and the small files other tools read: :data:`SIDE_FILES`, remote code, a chat
+template) and ``big`` (one 64 MiB safetensors file of 32 tensors of 2 MiB, real random bytes).
 :data:`CHANGES` each change one thing in place; every one must give a new identity.
 :data:`SAME` change nothing the KV depends on; every one must keep it. ``kv``: the engine's KV
 fields the identity is computed with (KV cache dtype, quantization).
@@ -83,6 +84,26 @@ def write_raw_safetensors(path: Path, tensors: list[tuple[str, bytes]], dtype: s
             f.write(data)
 
 
+#: Small files beside the weights: what other formats and tools read (Mistral's params.json,
+#: AutoGPTQ, ModelOpt, an image processor) change the KV; the tokenizer's and generation's do not.
+SIDE_FILES: dict[str, dict[str, Any]] = {
+    "params.json": {"dim": 64, "n_layers": 2, "rope_theta": 1000000.0},
+    "quantize_config.json": {"bits": 4, "group_size": 128},
+    "hf_quant_config.json": {"quantization": {"quant_algo": "FP8"}},
+    "preprocessor_config.json": {"size": {"height": 224, "width": 224}, "image_mean": [0.5, 0.5, 0.5]},
+    "generation_config.json": {"temperature": 0.7},
+    "tokenizer_config.json": {"model_max_length": 4096},
+}
+
+
+def _edit_json(name: str, update: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    def change(d: Path) -> None:
+        doc = json.loads((d / name).read_text())
+        update(doc)
+        (d / name).write_text(json.dumps(doc))
+    return change
+
+
 def make_small(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(CONFIG))
@@ -92,6 +113,11 @@ def make_small(root: Path) -> Path:
     _save(root / "original" / "model.safetensors", _tensors(7, range(1)))
     (root / "pytorch_model.bin").write_bytes(np.random.default_rng(8).bytes(1 << 16))
     (root / "model.gguf").write_bytes(b"GGUF" + np.random.default_rng(9).bytes(1 << 16))
+    for name, doc in SIDE_FILES.items():
+        (root / name).write_text(json.dumps(doc))
+    (root / "modeling_custom.py").write_text("SCALE = 1.0\n")  # trust_remote_code
+    (root / "chat_template.jinja").write_text("{{ messages }}")
+    (root / "LICENSE").write_text("a licence\n")
     return root
 
 
@@ -248,6 +274,19 @@ CHANGES: tuple[Case, ...] = (
     Case("config vision_config.patch_size", "small", _set("patch_size", 16, "vision_config")),
     Case("a new config field no list knows", "small", _set("attn_temperature_tuning", 4)),
     Case("quantization_config added", "small", _set("quantization_config", {"quant_method": "fp8"})),
+    # small files other than config.json: every one counts but the tokenizer's, generation's, docs
+    Case("params.json (Mistral format) rope_theta", "small",
+         _edit_json("params.json", lambda c: c.update(rope_theta=500000.0))),
+    Case("quantize_config.json (AutoGPTQ) bits", "small", _edit_json("quantize_config.json",
+                                                                     lambda c: c.update(bits=8))),
+    Case("hf_quant_config.json (ModelOpt) algorithm", "small",
+         _edit_json("hf_quant_config.json", lambda c: c.update(quantization={"quant_algo": "NVFP4"}))),
+    Case("preprocessor_config.json image size", "small",
+         _edit_json("preprocessor_config.json", lambda c: c.update(size={"height": 336, "width": 336}))),
+    Case("remote code (modeling_custom.py) changed", "small",
+         lambda d: (d / "modeling_custom.py").write_text("SCALE = 2.0\n")),
+    Case("a small file no list knows added", "small",
+         lambda d: (d / "attention_sinks.json").write_text('{"sinks": 4}')),
     Case("KV cache dtype fp8", "small", kv=_kv(kv_cache_dtype="fp8_e4m3")),
     Case("engine quantization fp8", "small", kv=_kv(quantization="fp8")),
 )
@@ -261,6 +300,11 @@ SAME: tuple[Case, ...] = (
                                              temperature=0.6, top_p=0.9))),
     Case("README changed, a small tokenizer file added", "small",
          lambda d: ((d / "README.md").write_text("# v2\n"), (d / "tokenizer.json").write_text("{}"))),
+    Case("generation_config.json, tokenizer_config.json, chat template and LICENSE changed", "small",
+         lambda d: (_edit_json("generation_config.json", lambda c: c.update(temperature=0.1))(d),
+                    _edit_json("tokenizer_config.json", lambda c: c.update(model_max_length=8192))(d),
+                    (d / "chat_template.jinja").write_text("{{ other }}"),
+                    (d / "LICENSE").write_text("another licence\n"))),
     Case("a hidden .cache folder added", "small",
          lambda d: (d / ".cache").mkdir() or (d / ".cache" / "x.safetensors").write_bytes(b"x" * 100)),
     Case("config.json rewritten with its keys in another order", "small",
@@ -279,5 +323,5 @@ def prepare(root: Path, cases: tuple[Case, ...]) -> dict[str, Path]:
     return out
 
 
-__all__ = ["CHANGES", "CONFIG", "KV", "SAME", "Case", "make_big", "make_small", "prepare",
+__all__ = ["CHANGES", "CONFIG", "KV", "SAME", "SIDE_FILES", "Case", "make_big", "make_small", "prepare",
            "write_raw_safetensors"]
