@@ -132,3 +132,38 @@ def test_mapped_and_read_digests_agree(tmp_path: Path, monkeypatch: Any) -> None
     mapped = digest.hash_files(sizes)
     monkeypatch.setattr(digest.mmap, "mmap", lambda *a, **k: (_ for _ in ()).throw(OSError("no mmap")))
     assert digest.hash_files(sizes) == mapped and mapped[str(f)] != mapped[str(empty)]
+
+
+def test_a_restart_of_a_model_of_25000_files_reads_no_byte(tmp_path: Path) -> None:
+    """Past the old bound of 20,000 entries, every restart hashed ~5,000 files again and rewrote
+    the cache: a model is kept whole, so a restart reads no byte and writes nothing."""
+    d = tmp_path / "many"
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "llama"}')
+    for i in range(25_000):
+        (d / f"w{i:05d}.safetensors").write_bytes(i.to_bytes(4, "little"))
+    cache = tmp_path / "cache.json"
+    settle()
+    first = fresh(cache, d)
+    assert first["hashed"] == 25_000 * 4
+    written = cache.stat().st_mtime_ns
+    again = fresh(cache, d)
+    assert again["hashed"] == 0 and token(again, d) == token(first, d)
+    assert cache.stat().st_mtime_ns == written  # nothing rewritten
+
+
+def test_the_bound_drops_whole_model_directories_least_recently_written_first(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    from kvbucket.identity import local_cache
+
+    monkeypatch.setattr(local_cache, "MAX_ENTRIES", 5)
+    c = local_cache.DigestCache(tmp_path / "cache.json")
+    key = (1, 2, 3, 4)
+    c.put_many({"/a/1": (key, "x"), "/a/2": (key, "x")}, group="/a")
+    c.put_many({"/b/1": (key, "x"), "/b/2": (key, "x")}, group="/b")
+    c.put_many({"/c/1": (key, "x"), "/c/2": (key, "x"), "/c/3": (key, "x")}, group="/c")  # 7 > 5: /a goes
+    assert sorted(json.loads((tmp_path / "cache.json").read_text())["files"]) == [
+        "/b/1", "/b/2", "/c/1", "/c/2", "/c/3"]
+    big = {f"/d/{i}": (key, "x") for i in range(6)}  # one model over the bound: kept whole
+    c.put_many(big, group="/d")
+    assert sorted(json.loads((tmp_path / "cache.json").read_text())["files"]) == sorted(big)
