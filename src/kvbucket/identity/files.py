@@ -46,7 +46,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5
 LARGE_FILE = 4 << 20
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
-FileStat = tuple[str, Path, os.stat_result]  # (name relative to the directory, file, its stat)
+FileStat = tuple[str, str, os.stat_result]  # (name relative to the directory, real path, its stat)
 
 
 class ModelFilesError(ConfigError):
@@ -82,18 +82,19 @@ def _entry_stat(path: str) -> os.stat_result:
 
 
 def model_file_stats(path: str | os.PathLike[str]) -> list[FileStat]:
-    """``(relative name, file, stat)`` of every file of the model at ``path`` that counts (see the
-    module docstring), sorted by name; ``path`` itself when it is a file. Raises
+    """``(relative name, real path, stat)`` of every file of the model at ``path`` that counts
+    (see the module docstring), sorted by name; ``path`` itself when it is a file. Raises
     :class:`ModelFilesError` or :class:`OSError` when an entry cannot be listed or stat'ed."""
     p = Path(path)
     st = os.stat(p)  # FileNotFoundError / PermissionError: the caller says what to do
     if stat.S_ISREG(st.st_mode):
-        return [(p.name, p, st)]
+        return [(p.name, os.path.realpath(p), st)]
     if not stat.S_ISDIR(st.st_mode):
         raise ModelFilesError(f"{p} is neither a file nor a directory")
     out: list[FileStat] = []
 
-    def visit(d: Path, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
+    def visit(d: str, real_d: str, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
+        """``real_d``: ``d`` with its symlinks resolved (an entry's real path without a syscall)."""
         try:
             with os.scandir(d) as it:
                 entries = sorted(it, key=lambda e: e.name)
@@ -110,16 +111,17 @@ def model_file_stats(path: str | os.PathLike[str]) -> list[FileStat]:
             except OSError as err:
                 raise ModelFilesError(f"cannot stat {e.path} ({err.strerror or err}): "
                                       "make it readable") from err
+            real = os.path.realpath(e.path) if e.is_symlink() else f"{real_d}/{e.name}"
             if stat.S_ISDIR(est.st_mode):
                 key = (est.st_dev, est.st_ino)
                 if key not in ancestors:  # a symlink back up the tree: its files are already in
-                    visit(Path(e.path), name + "/", ancestors | {key})
+                    visit(e.path, real, name + "/", ancestors | {key})
             elif stat.S_ISREG(est.st_mode):
-                out.append((name, Path(e.path), est))
+                out.append((name, real, est))
             else:
                 raise ModelFilesError(f"{e.path} is not a regular file (a pipe, socket or device)")
 
-    visit(p, "", frozenset({(st.st_dev, st.st_ino)}))
+    visit(str(p), os.path.realpath(p), "", frozenset({(st.st_dev, st.st_ino)}))
     return out
 
 

@@ -115,6 +115,14 @@ class DigestCache:
             return str(hit[4])
         return None
 
+    def get_many(self, keys: dict[str, StatKey]) -> dict[str, str]:
+        """The digests of the files (real path -> stat key) whose stat is still the one given."""
+        with self._lock:
+            self._load()
+            mem = self._mem
+            hits = {real: mem.get(real) for real in keys}
+        return {real: str(h[4]) for real, h in hits.items() if h is not None and tuple(h[:4]) == keys[real]}
+
     def put_many(self, entries: dict[str, tuple[StatKey, str]], group: str = "") -> None:
         """Record digests of the files of model directory ``group``, in the process and (merged
         under the file lock) on disk."""

@@ -92,8 +92,7 @@ class WeightsJob:
 
     def run(self) -> None:
         try:
-            digests = {real: d for _, real, st in self._stats
-                       if (d := self._cache.get(real, stat_key(st))) is not None}
+            digests = self._cache.get_many({real: stat_key(st) for _, real, st in self._stats})
             need = {real: st for _, real, st in self._stats if real not in digests}
             if need:
                 fresh = hash_files({real: st.st_size for real, st in need.items()})
@@ -140,10 +139,9 @@ def weights_job(path: str | os.PathLike[str], *, background: bool = True) -> Wei
     the machine's cache; else started (``background``: in a daemon thread) or joined when one
     for the same files is running. None when ``path`` holds no weight file."""
     now = time.time_ns()
-    found = model_file_stats(path)
-    if not has_weights(found):
+    stats = model_file_stats(path)
+    if not has_weights(stats):
         return None
-    stats = [(rel, os.path.realpath(f), st) for rel, f, st in found]
     root = str(Path(path).resolve())
     cache = default_cache()
     key = (root, cache.path, tuple((rel, stat_key(st)) for rel, _, st in stats))
@@ -155,7 +153,7 @@ def weights_job(path: str | os.PathLike[str], *, background: bool = True) -> Wei
         job = _jobs[key] = WeightsJob(root, stats, cache, now)
         if len(_jobs) > 256:
             _jobs.pop(next(iter(_jobs)))
-    if all(cache.get(real, stat_key(st)) is not None for _, real, st in stats) or not background:
+    if len(cache.get_many({real: stat_key(st) for _, real, st in stats})) == len(stats) or not background:
         job.run()  # a restart: one stat per file, no byte read
     else:
         threading.Thread(target=job.run, name="kvbucket-identity-hash", daemon=True).start()
