@@ -6,7 +6,8 @@ An 8B-class model's bf16 weights as ``--shards`` safetensors files of ``--gib`` 
 files (every byte written, nothing sparse; random 256 MiB blocks, each shard's differing), under
 a local directory, and the same files as a Hub-cache snapshot. Measured, ``--repeat`` times:
 
-- ``hub_commit``: a snapshot (``.../snapshots/<commit>/``): the commit from the path, no byte read;
+- ``hub_commit``: a Hub cache snapshot (``models--*/snapshots/<commit>/``, files symlinked into
+  ``blobs/``): the commit from the layout, no byte read;
 - ``files_cold``: the first computation on a machine with a cold page cache (``echo 3 >
   /proc/sys/vm/drop_caches`` as root, else ``posix_fadvise(DONTNEED)`` per file, which evicts a
   file's clean pages without root): the disk bounds it;
@@ -121,11 +122,15 @@ def main() -> None:
         time.sleep(1.1)  # older than weights.RACY_NS: their digests are kept in the machine's cache
         total = sum(f.stat().st_size for f in files)
         on_disk = sum(os.stat(f).st_blocks * 512 for f in files)
-        snap = root / "hub" / "models--org--llama-8b" / "snapshots" / ("c" * 40)
+        repo = root / "hub" / "models--org--llama-8b"
+        snap = repo / "snapshots" / ("c" * 40)
         snap.mkdir(parents=True)
-        (snap / "config.json").write_text(json.dumps(CONFIG))
-        for f in files:  # the Hub cache's snapshot files are symlinks to blobs
-            (snap / f.name).symlink_to(f)
+        (repo / "blobs").mkdir()
+        (repo / "blobs" / "config").write_text(json.dumps(CONFIG))
+        (snap / "config.json").symlink_to("../../blobs/config")
+        for f in files:  # the Hub cache's snapshot files are symlinks to blobs (here, to the files)
+            (repo / "blobs" / f.name).symlink_to(f)
+            (snap / f.name).symlink_to(f"../../blobs/{f.name}")
         hub, cold, warm, restart, restart_import = [], [], [], [], []
         how = ""
         token = identity_of_dir(local, "org/llama-8b").token
