@@ -6,10 +6,10 @@ another quantization or KV cache dtype all give other bytes for the same tokens.
 :class:`ModelIdentity` holds what decides those bytes:
 
 - ``weights``: ``hub:<commit>`` (a resolved Hub commit hash, free to read), else
-  ``files:<digest>`` (:func:`kvbucket.identity.weights.files_fingerprint`: every weight file's
-  name, size and full content, hashed once per machine), else ``tensors:<digest>`` (every
-  parameter's bytes in memory, the transformers integration), else ``set:<text>`` (a
-  ``model_identity`` setting);
+  ``files:<digest>`` (:func:`kvbucket.identity.weights.files_fingerprint`: every file of the
+  model but a short list (:mod:`.files`), its name, size and full content, hashed once per
+  machine), else ``tensors:<digest>`` (every parameter's bytes in memory, the transformers
+  integration), else ``set:<text>`` (a ``model_identity`` label, never a path);
 - ``fields``: the whole model config minus :data:`IGNORED_FIELDS` (:func:`config_fields`),
   the model and KV cache dtypes, quantization, and the layout the engine already names.
 
