@@ -13,9 +13,10 @@ locally, one call per batch.
 Only the happy path lives here: status 200 with a ``Content-Length``. A GET's 404 whose body
 says ``NoSuchKey``, or any HEAD's 404, is a miss (one request). Anything else (an error status, a
 body cut short, a timeout, TLS trouble) comes back as :data:`RETRY` and ``S3Store`` repeats that
-item through obstore, which owns retries, backoff and error messages. A batch given a deadline
-stops there: transfers still running are dropped (libcurl writes only inside ``perform``, in the
-calling thread, so a dropped transfer never writes into its buffer again) and answer
+item through obstore, which owns retries, backoff and error messages; an answer longer than
+its Content-Length is :data:`OVERLONG` (refused, its connections never reused: kept.py). A batch
+given a deadline stops there: transfers still running are dropped (libcurl writes only inside
+``perform``, in the calling thread, so a dropped transfer never writes into its buffer again) and answer
 :data:`EXPIRED`. A batch given ``answer_by`` also stops there if no request of it has had an answer
 yet (the status and headers of one response: the server is hung), its items :data:`UNANSWERED`.
 Presigned URLs carry the access key id
@@ -48,6 +49,7 @@ import pycurl
 
 from kvbucket.chunks import as_view
 from kvbucket.stores.base import Scatter
+from kvbucket.stores.s3.kept import OVERLONG, ConnectionWatch
 
 _memmove = ctypes.memmove  # a foreign call: the GIL is released while it copies
 # A batch is signed right before its requests go out; the URLs only need to outlive the batch.
@@ -93,6 +95,7 @@ class _Transfer:
     head: bool = False  # a HEAD: only the status and Content-Length matter
     status: int = 0
     headed: bool = False  # a whole header block arrived: the server answers
+    closing: bool = False  # the server said it closes the connection after this answer
     announced: int = -1
     pos: int = 0
     data: Any = None
@@ -108,11 +111,15 @@ class _Transfer:
             parts = line.split(None, 2)
             self.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
             self.announced = -1
+            self.closing = line.startswith(b"HTTP/1.0")  # 1.0 keeps a connection only if it says so
         elif line[:15].lower() == b"content-length:":
             value = line[15:].strip()
             self.announced = int(value) if value.isdigit() else -1
         elif self.head and line[:5].lower() == b"etag:":
             self.etag = line[5:].strip().decode("latin-1") or None
+        elif line[:11].lower() == b"connection:":
+            value = line[11:].lower()
+            self.closing = b"close" in value or (self.closing and b"keep-alive" not in value)
         elif line in (b"\r\n", b"\n"):
             self.headed = True
 
@@ -179,12 +186,14 @@ class _Transfer:
 
 
 class _Session:
-    """One libcurl multi handle with its easy handles; its connection cache outlives batches."""
+    """One libcurl multi handle with its easy handles; its connection cache outlives batches
+    unless a connection of it delivered more than it announced (kept.py)."""
 
     def __init__(self, setup: dict[int, Any]) -> None:
         self.multi = pycurl.CurlMulti()
         self.setup = setup
         self.free: dict[bool, list[pycurl.Curl]] = {False: [], True: []}  # GET / HEAD handles
+        self.watch = ConnectionWatch()
 
     def easy(self, head: bool) -> pycurl.Curl:
         if self.free[head]:
@@ -388,6 +397,8 @@ class DirectReader:
                 c.setopt(pycurl.TIMEOUT_MS, total)
                 c.setopt(pycurl.CONNECTTIMEOUT_MS, connect)
                 c.setopt(pycurl.URL, t.url)
+                if session.watch.tainted:  # never again a connection this batch kept (kept.py)
+                    c.setopt(pycurl.FRESH_CONNECT, 1)
                 c.setopt(pycurl.HEADERFUNCTION, t.header)
                 c.setopt(pycurl.WRITEFUNCTION, t.write)
                 transfers[id(c)] = (i, t, c)
@@ -398,6 +409,8 @@ class DirectReader:
             if t.headed:
                 progress.answered = True
             out[i] = t.outcome(ok, buffers[i])
+            if ok and session.watch.finished(c, t.url, t.status, t.closing):
+                out[i] = OVERLONG  # more bytes than announced: refused, the connection given up
             multi.remove_handle(c)
             # Drop references to the caller's buffer before the handle is reused.
             c.setopt(pycurl.WRITEFUNCTION, _discard)
@@ -446,14 +459,18 @@ class DirectReader:
         return out
 
     def _borrow(self) -> _Session:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return _Session(self._setup)
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return _Session(self._setup)
+                session = self._idle.pop()
+            if not session.watch.stale():  # bytes waiting on a kept connection: never reused
+                return session
+            session.close()
 
     def _give_back(self, session: _Session) -> None:
         with self._lock:
-            if not self._closed:
+            if not self._closed and not session.watch.tainted:
                 self._idle.append(session)
                 return
         session.close()
