@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import re
 import time
@@ -18,7 +19,7 @@ from aiohttp import web
 
 from .cas_routes import CasRoutes
 from .core import Emulator, RouteStats
-from .faults import Fault, FaultRule
+from .faults import Fault, FaultRule, set_json
 from .hub_routes import HubRoutes
 from .request_log import digest
 from .state import is_disk_full
@@ -135,6 +136,9 @@ def make_middleware(emu: Emulator) -> Any:
                 else:
                     log.exception("internal error on %s %s", request.method, name)
                     resp = error_response(500, f"internal emulator error on {name}; see the server log")
+            if fault is not None and fault.json_set and isinstance(resp, web.Response) and resp.body:
+                body = set_json(json.loads(bytes(resp.body)), fault.json_set)  # type: ignore[arg-type]
+                resp = web.json_response(body, status=resp.status)
             if fault is not None and fault.drop and isinstance(resp, web.Response) and resp.body:
                 return await _drop_mid_body(request, resp)
             if fault is not None and fault.trickle_s and isinstance(resp, web.Response) and resp.body:

@@ -2,9 +2,11 @@
 
 A rule matches a route name (see ``ROUTES``) and, when it fires, adds latency, answers with an
 error status, drops the connection part-way through the response body, trickles the body (one
-byte every ``trickle_s``: a slow answer that per-read timeouts never catch), or fails one line
-of a batch request. Rules are plain data (JSON over ``/_emulator/faults``), so a server running in a
-subprocess is driven the same way as one in a thread.
+byte every ``trickle_s``: a slow answer that per-read timeouts never catch), fails one line
+of a batch request, or sets fields of a JSON answer (``json_set``: a malformed answer, such as
+a reconstruction with a negative length). Rules are plain data (JSON over
+``/_emulator/faults``), so a server running in a subprocess is driven the same way as one in a
+thread.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ class FaultRule:
     Effects (any combination): ``latency_s`` delay, ``status`` error reply, ``drop`` the
     connection mid-body, ``trickle_s`` sends the body one byte every that many seconds (headers
     at once), ``fail_batch_line`` (1-based) fails that line of a batch, ``flip`` flips one bit in
-    the middle of a ``fetch`` body (damage on the wire; the stored bytes stay intact).
+    the middle of a ``fetch`` body (damage on the wire; the stored bytes stay intact),
+    ``json_set`` sets values in a JSON answer (keys are ``/``-separated paths, list indexes as
+    numbers: ``{"terms/0/unpacked_length": -1}``).
     """
 
     route: str
@@ -43,6 +47,7 @@ class FaultRule:
     trickle_s: float = 0.0
     fail_batch_line: int | None = None
     flip: bool = False
+    json_set: dict[str, Any] | None = None
     seen: int = 0
     fired: int = 0
 
@@ -67,6 +72,7 @@ class Fault:
     trickle_s: float = 0.0
     flip: bool = False
     fail_batch_lines: set[int] = field(default_factory=set)
+    json_set: dict[str, Any] = field(default_factory=dict)
 
 
 class FaultPlan:
@@ -110,4 +116,23 @@ class FaultPlan:
                 out.trickle_s = max(out.trickle_s, r.trickle_s)
                 if r.fail_batch_line is not None:
                     out.fail_batch_lines.add(r.fail_batch_line)
+                if r.json_set:
+                    out.json_set.update(r.json_set)
             return out
+
+
+def set_json(doc: Any, changes: dict[str, Any]) -> Any:
+    """``doc`` with each ``path -> value`` of ``changes`` set (paths that lead nowhere are skipped)."""
+    for path, value in changes.items():
+        *parents, last = path.split("/")
+        node = doc
+        try:
+            for part in parents:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            if isinstance(node, list):
+                node[int(last)] = value
+            else:
+                node[last] = value
+        except (KeyError, IndexError, ValueError, TypeError):
+            continue
+    return doc

@@ -134,10 +134,11 @@ def decode_chunk(scheme: int, payload: memoryview, n: int) -> bytes | memoryview
         return payload
     import lz4.frame
 
+    _check_content_size(payload, n)
     try:
         data = lz4.frame.decompress(payload)
-    except RuntimeError as e:
-        raise StoreError(f"a fetched chunk is not a valid LZ4 frame: {e}") from None
+    except (RuntimeError, ValueError, OverflowError, MemoryError) as e:
+        raise StoreError(f"a fetched chunk is not a valid LZ4 frame: {type(e).__name__}: {e}") from None
     if scheme == 2:  # byte grouping 4: lanes data[k::4] were concatenated
         out = bytearray(len(data))
         pos = 0
@@ -147,6 +148,16 @@ def decode_chunk(scheme: int, payload: memoryview, n: int) -> bytes | memoryview
             pos += lane
         data = bytes(out)
     return data
+
+
+def _check_content_size(payload: memoryview, n: int) -> None:
+    """Refuse a frame whose header announces a content size other than the chunk's ``n`` before
+    python-lz4 sees it: it allocates the announced size up front (a size past 2**63 raised a bare
+    MemoryError; a large one would be allocated). 0 means "unknown" to liblz4 and is left to it."""
+    if len(payload) >= 15 and payload[4] & 0x08 and payload[:4] == b"\x04\x22\x4d\x18":
+        size = int.from_bytes(payload[6:14], "little")
+        if size not in (0, n):
+            raise StoreError(f"a fetched chunk's LZ4 frame announces {size} bytes, its header says {n}")
 
 
 # ---- the walk over one fetched range --------------------------------------------------------

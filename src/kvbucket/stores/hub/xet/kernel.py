@@ -14,11 +14,17 @@ Formats (xet-core's ``xorb_object``; LZ4 frame format 1.6.x): a chunk is an 8-by
 its payload: scheme 0 raw, 1 one LZ4 frame, 2 one LZ4 frame of the byte-grouped chunk (lanes
 ``data[k::4]`` for k = 0..3 concatenated; lane k holds ``(n - k + 3) // 4`` bytes). Frames may
 hold several blocks (independent or linked), raw blocks and a content size (checked): hf_xet
-1.8 writes independent 64 KiB or 256 KiB blocks, no checksums, no size (FLG 0x60). Anything
-else (block or content checksums, which python-lz4 verifies; dictionary ids; trailing bytes; a
-header or a block that does not decode to the announced length) is declined, and the caller
-re-decodes that chunk the pure-Python way, which raises the error a user sees or, if it
-succeeds, gives its bytes: both decoders accept and refuse the same chunks.
+1.8 writes independent 64 KiB or 256 KiB blocks, no checksums, no size (FLG 0x60). The frame
+header is checked as liblz4 (python-lz4's decoder) checks it: reserved FLG and BD bits, the
+block size id, the header checksum byte, a content size with its top bit set; and no block
+larger than the frame's block size. Anything else it does not do (block or content checksums,
+which python-lz4 verifies; dictionary ids; trailing bytes, which python-lz4 ignores) or that
+does not decode to the announced length is declined, and the caller re-decodes that chunk the
+pure-Python way, which raises the error a user sees or gives its bytes. So the compiled decoder
+may decline a chunk the Python one accepts (it then goes the Python way), never accepts one the
+Python one refuses, and what it accepts it decodes to the same bytes: a load gives the same
+bytes or the same error either way (tests/hfbucket/test_xet_hostile_frames.py mutates valid
+frames by the thousand to check it).
 """
 
 from __future__ import annotations
@@ -167,22 +173,66 @@ def _block(src: np.ndarray, ip: int, iend: int, dst: np.ndarray, op: int, oend: 
             ml -= k
 
 
+_M32 = 0xFFFFFFFF
+
+
+@njit(cache=True, nogil=True)
+def _rotl32(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+@njit(cache=True, nogil=True)
+def _xxh32_short(b: np.ndarray, i: int, n: int) -> int:
+    """XXH32 (seed 0) of ``b[i:i + n]`` for ``n < 16``: what an LZ4 frame's header checksum
+    covers (its descriptor, 2 to 14 bytes). Arithmetic mod 2**32 in int64 (products wrap; their
+    low 32 bits are right)."""
+    h = (0x165667B1 + n) & _M32  # PRIME32_5 + len
+    end = i + n
+    while i + 4 <= end:
+        h = (h + _u32(b, i) * 0xC2B2AE3D) & _M32
+        h = (_rotl32(h, 17) * 0x27D4EB2F) & _M32
+        i += 4
+    while i < end:
+        h = (h + np.int64(b[i]) * 0x165667B1) & _M32
+        h = (_rotl32(h, 11) * 0x9E3779B1) & _M32
+        i += 1
+    h ^= h >> 15
+    h = (h * 0x85EBCA77) & _M32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE3D) & _M32
+    return h ^ (h >> 16)
+
+
 @njit(cache=True, nogil=True)
 def _frame(lz4: int, src: np.ndarray, ip: int, iend: int, dst: np.ndarray, op: int, oend: int) -> int:
-    """Decode one LZ4 frame ``src[ip:iend]`` (exactly) into ``dst[op:oend]``; its end, or -1."""
+    """Decode one LZ4 frame ``src[ip:iend]`` (exactly) into ``dst[op:oend]``; its end, or -1.
+
+    Declines whatever liblz4's frame decoder (python-lz4's, the pure-Python way) refuses: a FLG
+    or BD byte with a reserved bit set or an unknown block size, a header checksum that does not
+    match, a content size with its top bit set, a block larger than the frame's block size."""
     if iend - ip < 7 or _u32(src, ip) != _FRAME_MAGIC:
         return -1
     flg = np.int64(src[ip + 4])
+    bd = np.int64(src[ip + 5])
     if (flg >> 6) != 1 or flg & 0x17:  # version 01; no checksums, dictionary id, reserved bit
         return -1
-    ip += 6
+    if bd & 0x8F or (bd >> 4) < 4:  # reserved bits; block size ids 4-7 (64 KiB to 4 MiB)
+        return -1
+    max_block = np.int64(1) << (2 * (bd >> 4) + 8)
+    descriptor = 2
     size = -1
     if flg & 0x08:
-        if iend - ip < 9:
+        if iend - ip < 15:
             return -1
-        size = _u32(src, ip) | (_u32(src, ip + 4) << 32)
-        ip += 8
-    ip += 1  # header checksum
+        if src[ip + 13] & 0x80:  # a content size past 2**63: no frame of ours (liblz4 fails it)
+            return -1
+        size = _u32(src, ip + 6) | (_u32(src, ip + 10) << 32)
+        if size == 0:  # liblz4 reads 0 as "size unknown"
+            size = -1
+        descriptor = 10
+    if (_xxh32_short(src, ip + 4, descriptor) >> 8) & 0xFF != src[ip + 4 + descriptor]:
+        return -1  # the header checksum byte
+    ip += 5 + descriptor
     ostart = op
     while True:
         if ip + 4 > iend:
@@ -193,7 +243,7 @@ def _frame(lz4: int, src: np.ndarray, ip: int, iend: int, dst: np.ndarray, op: i
             break
         raw = bsize & 0x80000000
         bsize &= 0x7FFFFFFF
-        if ip + bsize > iend:
+        if ip + bsize > iend or bsize > max_block:
             return -1
         if raw:
             if op + bsize > oend:
@@ -202,10 +252,11 @@ def _frame(lz4: int, src: np.ndarray, ip: int, iend: int, dst: np.ndarray, op: i
             op += bsize
         else:
             base = op if flg & 0x20 else ostart
+            bend = min(oend, op + max_block)  # a block decodes to at most the frame's block size
             if lz4:
-                op = _c_block(lz4, src, ip, ip + bsize, dst, op, oend, base)
+                op = _c_block(lz4, src, ip, ip + bsize, dst, op, bend, base)
             else:
-                op = _block(src, ip, ip + bsize, dst, op, oend, base)
+                op = _block(src, ip, ip + bsize, dst, op, bend, base)
             if op < 0:
                 return -1
         ip += bsize

@@ -103,18 +103,27 @@ class Reconstruction:
 
 
 def parse_reconstruction(body: dict[str, Any], size: int, now: float) -> Reconstruction:
-    """The fetches that rebuild a whole file of ``size`` bytes from a v1 reconstruction answer."""
+    """The fetches that rebuild a whole file of ``size`` bytes from a v1 reconstruction answer.
+
+    A shape this reader does not know (fields missing or of other types) is
+    :class:`XetReadUnsupported` (hf_xet reads it instead); values no reconstruction can hold (a
+    negative length or offset, an empty or reversed range, a fetch that does not cover its
+    chunks) are the server's error: a ``StoreError``, never a bare ``ValueError``."""
+    if not isinstance(body, dict):
+        raise StoreError(f"the storage answered a reconstruction with {type(body).__name__}, not an object")
     try:
-        if int(body.get("offset_into_first_range", 0)) != 0:
+        if _count(body.get("offset_into_first_range", 0), "offset_into_first_range") != 0:
             raise XetReadUnsupported("a whole-file reconstruction starting inside its first range")
         infos = body["fetch_info"]
         offset = 0
         plan: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}  # (xorb, fetch) -> terms
         for term in body["terms"]:
-            xorb, cs, ce = str(term["hash"]), int(term["range"]["start"]), int(term["range"]["end"])
-            length = int(term["unpacked_length"])
+            xorb, cs, ce = str(term["hash"]), _count(term["range"]["start"]), _count(term["range"]["end"])
+            length = _count(term["unpacked_length"], "unpacked_length")
+            if ce <= cs:
+                raise StoreError(f"the reconstruction names an empty chunk range {cs}-{ce} of xorb {xorb}")
             k = next((i for i, fi in enumerate(infos[xorb])
-                      if int(fi["range"]["start"]) <= cs and ce <= int(fi["range"]["end"])), None)
+                      if _count(fi["range"]["start"]) <= cs and ce <= _count(fi["range"]["end"])), None)
             if k is None:
                 raise XetReadUnsupported(f"no fetch covers chunks {cs}-{ce} of xorb {xorb}")
             plan.setdefault((xorb, k), []).append((cs, ce, offset, length))
@@ -124,11 +133,23 @@ def parse_reconstruction(body: dict[str, Any], size: int, now: float) -> Reconst
         fetches = []
         for (xorb, k), terms in plan.items():
             fi = infos[xorb][k]
-            fetches.append(_Fetch(str(fi["url"]), int(fi["url_range"]["start"]), int(fi["url_range"]["end"]),
-                                  int(fi["range"]["start"]), int(fi["range"]["end"]), tuple(terms)))
+            first, last = _count(fi["url_range"]["start"]), _count(fi["url_range"]["end"])
+            if last < first:
+                raise StoreError(f"the reconstruction's byte range {first}-{last} of xorb {xorb} is reversed")
+            fetches.append(_Fetch(str(fi["url"]), first, last, _count(fi["range"]["start"]),
+                                  _count(fi["range"]["end"]), tuple(terms)))
         return Reconstruction(tuple(fetches), size, now + RECONSTRUCTION_TTL_SECS)
-    except (KeyError, TypeError, ValueError, IndexError) as e:
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
         raise XetReadUnsupported(f"unexpected reconstruction answer: {e!r}") from None
+
+
+def _count(value: Any, what: str = "chunk or byte position") -> int:
+    """A reconstruction's number: an int >= 0 (JSON has no other kind of length or position)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StoreError(f"the reconstruction's {what} is {value!r}, not a whole number")
+    if value < 0:
+        raise StoreError(f"the reconstruction's {what} is negative ({value})")
+    return value
 
 
 class _Connections:
@@ -301,7 +322,10 @@ class XetReader:
                 status, data = self._get(f"{cas.rstrip('/')}/v1/reconstructions/{h}",
                                          {"Authorization": f"Bearer {token}"}, deadline)
                 if status == 200:
-                    body = json.loads(data)
+                    try:
+                        body = json.loads(data)
+                    except ValueError as e:  # JSONDecodeError, bad UTF-8
+                        raise StoreError(f"the storage's reconstruction answer is not JSON: {e}") from None
                     break
                 if status == 401 and attempt == 0:
                     stale = token  # expired or revoked: ask for a new one, once
