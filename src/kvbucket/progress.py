@@ -124,7 +124,8 @@ class Progress:
         elif self._ticker is not None:
             self._line()
 
-    def close(self) -> None:
+    def close(self, note: str = " (done)") -> None:
+        """Stop; in line mode a last line ending with ``note`` (" (interrupted)" when it did not end)."""
         if self._stop.is_set() and self._bar is None:
             return
         self._stop.set()
@@ -132,7 +133,7 @@ class Progress:
             self._bar.stop()
             self._bar = None
         elif self._ticker is not None and self.lines:
-            self._line(" (done)")  # a log that said "working" also says it ended
+            self._line(note)  # a log that said "working" also says it ended
 
     def __enter__(self) -> Progress:
         return self

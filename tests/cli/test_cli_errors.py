@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_run import assert_one_line_error, run_cli
+from cli_run import Run, assert_one_line_error, run_cli
 
 from kvbucket.testing.s3_server import S3Server, free_port
 
@@ -117,7 +117,10 @@ def test_rm_with_a_read_only_token_is_one_line_exit_2(hub_emulator: Any, hub_buc
     with open_store(url, token=hub_emulator.write_token, endpoint=hub_emulator.endpoint) as store:
         assert all(r.ok for r in store.put_many([(f"p/{i}", b"x" * 10) for i in range(5)]))
     r = run_cli("rm", url, "--prefix", "p/", "-y", env={**hub_env, "HF_TOKEN": hub_emulator.read_token})
-    line = assert_one_line_error(r, 2, "remove objects", "write access", "$HF_TOKEN")
+    said, *errors = r.err_lines  # every rm says first where it removes from (issue 39)
+    assert said.startswith(f"removing from the Hub bucket {hub_bucket.bucket_id} at "), r.err
+    line = assert_one_line_error(Run(r.code, r.out, "\n".join(errors)), 2, "remove objects", "write access",
+                                 "$HF_TOKEN")
     assert "commit a batch" not in line
     assert hub_emulator.read_token not in r.out + r.err
     with open_store(url, token=hub_emulator.write_token, endpoint=hub_emulator.endpoint) as store:

@@ -20,7 +20,7 @@ from kvbucket.errors import AuthError, ConfigError, InvalidKeyError, KVBucketErr
 from kvbucket.secrets import redact
 from kvbucket.stores import ObjectStore, open_store, store_scheme
 from kvbucket.stores.deadline import deadline_in, run_abandonable
-from kvbucket.stores.urls import resolve_store_url
+from kvbucket.stores.urls import HANDLE_SCHEME, ambiguous, resolve_store_url
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 30.0
@@ -101,6 +101,30 @@ def as_id_hint(url: str) -> str:
     if typed is None:
         return ""
     return f" ({typed!r} was read as the Hub bucket id {url}; write ./{typed} for a local directory)"
+
+
+def refuse_ambiguous(url: str, what: str) -> None:
+    """A command that removes things never guesses: text that is both a local path (its first
+    segment exists here) and a bucket id is refused (exit 2), saying how to write each."""
+    if ambiguous(url):
+        first = url.split("/", 1)[0]
+        raise fail(f"{url!r} is both the local path ./{url} (./{first} exists here) and the Hub bucket id "
+                   f"{HANDLE_SCHEME}{url}; {what} does not guess: write ./{url} for the local directory "
+                   f"or {HANDLE_SCHEME}{url} for the bucket")
+
+
+def describe_target(url: str, store: Any) -> str:
+    """What a store URL resolved to, in words: a bucket and the endpoint it is on, or an absolute
+    directory (never a secret)."""
+    url = resolve_store_url(url)
+    if url.startswith(HANDLE_SCHEME):
+        return f"the Hub bucket {url[len(HANDLE_SCHEME):]} at {endpoint_hint(url, store)}"
+    if url.startswith("s3://"):
+        return f"the S3 bucket {url} at {endpoint_hint(url, store)}"
+    root = getattr(store, "root", None)
+    if root is not None:
+        return f"the directory {os.path.abspath(root)}"
+    return redact(url)
 
 
 def is_remote(url: str) -> bool:

@@ -15,13 +15,22 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import typer
 
 from kvbucket.cli import output
-from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, exit_code_for, fail, opened_store, store_url
+from kvbucket.cli.common import (
+    DEFAULT_TIMEOUT_S,
+    TimeoutOpt,
+    describe_target,
+    exit_code_for,
+    fail,
+    opened_store,
+    refuse_ambiguous,
+    store_url,
+)
 from kvbucket.cli.output import (
     Format,
     FormatOpt,
@@ -154,6 +163,7 @@ def register(app: typer.Typer) -> None:
         """Remove objects by name or cache key, every object under --prefix (needs --yes), or one
         model identity's chunks (--model and --identity)."""
         names = names or []
+        refuse_ambiguous(url, "rm")
         if (model is None) != (identity is None):
             raise _fail("--model and --identity go together: `kvbucket du URL` lists them")
         if model is not None:
@@ -172,8 +182,8 @@ def register(app: typer.Typer) -> None:
         as_json = wants_json(fmt, as_json)
         done = Removal(dry_run=dry_run)
         with opened_store(url, timeout) as store:
-            for batch in _named_batches(store, names) if names else _listed_batches(store, prefix or ""):
-                done.remove(store, batch, echo=not as_json)
+            batches = _named_batches(store, names) if names else _listed_batches(store, prefix or "")
+            _run_removal(url, store, ((b, None) for b in batches), done, as_json)
         _report(done, as_json)
 
 
@@ -182,17 +192,44 @@ def _remove_generation(url: str, prefix: str, model: str, identity: str, *, dry_
     """``rm --model --identity``: one generation's chunks and its manifest entry, in batches."""
     done = Removal(dry_run=dry_run)
     with opened_store(url, timeout) as store:
-        batch: list[tuple[str, int | None]] = []
-        listed: dict[str, str | None] = {}  # each chunk's version as listed: a rewrite since is kept
-        for info in select(store.list(prefix, page_size=RM_BATCH), model, identity):
-            batch.append((info.name, info.size))
-            listed[info.name] = info.version
-            if len(batch) == RM_BATCH:
-                done.remove(store, batch, echo=not as_json, versions=listed)
-                batch, listed = [], {}
-        if batch:
-            done.remove(store, batch, echo=not as_json, versions=listed)
+        def batches() -> Iterator[tuple[list[tuple[str, int | None]], dict[str, str | None]]]:
+            batch: list[tuple[str, int | None]] = []
+            listed: dict[str, str | None] = {}  # each chunk's version as listed: a rewrite since is kept
+            for info in select(store.list(prefix, page_size=RM_BATCH), model, identity):
+                batch.append((info.name, info.size))
+                listed[info.name] = info.version
+                if len(batch) == RM_BATCH:
+                    yield batch, listed
+                    batch, listed = [], {}
+            if batch:
+                yield batch, listed
+
+        _run_removal(url, store, batches(), done, as_json)
     _report(done, as_json)
+
+
+Batch = list[tuple[str, int | None]]  # (object name, size, or None: not found)
+
+
+def _run_removal(url: str, store: ObjectStore, batches: Iterable[tuple[Batch, dict[str, str | None] | None]],
+                 done: Removal, as_json: bool) -> None:
+    """Say first what ``url`` resolved to (a bucket on which endpoint, or an absolute directory:
+    a removal should never surprise), then remove batch by batch with progress on stderr. Ctrl-C
+    says how many were removed and exits 130."""
+    verb = "dry run on" if done.dry_run else "removing from"
+    typer.echo(f"{verb} {describe_target(url, store)}", err=True)
+    # dry-run lines on a terminal are the progress (as ls's are); elsewhere a line every few seconds
+    on_terminal = output.is_terminal(sys.stdout) and output.is_terminal(sys.stderr)
+    shown = as_json or not done.dry_run or not on_terminal
+    with Progress(f"{verb} {url}", unit="objects", enabled=shown) as progress:
+        try:
+            for batch, versions in batches:  # versions: as listed, for rm --identity
+                done.remove(store, batch, echo=not as_json, versions=versions)
+                progress.advance(len(batch))
+        except KeyboardInterrupt:
+            progress.close(" (interrupted)")
+            typer.echo(done.interrupted(), err=True)
+            raise typer.Exit(130) from None
 
 
 def _report(done: Removal, as_json: bool) -> None:
@@ -235,6 +272,7 @@ class Removal:
         self.removed: list[tuple[str, int | None]] = []
         self.missing: list[str] = []
         self.failed: list[tuple[str, str]] = []
+        self.in_flight = 0  # objects of the delete under way
 
     def remove(self, store: ObjectStore, batch: list[tuple[str, int | None]], echo: bool,
                versions: dict[str, str | None] | None = None) -> None:
@@ -249,7 +287,10 @@ class Removal:
                     typer.echo(f"would remove {name} ({size} bytes)")
             return
         errors: dict[str, list[str]] = {}
-        for r, (name, size) in zip(_delete(store, [n for n, _ in present], versions), present, strict=True):
+        self.in_flight = len(present)  # an interrupt now leaves these unknown (some may be gone)
+        results = _delete(store, [n for n, _ in present], versions)
+        self.in_flight = 0
+        for r, (name, size) in zip(results, present, strict=True):
             if r.error is None and getattr(r, "changed", False):
                 self.missing.append(name)  # written since it was listed: kept
             elif r.error is not None:
@@ -265,6 +306,16 @@ class Removal:
                 which = failed_names[0] if len(failed_names) == 1 else \
                     f"{len(failed_names)} objects ({failed_names[0]}, ...)"
                 typer.echo(f"error: {redact(f'{which}: {text}')}", err=True)
+
+    def interrupted(self) -> str:
+        """What an interrupted ``rm`` did, for the line it leaves on stderr."""
+        if self.dry_run:
+            return f"interrupted: listed {len(self.removed):,} to remove; nothing was removed (dry run)"
+        n = len(self.removed)
+        text = f"interrupted: removed {n:,} object{'' if n == 1 else 's'}"
+        if self.in_flight:
+            text += f"; {self.in_flight:,} more were being removed and may be gone too"
+        return text + "; the others were not removed (run the same command again to go on)"
 
     def summary(self) -> str:
         parts = [f"{'would remove' if self.dry_run else 'removed'} {len(self.removed)}"]

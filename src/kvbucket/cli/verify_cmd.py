@@ -35,7 +35,7 @@ import typer
 
 from kvbucket.batching import batches
 from kvbucket.cli import output
-from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store, store_url
+from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store, refuse_ambiguous, store_url
 from kvbucket.cli.output import Format, FormatOpt, JsonOpt, wants_json
 from kvbucket.cli.store_cmd import human_size
 from kvbucket.errors import KVBucketError
@@ -199,6 +199,8 @@ def register(app: typer.Typer) -> None:
         from kvbucket.encryption import Keyring
         from kvbucket.stores.guard.refusals import removable
 
+        if delete_bad:
+            refuse_ambiguous(url, "verify --delete-bad")  # a removal never depends on where it runs
         as_json = wants_json(fmt, as_json)
         console = output.console()
         try:

@@ -12,7 +12,9 @@ URL. A string without ``://`` is a local path when it can only be one, else a bu
 4. anything else (``cache``, ``my dir/x``): a local path.
 
 So ``kvbucket ls alice/kv`` lists the bucket unless ``./alice`` exists, and ``./alice/kv`` is
-always the directory. Everything with ``://`` is left as written.
+always the directory. Everything with ``://`` is left as written. A command that removes things
+does not apply rule 2: text that is both (:func:`ambiguous`) is refused, so a removal never
+depends on which directory it runs from.
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ def bucket_id_url(text: str) -> str | None:
     return HANDLE_SCHEME + text
 
 
+def ambiguous(text: str) -> bool:
+    """True when ``text`` is shaped as a bucket id and its first segment also exists here: it
+    names a local path by rule 2 but the bucket from any other directory."""
+    if not isinstance(text, str) or bucket_id_url(text) is None:
+        return False
+    return os.path.lexists(text.split("/", 1)[0])
+
+
 def resolve_store_url(url: str) -> str:
     """The store URL ``url`` names: a bucket id becomes ``hf://buckets/...``; anything else is
     returned unchanged (a path stays a path). See the module's rule."""
@@ -57,4 +67,4 @@ def resolve_store_url(url: str) -> str:
     return handle
 
 
-__all__ = ["HANDLE_SCHEME", "NAME_RE", "bucket_id_url", "is_hub_name", "resolve_store_url"]
+__all__ = ["HANDLE_SCHEME", "NAME_RE", "ambiguous", "bucket_id_url", "is_hub_name", "resolve_store_url"]
