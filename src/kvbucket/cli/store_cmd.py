@@ -182,8 +182,12 @@ def register(app: typer.Typer) -> None:
         as_json = wants_json(fmt, as_json)
         done = Removal(dry_run=dry_run)
         with opened_store(url, timeout) as store:
-            batches = _named_batches(store, names) if names else _listed_batches(store, prefix or "")
-            _run_removal(url, store, ((b, None) for b in batches), done, as_json)
+            if names:
+                batches: Iterable[tuple[Batch, dict[str, str | None] | None]] = (
+                    (b, None) for b in _named_batches(store, names))
+            else:  # what is under the prefix now goes, whatever version: no versions named
+                batches = ((b, None) for b, _ in _in_batches(store.list(prefix or "", page_size=RM_BATCH)))
+            _run_removal(url, store, batches, done, as_json)
         _report(done, as_json)
 
 
@@ -192,19 +196,8 @@ def _remove_generation(url: str, prefix: str, model: str, identity: str, *, dry_
     """``rm --model --identity``: one generation's chunks and its manifest entry, in batches."""
     done = Removal(dry_run=dry_run)
     with opened_store(url, timeout) as store:
-        def batches() -> Iterator[tuple[list[tuple[str, int | None]], dict[str, str | None]]]:
-            batch: list[tuple[str, int | None]] = []
-            listed: dict[str, str | None] = {}  # each chunk's version as listed: a rewrite since is kept
-            for info in select(store.list(prefix, page_size=RM_BATCH), model, identity):
-                batch.append((info.name, info.size))
-                listed[info.name] = info.version
-                if len(batch) == RM_BATCH:
-                    yield batch, listed
-                    batch, listed = [], {}
-            if batch:
-                yield batch, listed
-
-        _run_removal(url, store, batches(), done, as_json)
+        listed = select(store.list(prefix, page_size=RM_BATCH), model, identity)
+        _run_removal(url, store, _in_batches(listed), done, as_json)  # a rewrite since is kept
     _report(done, as_json)
 
 
@@ -414,13 +407,16 @@ def _batches(names: list[str]) -> Iterator[list[str]]:
         yield names[i : i + RM_BATCH]
 
 
-def _listed_batches(store: ObjectStore, prefix: str) -> Iterator[list[tuple[str, int | None]]]:
-    """Batches of listed (name, size); each batch is deleted before the listing continues."""
-    batch: list[tuple[str, int | None]] = []
-    for info in store.list(prefix, page_size=RM_BATCH):
+def _in_batches(listed: Iterable[ObjectInfo]) -> Iterator[tuple[Batch, dict[str, str | None]]]:
+    """Batches of listed (name, size), each with its objects' versions as listed; each batch is
+    deleted before the listing continues."""
+    batch: Batch = []
+    versions: dict[str, str | None] = {}
+    for info in listed:
         batch.append((info.name, info.size))
+        versions[info.name] = info.version
         if len(batch) == RM_BATCH:
-            yield batch
-            batch = []
+            yield batch, versions
+            batch, versions = [], {}
     if batch:
-        yield batch
+        yield batch, versions
