@@ -96,6 +96,7 @@ class _Transfer:
     status: int = 0
     headed: bool = False  # a whole header block arrived: the server answers
     closing: bool = False  # the server said it closes the connection after this answer
+    suspect: bool = False  # sent on a connection found holding unasked bytes (kept.py): not trusted
     announced: int = -1
     pos: int = 0
     data: Any = None
@@ -187,7 +188,7 @@ class _Transfer:
 
 class _Session:
     """One libcurl multi handle with its easy handles; its connection cache outlives batches
-    unless a connection of it delivered more than it announced (kept.py)."""
+    (a connection that delivered more than it announced is cut: kept.py)."""
 
     def __init__(self, setup: dict[int, Any]) -> None:
         self.multi = pycurl.CurlMulti()
@@ -397,8 +398,6 @@ class DirectReader:
                 c.setopt(pycurl.TIMEOUT_MS, total)
                 c.setopt(pycurl.CONNECTTIMEOUT_MS, connect)
                 c.setopt(pycurl.URL, t.url)
-                if session.watch.tainted:  # never again a connection this batch kept (kept.py)
-                    c.setopt(pycurl.FRESH_CONNECT, 1)
                 c.setopt(pycurl.HEADERFUNCTION, t.header)
                 c.setopt(pycurl.WRITEFUNCTION, t.write)
                 transfers[id(c)] = (i, t, c)
@@ -409,8 +408,10 @@ class DirectReader:
             if t.headed:
                 progress.answered = True
             out[i] = t.outcome(ok, buffers[i])
-            if ok and session.watch.finished(c, t.url, t.status, t.closing):
+            if ok and session.watch.finished(c, t.url, t.status, t.closing, transfers.values()):
                 out[i] = OVERLONG  # more bytes than announced: refused, the connection given up
+            elif t.suspect and isinstance(out[i], Body):
+                out[i] = RETRY  # its connection may have held another answer's excess (kept.py)
             multi.remove_handle(c)
             # Drop references to the caller's buffer before the handle is reused.
             c.setopt(pycurl.WRITEFUNCTION, _discard)
@@ -459,18 +460,16 @@ class DirectReader:
         return out
 
     def _borrow(self) -> _Session:
-        while True:
-            with self._lock:
-                if not self._idle:
-                    return _Session(self._setup)
-                session = self._idle.pop()
-            if not session.watch.stale():  # bytes waiting on a kept connection: never reused
-                return session
-            session.close()
+        with self._lock:
+            session = self._idle.pop() if self._idle else None
+        if session is None:
+            return _Session(self._setup)
+        session.watch.sweep()  # a kept connection with bytes waiting is cut, never reused (kept.py)
+        return session
 
     def _give_back(self, session: _Session) -> None:
         with self._lock:
-            if not self._closed and not session.watch.tainted:
+            if not self._closed:
                 self._idle.append(session)
                 return
         session.close()

@@ -6,7 +6,8 @@ on it reads them as its answer: with a format without an envelope, another key's
 a hit. libcurl drops a connection whose excess arrived in the same read as the body, but one whose
 excess came a moment later stays in its cache, and libcurl checks a cached connection for
 pending input only after it has been idle for a second. So kvbucket checks, at the two moments
-it can (both in the thread that owns the multi handle, so libcurl cannot close a socket under it):
+it can (both in the thread that owns the multi handle, between two ``perform`` calls, so libcurl
+is not using a socket meanwhile):
 
 - when a transfer finishes: bytes already waiting on its socket are more than the answer
   announced (over plain HTTP the item is refused: :data:`OVERLONG`; over TLS they may be a TLS
@@ -14,17 +15,23 @@ it can (both in the thread that owns the multi handle, so libcurl cannot close a
   closed although the server meant to keep it is the excess libcurl itself found;
 - when an idle session is taken for the next batch: a kept connection with bytes waiting.
 
-A tainted session takes a fresh connection for every later request of its batch and is closed
-(with every connection it keeps) when the batch ends, never reused. What no client can tell apart
-is excess that arrives after the next request was sent: it reads as that request's answer (the
-envelope of sealed formats catches it, as a miss).
+A connection found so is cut at once (:func:`_cut`: its descriptor is pointed at a closed
+socket, so libcurl's next use of it fails and libcurl drops it), never reused. What no client
+can tell apart is excess that arrives after the next request was sent: it reads as that
+request's answer (the envelope of sealed formats catches it, as a miss).
 """
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import select
 import socket
+import termios
+import threading
+from collections.abc import Iterable
+from typing import Any
 
 import pycurl
 
@@ -34,46 +41,69 @@ OVERLONG = "overlong"
 
 
 def waiting(fd: int) -> bool:
-    """Bytes are waiting to be read on socket ``fd`` (not an end of stream); never blocks."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLPRI)
-    return bool(poller.poll(0)) and _peek(fd)
-
-
-def _peek(fd: int) -> bool:
-    s = socket.socket(fileno=fd)  # borrowed: detached below, never closed here
+    """Bytes are waiting to be read on socket ``fd`` (FIONREAD: one system call, never blocks)."""
+    count = array.array("i", [0])
     try:
-        return len(s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)) > 0
-    except OSError:  # nothing after all (EAGAIN), not a socket, or one in error: libcurl sees to it
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    except OSError:  # not a socket any more, or one in error: libcurl sees to it
         return False
-    finally:
-        s.detach()
+    return count[0] > 0
+
+
+_closed: socket.socket | None = None  # one end of a socket pair whose other end is closed
+_closed_lock = threading.Lock()
+
+
+def _cut(fd: int) -> None:
+    """Cut libcurl's connection on ``fd`` now: ``fd`` is pointed (dup2, atomic) at a socket whose
+    peer has gone, so the TCP connection closes (its unread bytes with it) and libcurl's next
+    send or read on ``fd`` fails; libcurl then closes ``fd`` itself (a request that had not had
+    an answer yet is redone by libcurl on a new connection, or by obstore)."""
+    global _closed
+    with _closed_lock:
+        if _closed is None:
+            mine, peer = socket.socketpair()
+            peer.close()
+            mine.setblocking(False)
+            _closed = mine
+        os.dup2(_closed.fileno(), fd)
 
 
 class ConnectionWatch:
     """One libcurl multi handle's kept connections: what each finished transfer left behind.
 
-    Only read (poll, a peeking recv): a socket number libcurl has since closed, even one reused
-    by another file, is never harmed; an inode check just forgets it."""
+    It reads sockets (poll, a peeking recv) and cuts a connection only after checking that its
+    descriptor still is the socket it recorded (inode), so a number libcurl has closed, even one
+    reused by another file, is never touched."""
 
-    __slots__ = ("kept", "tainted")
+    __slots__ = ("kept",)
 
     def __init__(self) -> None:
         self.kept: dict[int, int] = {}  # socket fd -> its inode (the fd may be closed and reused)
-        self.tainted = False  # a connection of this multi handle delivered more than announced
 
-    def finished(self, c: pycurl.Curl, url: str, status: int, closing: bool) -> bool:
+    def finished(self, c: pycurl.Curl, url: str, status: int, closing: bool,
+                 running: Iterable[tuple[int, Any, pycurl.Curl]] = ()) -> bool:
         """After transfer ``c`` completed (before its handle leaves the multi): True when its
-        answer must be refused because its connection delivered more than it announced."""
+        answer must be refused because its connection delivered more than it announced.
+
+        ``running`` are the batch's other transfers as (index, transfer, handle): libcurl may
+        already have sent one of them on this connection, within the same ``perform`` call that
+        finished ``c``, so bytes waiting may be that one's answer. Which it is cannot be told:
+        the connection is cut (a transfer on it with nothing read yet is redone by libcurl on a
+        new connection), one that has read its headers is marked ``suspect`` (its answer is
+        fetched again through obstore), and ``c``'s own answer, read before, stands."""
         fd = c.getinfo(pycurl.ACTIVESOCKET)
         if fd < 0:  # not kept: libcurl closed it; unasked (a 200 on a kept-alive answer) = excess
-            if status == 200 and not closing:
-                self.tainted = True
-                return True
-            return False
+            return status == 200 and not closing
         if waiting(fd):
-            self.tainted = True
-            return url.startswith("http:")  # over TLS the bytes may be a TLS record of its own
+            conn = c.getinfo(pycurl.CONN_ID)
+            sharing = [t for _, t, other in running
+                       if other is not c and other.getinfo(pycurl.CONN_ID) == conn]
+            for t in sharing:  # one with nothing read yet is redone by libcurl on a new connection
+                t.suspect = t.headed
+            _cut(fd)
+            self.kept.pop(fd, None)
+            return not sharing and url.startswith("http:")  # over TLS: maybe a TLS record of its own
         if fd not in self.kept or c.getinfo(pycurl.NUM_CONNECTS):  # a new connection on this fd
             try:
                 self.kept[fd] = os.fstat(fd).st_ino
@@ -81,15 +111,15 @@ class ConnectionWatch:
                 self.kept.pop(fd, None)
         return False
 
-    def stale(self) -> bool:
-        """Before an idle session runs a batch: does a connection it keeps have bytes waiting?"""
-        if self.tainted:
-            return True
+    def sweep(self) -> int:
+        """Before an idle session runs a batch: cut every kept connection with bytes waiting; how
+        many were cut."""
         if not self.kept:
-            return False
+            return 0
         poller = select.poll()
         for fd in self.kept:
             poller.register(fd, select.POLLIN | select.POLLPRI)
+        cut = 0
         for fd, events in poller.poll(0):
             try:
                 same = os.fstat(fd).st_ino == self.kept[fd]
@@ -97,9 +127,11 @@ class ConnectionWatch:
                 same = False
             if not same or events & select.POLLNVAL:  # libcurl closed it: forget the number
                 del self.kept[fd]
-            elif _peek(fd):
-                return True
-        return False
+            elif waiting(fd):
+                _cut(fd)
+                del self.kept[fd]
+                cut += 1
+        return cut
 
 
 __all__ = ["OVERLONG", "ConnectionWatch", "waiting"]
