@@ -73,7 +73,7 @@ def test_bytes_arriving_after_an_answer_are_never_read_as_the_next_one() -> None
     connection until the next load; that load must not take it (libcurl itself only checks a
     connection idle for a second). obstore's path is left out: hyper drops such a connection
     when its connection task sees the bytes first, and a request taking the connection in the
-    same instant reads them (1 load in 200 here, a limit of hyper's, in docs/s3.md)."""
+    same instant reads them (1-3 loads in 200 here, a limit of hyper's, in docs/s3.md)."""
     with OverlongServer(OBJECTS, overlong={"a"}, pause=0.005) as server, open_store(server) as store:
         for _ in range(30):
             server.sent.clear()
