@@ -162,7 +162,10 @@ def test_concurrent_batches_from_many_threads(store: S3Store, fault_proxy: Fault
 
     with ThreadPoolExecutor(8) as pool:
         assert all(pool.map(reader, range(8)))
-    assert gets(fault_proxy) == (8 * 5 * 8, 0)
+    presigned, signed = gets(fault_proxy)
+    # One presigned GET each; at most a couple redone: a connection found holding bytes when a
+    # transfer ends, while libcurl had already put the next request on it, is cut (kept.py).
+    assert presigned >= 8 * 5 * 8 and presigned + signed <= 8 * 5 * 8 + 2, (presigned, signed)
 
 
 
