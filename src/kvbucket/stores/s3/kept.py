@@ -35,9 +35,19 @@ from typing import Any
 
 import pycurl
 
+from kvbucket.errors import TransientStoreError
+
 #: A direct read whose connection delivered more than the answer's Content-Length: the item is
 #: refused (an error, never served), its connection never reused.
 OVERLONG = "overlong"
+
+
+def overlong_error(what: str, endpoint: str) -> TransientStoreError:
+    """The error of an item refused as :data:`OVERLONG`; ``what`` names the request."""
+    return TransientStoreError(
+        f"{what}: {endpoint} sent more bytes than the Content-Length it announced, so the answer "
+        "cannot be trusted to be this object's; it was not used and its connection was closed (a "
+        "broken server or a proxy between)")
 
 
 def waiting(fd: int) -> bool:
@@ -134,4 +144,4 @@ class ConnectionWatch:
         return cut
 
 
-__all__ = ["OVERLONG", "ConnectionWatch", "waiting"]
+__all__ = ["OVERLONG", "ConnectionWatch", "overlong_error", "waiting"]

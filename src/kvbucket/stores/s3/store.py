@@ -62,7 +62,7 @@ from kvbucket.stores.s3 import versions as s3_versions
 from kvbucket.stores.s3.client import build_client, claim_runtime, direct_reader
 from kvbucket.stores.s3.config import S3Config, S3Target, resolve_target
 from kvbucket.stores.s3.direct import EXPIRED, MISSING, UNANSWERED, Body, Outcome, WrongSize
-from kvbucket.stores.s3.kept import OVERLONG
+from kvbucket.stores.s3.kept import OVERLONG, overlong_error
 from kvbucket.threads import DaemonThreadPool, in_daemon_thread
 
 _XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
@@ -358,13 +358,6 @@ class S3Store(RemoteStore):
             out.append(ItemResult(a[0], error=late))
         return out
 
-    def _overlong(self, op: str, name: str) -> StoreError:
-        return TransientStoreError(
-            f"S3 {op} of {self._where(name)}: {self.target.endpoint or 'AWS'} sent more bytes than the "
-            "Content-Length it announced, so the answer cannot be trusted to be this object's; it was "
-            "not used and its connection was closed (a broken server or a proxy between)"
-        )
-
     def _unanswered(self) -> StoreError:
         return exceeded("the first answer to a load", self.url, "s3_lookup_timeout_secs",
                         self.config.s3_lookup_timeout_secs)
@@ -394,7 +387,8 @@ class S3Store(RemoteStore):
             elif got == UNANSWERED:  # the endpoint is not answering: no fallback try
                 results[i] = ItemResult(args[i][0], error=self._unanswered())
             elif got == OVERLONG:  # obstore would read the same answer and could not tell
-                results[i] = ItemResult(args[i][0], error=self._overlong(op, args[i][0]))
+                results[i] = ItemResult(args[i][0], error=overlong_error(
+                    f"S3 {op} of {self._where(args[i][0])}", self.target.endpoint or "AWS"))
             elif results[i] is None:
                 again.append(i)
         for i, r in zip(again, self._run(fallback, [args[i] for i in again], deadline, op), strict=True):
