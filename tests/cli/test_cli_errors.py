@@ -91,6 +91,18 @@ def test_wrong_hub_token(hub_emulator: Any, hub_bucket: Any, hub_env: dict[str, 
         assert bad not in r.out + r.err, line
 
 
+def test_a_refused_token_on_a_public_bucket_reads_as_invalid(hub_emulator: Any,
+                                                             hub_env: dict[str, str]) -> None:
+    """Issue 40 item 2: a wrong token on a bucket anyone may read is answered HTTP 401; `hf` says the
+    token is invalid, so kvbucket says invalid or expired, not that it "needs access" (a permission)."""
+    bucket = f"{hub_emulator.namespace}/pub-{uuid.uuid4().hex[:8]}"
+    hub_emulator.api().create_bucket(bucket, private=False)
+    env = {**hub_env, "HF_TOKEN": "hf_wrong_public_token_0123456789"}
+    r = run_cli("ls", bucket, env=env)
+    line = assert_one_line_error(r, 2, "$HF_TOKEN", "HTTP 401", "invalid or expired")
+    assert "needs access" not in line and "hf_wrong_public_token" not in line
+
+
 def test_no_hub_token_says_there_is_none(hub_emulator: Any, hub_env: dict[str, str]) -> None:
     env = {**hub_env, "HF_TOKEN": ""}
     r = run_cli("compile-cache", "create", missing_bucket(hub_emulator), "--no-set", env=env)

@@ -173,6 +173,28 @@ def check_endpoint(name: str, url: str, timeout: float, path: str = "") -> Check
     return Check(f"{name} {shown}", True, answered)
 
 
+def check_token(timeout: float) -> Check | None:
+    """Whom the Hugging Face token belongs to, as ``hf auth whoami`` says it (huggingface_hub's
+    ``whoami`` on $HF_ENDPOINT or the default Hub), or that it was refused; None without a token."""
+    from huggingface_hub import get_token
+
+    from kvbucket.stores.hub.whoami import whoami
+
+    token = get_token()
+    if not token:
+        return None
+    source = "$HF_TOKEN" if os.environ.get("HF_TOKEN") else "the saved Hugging Face login"
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or "https://huggingface.co"
+    what = f"token ({source})"
+    try:
+        info = whoami(endpoint, token, timeout, token_source=source)
+    except Exception as e:
+        return Check(what, False, _line(e))
+    orgs = ", ".join(o.get("name", "?") for o in info.get("orgs") or [] if isinstance(o, dict))
+    return Check(what, True, f"belongs to {info.get('name')!r}{f' (orgs: {orgs})' if orgs else ''} on "
+                 f"{redact(endpoint)}")
+
+
 def check_store(url: str, source: str, timeout: float) -> Check:
     what = f"{url} ({source})"
     t0 = time.monotonic()
@@ -219,8 +241,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print what a bug report needs: versions, endpoints (secrets redacted), reachability.
 
-        Checks $HF_ENDPOINT and $AWS_ENDPOINT_URL when set, the compile-cache target, and
-        $KVBUCKET_REMOTE_URL and URLS when given. Exits 1 when any of them does not answer.
+        Checks $HF_ENDPOINT and $AWS_ENDPOINT_URL when set, whom the Hugging Face token belongs
+        to (as `hf auth whoami`), the compile-cache target, and $KVBUCKET_REMOTE_URL and URLS when
+        given. Exits 1 when any of them does not answer or the token is refused.
         With --model, also times lookups and loads on each URL (docs/remote-hit.md).
         """
         if model is not None and model not in MODEL_SHAPES:
@@ -235,6 +258,9 @@ def register(app: typer.Typer) -> None:
         for var in ("HF_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             if url := os.environ.get(var, "").strip():
                 checks.append(check_endpoint(f"${var}", url, timeout, ENDPOINT_PATHS.get(var, "")))
+        hub_ok = all(c.ok for c in checks if c.what.startswith("$HF_ENDPOINT"))
+        if hub_ok and (token_check := check_token(timeout)) is not None:
+            checks.append(token_check)
         for url, source in configured_stores(list(urls or [])):
             checks.append(check_store(url, source, timeout))
         if as_json:

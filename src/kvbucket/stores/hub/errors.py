@@ -3,8 +3,9 @@ the fix (:func:`hub_error`), and which failures are worth a retry.
 
 Wording follows ``hf`` (huggingface_hub 2.4's CLI): a bucket the caller cannot see is "not
 found", created with ``hf buckets create``; a caller without a token is told to set ``HF_TOKEN``
-or run ``hf auth login``. Secrets never appear: the detail of a client error is redacted with the
-client's tokens, and the endpoint is shown without userinfo.
+or run ``hf auth login``; a token answered HTTP 401 is invalid or expired ("Invalid user token"),
+never a missing permission (that is 403). Secrets never appear: the detail of a client error is
+redacted with the client's tokens, and the endpoint is shown without userinfo.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from huggingface_hub.errors import BucketNotFoundError, HfHubHTTPError
 
 from kvbucket.errors import AuthError, NotFoundError, StoreError, TransientStoreError
 from kvbucket.secrets import redact
+from kvbucket.stores.hub.whoami import TokenRefusedError, refused_text
 
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 RETRY_EXCEPTIONS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
@@ -83,7 +85,10 @@ def hub_error(exc: BaseException, what: str, ctx: HubContext, secrets: list[str]
             f"cannot see it) while trying to {what}; create it with: hf buckets create "
             f"{bucket} --private (a store's config may set create_bucket_if_missing: true)"
         )
-    if status in (401, 403) or type(exc).__name__ == "XetAuthenticationError":
+    if status == 401:  # a token was sent and refused: invalid or expired, as `hf` says ("Invalid user token")
+        return TokenRefusedError(refused_text(ctx.token_source, endpoint,
+                                              f" while trying to {what} of bucket {bucket!r}"))
+    if status == 403 or type(exc).__name__ == "XetAuthenticationError":
         need = "write access" if status == 403 or "write" in what or "remove" in what else "access"
         return AuthError(
             f"the Hub refused access to bucket {bucket!r} on {endpoint} "
