@@ -14,6 +14,7 @@ from typing import Any
 
 from kvbucket.errors import AuthError, ConfigError, DeadlineExceededError, StoreError
 from kvbucket.stores.deadline import deadline_in, run_abandonable
+from kvbucket.stores.hub.config import BucketLocation, HFBucketConfig
 
 #: the namespace huggingface_hub and the Hub read as "the caller"
 ME = "me"
@@ -63,8 +64,8 @@ def caller_name(endpoint: str, token: str | None, token_source: str, timeout: fl
                 deadline: float | None = None) -> str:
     """The user name ``me`` stands for with this token (asked once per process)."""
     if not token:
-        raise AuthError(f"the namespace 'me' means the token's user, and no token was found "
-                        f"({token_source}); set HF_TOKEN or run `hf auth login`, or write the namespace")
+        raise AuthError("the namespace 'me' means the token's user, and no token was found: set HF_TOKEN or "
+                        "run `hf auth login`, or write the namespace")
     key = (endpoint, token)
     with _lock:
         if key in _names:
@@ -77,4 +78,12 @@ def caller_name(endpoint: str, token: str | None, token_source: str, timeout: fl
     return name
 
 
-__all__ = ["ME", "TokenRefusedError", "caller_name", "refused_text", "whoami"]
+def handle_as_caller(config: HFBucketConfig) -> str:
+    """``config``'s bucket handle with the namespace ``me`` replaced by the token's user."""
+    loc = config.location
+    name = caller_name(config.resolved_endpoint(), config.resolved_token(), config.token_source(),
+                       config.connect_timeout_secs + config.request_timeout_secs)
+    return BucketLocation(name, loc.bucket, loc.prefix).handle
+
+
+__all__ = ["ME", "TokenRefusedError", "caller_name", "handle_as_caller", "refused_text", "whoami"]
