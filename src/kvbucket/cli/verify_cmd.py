@@ -7,7 +7,13 @@ Each object is read whole and classified (:func:`kvbucket.stores.guard.sealed.in
 - ``foreign``: intact but not this object's, or not readable here (written under another name,
   for another layout, in a newer format; with a keyring, sealed under a key the ring does not
   hold or that fails to authenticate);
-- ``legacy``: no envelope (written before sealing, or by another program such as LMCache).
+- ``legacy``: no envelope (written before sealing, or by another program such as LMCache);
+- ``bookkeeping``: kvbucket's own objects beside the chunks (``_identity/`` manifests, the
+  fleet's ``_fleet/`` journals, snapshots, heartbeats and digest), named, never read as chunks.
+
+A URL above the tiers' roots (a bucket's root, with tiers under ``kv/``, ``llama/``, ...) verifies
+too: an object whose envelope binds a name relative to a prefix below the URL is checked under
+that prefix, and the report groups objects by the prefix they verify under.
 
 Compile-cache objects keep the compiler's own files, verified by sha256 instead of an envelope:
 a pack against the digest in its name, a file listed in its entry's checksum record against the
@@ -19,8 +25,8 @@ whose bytes contradict their own envelope (corrupt ones), each read again afresh
 when damaged again, by the version read (an object written since, or intact on the second read,
 is kept and counted as kept). Legacy objects and foreign ones
 (written under another name, for another layout, format or key) are reported, never deleted:
-they may be valid for another reader. When misnamed objects verify under a directory below the
-URL, or most objects are misnamed, the URL is said to look wrong (with the one to give).
+they may be valid for another reader. When most objects are misnamed, the URL is said to look
+wrong (with the one to give).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from kvbucket.stores.base import ObjectInfo, ObjectStore
 if TYPE_CHECKING:  # imported where used: every `kvbucket` start (`--help` too) imports this module
     from kvbucket.encryption import Keyring
 
-STATUSES = ("good", "corrupt", "foreign", "legacy")
+STATUSES = ("good", "corrupt", "foreign", "legacy", "bookkeeping")
 BATCH_BYTES = 64 << 20
 BATCH_ITEMS = 64
 SHOWN_BAD = 20
@@ -75,6 +81,25 @@ def compile_cache_sums(store: ObjectStore, infos: Sequence[ObjectInfo]) -> Sums:
     return out
 
 
+def bookkeeping_kind(name: str) -> tuple[str, str] | None:
+    """(what it is, the prefix it belongs to) when ``name`` is kvbucket's bookkeeping (a manifest, a
+    fleet object), else None."""
+    from kvbucket.fleet.layout import FLEET_DIR, parse_name
+    from kvbucket.identity.manifest import DIR, parse_manifest_name
+
+    parts = name.split("/")
+    for i, seg in enumerate(parts):
+        prefix = "/".join(parts[:i])
+        if seg == FLEET_DIR and (fleet := parse_name(name, prefix)) is not None:
+            return _FLEET_KINDS[fleet.kind], prefix
+        if seg == DIR and parse_manifest_name(name, prefix) is not None:
+            return "identity manifest", prefix
+    return None
+
+
+_FLEET_KINDS = {"j": "fleet journal", "s": "fleet snapshot", "n": "fleet heartbeat", "d": "fleet digest"}
+
+
 def classify(name: str, data: Any, size: int, keyring: Keyring | None, sums: Sums) -> tuple[str, str | None]:
     """(status, reason) of one object: a compile-cache file by its sha256, anything else by envelope."""
     from kvbucket.compile_cache.sums import pack_digest, sha256_of
@@ -99,21 +124,28 @@ class Scan:
     bad: list[tuple[str, str, str]] = field(default_factory=list)
     sums: Sums = field(default_factory=dict)
     below: Counter[str] = field(default_factory=Counter)  # root (relative to the URL) -> objects
+    #: prefix the objects verify under ("" = the URL) -> status -> objects (bookkeeping by its prefix)
+    by_prefix: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def count(self, prefix: str, status: str, size: int) -> None:
+        self.totals[status][0] += 1
+        self.totals[status][1] += size
+        self.by_prefix.setdefault(prefix, Counter())[status] += 1
 
     def wrong_url(self, url: str) -> str | None:
-        """Why the URL looks wrong (names bound to another root), with the fix; None if it does not.
+        """Why the URL looks wrong (most names bound to another root), with the fix; None if not.
 
         Objects written under another name are kept either way (not damage: their writer's root
-        may differ); when some verify under a root below the URL, or most enveloped objects are
-        misnamed, the URL is the likelier culprit.
+        may differ); those bound to a root below the URL were checked there (``by_prefix``); when
+        most of the rest are misnamed, the URL is the likelier culprit.
         """
         misnamed = sum(1 for _, _, reason in self.bad if reason == "name")
         enveloped = sum(self.totals[s][0] for s in ("good", "corrupt", "foreign"))
         if self.below:
             root, n = self.below.most_common(1)[0]
-            return (f"the URL looks wrong: {sum(self.below.values())} of {misnamed} objects written under "
-                    f"another name verify under a directory below it ({n} under {root + '/'!r}). Give the "
-                    f"URL the tier writes to, e.g. kvbucket verify {url.rstrip('/')}/{root}")
+            return (f"{sum(self.below.values())} objects are bound to a directory below the URL and do not "
+                    f"verify there ({n} under {root + '/'!r}); check them with kvbucket verify "
+                    f"{url.rstrip('/')}/{root}")
         if misnamed and 2 * misnamed > enveloped:
             return (f"the URL looks wrong: {misnamed} of {enveloped} objects were written under other "
                     "names. Give the URL the tier writes to (envelopes bind names relative to it)")
@@ -127,20 +159,32 @@ def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | Non
 
     sums = compile_cache_sums(store, infos)
     out = Scan({s: [0, 0] for s in STATUSES}, sums=sums)
-    totals, bad = out.totals, out.bad
-    for batch in _batches(infos):
+    bad = out.bad
+    chunks = []
+    for info in infos:
+        if (kind := bookkeeping_kind(info.name)) is not None:  # not read: its format is not an envelope
+            out.count(kind[1], "bookkeeping", info.size)
+        else:
+            chunks.append(info)
+    if progress is not None:
+        progress.advance(sum(i.size for i in infos) - sum(i.size for i in chunks))
+    for batch in _batches(chunks):
         for info, r in zip(batch, store.get_many([i.name for i in batch]), strict=True):
             if r.error is not None:
                 raise r.error
             if r.data is None:  # removed since the listing
                 continue
-            status, reason = classify(info.name, r.data, int(r.size or 0), keyring, sums)
-            totals[status][0] += 1
-            totals[status][1] += int(r.size or 0)
+            size, prefix = int(r.size or 0), ""
+            status, reason = classify(info.name, r.data, size, keyring, sums)
+            if reason == "name" and (below := written_under(info.name, r.data)) is not None:
+                # bound to a root below the URL (a tier under a prefix): checked as that tier reads it
+                prefix = info.name[: -len(below) - 1]
+                status, reason = classify(below, r.data, size, keyring, sums)
+                if status != "good":
+                    out.below[prefix] += 1
+            out.count(prefix, status, size)
             if status != "good":
                 bad.append((info.name, status, reason or ""))
-            if reason == "name" and (below := written_under(info.name, r.data)) is not None:
-                out.below[info.name[: -len(below) - 1]] += 1
         if progress is not None:
             progress.advance(sum(i.size for i in batch))
     return out
@@ -222,6 +266,7 @@ def register(app: typer.Typer) -> None:
                 "url": store.url, "objects": len(infos),
                 "totals": {s: {"objects": totals[s][0], "bytes": totals[s][1]} for s in STATUSES},
                 "not_good": [{"name": n, "status": s, "reason": r} for n, s, r in bad],
+                "by_prefix": {p: dict(c) for p, c in sorted(found.by_prefix.items())},
                 "wrong_url": wrong_url, "delete_bad": delete_bad, "damaged": len(to_remove),
                 "removed": removed, "kept": kept,
             })
@@ -234,6 +279,7 @@ def register(app: typer.Typer) -> None:
             n, size = totals[status]
             table.add_row(status, str(n), human_size(size))
         console.print(table)
+        _print_prefixes(console, found.by_prefix)
         for name, status, reason in bad[:SHOWN_BAD]:
             console.print(f"{status} ({reason}): {name}", markup=False, highlight=False)
         if len(bad) > SHOWN_BAD:
@@ -247,3 +293,14 @@ def register(app: typer.Typer) -> None:
                               "now", markup=False)
         if any(status in ("corrupt", "foreign") for _, status, _ in bad):
             raise typer.Exit(1)
+
+
+def _print_prefixes(console: Any, by_prefix: dict[str, Counter[str]]) -> None:
+    """Objects by the prefix they verify under, when any verify below the URL."""
+    if set(by_prefix) <= {""}:
+        return
+    console.print("by prefix (names are checked relative to the tier's root):", markup=False)
+    for prefix, counts in sorted(by_prefix.items()):
+        shown = ", ".join(f"{counts[status]} {status}" for status in STATUSES if counts[status])
+        console.print(f"  {prefix + '/' if prefix else '(the URL itself)'}: {shown}", markup=False,
+                      highlight=False)
