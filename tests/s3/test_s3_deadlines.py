@@ -174,3 +174,16 @@ def test_breaker_opens_answers_in_under_a_millisecond_then_probes_and_closes(
         (r,) = store.head_many(["k"])
         assert r.size == 5 and r.error is None
         assert store.breaker.state is CLOSED
+
+
+def test_a_fresh_stores_first_listing_shares_one_budget_with_its_bucket_probe() -> None:
+    """Issue 40 item 6: list() on a fresh store waited the whole request budget for the bucket
+    probe, then gave the first page a new one (6.0 s for s3_request_timeout_secs: 3)."""
+    with SilentServer() as server:
+        store = silent_store(server, s3_request_timeout_secs=2.0, s3_breaker_failures=0)
+        t0 = time.monotonic()
+        with pytest.raises(TransientStoreError, match="s3_request_timeout_secs"):
+            list(store.list())
+        took = time.monotonic() - t0
+        assert 1.9 < took < 3.0, took  # one budget (2 s), not two (4 s)
+        store.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -30,8 +31,9 @@ TimeoutOpt = Annotated[
     float,
     typer.Option(
         "--timeout", envvar=TIMEOUT_ENV, min=0.1,
-        help="Seconds to wait for a remote store's first answer; an endpoint that accepts connections "
-        f"but never answers fails after this (default {DEFAULT_TIMEOUT_S:g}; also ${TIMEOUT_ENV}).",
+        help="Seconds the whole command may take, every request in it included, counted from its start; "
+        f"without it, a remote store's first answer is due within {DEFAULT_TIMEOUT_S:g} s and the command "
+        f"then runs as long as the store answers (also ${TIMEOUT_ENV}).",
     ),
 ]
 
@@ -69,8 +71,13 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+_exiting = threading.Lock()
+
+
 def exit_now(message: str, code: int = 1) -> NoReturn:
-    """Print the error and leave at once: a call stuck in a client's thread must not hold the exit."""
+    """Print the error and leave at once: a call stuck in a client's thread must not hold the exit.
+    One caller prints (a watchdog and a stuck probe may both give up at the deadline)."""
+    _exiting.acquire()
     typer.echo(f"error: {redact(' '.join(message.split()))}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -169,8 +176,9 @@ def mark_command_start(at: float | None) -> None:
 
 
 def first_answer_deadline(timeout: float) -> float:
-    """The instant a command's first remote answer is due: ``--timeout`` seconds after the command
-    started (the process, for the console script), so the whole command ends within it."""
+    """``--timeout`` seconds after the command started (the process, for the console script): when
+    the first remote answer is due, and, with ``--timeout`` given, when the whole command ends
+    (:func:`command_watchdog`)."""
     start = _command_started if _command_started is not None else time.monotonic()
     return start + timeout
 
@@ -252,6 +260,43 @@ def open_for_command(url: str, *, create: bool | None = False) -> ObjectStore:
         return open_store(url, **opts)
 
 
+def timeout_given() -> bool:
+    """True when the running command's ``--timeout`` came from the command line or $KVBUCKET_TIMEOUT
+    (then it bounds the whole command), False for the default (it bounds the first answer)."""
+    ctx = typer.main.get_current_context(silent=True)
+    if ctx is None or "timeout" not in ctx.params:
+        return False
+    source = ctx.get_parameter_source("timeout")
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
+class Watchdog:
+    """Ends the process with one line at ``deadline`` unless :meth:`cancel` came first: the bound
+    of a whole command, whichever request inside it (a listing page, a GET trickling its body, a
+    fleet status read) is the one still waiting."""
+
+    def __init__(self, deadline: float, message: Callable[[], str]) -> None:
+        self._done = threading.Event()
+        self._deadline, self._message = deadline, message
+        threading.Thread(target=self._run, name="kvbucket-cli-watchdog", daemon=True).start()
+
+    def _run(self) -> None:
+        if not self._done.wait(max(0.0, self._deadline - time.monotonic())):
+            exit_now(self._message(), 1)
+
+    def cancel(self) -> None:
+        self._done.set()
+
+
+def command_watchdog(url: str, timeout: float, store: Any = None) -> Watchdog:
+    """A :class:`Watchdog` at the command's ``--timeout`` deadline (a few ms after the probe's own,
+    so that a probe that got no answer says so itself)."""
+    return Watchdog(first_answer_deadline(timeout) + 0.05, lambda: (
+        f"{url} did not finish within {timeout:g} s (--timeout bounds the whole command): no answer, or "
+        f"too slow a one, from {endpoint_hint(url, store)}; check that the endpoint is a working store "
+        "server, or raise --timeout"))
+
+
 @contextlib.contextmanager
 def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[ObjectStore]:
     """Open a store for inspection (:func:`open_for_command`: never create a missing directory or
@@ -261,6 +306,21 @@ def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[Objec
     def hint(e: BaseException) -> str:  # a refused id may have meant a directory; a dead endpoint did not
         return as_id_hint(url) if exit_code_for(e) == 2 else ""
 
+    # --timeout given: the whole command; else the first answer (opening may ask who `me` is)
+    watchdog = command_watchdog(url, timeout) if is_remote(url) else None
+    try:
+        with _opened(url, timeout, hint) as store:
+            if watchdog is not None and not timeout_given():
+                watchdog.cancel()
+            yield store
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+
+
+@contextlib.contextmanager
+def _opened(url: str, timeout: float, hint: Callable[[BaseException], str]) -> Iterator[ObjectStore]:
+    """:func:`opened_store` without the watchdog: open, probe, yield, close; errors as one line."""
     try:
         store = open_for_command(url)
     except KVBucketError as e:

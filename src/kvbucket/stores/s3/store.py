@@ -177,7 +177,9 @@ class S3Store(RemoteStore):
         return s3_versions.delete_versions(self, items)
 
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
-        self._ready(True, deadline_in(self.config.s3_request_timeout_secs))
+        # the bucket probe and the first page share one budget (a fresh store's first call)
+        first = deadline_in(self.config.s3_request_timeout_secs)
+        self._ready(True, first)
         # obstore's prefixes match whole path segments; ours are plain string prefixes, so list the
         # enclosing "directory" and filter. No early stop on key order: SeaweedFS lists a tree
         # ("a/b" before "a%2Fx"), not in byte order as AWS does.
@@ -185,9 +187,8 @@ class S3Store(RemoteStore):
         try:
             pages = iter(obstore.list(self._store, parent, chunk_size=max(1, min(page_size, 1000))))
             while True:
-                try:  # each page within s3_request_timeout_secs
-                    page = self._bounded(lambda: next(pages, None),
-                                         deadline_in(self.config.s3_request_timeout_secs))
+                try:  # each page within s3_request_timeout_secs, the first with the probe
+                    page = self._bounded(lambda: next(pages, None), first)
                 except FutureTimeout:
                     raise self._late("list") from None
                 if page is None:
@@ -198,6 +199,7 @@ class S3Store(RemoteStore):
                         mtime = meta.get("last_modified")
                         yield ObjectInfo(name, int(meta["size"]), mtime.timestamp() if mtime else None,
                                          meta.get("e_tag"))
+                first = deadline_in(self.config.s3_request_timeout_secs)  # the next page's own
         except StoreError:
             raise
         except Exception as e:
