@@ -48,7 +48,7 @@ def unknown_variables(env: Mapping[str, str] | None,
 
 
 def warning_text(name: str, close: str | None) -> str:
-    hint = f"did you mean {close}?" if close else "kvbucket reads no such variable (see docs/backends.md)"
+    hint = f"did you mean {close}?" if close else "kvbucket reads no such variable"
     return f"ignoring {name}: not a kvbucket variable; {hint}"
 
 

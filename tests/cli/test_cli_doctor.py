@@ -23,7 +23,7 @@ SENTINELS = {
 def test_version(cli_env: dict[str, str]) -> None:
     r = run_cli("--version", env=cli_env)
     assert r.code == 0 and r.out.strip() == f"kvbucket {kvbucket.__version__}"
-    assert run_cli("version", env=cli_env).out.strip() == kvbucket.__version__
+    assert run_cli("version", env=cli_env).out == r.out == run_cli("-V", env=cli_env).out  # issue 40 item 8
 
 
 def test_shell_completion(cli_env: dict[str, str]) -> None:

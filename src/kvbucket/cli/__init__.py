@@ -115,6 +115,17 @@ def build_app() -> typer.Typer:
     return app
 
 
+def full_summaries(command: object) -> None:
+    """Give every sub-command its whole first sentence as the summary ``kvbucket -h`` lists (click
+    would cut it at ~45 characters with "...", in a pipe too); the lines wrap instead."""
+    for sub in (getattr(command, "commands", None) or {}).values():
+        if sub.short_help is None and sub.help:
+            para = " ".join(sub.help.split("\n\n", 1)[0].split())
+            end = para.find(". ")
+            sub.short_help = para[: end + 1] if end >= 0 else para
+        full_summaries(sub)
+
+
 def _one_line(text: str) -> str:
     """An error message as one line, every secret in it redacted."""
     from kvbucket.secrets import redact
@@ -133,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     warn_unknown(None, EngineConfig.model_fields, lambda line: typer.echo(f"warning: {line}", err=True))
     command = typer.main.get_command(build_app())
+    full_summaries(command)
     try:
         rv = command.main(args=list(argv) if argv is not None else None, prog_name="kvbucket",
                           standalone_mode=False)
@@ -144,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             text = _one_line(e.format_message())  # type: ignore[attr-defined]
             choice = _choice_hint(text)
+            if not choice and (choice := _hf_option_hint(text, ctx)):  # click's guesses are beside the point
+                text = re.sub(r" \(Possible options: [^)]*\)", "", text)
             typer.echo(f"error: {text.rstrip('.') if choice else text}{choice}{hint}", err=True)
         sys.exit(e.exit_code)  # type: ignore[attr-defined]
     except _ClickException as e:
@@ -157,6 +171,36 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         sys.exit(_report(e))
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+_TOKEN_HINT = ("; kvbucket takes no --token: it reads $HF_TOKEN or the saved `hf auth login` (S3: the AWS_* "
+               "variables or profile), so set HF_TOKEN=... for one command")
+#: options of `hf buckets` (and habits) kvbucket does not take: what to do instead
+HF_OPTION_HINTS: dict[tuple[str, str], str] = {
+    ("ls", "-R"): "; `kvbucket ls` is always recursive (every object under the URL): drop -R",
+    ("ls", "--recursive"): "; `kvbucket ls` is always recursive (every object under the URL): drop "
+                           "--recursive",
+    ("ls", "--human-readable"): "; `kvbucket ls` prints sizes in bytes, for scripts; `kvbucket du` adds "
+                                "binary units (KiB, MiB, GiB)",
+    ("ls", "--tree"): "; `kvbucket ls` prints one name per line (--prefix P narrows it)",
+    ("du", "-q"): "; `kvbucket du` prints one summary line (and a fleet's and identities' lines); "
+                  "--format json for scripts",
+    ("du", "--quiet"): "; `kvbucket du` prints one summary line (and a fleet's and identities' lines); "
+                       "--format json for scripts",
+    ("du", "--human-readable"): "; `kvbucket du` always shows binary units next to the bytes",
+    ("", "--token"): _TOKEN_HINT,
+}
+_NO_SUCH_OPTION = re.compile(r"^No such option: (\S+)")
+
+
+def _hf_option_hint(text: str, ctx: object) -> str:
+    """For an option ``hf`` takes and kvbucket does not: what to do instead ("" otherwise)."""
+    m = _NO_SUCH_OPTION.match(text)
+    if m is None:
+        return ""
+    command = str(getattr(ctx, "command_path", "")).removeprefix("kvbucket").strip()
+    option = m.group(1).split("=", 1)[0]
+    return HF_OPTION_HINTS.get((command, option)) or HF_OPTION_HINTS.get(("", option), "")
 
 
 _NOT_ONE_OF = re.compile(r"'([^']*)' is not one of (.+?)\.?$")

@@ -244,7 +244,8 @@ def register(app: typer.Typer) -> None:
         Checks $HF_ENDPOINT and $AWS_ENDPOINT_URL when set, whom the Hugging Face token belongs
         to (as `hf auth whoami`), the compile-cache target, and $KVBUCKET_REMOTE_URL and URLS when
         given. Exits 1 when any of them does not answer or the token is refused.
-        With --model, also times lookups and loads on each URL (docs/remote-hit.md).
+        With --model, also times lookups and loads on each URL and says whether a remote hit
+        beats recomputing the prompt.
         """
         if model is not None and model not in MODEL_SHAPES:
             raise typer.BadParameter(f"{model!r} is not one of {', '.join(MODEL_SHAPES)}",

@@ -39,7 +39,7 @@ class ListFormat(StrEnum):
 
 FormatOpt = Annotated[Format, typer.Option(
     "--format", case_sensitive=False, help="table (for people) or json (one document with stable field "
-    "names, docs/cli.md).")]
+    "names, for scripts).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="The same as --format json.")]
 
 

@@ -49,7 +49,7 @@ from kvbucket.stores import ObjectInfo, ObjectStore, check_name
 
 RM_BATCH = 1000
 URL_HELP = ("Store URL: a Hub bucket id ns/name[/prefix], hf://buckets/ns/name[/prefix], "
-            "s3://bucket[/prefix], file:///dir or a path (./x is always local; docs/cli.md)")
+            "s3://bucket[/prefix], file:///dir or a path (./x is always local)")
 
 
 def human_size(n: int) -> str:
@@ -90,7 +90,14 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="The same as --format quiet."),
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
-        """List objects: size in bytes, then the name (or decoded cache key with --keys)."""
+        """List objects (always every object under the URL, as `hf buckets ls -R`): size in bytes,
+        then the name (or decoded cache key with --keys). A namespace (alice, me) lists its buckets."""
+        from kvbucket.cli.namespace_ls import list_namespace, namespace_of
+
+        if (namespace := namespace_of(url)) is not None:
+            list_namespace(namespace, as_json=wants_json(fmt, as_json),
+                           quiet=quiet or fmt == ListFormat.quiet, timeout=timeout)
+            return
         # the lines are the progress on a terminal; in a log, a line every few seconds on stderr too
         shown = not (output.is_terminal(sys.stdout) and output.is_terminal(sys.stderr))
         with opened_store(url, timeout) as store, Progress(f"listing {url}", unit="objects",
@@ -102,8 +109,12 @@ def register(app: typer.Typer) -> None:
                 for info in listing:
                     typer.echo(display_key(info.name) if keys else info.name)
             else:
+                listed = 0
                 for info in listing:
                     typer.echo(f"{info.size:>12}  {display_key(info.name) if keys else info.name}")
+                    listed += 1
+                if not listed:  # an empty listing says so, as `hf buckets ls` does
+                    typer.echo("(empty)")
 
     @app.command("du")
     def du(

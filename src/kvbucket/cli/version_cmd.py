@@ -10,5 +10,5 @@ import kvbucket
 def register(app: typer.Typer) -> None:
     @app.command("version")
     def version() -> None:
-        """Print kvbucket's version."""
-        typer.echo(kvbucket.__version__)
+        """Print kvbucket's version (the same line as `kvbucket --version`)."""
+        typer.echo(f"kvbucket {kvbucket.__version__}")

@@ -385,7 +385,7 @@ def warn_name_only(where: str) -> None:
         "%s: no model identity is known, so KV chunks are shared by model name only: a model "
         "redeployed under the same name with other weights or config would be served the old KV. "
         "Set model_identity (a token from `kvbucket du`, or text naming the weights such as "
-        "org/model@<commit>) to key chunks by identity (docs/architecture.md, Model identity)", where)
+        "org/model@<commit>) to key chunks by identity", where)
 
 
 __all__ = [

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, ValidationError, field_validator
 
-from kvbucket.did_you_mean import did_you_mean, unknown_key_hint, value_hint
+from kvbucket.did_you_mean import closest, did_you_mean, unknown_key_hint, value_hint
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.secrets import reveal
 from kvbucket.stores.base import check_prefix
@@ -45,39 +45,51 @@ class BucketLocation:
         return f"{HANDLE_SCHEME}{self.bucket_id}{tail}"
 
 
-def _check_bucket_name(kind: str, value: str, handle: str) -> str:
+def _check_bucket_name(kind: str, value: str, handle: str, what: str) -> str:
     if not is_hub_name(value):
         raise ConfigError(
-            f"bucket_handle {handle!r}: {kind} {value!r} is not a valid Hub name (1-96 characters of "
+            f"{what} {handle!r}: {kind} {value!r} is not a valid Hub name (1-96 characters of "
             "letters, digits, '-', '_', '.'; not starting or ending with '-' or '.'; no '--' or '..')"
         )
     return value
 
 
-def parse_bucket_handle(handle: str) -> BucketLocation:
-    """Parse and validate a bucket handle; errors say what is wrong and show the expected form."""
+def _meant_handle(handle: str) -> str | None:
+    """The ``hf://buckets/...`` handle a malformed one likely meant: a misspelt ``buckets``
+    segment (``hf://bucket/alice/kv``) is replaced, a missing one (``hf://alice/kv``) added."""
+    rest = handle.removeprefix("hf://")
+    first, _, tail = rest.partition("/")
+    if "/" in tail and closest(first, ["buckets"]) is not None:  # hf://bucket/alice/kv
+        return HANDLE_SCHEME + tail
+    if handle.startswith("hf://") or "/" in handle:
+        return HANDLE_SCHEME + rest.removeprefix("buckets/")
+    return None
+
+
+def parse_bucket_handle(handle: str, what: str = "bucket_handle") -> BucketLocation:
+    """Parse and validate a bucket handle; errors say what is wrong and show the expected form.
+    ``what`` names the handle in them (``bucket_handle`` in a config, ``store URL`` for a URL)."""
     form = "hf://buckets/<namespace>/<bucket>[/<prefix>]"
     if not isinstance(handle, str) or not handle.strip():
-        raise ConfigError(f"bucket_handle is required, in the form {form}")
+        raise ConfigError(f"{what} is required, in the form {form}")
     handle = handle.strip()
     if not handle.startswith(HANDLE_SCHEME):
-        hint = ""
-        if handle.startswith("hf://") or "/" in handle:
-            hint = f" (did you mean {HANDLE_SCHEME}{handle.removeprefix('hf://').removeprefix('buckets/')}?)"
-        raise ConfigError(f"bucket_handle {handle!r} must start with {HANDLE_SCHEME!r}: use {form}{hint}")
+        meant = _meant_handle(handle)
+        hint = f" (did you mean {meant}?)" if meant else ""
+        raise ConfigError(f"{what} {handle!r} must start with {HANDLE_SCHEME!r}: use {form}{hint}")
     rest = handle[len(HANDLE_SCHEME) :]
     if "?" in rest or "#" in rest:
-        raise ConfigError(f"bucket_handle {handle!r} must not contain '?' or '#'; use {form}")
+        raise ConfigError(f"{what} {handle!r} must not contain '?' or '#'; use {form}")
     parts = rest.split("/", 2)
     if len(parts) < 2 or not parts[0] or not parts[1]:
-        raise ConfigError(f"bucket_handle {handle!r} names no bucket; use {form}")
-    namespace = _check_bucket_name("namespace", parts[0], handle)
-    bucket = _check_bucket_name("bucket name", parts[1], handle)
+        raise ConfigError(f"{what} {handle!r} names no bucket; use {form}")
+    namespace = _check_bucket_name("namespace", parts[0], handle, what)
+    bucket = _check_bucket_name("bucket name", parts[1], handle, what)
     raw_prefix = parts[2] if len(parts) == 3 else ""
     try:
         prefix = check_prefix(raw_prefix)
     except InvalidKeyError as e:
-        raise ConfigError(f"bucket_handle {handle!r} has an invalid prefix: {e}") from None
+        raise ConfigError(f"{what} {handle!r} has an invalid prefix: {e}") from None
     return BucketLocation(namespace, bucket, prefix)
 
 
@@ -140,7 +152,7 @@ class HFBucketConfig(BaseModel):
     )
     xet_compression: Literal["auto", "none", "lz4", "bg4-lz4"] = Field(
         "auto", description="how uploads compress chunks (hf_xet's xorb.compression_policy; auto sends a "
-        "batch that does not compress with none; docs/hfbucket.md)"
+        "batch that does not compress with none)"
     )
     endpoint: str | None = Field(None, description="Hub URL; default: $HF_ENDPOINT or huggingface.co")
     max_retries: int = Field(5, ge=0, le=20, strict=True, description="retries on 429/5xx/timeouts")
@@ -261,6 +273,10 @@ def build_config(cls: type[HFBucketConfig] = HFBucketConfig, /, **fields: Any) -
         raise ConfigError(_describe(e, cls)) from None
 
 
+#: how a config error starts (the settings, not the class that holds them)
+INVALID = "invalid Hub bucket store settings"
+
+
 def _describe(e: ValidationError, cls: type[BaseModel]) -> str:
     lines = []
     for err in e.errors():
@@ -275,7 +291,7 @@ def _describe(e: ValidationError, cls: type[BaseModel]) -> str:
             hidden = loc in ("token", "bucket_handle") or "input" not in err
             shown = "" if hidden else f" (got {err['input']!r})"
             lines.append(f"{loc}: {msg}{shown}")
-    return f"invalid {cls.__name__}: " + "; ".join(lines)
+    return f"{INVALID}: " + "; ".join(lines)
 
 
 # ---- LMCache-style plugin options ----------------------------------------------------------
@@ -335,7 +351,7 @@ def config_from_plugin_options(
     try:
         return cls(**fields)
     except ValidationError as e:
-        msg = _describe(e, cls).replace("invalid HFBucketConfig: ", "")
+        msg = _describe(e, cls).removeprefix(f"{INVALID}: ")
         raise ConfigError(f"remote_storage_plugin.{instance_name}: {msg}") from None
 
 

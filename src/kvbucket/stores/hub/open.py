@@ -9,7 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from kvbucket.errors import ConfigError
-from kvbucket.stores.hub.config import build_config, config_from_plugin_options, lenient_bool
+from kvbucket.stores.hub.config import (
+    build_config,
+    config_from_plugin_options,
+    lenient_bool,
+    parse_bucket_handle,
+)
 from kvbucket.stores.hub.store import HFBucketStore
 
 
@@ -28,6 +33,7 @@ def open_hfbucket_store(url: str, *, create: bool | None = None, prestart: bool 
         raise ConfigError("give the bucket either as the URL or as bucket_handle, not both")
     if create is not None:
         options.setdefault("create_bucket_if_missing", bool(create))
+    parse_bucket_handle(url, "store URL")  # a malformed URL's error names the URL, not a config key
     return HFBucketStore(build_config(bucket_handle=url, **options), prestart=prestart)
 
 
