@@ -57,13 +57,21 @@ def test_me_is_the_caller_for_hf_and_kvbucket(hub_emulator: Any, me_env: dict[st
     assert "note.txt" not in listed and "kv/" in listed, listed
 
     # the library: open_store and an engine config's remote_url read `me` the same way
+    (tmp_path / "engine.yaml").write_text(f"chunk_size: 8\nlocal_cpu: false\nremote_url: hf://buckets/me/{name}/kv\n")
     code = (f"from kvbucket.stores import open_store\n"
+            f"from kvbucket.chunks import KVLayout\n"
+            f"from kvbucket.config import build_backend, load_engine_config\n"
             f"s = open_store('hf://buckets/me/{name}/kv')\n"
-            f"print(s.url, len(list(s.list())))\n")
+            f"print(s.url, len(list(s.list())))\n"
+            f"cfg = load_engine_config('{tmp_path / 'engine.yaml'}')\n"
+            f"b = build_backend(cfg, KVLayout(2, 2, 64, 'bfloat16', 8))\n"
+            f"print(b.store.url)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, **me_env})
     assert p.returncode == 0, p.stderr
-    assert p.stdout.split()[0] == f"hf://buckets/{user}/{name}/kv" and int(p.stdout.split()[1]) > 0, p.stdout
+    lines = p.stdout.split()
+    assert lines[0] == f"hf://buckets/{user}/{name}/kv" and int(lines[1]) > 0, p.stdout
+    assert lines[2] == f"hf://buckets/{user}/{name}/kv", p.stdout  # an engine config's remote_url
 
 
 def test_me_without_a_token_or_with_a_refused_one(me_env: dict[str, str]) -> None:
