@@ -36,6 +36,15 @@ TimeoutOpt = Annotated[
         f"then runs as long as the store answers (also ${TIMEOUT_ENV}).",
     ),
 ]
+#: ``--timeout`` of commands whose work is not bounded by it (demo, compile-cache): the first answer
+FirstAnswerTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout", envvar=TIMEOUT_ENV, min=0.1,
+        help="Seconds to wait for a remote store's first answer; an endpoint that accepts connections "
+        f"but never answers fails after this (default {DEFAULT_TIMEOUT_S:g}; also ${TIMEOUT_ENV}).",
+    ),
+]
 
 
 class NoAnswerError(StoreError):

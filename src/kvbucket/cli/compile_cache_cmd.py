@@ -15,8 +15,8 @@ from rich.table import Table
 from kvbucket.cli import output
 from kvbucket.cli.common import (
     DEFAULT_TIMEOUT_S,
+    FirstAnswerTimeoutOpt,
     NoAnswerError,
-    TimeoutOpt,
     bounded,
     error_text,
     exit_code_for,
@@ -130,7 +130,7 @@ def create(
                                          "(writes stay yours). Default: private.")] = False,
     remember: Annotated[bool, typer.Option("--set/--no-set", help="Remember it as the default target.")]
     = True,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    timeout: FirstAnswerTimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Create the cache's bucket (private unless --public) and remember it.
 
@@ -244,7 +244,7 @@ def fetch_cmd(
     task: Annotated[str | None, typer.Option("--task")] = None,
     target: TargetOpt = None, cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
     compiler_version: VersionOpt = None, fmt: FormatOpt = Format.table, as_json: JsonOpt = False,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    timeout: FirstAnswerTimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Pre-warm the local cache from the bucket (complete entries only, written atomically)."""
     from kvbucket.compile_cache.fetch import fetch
@@ -270,7 +270,7 @@ def sync_cmd(
     compiler_version: VersionOpt = None, fmt: FormatOpt = Format.table, as_json: JsonOpt = False,
     lock_timeout: Annotated[float, typer.Option("--lock-timeout", help="Seconds to wait for another "
                                                 "sync on this host.")] = 600.0,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    timeout: FirstAnswerTimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Upload every good local entry the bucket lacks (failed, locked and partial ones never)."""
     from kvbucket.compile_cache.sync import sync
@@ -297,7 +297,7 @@ def lookup_cmd(
     compiler_version: VersionOpt = None,
     target: TargetOpt = None, layout: LayoutOpt = "neuron", fmt: FormatOpt = Format.table,
     as_json: JsonOpt = False,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    timeout: FirstAnswerTimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Export records of MODEL_ID; extra options filter them: --tensor_parallel_size 2 --dtype bf16.
 

@@ -9,7 +9,14 @@ import os
 import typer
 
 from kvbucket.cli import output
-from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, is_remote, opened_store, store_url
+from kvbucket.cli.common import (
+    DEFAULT_TIMEOUT_S,
+    FirstAnswerTimeoutOpt,
+    fail,
+    is_remote,
+    opened_store,
+    store_url,
+)
 from kvbucket.errors import ConfigError
 from kvbucket.secrets import redact
 from kvbucket.stores import store_scheme
@@ -66,7 +73,7 @@ def register(app: typer.Typer) -> None:
             "request machine B makes (a Hub round trip across regions costs about 50), to see the "
             "time to first token of a cross-machine hit at that latency.",
         ),
-        timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+        timeout: FirstAnswerTimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Time to first token saved by a prompt prefix computed on another machine.
 
