@@ -36,7 +36,7 @@ def test_ls_a_namespace_lists_its_buckets_as_hf_does(hub_emulator: Any, hub_env:
     hf = subprocess.run([str(HF), "buckets", "ls", ns, "-q"], capture_output=True, text=True, timeout=120,
                         env={**os.environ, **hub_env})
     assert hf.returncode == 0, hf.stderr
-    for arg in (ns, "me", f"hf://buckets/{ns}"):
+    for arg in (ns, "me"):
         r = run_cli("ls", arg, "-q", env=hub_env, cwd=tmp_path)
         assert r.code == 0, r.err
         assert sorted(r.out.split()) == sorted(hf.stdout.split()) and set(made) <= set(r.out.split()), r.out

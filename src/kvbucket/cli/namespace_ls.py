@@ -1,8 +1,8 @@
 """``kvbucket ls NAMESPACE``: the buckets of a Hub user or organisation, as ``hf buckets ls alice``.
 
-A bare Hub name that is no local path (``alice``, ``me``) or ``hf://buckets/alice`` names a
-namespace: its buckets are listed with huggingface_hub's ``list_buckets`` (``me`` is sent as is:
-the Hub reads it as the caller, as for ``hf buckets ls``).
+A bare Hub name that is no local path (``alice``, ``me``) names a namespace, as for ``hf``: its
+buckets are listed with huggingface_hub's ``list_buckets`` (``me`` is sent as is: the Hub reads
+it as the caller, as for ``hf buckets ls``).
 """
 
 from __future__ import annotations
@@ -18,11 +18,8 @@ from kvbucket.stores.urls import HANDLE_SCHEME, is_hub_name
 
 
 def namespace_of(url: str) -> str | None:
-    """The Hub namespace ``url`` names (``alice``, ``hf://buckets/alice``), else None. A bare name
-    that exists here is the local directory (the rule of :mod:`kvbucket.stores.urls`)."""
-    if url.startswith(HANDLE_SCHEME):
-        rest = url[len(HANDLE_SCHEME):].strip("/")
-        return rest if "/" not in rest and is_hub_name(rest) else None
+    """The Hub namespace a bare name names (``alice``, ``me``: what ``hf buckets ls`` takes), else
+    None. A name that exists here is the local directory (the rule of :mod:`kvbucket.stores.urls`)."""
     if "://" in url or "/" in url or os.path.lexists(url):
         return None
     return url if is_hub_name(url) else None
@@ -40,7 +37,7 @@ def list_namespace(namespace: str, *, as_json: bool, quiet: bool, timeout: float
     check_hf_endpoint_env()
     endpoint = (os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co").rstrip("/")
     token = get_token()
-    where = f"{HANDLE_SCHEME}{namespace}"
+    where = f"{HANDLE_SCHEME}{namespace}"  # for the endpoint a "no answer" line names
 
     def fetch() -> list[Any]:
         return list(HfApi(endpoint=endpoint).list_buckets(namespace=namespace, token=token or False))
