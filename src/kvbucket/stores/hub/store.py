@@ -64,7 +64,7 @@ from kvbucket.stores.hub import versions as hub_versions
 from kvbucket.stores.hub.client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
 from kvbucket.stores.hub.config import HFBucketConfig
 from kvbucket.stores.hub.meta_cache import MetaCache
-from kvbucket.stores.hub.whoami import ME, handle_as_caller
+from kvbucket.stores.hub.whoami import as_caller
 from kvbucket.threads import DaemonThreadPool
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,7 @@ class HFBucketStore(RemoteStore):
         which would pay ~20 ms per open starting threads they never use)."""
         if not isinstance(config, HFBucketConfig):
             raise ConfigError(f"HFBucketStore needs an HFBucketConfig, got {type(config).__name__}")
-        if config.location.namespace == ME and client is None:  # `me` is the caller, as on the Hub
-            config = config.model_copy(update={"bucket_handle": handle_as_caller(config)})
+        config = config if client is not None else as_caller(config)  # `me`: the token's user, as on the Hub
         self.config = config
         loc = config.location
         self.bucket_id = loc.bucket_id

@@ -78,12 +78,15 @@ def caller_name(endpoint: str, token: str | None, token_source: str, timeout: fl
     return name
 
 
-def handle_as_caller(config: HFBucketConfig) -> str:
-    """``config``'s bucket handle with the namespace ``me`` replaced by the token's user."""
+def as_caller(config: HFBucketConfig) -> HFBucketConfig:
+    """``config`` with the namespace ``me`` of its bucket replaced by the token's user (itself when
+    it names another namespace)."""
     loc = config.location
+    if loc.namespace != ME:
+        return config
     name = caller_name(config.resolved_endpoint(), config.resolved_token(), config.token_source(),
                        config.connect_timeout_secs + config.request_timeout_secs)
-    return BucketLocation(name, loc.bucket, loc.prefix).handle
+    return config.model_copy(update={"bucket_handle": BucketLocation(name, loc.bucket, loc.prefix).handle})
 
 
-__all__ = ["ME", "TokenRefusedError", "caller_name", "handle_as_caller", "refused_text", "whoami"]
+__all__ = ["ME", "TokenRefusedError", "as_caller", "caller_name", "refused_text", "whoami"]
