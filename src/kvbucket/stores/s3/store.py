@@ -177,9 +177,7 @@ class S3Store(RemoteStore):
         return s3_versions.delete_versions(self, items)
 
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectInfo]:
-        # the bucket probe and the first page share one budget (a fresh store's first call)
-        first = deadline_in(self.config.s3_request_timeout_secs)
-        self._ready(True, first)
+        self._ready(True, first := deadline_in(self.config.s3_request_timeout_secs))  # page 1 shares it
         # obstore's prefixes match whole path segments; ours are plain string prefixes, so list the
         # enclosing "directory" and filter. No early stop on key order: SeaweedFS lists a tree
         # ("a/b" before "a%2Fx"), not in byte order as AWS does.
