@@ -310,3 +310,50 @@ def test_a_closed_redirectable_scatter_takes_no_late_decode(fast: Any) -> None:
     with pytest.raises(Abandoned):
         read(body, len(chunks), targets, dst, fast, 5, xet_decode.WINDOW)
     assert not part.any()
+
+
+_COLD_LOAD = r"""
+import hashlib, sys, json
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
+bucket, prefix, token, endpoint, expect = sys.argv[1:6]
+cfg = build_config(bucket_handle=f"hf://buckets/{bucket}/{prefix}", token=token, token_env="",
+                   endpoint=endpoint)
+with HFBucketStore(cfg) as s:
+    got = s.get_many([f"o{i}" for i in range(4)])
+    ok = [hashlib.sha256(bytes(r.data)).hexdigest() for r in got] == json.loads(expect)
+    from kvbucket.stores.hub.xet import decode
+    print(json.dumps({"ok": ok, "numba": "numba" in sys.modules or decode._loading is not None}))
+"""
+
+
+def test_uncompressed_loads_never_import_numba(hub_bucket: Any) -> None:
+    """A fresh process's first hit of objects stored uncompressed loads no decoder (numba's import
+    alone holds the GIL for 0.3 s); one of compressed objects does start loading it, and both
+    give the right bytes."""
+    import hashlib
+    import json
+    import subprocess
+    import sys
+
+    from kvbucket.stores.hub.config import build_config
+    from kvbucket.stores.hub.store import HFBucketStore
+
+    rng = np.random.default_rng(3)
+    seen: dict[str, bool] = {}
+    for prefix, compression in (("raw", "none"), ("packed", "bg4-lz4")):
+        data = [bf16_kv(n, rng) for n in (70_001, 1 << 20, 2 << 20, 3)]
+        cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/{prefix}",
+                           token=hub_bucket.hub.write_token, token_env="", endpoint=hub_bucket.hub.endpoint,
+                           xet_compression=compression)
+        with HFBucketStore(cfg) as w:
+            assert all(r.ok for r in w.put_many([(f"o{i}", d) for i, d in enumerate(data)]))
+        env = {**os.environ, xet_decode.DECODER_ENV: "auto"}
+        out = subprocess.run(
+            [sys.executable, "-c", _COLD_LOAD, hub_bucket.bucket_id, prefix, hub_bucket.hub.write_token,
+             hub_bucket.hub.endpoint, json.dumps([hashlib.sha256(d).hexdigest() for d in data])],
+            env=env, capture_output=True, text=True, timeout=120, check=True)
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got["ok"], out.stderr[-2000:]
+        seen[compression] = got["numba"]
+    assert seen == {"none": False, "bg4-lz4": True}

@@ -13,9 +13,16 @@ bf16 KV data, every scheme and frame option, odd lengths and window boundaries):
   user sees is the same), and selectable.
 
 ``KVBUCKET_XET_DECODER``: ``auto`` (default) uses the compiled decoder once it is loaded and the
-pure-Python one meanwhile: the first reader of a process loads it on a background thread (0.3-0.5
-s of CPU from numba's cache, ~2 s the first time on a machine, when it is compiled); ``numba``
-waits for it at the first read; ``python`` never uses it (the whole test suite runs once so).
+pure-Python one meanwhile: the first *compressed* chunk a process meets starts loading it on a
+background thread (0.3-0.5 s of CPU from numba's cache, ~2 s the first time on a machine, when it
+is compiled); ``numba`` waits for it at that chunk; ``python`` never uses it (the whole test
+suite runs once so).
+
+**Invariant (a hit pays nothing for a decoder it does not use).** Nothing but :func:`_one`
+meeting a compressed chunk (and :func:`kernel` called by a user who asks for it) starts the
+load: a raw chunk is one item write either way, and ``import numba`` alone holds the GIL for
+0.3 s, which a fresh process's first hit of objects stored uncompressed would otherwise pay
+(tests/hfbucket/test_xet_decode.py::test_uncompressed_loads_never_import_numba).
 
 **Invariant (where decoded bytes land).** A byte reaches the caller's destination in one of two
 ways, both of which keep the rules item writes keep: an item write ``dst[a:b] = data``, or an
@@ -128,6 +135,11 @@ def kernel(*, wait: bool = False) -> Kernel | None:
     return None
 
 
+def ready() -> Kernel | None:
+    """The compiled decoder if it is loaded (and not turned off), without starting its load."""
+    return None if _kernel is None or decoder_mode() == "python" else _kernel
+
+
 def decode_chunk(scheme: int, payload: memoryview, n: int) -> bytes | memoryview:
     """One chunk's bytes, the pure-Python way (``n``, the announced length, is checked by the caller)."""
     if scheme == 0:
@@ -205,10 +217,12 @@ class _Body:
 
 def copy_range(resp: http.client.HTTPResponse, nbytes: int, chunks: tuple[int, int],
                targets: tuple[tuple[int, int, int, int], ...], dst: Any, gate: Gate | None, w: Window,
-               fast: Kernel | None) -> None:
+               fast: Kernel | None, lazy: bool = False) -> None:
     """Read a fetched range of ``nbytes`` (chunks ``[chunks[0], chunks[1])`` of a xorb) from
     ``resp`` and lay each term of ``targets`` (first chunk, end chunk, offset, length) out at its
-    offset in ``dst`` (a memoryview or a :class:`Scatter`), through ``gate``."""
+    offset in ``dst`` (a memoryview or a :class:`Scatter`), through ``gate``. ``lazy``: ``fast``
+    is None only because the compiled decoder is not loaded yet (``ready()``); a compressed chunk
+    then starts its load, and it is used as soon as it is there."""
     cursor = [off for _, _, off, _ in targets]
     users: dict[int, list[int]] = {}  # chunk index -> the terms that hold it
     for k, (cs, ce, _, _) in enumerate(targets):
@@ -228,9 +242,11 @@ def copy_range(resp: http.client.HTTPResponse, nbytes: int, chunks: tuple[int, i
                     run_end += 1
             c += _run(fast, body, run_end - c, dst, gate, cursor, k, min(targets[k][2] + targets[k][3], size))
             if c < run_end and _stuck(fast, body):
-                c = _one(body, c, users, cursor, dst, gate, size, fast)  # one chunk, item-written
+                c = _one(body, c, users, cursor, dst, gate, size, fast, lazy)  # one chunk, item-written
             continue
-        c = _one(body, c, users, cursor, dst, gate, size, fast)
+        c = _one(body, c, users, cursor, dst, gate, size, fast, lazy)
+        if fast is None and lazy:
+            fast = ready()  # loaded meanwhile (or by that chunk): used from the next chunk on
     if body.left or body.end != body.start:
         extra = body.left + body.end - body.start
         raise StoreError(f"a fetched range held {extra} bytes more than its chunks")
@@ -280,7 +296,7 @@ def _in_place(dst: Any, gate: Gate | None, start: int, limit: int, write: Callab
 
 
 def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], dst: Any, gate: Gate | None,
-         size: int, fast: Kernel | None) -> int:
+         size: int, fast: Kernel | None, lazy: bool = False) -> int:
     """Chunk ``c`` decoded on its own and item-written to each term that holds it (a chunk several
     terms share, one that straddles two parts of a Scatter, one the compiled decoder declined in
     place, or every chunk without it); the next chunk. Decoded by the compiled decoder into a
@@ -301,6 +317,8 @@ def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], ds
     if c not in users:
         return c + 1
     data: Any = None
+    if fast is None and lazy and scheme != 0:
+        fast = kernel()  # a compressed chunk: the compiled decoder loads (see the module doc)
     if fast is not None:
         w = body.w
         end = start + 8 + clen
@@ -324,4 +342,4 @@ def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], ds
 
 
 __all__ = ["DECODERS", "DECODER_ENV", "MAX_CHUNK", "WINDOW", "Kernel", "Window", "XetReadUnsupported",
-           "compiled", "copy_range", "decode_chunk", "decoder_mode", "kernel"]
+           "compiled", "copy_range", "decode_chunk", "decoder_mode", "kernel", "ready"]

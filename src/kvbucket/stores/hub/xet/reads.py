@@ -253,7 +253,6 @@ class XetReader:
         self._pending: dict[str, tuple[Future[Reconstruction], float]] = {}
         self._slots = threading.BoundedSemaphore(max(1, read_slots))  # bodies read at once
         self._windows: list[Window] = []  # one per slot in use, reused (LIFO: warm in cache)
-        xet_decode.kernel()  # the compiled decoder starts loading (in the background by default)
 
     def tls(self) -> ssl.SSLContext:
         """The TLS context of every HTTPS connection of this reader (made on first call)."""
@@ -437,7 +436,7 @@ class XetReader:
                 try:
                     for f, view, gate in reads:
                         xet_decode.copy_range(resp, f.last - f.first + 1, (f.chunk_start, f.chunk_end),
-                                              f.targets, view, gate, window, xet_decode.kernel())
+                                              f.targets, view, gate, window, xet_decode.ready(), lazy=True)
                         done[0] += 1
                 finally:
                     self._give_window(window)
