@@ -47,7 +47,13 @@ from kvbucket.stores.deadline import Gate, deadline_in, left, run_abandonable
 from kvbucket.stores.hub.errors import HubContext, connection_refused, hub_error
 from kvbucket.stores.hub.files import RemoteFile, remote_file
 from kvbucket.stores.hub.xet.compression import batch_policy
-from kvbucket.stores.hub.xet.reads import XetReader, XetReadUnsupported
+from kvbucket.stores.hub.xet.reads import (
+    PART_BYTES,
+    READ_CONNECTIONS,
+    READ_SLOTS,
+    XetReader,
+    XetReadUnsupported,
+)
 from kvbucket.stores.hub.xet.sessions import (
     UploadCommits,
     download_session,
@@ -85,6 +91,9 @@ class HubBucketClient:
         request_timeout_secs: float = 30.0,
         load_concurrency: int = 64,
         xet_compression: str = "auto",
+        read_connections: int = READ_CONNECTIONS,
+        read_part_bytes: int = PART_BYTES,
+        read_slots: int = READ_SLOTS,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.bucket_id = bucket_id
@@ -123,7 +132,8 @@ class HubBucketClient:
         self.direct_reads = True  # plain-HTTP reads with cached reconstructions (xet/reads.py)
         self._reader = XetReader(
             self._reader_token, lambda *a: self._requests.submit(*a), concurrency=load_concurrency,
-            request_timeout_secs=request_timeout_secs, headers=self._headers,
+            request_timeout_secs=request_timeout_secs, headers=self._headers, read_slots=read_slots,
+            connections=read_connections, part_bytes=read_part_bytes,
         )
         if self.endpoint.startswith("https:"):
             self._reader.tls()  # the storage is HTTPS too: its reads' TLS context, made now as well

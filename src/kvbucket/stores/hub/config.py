@@ -147,6 +147,21 @@ class HFBucketConfig(BaseModel):
         64, ge=1, le=1024, strict=True,
         description="objects of one load in flight at once (a prompt's chunks in one round trip)",
     )
+    read_connections: int = Field(
+        64, ge=1, le=1024, strict=True,
+        description="ranged GETs of loads in flight at once (a real link caps each connection: a load "
+        "fills it only with many); objects are grouped in runs only when they outnumber it",
+    )
+    read_part_bytes: int = Field(
+        8 << 20, ge=0, le=1 << 40, strict=True,
+        description="objects of at least twice this are read in parts of about this size, in parallel "
+        "(one connection each); 0: one GET per object",
+    )
+    read_slots: int = Field(
+        0, ge=0, le=1024, strict=True,
+        description="bodies read and parsed at once (0: each as it arrives); a small number saves CPU "
+        "only where the server shares this machine's cores",
+    )
     prefetch_reconstructions: StrictBool = Field(
         True, description="a lookup hit also asks for its Xet reconstruction, so its load is the fetch alone"
     )

@@ -93,7 +93,8 @@ class HFBucketStore(RemoteStore):
             token_source=config.token_source(), max_retries=config.max_retries,
             retry_backoff_secs=config.retry_backoff_secs, connect_timeout_secs=config.connect_timeout_secs,
             request_timeout_secs=config.request_timeout_secs, load_concurrency=config.load_concurrency,
-            xet_compression=config.xet_compression,
+            xet_compression=config.xet_compression, read_connections=config.read_connections,
+            read_part_bytes=config.read_part_bytes, read_slots=config.read_slots,
         )
         self.endpoint = self._client.endpoint
         self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)

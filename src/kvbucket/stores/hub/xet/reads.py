@@ -28,14 +28,10 @@ grouping 4 + LZ4).
 
 from __future__ import annotations
 
-import contextlib
 import http.client
-import ipaddress
 import itertools
 import json
 import logging
-import os
-import queue
 import ssl
 import threading
 import time
@@ -43,38 +39,59 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from kvbucket.errors import AuthError, DeadlineExceededError, StoreError, TransientStoreError
-from kvbucket.stores.deadline import REAPER, Gate, Watch, left
+from kvbucket.stores.deadline import REAPER, Gate, left
 from kvbucket.stores.hub.xet import decode as xet_decode
+from kvbucket.stores.hub.xet.connections import Connections as _Connections
 from kvbucket.stores.hub.xet.decode import Window, XetReadUnsupported
+from kvbucket.stores.hub.xet.plans import (
+    RECONSTRUCTION_TTL_SECS,
+    Fetch,
+    Part,
+    Reconstruction,
+    join_parts,
+    parse_part,
+    parse_reconstruction,
+    part_ranges,
+)
+
+_Fetch = Fetch  # the name tests and older callers know
 
 log = logging.getLogger(__name__)
 
-#: Fetch URLs are presigned and expire (an hour on the Hub today); a reconstruction is reused
-#: for at most this long, and one whose fetch is refused is asked for again once.
-RECONSTRUCTION_TTL_SECS = 60.0
 #: Reconstructions kept at most (a few KiB each): several prompts' worth of chunks.
 RECONSTRUCTION_CACHE_ENTRIES = 8192
-#: Fetched bodies read and parsed at once, per reader, from a storage server on this machine.
-#: Why a bound below the fetches in flight: every object of a batch is requested at once (one
-#: round trip), but reading a body is CPU work under the GIL (socket reads, chunk parsing,
-#: copies); 64 threads doing it at once on a 2-core machine spent their time handing the GIL
-#: around (futex wake-ups, context switches). With two at a time, a 64 x 2 MiB load on the
-#: emulator took 0.80-0.91x the time and 0.8x the client CPU (paired rounds, four runs).
-#: Why only on loopback: over a network a socket nobody reads keeps its TCP receive window at
-#: its initial size (Linux grows it as the application reads), so the sender stalls after a
-#: few hundred KiB and each waiting body would later cost several round trips to ramp up: at
-#: 50 ms, 64 bodies read four at a time would take seconds. There every body is read as it
-#: arrives, the network being the bound.
-READ_SLOTS = min(4, max(2, os.cpu_count() or 2))
+#: Fetched bodies read and parsed at once, per reader (``read_slots``; 0: no bound, every body
+#: read as it arrives). Why a bound can help: reading a body is CPU work under the GIL (socket
+#: reads, chunk parsing, copies), and with the server on the same 2 cores, 64 threads doing it
+#: at once spent their time handing the GIL around (a 64 x 2 MiB load on the emulator took
+#: 0.80-0.91x the time with two slots). Why it is off by default: over a network a socket nobody
+#: reads keeps its TCP receive window at its initial size (Linux grows it as the application
+#: reads), so the sender stalls after a few hundred KiB and each waiting body later costs several
+#: round trips to ramp up (at 50 ms, 64 bodies read four at a time took seconds). It applies
+#: whoever the peer is: no behaviour of the read path depends on the peer being this machine, so
+#: what a benchmark on loopback or through testing/shaped_link.py measures is what users run.
+READ_SLOTS = 0
+#: Ranged GETs in flight at once per reader (``read_connections``): a load's fetches, its runs'
+#: and its big objects' parts. A real link caps each connection (object stores and CDNs at ~100
+#: MB/s), so a load fills a link only with many at once; objects are grouped in runs only when
+#: they outnumber this (see plan_runs). Measured: docs/hfbucket.md, "What bounds a hit on a real
+#: link".
+READ_CONNECTIONS = 64
+#: Objects of at least twice this are read in parts of about this many bytes, each its own
+#: reconstruction (asked at once with the others) and its own fetches, in parallel
+#: (``read_part_bytes``; 0: never split). See plans.py.
+PART_BYTES = 8 << 20
+#: Parse windows kept for reuse (more are made while more bodies are read at once, then dropped).
+KEPT_WINDOWS = 8
 
 
 #: Objects read with one fetch at most (and bytes: a run is read by one thread through one
-#: socket, so a batch of a few large runs would be fewer streams than it has objects). Why runs:
+#: socket, so a batch of a few large runs would be fewer streams than it has objects); runs are
+#: made only when a load's objects outnumber ``read_connections`` (see plan_runs). Why runs:
 #: per object, a fetch costs an HTTP request and response, a thread hand-off, a read slot and a
 #: window set-up, on the client and on the server; 64 x 2 MiB loads on the emulator took 0.80-0.85x
 #: the time and 0.82-0.86x the client CPU with runs of 4-16 (paired rounds, two runs).
@@ -84,156 +101,6 @@ RUN_BYTES = 16 << 20
 RUN_PLAN_SECS = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class _Fetch:
-    url: str
-    first: int  # first byte (inclusive) and last byte (inclusive) of the ranged GET
-    last: int
-    chunk_start: int  # chunks [chunk_start, chunk_end) of the xorb that the range holds
-    chunk_end: int
-    #: the terms this range serves: (first chunk, end chunk (excl.), offset in the file, length)
-    targets: tuple[tuple[int, int, int, int], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Reconstruction:
-    fetches: tuple[_Fetch, ...]
-    size: int
-    expires: float
-
-
-def parse_reconstruction(body: dict[str, Any], size: int, now: float) -> Reconstruction:
-    """The fetches that rebuild a whole file of ``size`` bytes from a v1 reconstruction answer.
-
-    A shape this reader does not know (fields missing or of other types) is
-    :class:`XetReadUnsupported` (hf_xet reads it instead); values no reconstruction can hold (a
-    negative length or offset, an empty or reversed range, a fetch that does not cover its
-    chunks) are the server's error: a ``StoreError``, never a bare ``ValueError``."""
-    if not isinstance(body, dict):
-        raise StoreError(f"the storage answered a reconstruction with {type(body).__name__}, not an object")
-    try:
-        if _count(body.get("offset_into_first_range", 0), "offset_into_first_range") != 0:
-            raise XetReadUnsupported("a whole-file reconstruction starting inside its first range")
-        infos = body["fetch_info"]
-        offset = 0
-        plan: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}  # (xorb, fetch) -> terms
-        for term in body["terms"]:
-            xorb, cs, ce = str(term["hash"]), _count(term["range"]["start"]), _count(term["range"]["end"])
-            length = _count(term["unpacked_length"], "unpacked_length")
-            if ce <= cs:
-                raise StoreError(f"the reconstruction names an empty chunk range {cs}-{ce} of xorb {xorb}")
-            k = next((i for i, fi in enumerate(infos[xorb])
-                      if _count(fi["range"]["start"]) <= cs and ce <= _count(fi["range"]["end"])), None)
-            if k is None:
-                raise XetReadUnsupported(f"no fetch covers chunks {cs}-{ce} of xorb {xorb}")
-            plan.setdefault((xorb, k), []).append((cs, ce, offset, length))
-            offset += length
-        if offset != size:
-            raise StoreError(f"the reconstruction describes {offset} bytes for a file of {size}")
-        fetches = []
-        for (xorb, k), terms in plan.items():
-            fi = infos[xorb][k]
-            first, last = _count(fi["url_range"]["start"]), _count(fi["url_range"]["end"])
-            if last < first:
-                raise StoreError(f"the reconstruction's byte range {first}-{last} of xorb {xorb} is reversed")
-            fetches.append(_Fetch(str(fi["url"]), first, last, _count(fi["range"]["start"]),
-                                  _count(fi["range"]["end"]), tuple(terms)))
-        return Reconstruction(tuple(fetches), size, now + RECONSTRUCTION_TTL_SECS)
-    except (KeyError, TypeError, IndexError, AttributeError) as e:
-        raise XetReadUnsupported(f"unexpected reconstruction answer: {e!r}") from None
-
-
-def _count(value: Any, what: str = "chunk or byte position") -> int:
-    """A reconstruction's number: an int >= 0 (JSON has no other kind of length or position)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise StoreError(f"the reconstruction's {what} is {value!r}, not a whole number")
-    if value < 0:
-        raise StoreError(f"the reconstruction's {what} is negative ({value})")
-    return value
-
-
-class _Connections:
-    """Keep-alive HTTP(S) connections per host, reused between batches (no handshake per load)."""
-
-    def __init__(self, size: int) -> None:
-        self._idle: dict[tuple[str, str], queue.LifoQueue[http.client.HTTPConnection]] = {}
-        self._lock = threading.Lock()
-        self._size = size
-        self._tls: ssl.SSLContext | None = None
-
-    def tls(self) -> ssl.SSLContext:
-        """One TLS context for every connection: ``http.client`` makes a new one per connection
-        by default, which loads the system's CA certificates each time (tens of milliseconds of
-        CPU, times a batch's new connections in a fresh process)."""
-        with self._lock:
-            if self._tls is None:
-                self._tls = ssl.create_default_context()  # what http.client would use, made once
-            return self._tls
-
-    def _queue(self, scheme: str, netloc: str) -> queue.LifoQueue[http.client.HTTPConnection]:
-        """The idle connections to one host (made once: a queue is three conditions and a lock,
-        which ``setdefault`` built and dropped twice per fetch)."""
-        q = self._idle.get((scheme, netloc))
-        if q is None:
-            with self._lock:
-                q = self._idle.setdefault((scheme, netloc), queue.LifoQueue())
-        return q
-
-    def get(self, scheme: str, netloc: str, timeout: float, fresh: bool = False
-            ) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection, and whether it is a reused one (which the server may have closed)."""
-        q = self._queue(scheme, netloc)
-        if not fresh:
-            try:
-                conn = q.get_nowait()
-                conn.timeout = timeout
-                if conn.sock is not None:
-                    conn.sock.settimeout(timeout)
-                return conn, True
-            except queue.Empty:
-                pass
-        if scheme == "https":
-            return http.client.HTTPSConnection(netloc, timeout=timeout, context=self.tls()), False
-        return http.client.HTTPConnection(netloc, timeout=timeout), False
-
-    def send(self, scheme: str, netloc: str, timeout: float, target: str, headers: dict[str, str],
-             watch: Watch) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Send a GET and read its status line; a kept-alive connection the server closed
-        meanwhile (its idle timeout) is replaced once, transparently. From the moment it is
-        sent, the request's socket is ``watch``ed: shut down at the request's deadline."""
-        conn, reused = self.get(scheme, netloc, timeout)
-        try:
-            conn.request("GET", target, headers=headers)
-            REAPER.attach(watch, conn.sock)
-            return conn, conn.getresponse()
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-            conn.close()
-            if not reused or watch.fired:  # shut at the deadline: not a server's idle timeout
-                raise
-        conn, _ = self.get(scheme, netloc, timeout, fresh=True)
-        try:
-            conn.request("GET", target, headers=headers)
-            REAPER.attach(watch, conn.sock)
-            return conn, conn.getresponse()
-        except BaseException:
-            conn.close()
-            raise
-
-    def put(self, scheme: str, netloc: str, conn: http.client.HTTPConnection) -> None:
-        q = self._queue(scheme, netloc)
-        if q.qsize() < self._size:
-            q.put(conn)
-        else:
-            conn.close()
-
-    def close(self) -> None:
-        with self._lock:
-            queues, self._idle = list(self._idle.values()), {}
-        for q in queues:
-            while not q.empty():
-                q.get_nowait().close()
-
-
 class XetReader:
     """Reads whole objects by Xet hash. ``token(deadline, stale)`` returns the read token as
     ``(token, exp, cas_url)``, cached by the caller, a new one when the cached one is ``stale``;
@@ -241,18 +108,23 @@ class XetReader:
 
     def __init__(self, token: Callable[[float | None, str | None], tuple[str, int, str]],
                  submit: Callable[..., Future[Any]], *, concurrency: int, request_timeout_secs: float,
-                 headers: dict[str, str], read_slots: int = READ_SLOTS) -> None:
+                 headers: dict[str, str], read_slots: int = READ_SLOTS, connections: int = READ_CONNECTIONS,
+                 part_bytes: int = PART_BYTES) -> None:
         self._token = token
         self._submit = submit
         self._timeout = request_timeout_secs
         self._headers = {k: v for k, v in headers.items() if k.lower() == "user-agent"}
-        self._conns = _Connections(max(concurrency, 16))
+        self._conns = _Connections(max(concurrency, connections, 16))
+        self._connections = max(1, connections)
+        self._budget = threading.BoundedSemaphore(self._connections)  # ranged GETs in flight
+        self._part_bytes = max(0, part_bytes)
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Reconstruction] = OrderedDict()
         # queries in flight: (future, the instant past which it is stuck and no longer joined)
         self._pending: dict[str, tuple[Future[Reconstruction], float]] = {}
-        self._slots = threading.BoundedSemaphore(max(1, read_slots))  # bodies read at once
-        self._windows: list[Window] = []  # one per slot in use, reused (LIFO: warm in cache)
+        # bodies read at once (None: no bound, see READ_SLOTS)
+        self._slots = threading.BoundedSemaphore(read_slots) if read_slots > 0 else None
+        self._windows: list[Window] = []  # reused (LIFO: warm in cache), up to KEPT_WINDOWS
 
     def tls(self) -> ssl.SSLContext:
         """The TLS context of every HTTPS connection of this reader (made on first call)."""
@@ -300,6 +172,10 @@ class XetReader:
                 return pending[0]
             fut: Future[Reconstruction] = Future()
             self._pending[h] = (fut, until)
+        ranges = part_ranges(size, self._part_bytes)
+        if len(ranges) > 1:
+            self._query_parts(h, size, ranges, until, fut)
+            return fut
         try:
             self._submit(self._query, h, size, until, fut)
         except RuntimeError:  # closed
@@ -312,34 +188,76 @@ class XetReader:
             if pending is not None and pending[0] is fut:
                 del self._pending[h]
 
+    def _ask(self, h: str, deadline: float, rng: tuple[int, int] | None = None) -> Any:
+        """The reconstruction answer (parsed JSON) of the file, or of bytes ``[a, b)`` of it."""
+        stale: str | None = None
+        for attempt in (0, 1):
+            token, _exp, cas = self._token(deadline, stale)
+            headers = {"Authorization": f"Bearer {token}"}
+            if rng is not None:
+                headers["Range"] = f"bytes={rng[0]}-{rng[1] - 1}"
+            status, data = self._get(f"{cas.rstrip('/')}/v1/reconstructions/{h}", headers, deadline)
+            if status in (200, 206):
+                try:
+                    return json.loads(data)
+                except ValueError as e:  # JSONDecodeError, bad UTF-8
+                    raise StoreError(f"the storage's reconstruction answer is not JSON: {e}") from None
+            if status == 401 and attempt == 0:
+                stale = token  # expired or revoked: ask for a new one, once
+                continue
+            raise _status_error(status, "ask for an object's reconstruction")
+        raise AssertionError("unreachable")
+
+    def _keep(self, h: str, rec: Reconstruction) -> None:
+        with self._lock:
+            self._cache[h] = rec
+            while len(self._cache) > RECONSTRUCTION_CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+
     def _query(self, h: str, size: int, deadline: float, fut: Future[Reconstruction]) -> None:
         try:
-            body: Any = None
-            stale: str | None = None
-            for attempt in (0, 1):
-                token, _exp, cas = self._token(deadline, stale)
-                status, data = self._get(f"{cas.rstrip('/')}/v1/reconstructions/{h}",
-                                         {"Authorization": f"Bearer {token}"}, deadline)
-                if status == 200:
-                    try:
-                        body = json.loads(data)
-                    except ValueError as e:  # JSONDecodeError, bad UTF-8
-                        raise StoreError(f"the storage's reconstruction answer is not JSON: {e}") from None
-                    break
-                if status == 401 and attempt == 0:
-                    stale = token  # expired or revoked: ask for a new one, once
-                    continue
-                raise _status_error(status, "ask for an object's reconstruction")
-            rec = parse_reconstruction(body, size, time.monotonic())
-            with self._lock:
-                self._cache[h] = rec
-                while len(self._cache) > RECONSTRUCTION_CACHE_ENTRIES:
-                    self._cache.popitem(last=False)
+            rec = parse_reconstruction(self._ask(h, deadline), size, time.monotonic())
+            self._keep(h, rec)
             fut.set_result(rec)
         except BaseException as e:  # delivered to every waiter
             fut.set_exception(e)
         finally:
             self._drop_pending(h, fut)
+
+    def _query_parts(self, h: str, size: int, ranges: list[tuple[int, int]], deadline: float,
+                     fut: Future[Reconstruction]) -> None:
+        """Ask for the reconstruction of each range of a big object at once (one request thread
+        each, none waiting for another: the last answer joins them, plans.join_parts)."""
+        parts: list[Part | None] = [None] * len(ranges)
+        errors: list[BaseException] = []
+        todo = [len(ranges)]
+        lock = threading.Lock()
+
+        def one(i: int) -> None:
+            try:
+                parts[i] = parse_part(self._ask(h, deadline, ranges[i]), ranges[i][0])
+            except BaseException as e:
+                errors.append(e)
+            with lock:
+                todo[0] -= 1
+                if todo[0]:
+                    return
+            try:
+                if errors:
+                    raise errors[0]
+                rec = join_parts([p for p in parts if p is not None], size, time.monotonic())
+                self._keep(h, rec)
+                fut.set_result(rec)
+            except BaseException as e:  # delivered to every waiter
+                fut.set_exception(e)
+            finally:
+                self._drop_pending(h, fut)
+
+        for i in range(len(ranges)):
+            try:
+                self._submit(one, i)
+            except RuntimeError:  # closed
+                one(i)
 
     def _get(self, url: str, headers: dict[str, str], deadline: float) -> tuple[int, bytes]:
         """One GET on a warm connection: (status, body), by ``deadline`` (the socket is shut
@@ -393,18 +311,56 @@ class XetReader:
                 self._drop_pending(h, fut)  # stuck past a load's budget: later loads ask again
                 raise
             try:
-                for f in rec.fetches:
-                    self._fetch(f, view, gate, deadline)
+                self._fetch_all(rec.fetches, view, gate, deadline)
                 return
             except _Refused:
                 self.forget(h)  # presigned URLs expired: ask again, once
                 if attempt:
                     raise StoreError("the storage refused the fetch URLs of a fresh reconstruction") from None
 
-    def _fetch(self, f: _Fetch, view: memoryview, gate: Gate | None, deadline: float) -> None:
+    def _fetch(self, f: Fetch, view: memoryview, gate: Gate | None, deadline: float) -> None:
         self._fetch_run([(f, view, gate)], deadline, [0])
 
-    def _fetch_run(self, reads: list[tuple[_Fetch, Any, Gate | None]], deadline: float,
+    def _fetch_all(self, fetches: tuple[Fetch, ...], view: memoryview, gate: Gate | None,
+                   deadline: float) -> None:
+        """Every fetch of an object at once (its parts, or its xorbs' ranges): one on this thread,
+        the others on request threads. Returns once every one has ended (no fetch of it writes
+        into ``view`` after that, unless the deadline passed: then the gate, closed by the
+        store, stops it); the first error is raised, a refused URL first of all."""
+        if len(fetches) == 1:
+            self._fetch(fetches[0], view, gate, deadline)
+            return
+        # **Invariant (an object's parallel fetches write one at a time).** Each writes only its
+        # own bytes (plans.join_parts), and every write of a read goes through its one Gate,
+        # whose lock serializes them: a Scatter's running hash and redirect bookkeeping, which
+        # assume one writer, still see one. A read without a gate gets one of its own here.
+        gate = gate if gate is not None else Gate()
+        futs: list[Future[Any]] = []
+        errors: list[BaseException] = []
+        for f in fetches[1:]:
+            try:
+                futs.append(self._submit(self._fetch, f, view, gate, deadline))
+            except RuntimeError:  # closed: fetched here, after the first
+                futs.append(Future())
+                futs[-1].set_running_or_notify_cancel()
+                try:
+                    self._fetch(f, view, gate, deadline)
+                    futs[-1].set_result(None)
+                except BaseException as e:
+                    futs[-1].set_exception(e)
+        try:
+            self._fetch(fetches[0], view, gate, deadline)
+        except BaseException as e:
+            errors.append(e)
+        done, late = wait_futures(futs, timeout=max(0.001, left(deadline)))
+        errors += [e for fu in done if (e := fu.exception()) is not None]
+        if late:
+            errors.append(TimeoutError("a part of an object did not arrive in time"))
+        refused = [e for e in errors if isinstance(e, _Refused)]
+        if refused or errors:
+            raise (refused or errors)[0]
+
+    def _fetch_run(self, reads: list[tuple[Fetch, Any, Gate | None]], deadline: float,
                    done: list[int]) -> None:
         """One ranged GET for ``reads``, fetch ranges back to back in one xorb (one read: its own
         fetch), each laid out into its destination through its gate in turn; ``done[0]`` counts
@@ -415,6 +371,8 @@ class XetReader:
         timeout = max(0.001, min(self._timeout, left(deadline)))
         reusable = False
         conn: http.client.HTTPConnection | None = None
+        if not self._budget.acquire(timeout=max(0.001, left(deadline))):
+            raise TimeoutError("no connection of the read budget (read_connections) before the deadline")
         watch = REAPER.watch(deadline)  # the fetch ends at the load's deadline, however slow the body
         try:
             headers = {**self._headers, "Range": f"bytes={first.first}-{last.last}"}
@@ -428,7 +386,7 @@ class XetReader:
             asked = last.last - first.first + 1
             if resp.length is not None and resp.length != asked:
                 raise StoreError(f"a fetch answered {resp.length} bytes for {asked} asked")
-            slots = self._slots if _on_loopback(conn) else None
+            slots = self._slots
             if slots is not None and not slots.acquire(timeout=max(0.001, left(deadline))):
                 raise TimeoutError("no read slot before the deadline")
             try:
@@ -448,6 +406,7 @@ class XetReader:
             raise TransientStoreError(f"fetching an object's bytes failed: {type(e).__name__}: {e}") from None
         finally:
             REAPER.release(watch)
+            self._budget.release()
             if conn is not None and reusable:
                 self._conns.put(parts.scheme, parts.netloc, conn)
             elif conn is not None:
@@ -459,11 +418,19 @@ class XetReader:
         ranges sit back to back in one xorb (objects stored together are packed so) make runs of
         up to ``RUN_OBJECTS`` objects and ``RUN_BYTES`` bytes, read by :meth:`read_run` with one
         request; the rest stand alone. Waits for the reconstructions at most ``RUN_PLAN_SECS``
-        (an object whose answer is late stands alone: its own read waits for it, as before)."""
+        (an object whose answer is late stands alone: its own read waits for it, as before).
+
+        **Invariant (runs never leave the link short of fetches).** A run is at most
+        ``ceil(objects / read_connections)`` objects: a load of no more objects than the budget
+        is one fetch per object, and one of more still keeps about ``read_connections`` fetches
+        in flight (a real link caps each connection: fewer, longer fetches would be slower)."""
+        per_run = min(RUN_OBJECTS, -(-len(files) // self._connections))
+        if per_run < 2:
+            return [[i] for i in range(len(files))]
         futs = [self._future(h, size, deadline) if size > 0 else None for h, size in files]
         wait_futures([f for f in futs if f is not None], timeout=min(RUN_PLAN_SECS, left(deadline)))
         alone: list[list[int]] = []
-        keyed: list[tuple[str, int, int, _Fetch]] = []
+        keyed: list[tuple[str, int, int, Fetch]] = []
         for i, fut in enumerate(futs):
             rec = fut.result() if fut is not None and fut.done() and fut.exception() is None else None
             if rec is None or len(rec.fetches) != 1:
@@ -473,12 +440,12 @@ class XetReader:
             keyed.append((f.url.split("?", 1)[0], f.first, i, f))
         keyed.sort(key=lambda t: (t[0], t[1]))
         runs: list[list[int]] = []
-        prev: tuple[str, _Fetch] | None = None
+        prev: tuple[str, Fetch] | None = None
         size = 0
         for base, _, i, f in keyed:
             n = f.last - f.first + 1
             if (prev is not None and prev[0] == base and prev[1].last + 1 == f.first
-                    and len(runs[-1]) < RUN_OBJECTS and size + n <= RUN_BYTES):
+                    and len(runs[-1]) < per_run and size + n <= RUN_BYTES):
                 runs[-1].append(i)
                 size += n
             else:
@@ -514,41 +481,20 @@ class XetReader:
         return done[0]
 
     def _take_window(self) -> Window:
-        """A parse window, reused (from a server on this machine the caller holds a read slot, so
-        at most ``read_slots`` exist; over a network, one per body being read). Why not one per
-        load thread: 64 threads held 128 MiB of them, each paying its first-touch page faults in
-        a fresh process's first loads, and each cold in cache when used."""
+        """A parse window, reused (one per body being read; with read slots, at most one per
+        slot). Why not one per load thread: 64 threads held 128 MiB of them, each paying its
+        first-touch page faults in a fresh process's first loads, and each cold in cache when
+        used; at most ``KEPT_WINDOWS`` are kept between loads."""
         with self._lock:
             return self._windows.pop() if self._windows else Window()
 
     def _give_window(self, window: Window) -> None:
         with self._lock:
-            self._windows.append(window)
+            if len(self._windows) < KEPT_WINDOWS:
+                self._windows.append(window)
 
     def close(self) -> None:
         self._conns.close()
-
-
-def _on_loopback(conn: http.client.HTTPConnection) -> bool:
-    """Whether the connection's peer is this machine (a loopback address): read slots apply.
-    Asked once per connection (its socket's peer does not change), not per fetch."""
-    known = getattr(conn, "_kvbucket_loopback", None)
-    if known is not None and getattr(conn, "_kvbucket_sock", None) is conn.sock:
-        return bool(known)
-    near = _peer_is_loopback(conn)
-    with contextlib.suppress(AttributeError):  # a connection class with __slots__: asked every time
-        conn._kvbucket_loopback, conn._kvbucket_sock = near, conn.sock  # type: ignore[attr-defined]
-    return near
-
-
-def _peer_is_loopback(conn: http.client.HTTPConnection) -> bool:
-    try:
-        host = conn.sock.getpeername()[0]  # type: ignore[union-attr]
-        ip = ipaddress.ip_address(str(host).split("%", 1)[0])
-    except (AttributeError, OSError, ValueError, TypeError, IndexError):
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return bool((mapped or ip).is_loopback)
 
 
 class _Refused(Exception):
@@ -565,4 +511,5 @@ def _status_error(status: int, what: str) -> Exception:
     return StoreError(f"the storage answered HTTP {status} to {what}")
 
 
-__all__ = ["Reconstruction", "XetReadUnsupported", "XetReader", "parse_reconstruction"]
+__all__ = ["PART_BYTES", "READ_CONNECTIONS", "READ_SLOTS", "RECONSTRUCTION_TTL_SECS", "Reconstruction",
+           "XetReadUnsupported", "XetReader", "parse_reconstruction"]
