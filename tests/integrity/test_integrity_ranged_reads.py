@@ -9,6 +9,8 @@ chunk is read in about four ranges, with faults injected into a share of those r
 
 from __future__ import annotations
 
+import random
+import threading
 import uuid
 from typing import Any
 
@@ -16,7 +18,24 @@ import pytest
 
 from kvbucket.stores.hub.config import build_config
 from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
+from kvbucket.testing.s3_server import FaultProxy, S3Server
 from kvbucket.testing.served_bytes import run_cell, settings_from_env
+
+
+def _counting(obj: Any, method: str, count: Any) -> list[int]:
+    """Wrap ``obj.method`` to add ``count(result)`` to the returned counter at each call."""
+    real = getattr(obj, method)
+    seen = [0]
+
+    def wrapped(*args: Any, **kw: Any) -> Any:
+        got = real(*args, **kw)
+        seen[0] += count(got)
+        return got
+
+    setattr(obj, method, wrapped)
+    return seen
 
 
 @pytest.mark.parametrize("read_ahead", [False, True], ids=["direct", "read_ahead"])
@@ -32,6 +51,7 @@ def test_hub_ranged_reads_serve_only_stored_bytes(hub_bucket: Any, encrypted: bo
     hub.faults.add("fetch", latency_s=0.02, probability=0.15)  # a range late
     try:
         with HFBucketStore(cfg) as store:
+            split = _counting(store._client._reader, "_query_parts", lambda _: 1)
             tally = run_cell(store, encrypted=encrypted, read_ahead=read_ahead, rounds=rounds, seed=seed,
                              chunk_kib=chunk_kib,
                              cell=f"hub ranged encrypted={encrypted} read_ahead={read_ahead}")
@@ -42,3 +62,48 @@ def test_hub_ranged_reads_serve_only_stored_bytes(hub_bucket: Any, encrypted: bo
           f"{tally.found} found, {len(tally.wrong)} wrong, {fired} faults")
     assert tally.wrong == [], "\n".join(tally.wrong[:10])
     assert tally.found > 0 and fired > 0
+    assert split[0] > 0  # objects were read in parts
+
+
+@pytest.mark.parametrize("read_ahead", [False, True], ids=["direct", "read_ahead"])
+@pytest.mark.parametrize("encrypted", [False, True], ids=["sealed", "encrypted"])
+def test_s3_ranged_reads_serve_only_stored_bytes(seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy,
+                                                 encrypted: bool, read_ahead: bool) -> None:
+    """The same on S3: every chunk loaded into a buffer is read with about four ranged GETs, while
+    a thread keeps cutting, failing and slowing some of them (bounded: it stops with the cell)."""
+    rounds, seed, chunk_kib = settings_from_env()
+    cfg = S3Config.parse(seaweedfs.config(s3_bucket, f"rng-{uuid.uuid4().hex[:6]}",
+                                          s3_endpoint_url=fault_proxy.url,
+                                          s3_read_part_bytes=max(16 << 10, chunk_kib * 1024 // 4)))
+    done = threading.Event()
+    rng = random.Random(seed)
+
+    def chaos() -> None:
+        for _ in range(100_000):  # bounded, and it ends with the cell
+            if done.wait(rng.random() * 0.05):
+                break
+            what = rng.randrange(4)
+            if what == 0:
+                fault_proxy.cut(times=1, methods={"GET"})  # a range cut mid-body
+            elif what == 1:
+                fault_proxy.fail(503, "SlowDown", times=1, methods={"GET"})  # a range failing
+            else:
+                fault_proxy.latency = rng.choice((0.0, 0.0, 0.02))  # ranges late
+        fault_proxy.latency = 0.0
+
+    t = threading.Thread(target=chaos, name="ranged-chaos", daemon=True)
+    with S3Store(cfg) as store:
+        split = _counting(store._direct, "_ranges", lambda got: len(got))
+        t.start()
+        try:
+            tally = run_cell(store, encrypted=encrypted, read_ahead=read_ahead, rounds=rounds, seed=seed,
+                             chunk_kib=chunk_kib,
+                             cell=f"s3 ranged encrypted={encrypted} read_ahead={read_ahead}")
+        finally:
+            done.set()
+            t.join(10)
+    print(f"served-bytes s3 ranged encrypted={encrypted} read_ahead={read_ahead}: {tally.loads} loads, "
+          f"{tally.found} found, {len(tally.wrong)} wrong, {fault_proxy.injected} faults")
+    assert tally.wrong == [], "\n".join(tally.wrong[:10])
+    assert tally.found > 0 and fault_proxy.injected > 0
+    assert split[0] >= tally.found  # the loads were ranged reads

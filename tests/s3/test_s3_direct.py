@@ -287,3 +287,59 @@ def test_a_sealed_payloads_checksum_is_fed_per_256_kib_not_per_frame() -> None:
     assert dst.hashed == 64 + size and hasher.intdigest() == xxhash.xxh3_64_intdigest(body[64:])
     assert hasher.calls <= size // HASH_STEP + 2  # 256 frames of 16 KiB: 18 calls, not 256
     assert header == body[:64] and payload == body[64:]
+
+
+def ranged_store(seaweedfs: S3Server, s3_bucket: str, url: str, part: int = 256 << 10) -> S3Store:
+    return open_store(seaweedfs, s3_bucket, url, s3_num_io_threads=16, s3_read_part_bytes=part)
+
+
+def test_big_objects_load_in_ranges_in_parallel(seaweedfs: S3Server, s3_bucket: str,
+                                                fault_proxy: FaultProxy) -> None:
+    """An object of at least twice s3_read_part_bytes loaded into a caller's buffer (flat, or a
+    sealed store's Scatter) is one ranged GET per part, each written into its own bytes; one
+    without a buffer (size unknown) or below two parts is one GET. Every byte is right."""
+    rng = np.random.default_rng(5)
+    sizes = [(1 << 20) + 4097, 600_000, 300_000]
+    data = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    names = ["b0", "b1", "s"]
+    with ranged_store(seaweedfs, s3_bucket, fault_proxy.url) as store:
+        assert all(r.ok for r in store.put_many(list(zip(names, data, strict=True))))
+        before = gets(fault_proxy)[0]
+        outs = [np.zeros_like(d) for d in data]
+        got = store.get_many(names, outs)
+        assert all(r.ok and r.size == d.nbytes for r, d in zip(got, data, strict=True))
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+        assert gets(fault_proxy)[0] - before == 4 + 2 + 1
+        assert [bytes(r.data) for r in store.get_many(names)] == [d.tobytes() for d in data]
+        assert gets(fault_proxy)[0] - before == 7 + 3  # no buffer: one GET each
+        sealed = seal_store(store, tier="s3-ranged-test")
+        sealed.put("sealed", data[0])
+        out = np.zeros_like(data[0])
+        before = gets(fault_proxy)[0]
+        (r,) = sealed.get_many(["sealed"], [out])
+        assert r.found and np.array_equal(out, data[0])
+        assert gets(fault_proxy)[0] - before == 4  # header + payload Scatter, in ranges, hashed
+
+
+def test_a_range_that_fails_is_fetched_again_whole_and_a_wrong_size_is_refused_untouched(
+    seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy
+) -> None:
+    data = np.random.default_rng(6).integers(0, 256, 1 << 20, dtype=np.uint8)
+    with ranged_store(seaweedfs, s3_bucket, fault_proxy.url) as store:
+        store.put("big", data)
+        sealed = seal_store(store, tier="s3-ranged-fail")
+        sealed.put("sealed", data)
+        for fault in ("cut", "fail"):
+            for get in (store.get_many, sealed.get_many):
+                name = "big" if get == store.get_many else "sealed"
+                if fault == "cut":
+                    fault_proxy.cut(times=1, methods={"GET"})
+                else:
+                    fault_proxy.fail(503, "SlowDown", times=1, methods={"GET"})
+                out = np.zeros_like(data)
+                (r,) = get([name], [out])
+                assert r.found and np.array_equal(out, data), (fault, name)
+        buf = bytearray(b"\xab" * ((1 << 20) + 1))  # two parts' worth, one byte more than stored
+        (r,) = store.get_many(["big"], [buf])
+        assert isinstance(r.error, SizeMismatchError) and str(1 << 20) in str(r.error)
+        assert buf == b"\xab" * len(buf)  # no range of another-sized object is written

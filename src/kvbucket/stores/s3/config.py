@@ -88,6 +88,11 @@ class S3Config(BaseModel):
     s3_breaker_cooldown_secs: float = Field(
         10.0, ge=0, le=3600, description="open breaker: seconds before one call probes the store"
     )
+    s3_read_part_bytes: int = Field(
+        8 * MiB, ge=0, le=1 << 40,
+        description="objects of at least twice this, loaded into a caller's buffer, are read with ranged "
+        "GETs of about this size in parallel (one connection each, as awscrt does); 0: one GET each",
+    )
     s3_direct_reads: bool = Field(
         True,
         description="GETs presigned by obstore and run by libcurl (pycurl), bodies written straight "

@@ -33,157 +33,44 @@ the GIL for it) instead of once per frame.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import obstore
 import pycurl
 
 from kvbucket.chunks import as_view
 from kvbucket.stores.base import Scatter
 from kvbucket.stores.s3.kept import OVERLONG, ConnectionWatch
+from kvbucket.stores.s3.transfers import (
+    EXPIRED,
+    HASH_STEP,
+    MISSING,
+    RETRY,
+    UNANSWERED,
+    Body,
+    Outcome,
+    WrongSize,
+    _Transfer,
+)
 
-_memmove = ctypes.memmove  # a foreign call: the GIL is released while it copies
 # A batch is signed right before its requests go out; the URLs only need to outlive the batch.
 URL_LIFETIME = timedelta(minutes=15)
-MISSING = "missing"  # 404 NoSuchKey: the object is not there
-RETRY = "retry"  # let obstore do this one
-EXPIRED = "expired"  # the batch's deadline passed before this item finished
-UNANSWERED = "unanswered"  # ``answer_by`` passed without an answer to any request of the batch
-_ERROR_BODY_MAX = 64 * 1024
 _RECV_BUFFER = 512 * 1024  # libcurl's receive buffer (its write callbacks still get <= 16 KiB)
-#: A sealed payload's checksum is fed this many bytes at a time (from the caller's buffer, still
-#: in cache): one GIL-releasing call per 256 KiB instead of a call per 16 KiB frame.
-HASH_STEP = 256 * 1024
 #: Threads (each with its own libcurl multi handle) one large ``fetch`` is split across.
 READ_THREADS = min(4, max(2, os.cpu_count() or 1))
 #: A batch is split only into parts of at least this many bytes (known from the buffers).
 SPLIT_BYTES = 32 << 20
-
-
-@dataclass(frozen=True)
-class Body:
-    """A body received whole: ``data`` is the caller's buffer or a new bytearray."""
-
-    size: int
-    data: Any
-    etag: str | None = None
-
-
-@dataclass(frozen=True)
-class WrongSize:
-    """The object has ``size`` bytes but the caller's buffer another size; the buffer is untouched."""
-
-    size: int
-
-
-Outcome = Body | WrongSize | str
-
-
-@dataclass
-class _Transfer:
-    url: str
-    view: memoryview | None  # the caller's buffer (writable bytes), or None: allocate one
-    head: bool = False  # a HEAD: only the status and Content-Length matter
-    status: int = 0
-    headed: bool = False  # a whole header block arrived: the server answers
-    closing: bool = False  # the server said it closes the connection after this answer
-    suspect: bool = False  # sent on a connection found holding unasked bytes (kept.py): not trusted
-    announced: int = -1
-    pos: int = 0
-    data: Any = None
-    wrong_size: bool = False
-    error_body: bytearray = field(default_factory=bytearray)
-    etag: str | None = None  # a HEAD's: the version eviction deletes (S3Store.delete_versions)
-    # Into a sealed object's payload once the header has landed: (payload view, header size,
-    # hasher, the Scatter, the payload's address); see _fast_path.
-    fast: tuple[memoryview, int, Any, Scatter, int] | None = None
-
-    def header(self, line: bytes) -> None:
-        if line.startswith(b"HTTP/"):  # a new response (after 100-continue or a redirect)
-            parts = line.split(None, 2)
-            self.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-            self.announced = -1
-            self.closing = line.startswith(b"HTTP/1.0")  # 1.0 keeps a connection only if it says so
-        elif line[:15].lower() == b"content-length:":
-            value = line[15:].strip()
-            self.announced = int(value) if value.isdigit() else -1
-        elif self.head and line[:5].lower() == b"etag:":
-            self.etag = line[5:].strip().decode("latin-1") or None
-        elif line[:11].lower() == b"connection:":
-            value = line[11:].lower()
-            self.closing = b"close" in value or (self.closing and b"keep-alive" not in value)
-        elif line in (b"\r\n", b"\n"):
-            self.headed = True
-
-    def write(self, chunk: bytes) -> int | None:
-        """libcurl's write callback; returning 0 aborts the transfer (CURLE_WRITE_ERROR)."""
-        fast = self.fast
-        if fast is not None:  # the hot path: a frame of a sealed payload, in order (16 per 256 KiB)
-            pos = self.pos
-            end = pos + len(chunk)
-            if end > self.announced:
-                return 0
-            payload, off, hasher, dst, base = fast
-            _memmove(base + pos - off, chunk, end - pos)  # in bounds: end <= announced = off + payload
-            self.pos = end
-            hashed = dst.hashed  # the hash trails the bytes by < HASH_STEP (never claims more)
-            if end - hashed >= HASH_STEP or end == self.announced:
-                hasher.update(payload[hashed - off : end - off])  # in cache; releases the GIL
-                dst.hashed = end
-            return None
-        if self.status != 200:
-            if len(self.error_body) < _ERROR_BODY_MAX:
-                self.error_body += chunk[: _ERROR_BODY_MAX - len(self.error_body)]
-            return None
-        if self.data is None:  # first body byte: check the announced size before writing any
-            if self.announced < 0:
-                return 0
-            if self.view is None:
-                self.data = bytearray(self.announced)
-                self.view = memoryview(self.data)
-            elif self.view.nbytes != self.announced:
-                self.wrong_size = True
-                return 0
-            else:
-                self.data = self.view
-        n = len(chunk)
-        end = self.pos + n
-        if end > self.announced:  # never write past what was announced (or past the buffer)
-            return 0
-        assert self.view is not None
-        self.view[self.pos : end] = chunk
-        self.pos = end
-        if type(self.view) is Scatter:
-            self.fast = _fast_path(self.view, end)
-        return None
-
-    def outcome(self, curl_ok: bool, original: Any) -> Outcome:
-        if self.head:  # a HEAD 404 has no body; the bucket itself was checked by S3Store._ready
-            if curl_ok and self.status == 200 and self.announced >= 0:
-                return Body(self.announced, None, self.etag)
-            return MISSING if curl_ok and self.status == 404 else RETRY
-        if self.wrong_size:
-            return WrongSize(self.announced)
-        if self.status == 404 and curl_ok and b"<Code>NoSuchKey</Code>" in self.error_body:
-            return MISSING
-        if not curl_ok or self.status != 200 or self.announced < 0 or self.pos != self.announced:
-            return RETRY
-        if self.announced == 0:  # no write callback ran for an empty body
-            if self.view is None:
-                return Body(0, bytearray())
-            if self.view.nbytes != 0:
-                return WrongSize(0)
-            return Body(0, original)
-        return Body(self.announced, original if original is not None else self.data)
+#: An object of at least twice this (known from its caller's flat buffer) is read with ranged
+#: GETs of about this many bytes, in parallel (``s3_read_part_bytes``; 0: one GET per object), as
+#: awscrt's S3 client does: a real link caps each connection (S3 at ~100 MB/s), so one GET of a
+#: big object takes its size over one connection's cap however fast the link.
+PART_BYTES = 8 << 20
 
 
 class _Session:
@@ -226,9 +113,11 @@ class DirectReader:
         connect_timeout: float,
         max_parallel: int,
         threads: int = READ_THREADS,
+        part_bytes: int = PART_BYTES,
     ) -> None:
         self._store = store
         self._max_parallel = max(1, max_parallel)
+        self._part_bytes = max(0, part_bytes)
         self._threads = max(1, threads)
         self._pool: ThreadPoolExecutor | None = None
         setup: dict[int, Any] = {
@@ -266,6 +155,60 @@ class DirectReader:
         self, urls: Sequence[str], buffers: Sequence[Any | None], deadline: float | None = None,
         answer_by: float | None = None,
     ) -> list[Outcome]:
+        """GET every URL (big objects in ranges, see :data:`PART_BYTES`); one outcome per URL.
+
+        **Invariant (the ranges of an object write disjoint bytes that tile it).** An object is
+        split only into a caller's flat writable buffer whose size it must have; each range's
+        transfer writes into its own slice of it, and only a 206 whose Content-Range names exactly
+        that range of an object of that size (anything else: its bytes are never written, and the
+        object is :data:`WrongSize` or repeated whole by obstore, which rewrites every byte). The
+        object counts as read only when every range did (``_join``).
+        """
+        plan = self._ranges(buffers)
+        if not plan:
+            return self._fetch(urls, buffers, deadline, answer_by)
+        u2: list[str] = []
+        b2: list[Any] = []
+        r2: list[tuple[int, int, int] | None] = []
+        owner: list[int] = []
+        for i, (url, buf) in enumerate(zip(urls, buffers, strict=True)):
+            spans = plan.get(i)
+            if spans is None:
+                u2.append(url)
+                b2.append(buf)
+                r2.append(None)
+                owner.append(i)
+                continue
+            view = spans[0]
+            for a, b in spans[1]:
+                u2.append(url)
+                b2.append(view)
+                r2.append((a, b, view.nbytes))
+                owner.append(i)
+        got = self._fetch(u2, b2, deadline, answer_by, r2, owner, buffers)
+        return _join(got, owner, buffers, plan)
+
+    def _ranges(self, buffers: Sequence[Any | None]) -> dict[int, tuple[Any, list[tuple[int, int]]]]:
+        """Items to read in ranges: their writable buffer (a flat view or a Scatter) and ``[a, b)``
+        ranges."""
+        part = self._part_bytes
+        out: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
+        if part <= 0:
+            return out
+        for i, buf in enumerate(buffers):
+            if buf is None or _size(buf) < 2 * part:
+                continue
+            view = _writable_view(buf)
+            if view is not None and view is not False:
+                k = view.nbytes // part
+                out[i] = (view, [(j * view.nbytes // k, (j + 1) * view.nbytes // k) for j in range(k)])
+        return out
+
+    def _fetch(
+        self, urls: Sequence[str], buffers: Sequence[Any | None], deadline: float | None = None,
+        answer_by: float | None = None, ranges: Sequence[tuple[int, int, int] | None] | None = None,
+        owner: Sequence[int] | None = None, objects: Sequence[Any | None] | None = None,
+    ) -> list[Outcome]:
         """GET every URL, up to ``max_parallel`` at once; one outcome per URL, in order.
 
         ``buffers[i]`` is the caller's buffer for item ``i`` (any writable contiguous buffer) or
@@ -275,17 +218,19 @@ class DirectReader:
         A batch of at least ``2 * SPLIT_BYTES`` (by its buffers' sizes) is split, item ``i`` to
         part ``i % k``, across ``k`` threads (up to ``READ_THREADS``, this one included), each
         with its own multi handle and a share of ``max_parallel``. It returns when every part
-        has: no transfer of the batch writes into a buffer after that.
+        has: no transfer of the batch writes into a buffer after that. The ranges of one object
+        (``owner``: the object of each URL, ``objects`` their buffers) stay on one thread: their
+        writes into a Scatter (its running hash) then come one at a time.
         """
-        groups = self._groups(buffers)
+        groups = self._groups(objects if objects is not None else buffers, owner)
         if len(groups) < 2:
-            return self._batch(urls, buffers, False, deadline, answer_by)
+            return self._batch(urls, buffers, False, deadline, answer_by, ranges=ranges)
         progress = _Progress(answer_by is None)
         limit = -(-self._max_parallel // len(groups))
 
         def part(idx: list[int]) -> tuple[list[int], list[Outcome]]:
             return idx, self._batch([urls[i] for i in idx], [buffers[i] for i in idx], False, deadline,
-                                    answer_by, progress, limit)
+                                    answer_by, progress, limit, [ranges[i] for i in idx] if ranges else None)
 
         pool = self._workers()
         futures = [pool.submit(part, g) for g in groups[1:]] if pool is not None else []
@@ -308,11 +253,15 @@ class DirectReader:
                 out[i] = o
         return out
 
-    def _groups(self, buffers: Sequence[Any | None]) -> list[list[int]]:
-        n = len(buffers)
-        total = sum(_size(b) for b in buffers)
+    def _groups(self, objects: Sequence[Any | None], owner: Sequence[int] | None = None) -> list[list[int]]:
+        """Items per thread: object ``i`` (and every range of it) to thread ``i % k``."""
+        n = len(objects)
+        total = sum(_size(b) for b in objects)
         k = min(self._threads, n, total // SPLIT_BYTES)
-        return [list(range(j, n, k)) for j in range(k)] if k >= 2 else [list(range(n))]
+        own = owner if owner is not None else range(n)
+        if k < 2:
+            return [list(range(len(own)))]
+        return [g for g in ([j for j, o in enumerate(own) if o % k == m] for m in range(k)) if g]
 
     def _workers(self) -> ThreadPoolExecutor | None:
         with self._lock:
@@ -329,12 +278,13 @@ class DirectReader:
     def _batch(
         self, urls: Sequence[str], buffers: Sequence[Any | None], head: bool, deadline: float | None,
         answer_by: float | None = None, progress: _Progress | None = None, limit: int | None = None,
+        ranges: Sequence[tuple[int, int, int] | None] | None = None,
     ) -> list[Outcome]:
         if self._closed:
             return [RETRY] * len(urls)
         session = self._borrow()
         try:
-            return self._run(session, urls, buffers, head, deadline, answer_by, progress, limit)
+            return self._run(session, urls, buffers, head, deadline, answer_by, progress, limit, ranges)
         finally:
             self._give_back(session)
 
@@ -370,7 +320,7 @@ class DirectReader:
     def _run(
         self, session: _Session, urls: Sequence[str], buffers: Sequence[Any | None], head: bool,
         deadline: float | None, answer_by: float | None = None, progress: _Progress | None = None,
-        limit: int | None = None,
+        limit: int | None = None, ranges: Sequence[tuple[int, int, int] | None] | None = None,
     ) -> list[Outcome]:
         out: list[Outcome] = [RETRY] * len(urls)
         # Has any request of the batch (every part of a split one) had an answer (its headers)?
@@ -390,6 +340,12 @@ class DirectReader:
                     continue  # RETRY: S3Store's checks report it
                 t = _Transfer(urls[i], view if view is not None else None, head)
                 c = session.easy(head)
+                rng = ranges[i] if ranges else None
+                if rng is not None:
+                    t.rng, t.base, t.whole = (rng[0], rng[1]), rng[0], rng[2]
+                    c.setopt(pycurl.RANGE, f"{rng[0]}-{rng[1] - 1}")
+                else:
+                    c.setopt(pycurl.RANGE, None)
                 # libcurl's own bounds, cut to what is left of the batch's deadline.
                 total, connect = self._setup[pycurl.TIMEOUT_MS], self._setup[pycurl.CONNECTTIMEOUT_MS]
                 if deadline is not None:
@@ -491,19 +447,23 @@ def _size(buf: Any | None) -> int:
     return int(n) if isinstance(n, int) else len(buf)
 
 
-def _fast_path(dst: Scatter, pos: int) -> tuple[memoryview, int, Any, Scatter, int] | None:
-    """Write straight into ``dst``'s second part from ``pos`` on, when that is all a
-    :meth:`Scatter.__setitem__` would do there: two parts (a sealed header and the payload),
-    a running hash that has reached ``pos``, and ``pos`` past the header. One Python call per
-    frame instead of two, and its copy made by ``memmove`` through ctypes, which releases the
-    GIL (a slice assignment copies holding it: 0.1 s per GiB). The payload's address stays valid:
-    ``fast`` holds its view, and a Scatter that allows redirects never gets here."""
-    parts = dst.parts
-    if (len(parts) == 2 and dst.hasher is not None and not dst.rewritten and dst.hashed == pos
-            and parts[0].nbytes <= pos and not dst.redirectable and not parts[1].readonly):
-        base = np.frombuffer(parts[1], np.uint8).ctypes.data if parts[1].nbytes else 0
-        return parts[1], parts[0].nbytes, dst.hasher, dst, base
-    return None
+def _join(got: Sequence[Outcome], owner: Sequence[int], buffers: Sequence[Any | None],
+          split: Any) -> list[Outcome]:
+    """One outcome per object (see DirectReader.fetch): an object read in ranges is read when
+    every range was; otherwise it is the wrong size, missing, or repeated whole by obstore."""
+    parts: list[list[Outcome]] = [[] for _ in buffers]
+    for i, o in zip(owner, got, strict=True):
+        parts[i].append(o)
+    out: list[Outcome] = []
+    for i, ps in enumerate(parts):
+        if i not in split:
+            out.append(ps[0])  # one GET
+        elif all(isinstance(p, Body) for p in ps):
+            out.append(Body(sum(p.size for p in ps if isinstance(p, Body)), buffers[i]))
+        else:
+            sized = [p for p in ps if isinstance(p, WrongSize)]
+            out.append(sized[0] if sized else MISSING if MISSING in ps else RETRY)
+    return out
 
 
 def _discard(_data: bytes) -> None:
@@ -521,3 +481,7 @@ def _writable_view(buf: Any | None) -> memoryview | bool | None:
     except (TypeError, ValueError):
         return False
     return False if view.readonly else view
+
+
+__all__ = ["EXPIRED", "HASH_STEP", "MISSING", "PART_BYTES", "RETRY", "UNANSWERED", "Body", "DirectReader",
+           "Outcome", "WrongSize", "_Transfer"]
