@@ -2,6 +2,9 @@
 
     PYTHONPATH=src python benchmarks/bench_latency.py [--backends hub,s3] [--shapes 16x8,64x2] \
         [--latencies-ms 0,20,50] [--rounds 2] [--payloads kv|random] [--constant-payloads]
+    # on a shaped link (testing/shaped_link.py): 8 MB/s per connection, 0 and 20 ms round trips
+    PYTHONPATH=src python benchmarks/bench_latency.py --link-mbps 8 --link-rtt-ms 0,20 \
+        [--link-total-mbps 64] --shapes 32x2,8x32,16x32
 
 Why: a remote KV hit only pays when lookup + load beat recomputing the prompt, and every earlier
 figure was measured on loopback, where a round trip costs nothing (issue 23). Here each shape
@@ -17,6 +20,13 @@ followed by one load of them into preallocated buffers, bytes checked afterwards
 - S3: SeaweedFS behind ``kvbucket.testing.fault_proxy.FaultProxy``, which adds the latency to
   every request. Sides: kvbucket's ``S3Store``, LMCache 0.5.6's ``s3`` L2 adapter (awscrt) and
   boto3 (``head_object`` + ``get_object`` of every key, 64 threads).
+
+With ``--link-mbps``, every side reaches its server through
+:class:`kvbucket.testing.shaped_link.ShapedLink` instead (the emulator's and the proxy's own
+latency off): each TCP connection capped at that many MB/s, all of them together at
+``--link-total-mbps`` (0: no total cap), and ``--link-rtt-ms`` per round trip, as a real link
+to an object store or CDN is. The rows then also give the link's floor: bytes / total cap +
+protocol round trips (Hub 3: lookup, reconstruction, fetch; S3 2: HEAD, GET) x RTT.
 
 Requests and sequential round trips are counted at the server (the emulator's request log, the
 proxy's log) over the measured interval only: both clocks are the machine's monotonic clock.
@@ -115,7 +125,8 @@ def _kv_hub(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
 
     store = HFBucketStore(build_config(bucket_handle=spec["handle"], token=TOKEN, endpoint=spec["endpoint"],
                                       token_env="", create_bucket_if_missing=True,
-                                      load_timeout_secs=120.0, lookup_timeout_secs=30.0))
+                                      load_timeout_secs=120.0, lookup_timeout_secs=30.0,
+                                      **spec.get("kv_options", {})))
     return _kv_store_or_load(store, spec, n, size)
 
 
@@ -174,7 +185,7 @@ def _lmcache(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
 def _kv_s3(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
     from kvbucket.stores import open_store
 
-    store = open_store(spec["url"], **spec["options"])
+    store = open_store(spec["url"], **spec["options"], **spec.get("kv_options", {}))
     return _kv_store_or_load(store, spec, n, size)
 
 
@@ -229,10 +240,23 @@ class HubTarget:
 
     kind = "hub"
 
+    round_trips = 3  # lookup (+ read token), reconstructions, fetches
+    port_of_link: int | None = None  # a ShapedLink in front of the emulator, when set
+
     def __init__(self, emu: Any, before_src: str | None) -> None:
         self.emu = emu
         self.before_src = before_src
         self.sides = HUB_SIDES + (("kvbucket-before",) if before_src else ())
+
+    @property
+    def target_port(self) -> int:
+        from urllib.parse import urlsplit
+
+        return int(urlsplit(self.emu.endpoint).port or 80)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port_of_link}" if self.port_of_link else self.emu.endpoint
 
     def set_latency(self, ms: float) -> None:
         self.emu.faults.reset()
@@ -249,7 +273,7 @@ class HubTarget:
         return sum(routes.values()), sequential_round_trips(entries), routes
 
     def spec(self, side: str, shape: str, n: int, size: int) -> dict[str, Any]:
-        ep = self.emu.endpoint
+        ep = self.endpoint
         if side == "lmcache-hfbucket":
             return {"side": side, "endpoint": ep, "adapter": {
                 "type": "hfbucket", "bucket_handle": f"hf://buckets/me/lm-{shape}", "token": TOKEN,
@@ -268,10 +292,20 @@ class S3Target:
 
     kind = "s3"
     sides = S3_SIDES
+    round_trips = 2  # HEAD, GET
+    port_of_link: int | None = None  # a ShapedLink in front of the proxy, when set
 
     def __init__(self, server: Any, proxy: Any) -> None:
         self.server, self.proxy = server, proxy
         self._mark = 0
+
+    @property
+    def target_port(self) -> int:
+        return int(self.proxy.port)
+
+    @property
+    def port(self) -> int:
+        return self.port_of_link or int(self.proxy.port)
 
     def set_latency(self, ms: float) -> None:
         self.proxy.latency = ms / 1000
@@ -287,16 +321,16 @@ class S3Target:
         return len(entries), sequential_round_trips(entries), routes
 
     def spec(self, side: str, shape: str, n: int, size: int) -> dict[str, Any]:
-        host = f"127.0.0.1:{self.proxy.port}"
+        host = f"127.0.0.1:{self.port}"
         s = self.server
         creds = {"aws_access_key_id": s.access_key, "aws_secret_access_key": s.secret_key}
         if side == "lmcache-s3":
             from lmcache_adapters import s3_adapter_spec
 
-            return {"side": side, "adapter": s3_adapter_spec(s, self.proxy.port)}
+            return {"side": side, "adapter": s3_adapter_spec(s, self.port)}
         prefix = f"kv-{shape}"
         if side == "boto3":
-            return {"side": side, "endpoint_url": f"http://localhost:{self.proxy.port}", "region": s.region,
+            return {"side": side, "endpoint_url": f"http://localhost:{self.port}", "region": s.region,
                     "key": s.access_key, "secret": s.secret_key, "bucket": "127", "prefix": prefix}
         return {"side": side, "url": f"s3://{host}/{prefix}", "options": {
             "s3_region": s.region, "disable_tls": True, **creds, "s3_unsigned_payload": True}}
@@ -334,9 +368,15 @@ TARGETS = {"hub": hub_target, "s3": s3_target}
 
 # ---- main ----------------------------------------------------------------------------------
 def setting(res: Results, args: argparse.Namespace, target: Any, sides: list[str], shape: str, n: int,
-            size: int, ms: float, expect: list[str], seed: str, env: dict[str, str], home: str) -> None:
-    """Every side at one latency, ``--rounds`` times in alternating order; print and record."""
+            size: int, ms: float, expect: list[str], seed: str, env: dict[str, str], home: str,
+            link: Any = None) -> None:
+    """Every side at one latency (or on one shaped ``link``), ``--rounds`` times in alternating
+    order; print and record."""
     backend = target.kind
+    where = "" if link is None else (
+        f" link {link.per_conn_bps / 1e6:.0f} MB/s/conn"
+        f"{f', total {link.total_bps / 1e6:.0f} MB/s' if link.total_bps else ''}, rtt {ms:.0f} ms")
+    floor = link.floor_secs(n * size, target.round_trips) if link is not None and link.total_bps else None
     payloads = args.payloads
     times: dict[str, list[float]] = {s: [] for s in sides}
     for r in range(args.rounds):
@@ -344,29 +384,65 @@ def setting(res: Results, args: argparse.Namespace, target: Any, sides: list[str
             fresh = dict(env, HF_HOME=tempfile.mkdtemp(dir=home))
             fresh["HF_XET_CACHE"] = fresh["HF_HOME"] + "/xet"
             spec = {**target.spec(side, shape, n, size), "mode": "load", "n": n, "size": size,
-                    "payload": args.payloads, "seed": seed}
+                    "payload": args.payloads, "seed": seed,
+                    "kv_options": json.loads(args.kv_options) if side.startswith("kvbucket") else {}}
             out = run_child(spec, fresh)
             reqs, rts, routes = target.log(out["t_start"], out["t_end"])
             ok = out["digests"] == expect and out["loaded"] == n
             times[side].append(out["total_s"] if ok else float("inf"))
-            print(f"{backend:3} {shape:5} {ms:4.0f} ms  {side:22} {out['total_s']:7.3f} s "
+            print(f"{backend:3} {shape:5} {ms:4.0f} ms{where}  {side:22} {out['total_s']:7.3f} s "
                   f"(lookup {out['lookup_s']:.3f}, load {out['load_s']:.3f})  {reqs:4d} requests  "
                   f"{rts:3d} round trips  {'ok' if ok else 'WRONG BYTES'}  {routes}", flush=True)
             res.run(backend=backend, shape=shape, latency_ms=ms, round=r + 1, side=side,
                     total_s=out["total_s"], lookup_s=out["lookup_s"], load_s=out["load_s"], requests=reqs,
-                    round_trips=rts, routes=routes, verified=ok, payloads=payloads)
+                    round_trips=rts, routes=routes, verified=ok, payloads=payloads,
+                    **({} if link is None else {"link_mbps_per_conn": link.per_conn_bps / 1e6,
+                                                "link_total_mbps": (link.total_bps or 0) / 1e6,
+                                                "link_floor_s": floor}))
     ours = sides[0]
+    if floor:
+        med = statistics.median(times[ours])
+        print(f"    {backend} {shape}{where}: {ours} {med:.3f} s = {med / floor:.2f}x the link's floor "
+              f"({floor:.3f} s)")
+        res.compare(f"{backend}-{shape}-{where.strip().replace(' ', '-')}-floor",
+                    f"{backend} {shape} MiB{where}: vs the floor",
+                    ours=med, peer=floor, peer_name="link floor", ours_name=ours, unit="s",
+                    higher_is_better=False, ratios=[floor / t for t in times[ours] if t > 0], goal=">= 0.67")
     for peer in sides[1:]:
         ratios = [b / a for a, b in zip(times[ours], times[peer], strict=True) if a > 0]
         med = statistics.median(ratios) if ratios else None
         shown = ", ".join(f"{x:.2f}" for x in ratios)
         print(f"    {backend} {shape} {ms:.0f} ms: {peer} / {ours} = {med:.2f}x (rounds: {shown})"
               if med else f"    {peer}: no ratio")
-        res.compare(f"{backend}-{shape}-{ms:.0f}ms-{peer}",
-                    f"{backend} {shape} MiB at {ms:.0f} ms: lookup + load",
+        res.compare(f"{backend}-{shape}-{ms:.0f}ms{where.replace(' ', '-')}-{peer}",
+                    f"{backend} {shape} MiB at {ms:.0f} ms{where}: lookup + load",
                     ours=statistics.median(times[ours]), peer=statistics.median(times[peer]), peer_name=peer,
                     ours_name=ours, unit="s", higher_is_better=False, ratios=ratios,
-                    goal=">= 2.0" if ms >= 50 and backend == "hub" else None)
+                    goal=_goal(backend, peer, ms, link))
+
+
+def _goal(backend: str, peer: str, ms: float, link: Any) -> str | None:
+    """Issue 41's goals on the shaped link (and issue 23's at 50 ms)."""
+    if link is not None:
+        return ">= 1.2" if peer == "lmcache-s3" else ">= 2.0"
+    return ">= 2.0" if ms >= 50 and backend == "hub" else None
+
+
+def shaped(res: Results, args: argparse.Namespace, target: Any, sides: list[str], shape: str, n: int,
+           size: int, expect: list[str], seed: str, env: dict[str, str], home: str) -> None:
+    """Every side through a shaped link, for each per-connection cap and round trip asked for."""
+    from kvbucket.testing.shaped_link import ShapedLink
+
+    target.set_latency(0)
+    for mbps in [float(x) for x in args.link_mbps.split(",") if x]:
+        for ms in [float(x) for x in args.link_rtt_ms.split(",") if x]:
+            with ShapedLink(target.target_port, per_conn_bps=mbps * 1e6, rtt_s=ms / 1000,
+                            total_bps=args.link_total_mbps * 1e6 or None, lifetime_s=3600) as link:
+                target.port_of_link = link.port
+                try:
+                    setting(res, args, target, sides, shape, n, size, ms, expect, seed, env, home, link)
+                finally:
+                    target.port_of_link = None
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -388,6 +464,14 @@ def main() -> int:
                    help="kv: realistic bf16 KV (the default); random: random bytes")
     p.add_argument("--constant-payloads", action="store_true",
                    help="one repeated byte value per chunk (the dedup case; labelled in the output)")
+    p.add_argument("--link-mbps", default="",
+                   help="per-connection caps (MB/s, comma-separated) of a shaped link every side goes "
+                        "through (testing/shaped_link.py); default: no link, emulator/proxy latency")
+    p.add_argument("--link-total-mbps", type=float, default=0.0, help="the link's total cap (0: none)")
+    p.add_argument("--link-rtt-ms", default="0,20", help="the link's round trips (with --link-mbps)")
+    p.add_argument("--kv-options", default="{}",
+                   help="JSON of store options for kvbucket's loading sides, e.g. "
+                        "'{\"read_part_bytes\": 4194304}' (Hub) or '{\"s3_read_part_bytes\": 0}' (S3)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     add_argument(p)
     args = p.parse_args()
@@ -404,6 +488,7 @@ def main() -> int:
     payloads = {"kv": "realistic bf16 KV"}.get(args.payloads, args.payloads)
     parts = [args.backends.replace(",", "+")] if args.backends != "hub,s3" else []
     parts += [args.payloads] if args.payloads != "kv" else []
+    parts += [f"link{args.link_mbps.replace(',', '+')}"] if args.link_mbps else []
     res = Results("bench_latency", variant="-".join(parts) or None, params=vars(args),
                   title="Lookup + load at wide-area latency, fresh processes",
                   notes=f"{payloads} payloads; requests and round trips counted at the server")
@@ -425,6 +510,9 @@ def main() -> int:
                             run_child({**target.spec(store, shape, n, size), "mode": "store", "n": n,
                                        "size": size, "payload": args.payloads, "seed": seed},
                                       dict(env, HF_HOME=tempfile.mkdtemp(dir=home)))
+                    if args.link_mbps:
+                        shaped(res, args, target, sides, shape, n, size, expect, seed, env, home)
+                        continue
                     for ms in [float(x) for x in args.latencies_ms.split(",") if x]:
                         target.set_latency(ms)
                         setting(res, args, target, sides, shape, n, size, ms, expect, seed, env, home)
