@@ -333,7 +333,8 @@ class S3Target:
             return {"side": side, "endpoint_url": f"http://localhost:{self.port}", "region": s.region,
                     "key": s.access_key, "secret": s.secret_key, "bucket": "127", "prefix": prefix}
         return {"side": side, "url": f"s3://{host}/{prefix}", "options": {
-            "s3_region": s.region, "disable_tls": True, **creds, "s3_unsigned_payload": True}}
+            "s3_region": s.region, "disable_tls": True, **creds, "s3_unsigned_payload": True,
+            "s3_load_timeout_secs": 120.0, "s3_lookup_timeout_secs": 30.0}}  # as the Hub side's
 
     def store_side(self, side: str) -> str | None:
         return {"boto3": None}.get(side, side)
@@ -392,7 +393,7 @@ def setting(res: Results, args: argparse.Namespace, target: Any, sides: list[str
             times[side].append(out["total_s"] if ok else float("inf"))
             print(f"{backend:3} {shape:5} {ms:4.0f} ms{where}  {side:22} {out['total_s']:7.3f} s "
                   f"(lookup {out['lookup_s']:.3f}, load {out['load_s']:.3f})  {reqs:4d} requests  "
-                  f"{rts:3d} round trips  {'ok' if ok else 'WRONG BYTES'}  {routes}", flush=True)
+                  f"{rts:3d} round trips  {_verdict(ok, out['loaded'], n)}  {routes}", flush=True)
             res.run(backend=backend, shape=shape, latency_ms=ms, round=r + 1, side=side,
                     total_s=out["total_s"], lookup_s=out["lookup_s"], load_s=out["load_s"], requests=reqs,
                     round_trips=rts, routes=routes, verified=ok, payloads=payloads,
@@ -419,6 +420,11 @@ def setting(res: Results, args: argparse.Namespace, target: Any, sides: list[str
                     ours=statistics.median(times[ours]), peer=statistics.median(times[peer]), peer_name=peer,
                     ours_name=ours, unit="s", higher_is_better=False, ratios=ratios,
                     goal=_goal(backend, peer, ms, link))
+
+
+def _verdict(ok: bool, loaded: int, n: int) -> str:
+    """What a measurement's check found: every byte right, objects not loaded, or wrong bytes."""
+    return "ok" if ok else f"{n - loaded} of {n} NOT LOADED" if loaded < n else "WRONG BYTES"
 
 
 def _goal(backend: str, peer: str, ms: float, link: Any) -> str | None:

@@ -343,3 +343,30 @@ def test_a_range_that_fails_is_fetched_again_whole_and_a_wrong_size_is_refused_u
         (r,) = store.get_many(["big"], [buf])
         assert isinstance(r.error, SizeMismatchError) and str(1 << 20) in str(r.error)
         assert buf == b"\xab" * len(buf)  # no range of another-sized object is written
+
+
+def test_ranges_out_of_time_fail_the_object_without_a_retry_through_obstore(
+    seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy
+) -> None:
+    """An object whose ranges are still running at the batch's deadline comes out EXPIRED (the
+    load fails with the deadline's error), not RETRY: obstore is not asked to fetch it again."""
+    import time
+
+    from kvbucket.errors import DeadlineExceededError
+    from kvbucket.stores.s3.direct import EXPIRED
+
+    data = np.random.default_rng(7).integers(0, 256, 1 << 20, dtype=np.uint8)
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=16, s3_read_part_bytes=256 << 10,
+                    s3_load_timeout_secs=0.5) as store:
+        store.put("big", data)
+        direct = store._direct
+        assert direct is not None
+        urls = direct.sign(["big"])
+        assert urls is not None
+        fault_proxy.latency = 1.0
+        try:
+            assert direct.fetch(urls, [np.zeros_like(data)], time.monotonic() + 0.4) == [EXPIRED]
+            (r,) = store.get_many(["big"], [np.zeros_like(data)])
+        finally:
+            fault_proxy.latency = 0.0
+        assert isinstance(r.error, DeadlineExceededError), r.error

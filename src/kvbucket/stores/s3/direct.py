@@ -460,9 +460,10 @@ def _join(got: Sequence[Outcome], owner: Sequence[int], buffers: Sequence[Any | 
             out.append(ps[0])  # one GET
         elif all(isinstance(p, Body) for p in ps):
             out.append(Body(sum(p.size for p in ps if isinstance(p, Body)), buffers[i]))
-        else:
+        else:  # the wrong size, missing, out of time (no obstore retry then), or repeated whole
             sized = [p for p in ps if isinstance(p, WrongSize)]
-            out.append(sized[0] if sized else MISSING if MISSING in ps else RETRY)
+            why = [w for w in (MISSING, UNANSWERED, EXPIRED) if w in ps]
+            out.append(sized[0] if sized else why[0] if why else RETRY)
     return out
 
 
