@@ -214,15 +214,19 @@ class XetReader:
             while len(self._cache) > RECONSTRUCTION_CACHE_ENTRIES:
                 self._cache.popitem(last=False)
 
-    def _query(self, h: str, size: int, deadline: float, fut: Future[Reconstruction]) -> None:
+    def _resolve(self, h: str, fut: Future[Reconstruction], make: Callable[[], Reconstruction]) -> None:
+        """``fut`` gets what ``make`` returns (kept in the cache) or raises, for every waiter."""
         try:
-            rec = parse_reconstruction(self._ask(h, deadline), size, time.monotonic())
+            rec = make()
             self._keep(h, rec)
             fut.set_result(rec)
         except BaseException as e:  # delivered to every waiter
             fut.set_exception(e)
         finally:
             self._drop_pending(h, fut)
+
+    def _query(self, h: str, size: int, deadline: float, fut: Future[Reconstruction]) -> None:
+        self._resolve(h, fut, lambda: parse_reconstruction(self._ask(h, deadline), size, time.monotonic()))
 
     def _query_parts(self, h: str, size: int, ranges: list[tuple[int, int]], deadline: float,
                      fut: Future[Reconstruction]) -> None:
@@ -242,16 +246,12 @@ class XetReader:
                 todo[0] -= 1
                 if todo[0]:
                     return
-            try:
-                if errors:
-                    raise errors[0]
-                rec = join_parts([p for p in parts if p is not None], size, time.monotonic())
-                self._keep(h, rec)
-                fut.set_result(rec)
-            except BaseException as e:  # delivered to every waiter
-                fut.set_exception(e)
-            finally:
-                self._drop_pending(h, fut)
+            self._resolve(h, fut, joined)
+
+        def joined() -> Reconstruction:
+            if errors:
+                raise errors[0]
+            return join_parts([p for p in parts if p is not None], size, time.monotonic())
 
         for i in range(len(ranges)):
             try:
