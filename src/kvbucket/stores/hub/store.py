@@ -94,8 +94,7 @@ class HFBucketStore(RemoteStore):
             retry_backoff_secs=config.retry_backoff_secs, connect_timeout_secs=config.connect_timeout_secs,
             request_timeout_secs=config.request_timeout_secs, load_concurrency=config.load_concurrency,
             xet_compression=config.xet_compression, read_connections=config.read_connections,
-            read_part_bytes=config.read_part_bytes, read_slots=config.read_slots,
-        )
+            read_part_bytes=config.read_part_bytes, read_slots=config.read_slots)
         self.endpoint = self._client.endpoint
         self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)
         self._pool = DaemonThreadPool(config.num_workers, "kvbucket-hfbucket")  # never blocks exit
