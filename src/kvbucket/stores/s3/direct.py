@@ -462,7 +462,7 @@ def _join(got: Sequence[Outcome], owner: Sequence[int], buffers: Sequence[Any | 
             out.append(Body(sum(p.size for p in ps if isinstance(p, Body)), buffers[i]))
         else:  # the wrong size, missing, out of time (no obstore retry then), or repeated whole
             sized = [p for p in ps if isinstance(p, WrongSize)]
-            why = [w for w in (MISSING, UNANSWERED, EXPIRED) if w in ps]
+            why = [w for w in (OVERLONG, MISSING, UNANSWERED, EXPIRED) if w in ps]
             out.append(sized[0] if sized else why[0] if why else RETRY)
     return out
 

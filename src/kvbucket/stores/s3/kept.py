@@ -104,7 +104,7 @@ class ConnectionWatch:
         fetched again through obstore), and ``c``'s own answer, read before, stands."""
         fd = c.getinfo(pycurl.ACTIVESOCKET)
         if fd < 0:  # not kept: libcurl closed it; unasked (a 200 on a kept-alive answer) = excess
-            return status == 200 and not closing
+            return status in (200, 206) and not closing  # 206: a ranged GET (direct.py's parts)
         if waiting(fd):
             conn = c.getinfo(pycurl.CONN_ID)
             sharing = [t for _, t, other in running
