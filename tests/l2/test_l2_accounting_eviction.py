@@ -10,7 +10,7 @@ from kvbucket.errors import ConfigError, TransientStoreError
 from kvbucket.keys import ObjectKey, key_to_name
 from kvbucket.l2 import EvictionConfig, ObjectStoreL2Adapter, open_l2_adapter, parse_l2_config
 from kvbucket.metrics import InstrumentedStore
-from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore
+from kvbucket.stores.base import Buffer, ItemResult, ObjectInfo, ObjectStore, VersionedDelete
 from kvbucket.stores.local.file import FileStore
 from kvbucket.stores.local.memory import MemoryStore
 from kvbucket.testing import l2 as t
@@ -363,10 +363,10 @@ def test_close_during_an_eviction_pass_leaves_no_pending_task(caplog: pytest.Log
     gate, entered = threading.Event(), threading.Event()
 
     class SlowDeletes(MemoryStore):
-        def delete_many(self, names: Sequence[str]) -> list[ItemResult]:
-            entered.set()
+        def delete_versions(self, items: Sequence[tuple[str, str]]) -> list[VersionedDelete]:
+            entered.set()  # eviction deletes the versions it judged (issue 39)
             gate.wait(3)
-            return super().delete_many(names)
+            return super().delete_versions(items)
 
     a = ObjectStoreL2Adapter(SlowDeletes(), max_capacity_bytes=10 * CHUNK, full_chunk_bytes=CHUNK,
                              delete_timeout_secs=0.5)
