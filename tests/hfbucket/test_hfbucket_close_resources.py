@@ -54,6 +54,9 @@ def test_hf_xets_download_stream_ends_with_the_last_store(hub_bucket: HubBucket,
     base = rounds[0]  # after a store that only wrote (hf_xet's upload session stays: process-wide)
     why = f"threads and fds after the warm-up, then after each read round: {rounds}"
     assert all(threads == base[0] for threads, _ in rounds[1:]), why  # hf_xet's runtime threads ended
-    # no growth, and at most one more fd: the Hub endpoint's pooled keep-alive connection (the
-    # process's HTTP client, seen as one ESTABLISHED socket to the emulator), not hf_xet's
-    assert len(set(rounds[1:])) == 1 and rounds[1][1] <= base[1] + 1, why
+    # no growth round over round (a leak of even one fd a round would show 2 over three rounds),
+    # and at most two more fds than the warm-up: the Hub endpoint's pooled keep-alive connections
+    # (the process's HTTP client: one or two ESTABLISHED sockets to the emulator, as the pool's
+    # timing goes: a loaded CI run saw 11, 12, 12 over a warm-up's 11), not hf_xet's
+    fds = [f for _, f in rounds[1:]]
+    assert fds[-1] - fds[0] <= 1 and max(fds) <= base[1] + 2, why
