@@ -15,11 +15,14 @@ from kvbucket.identity.core import (
     ModelIdentity,
     config_fields,
     identity_of_dir,
+    is_token,
     qualify_key_string,
     split,
     split_key_string,
 )
+from kvbucket.identity.manifest import read_identities
 from kvbucket.identity.weights import files_fingerprint, hub_commit
+from kvbucket.stores.local.file import FileStore
 from kvbucket.testing.backend_tests import as_bytes, chunk_bytes, key
 from kvbucket.testing.identity_models import COMMITS, OTHER_VARIANTS, make_model_dirs
 
@@ -109,7 +112,11 @@ def test_remote_tier_other_identity_misses_and_deletes_nothing(tmp_path: Path) -
         first.batched_put(list(zip(keys, data, strict=True)))
         assert first.batched_contains(keys) == [True] * 4
     stored = {p.name: p.read_bytes() for p in root.rglob("*") if p.is_file()}
-    assert len(stored) == 4 and all("~" in n.split("@")[0] for n in stored)
+    chunks = {n for n in stored if "_identity" not in n and not is_token(n)}
+    assert len(chunks) == 4 and all("~" in n.split("@")[0] for n in chunks)
+    # the first writer recorded its identity (engine YAML: extra_config.model_identity)
+    token = IdentitySetting("org/model@rev-1").token("x")
+    assert set(read_identities(FileStore(root), "", "meta-llama/Llama-3.1-8B")) == {token}
     for other in ("org/model@rev-2", None):  # another identity, and name-only
         with tier(other) as t:
             assert t.batched_contains(keys) == [False] * 4 and t.batched_get(keys) == [None] * 4

@@ -231,6 +231,14 @@ class HybridBackend(StorageBackend):
             if hint is not None:
                 hint(keys)
 
+    def note_identity(self, identity: Any) -> None:
+        """The writer's model identity (its keys carry its token): every tier that records
+        manifests hears of it (:meth:`kvbucket.backends.remote.RemoteBackend.note_identity`)."""
+        for tier in self.tiers:
+            note = getattr(tier, "note_identity", None)
+            if note is not None:
+                note(identity)
+
     def report_status(self) -> dict[str, Any]:
         """Hits per tier, misses, and each tier's own status; ``["fleet"]`` is the first remote
         tier's fleet view (as the L2 adapter's ``report_status()["fleet"]``), None without one."""

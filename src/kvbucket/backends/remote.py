@@ -42,6 +42,7 @@ from kvbucket.backends._putqueue import DEFAULT_FULL_WAIT_SECS, PutQueue
 from kvbucket.backends._queued import QueuedBackend
 from kvbucket.backends.base import Chunk, Key, check_buffers, check_open, put_as_batch
 from kvbucket.backends.fleet import REFUSED, FleetWriteCapError, open_tier_fleet
+from kvbucket.backends.tier_identity import TierIdentity
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import (
     CircuitOpenError,
@@ -50,13 +51,7 @@ from kvbucket.errors import (
     StoreError,
     TransientStoreError,
 )
-from kvbucket.identity.core import (
-    SEP,
-    IdentitySetting,
-    qualify_key_string,
-    split_key_string,
-    warn_name_only,
-)
+from kvbucket.identity.core import ModelIdentity, split_key_string
 from kvbucket.keys import as_key_string, key_to_name, name_to_key
 from kvbucket.log_once import RepeatedLog
 from kvbucket.stores.base import ItemResult, ObjectStore, check_prefix
@@ -112,8 +107,8 @@ class RemoteBackend(QueuedBackend):
     ) -> None:
         # Names carry the model's identity (kvbucket.identity): chunks of another identity are
         # other objects, a miss; without one they are shared by model name only, as before.
-        self._identity = IdentitySetting(model_identity)
-        self._name_only_seen = False  # a key without an identity was named (warned once)
+        # Each identity's manifest goes under the prefix (kvbucket.identity.manifest), in the raw store.
+        self._identity = TierIdentity(model_identity, store, check_prefix(prefix), "kvbucket remote tier")
         # Every object is sealed on write and verified on read (kvbucket.stores.guard.sealed); the
         # envelope names the KV layout, so a chunk written for another layout is a miss. A
         # lookup hit starts its load behind that check (kvbucket.stores.guard.read_ahead).
@@ -325,19 +320,19 @@ class RemoteBackend(QueuedBackend):
     def _release(self) -> None:
         if self._fleet is not None:
             self._fleet.close()  # after the queue drained (QueuedBackend.close): its last journal
+        self._identity.close()  # its manifest lands before the store closes
         self._pool.shutdown(wait=False, cancel_futures=True)
         if isinstance(self.reads, PrefetchStore):  # the read-ahead buffer is this tier's own
             self.reads.stop()
         if self._owns_store:
             self.store.close()
 
+    def note_identity(self, identity: ModelIdentity) -> None:
+        """Keys its writer named ``<model>~<token>`` (transformers): a manifest with their first chunk."""
+        self._identity.add(identity)
+
     def _name(self, key: str) -> str:
-        if self._identity:
-            key = qualify_key_string(key, self._identity.token(key.partition("@")[0]))
-        elif not self._name_only_seen and SEP not in key.partition("@")[0]:
-            self._name_only_seen = True  # keys carry no identity (the transformers cache's do)
-            warn_name_only("kvbucket remote tier")
-        return key_to_name(key, self.prefix)
+        return key_to_name(self._identity.key(key), self.prefix)
 
     def _size_ok(self, size: int) -> bool:
         return self.save_unfull_chunk or size == self.layout.full_chunk_bytes
@@ -418,6 +413,8 @@ class RemoteBackend(QueuedBackend):
             errors.append(None)
         if self._fleet is not None and landed:  # only what landed is counted
             self._fleet.stored([n for n, _ in landed], [z for _, z in landed])
+        if landed:
+            self._identity.wrote(k for (k, _), e in zip(items, errors, strict=False) if e is None)
         return errors + refused
 
     def _read_pending(self, ks: list[str]) -> tuple[list[Chunk | None], list[int]]:

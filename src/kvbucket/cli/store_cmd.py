@@ -41,7 +41,13 @@ from kvbucket.cli.output import (
     wants_json,
 )
 from kvbucket.errors import InvalidKeyError
-from kvbucket.identity.usage import Generation, Generations, select
+from kvbucket.identity.usage import (
+    Generation,
+    Generations,
+    NoSuchIdentity,
+    match_identity,
+    select,
+)
 from kvbucket.keys import key_to_name, name_to_key
 from kvbucket.progress import Progress
 from kvbucket.secrets import redact
@@ -133,6 +139,7 @@ def register(app: typer.Typer) -> None:
                     count += 1
                     total += info.size
                     gens.add(info)
+            gens.read_manifests(store)  # each identity's weights and fields, from _identity/
             fleet = _fleet_status(store, prefix)
         by_identity = gens.sorted()
         if wants_json(fmt, as_json):
@@ -165,8 +172,8 @@ def register(app: typer.Typer) -> None:
             None, "--model", help="With --identity: remove this model's KV chunks of one identity "
             "(a generation, as `du` lists them; within --prefix when given)."),
         identity: str | None = typer.Option(
-            None, "--identity", help="The identity token `du` shows, or `none` for chunks written "
-            "without an identity."),
+            None, "--identity", help="The identity token `du` shows (or a unique prefix of it, 4 hex "
+            "digits or more), or `none` for chunks written without an identity."),
         fmt: FormatOpt = Format.table,
         as_json: JsonOpt = False,
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
@@ -204,9 +211,21 @@ def register(app: typer.Typer) -> None:
 
 def _remove_generation(url: str, prefix: str, model: str, identity: str, *, dry_run: bool,
                        as_json: bool, timeout: float) -> None:
-    """``rm --model --identity``: one generation's chunks and its manifest entry, in batches."""
+    """``rm --model --identity``: one generation's chunks and its manifest entry, in batches.
+
+    ``identity`` is a token, a unique prefix of one (resolved by a first listing) or ``none``;
+    when it names nothing (or several), exit 2 naming the identities the store holds."""
     done = Removal(dry_run=dry_run)
     with opened_store(url, timeout) as store:
+        # one listing first: a token or prefix that names nothing (or several) fails before anything
+        # is said or removed, naming what is there (a second listing removes)
+        seen = Generations()
+        for info in store.list(prefix, page_size=RM_BATCH):
+            seen.add(info)
+        try:
+            identity = match_identity(seen.sorted(), model, identity)
+        except NoSuchIdentity as e:
+            raise _fail(f"{e} (`kvbucket du {url}` lists them)") from None
         listed = select(store.list(prefix, page_size=RM_BATCH), model, identity)
         _run_removal(url, store, _in_batches(listed), done, as_json)  # a rewrite since is kept
     _report(done, as_json)
@@ -254,6 +273,9 @@ def _echo_generations(gens: list[Generation]) -> None:
         chunks = "1 chunk" if g.chunks == 1 else f"{g.chunks} chunks"
         typer.echo(f"  {g.model}  {g.token or 'none (name only)'}: {chunks}, {g.bytes} bytes "
                    f"({human_size(g.bytes)}), last write {when}")
+        if g.token is not None:  # what the identity is, from its manifest (name-only has none)
+            weights = g.weights if g.weights is not None else "unknown (no manifest)"
+            typer.echo(f"      weights {weights or 'unknown'}; {g.fields_summary()}")
 
 
 def _counted(listing: Iterator[ObjectInfo], progress: Progress) -> Iterator[ObjectInfo]:

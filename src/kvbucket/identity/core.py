@@ -375,17 +375,24 @@ _warned: set[str] = set()
 _warn_lock = threading.Lock()
 
 
-def warn_name_only(where: str) -> None:
-    """Once per process and place: without an identity, reuse is keyed by the model's name only."""
+def warn_name_only(where: str, key: str = "model_identity", accept: str | None = None) -> None:
+    """Once per process and place: without an identity, reuse is keyed by the model's name only.
+
+    ``key``: the setting that gives this path an identity, spelled where the user sets it;
+    ``accept``: the setting that keeps reading name-only chunks once it is set (None: that path
+    has none, so they become misses for good)."""
     with _warn_lock:
         if where in _warned:
             return
         _warned.add(where)
+    after = (f"until {accept} is also set" if accept else
+             "for good (`kvbucket rm URL --model NAME --identity none` removes them)")
     log.warning(
         "%s: no model identity is known, so KV chunks are shared by model name only: a model "
         "redeployed under the same name with other weights or config would be served the old KV. "
-        "Set model_identity (a token from `kvbucket du`, or text naming the weights such as "
-        "org/model@<commit>) to key chunks by identity", where)
+        "Set %s (an absolute path to the model directory, a token from `kvbucket du`, or text naming "
+        "the weights such as org/model@<commit>) to key chunks by identity; once it is set, the chunks "
+        "stored so far by name only are misses %s", where, key, after)
 
 
 __all__ = [

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from kvbucket.identity.core import IdentityPending, ModelIdentity, is_token
+from kvbucket.identity.core import IdentityPending, ModelIdentity, is_token, qualify, split
 from kvbucket.keys import decode_key, encode_key
 
 log = logging.getLogger("kvbucket.identity")
@@ -79,6 +79,7 @@ class Manifest:
         self.store, self.prefix, self.identity, self.where = store, prefix, identity, where
         self.model_key = model_key or identity.model
         self._recorded = False
+        self._recording: threading.Thread | None = None
         self._lock = threading.Lock()
         self.seen: dict[str, dict[str, Any]] | None = None
         self.checked = threading.Event()  # set when check() is done
@@ -129,7 +130,16 @@ class Manifest:
 
     def record_async(self) -> None:
         if not self._recorded:
-            threading.Thread(target=self.record, name="kvbucket-identity-record", daemon=True).start()
+            t = self._recording = threading.Thread(target=self.record, name="kvbucket-identity-record",
+                                                   daemon=True)
+            t.start()
+
+    def wait(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) for a write begun by :meth:`record_async`: before the
+        store closes, so a short-lived writer still leaves its manifest."""
+        t = self._recording
+        if t is not None:
+            t.join(timeout)
 
 
 __all__ = ["DIR", "Manifest", "ManifestBook", "is_manifest_name", "manifest_dir", "manifest_name",
@@ -137,20 +147,35 @@ __all__ = ["DIR", "Manifest", "ManifestBook", "is_manifest_name", "manifest_dir"
 
 
 class ManifestBook:
-    """The manifests of every model one adapter or connector serves (it learns models from keys):
-    each is checked once when the model is first seen, and recorded once when first written."""
+    """The manifests of every model one adapter, connector or tier serves (it learns models from
+    keys): each is checked once when the model is first seen, and recorded once when first
+    written. Identities come from ``setting`` (an :class:`~kvbucket.identity.core.IdentitySetting`:
+    keys carry the bare model name) or from :meth:`add` (keys already carry ``<model>~<token>``,
+    as the transformers cache names them)."""
 
     def __init__(self, store: Any, prefix: str, setting: Any, where: str) -> None:
         self.store, self.prefix, self.setting, self.where = store, prefix, setting, where
         self._manifests: dict[str, Manifest] = {}
+        self._given: dict[str, ModelIdentity] = {}  # "<model>~<token>" -> its identity (add)
         self._lock = threading.Lock()
+
+    def add(self, identity: ModelIdentity) -> None:
+        """Keys whose model part is ``<identity.model>~<identity.token>`` are this identity's."""
+        with self._lock:
+            self._given[qualify(identity.model, identity.token)] = identity
+        self._get(qualify(identity.model, identity.token))
+
+    def _identity(self, model: str) -> ModelIdentity | None:
+        if split(model)[1] is not None:
+            return self._given.get(model)
+        return self.setting.identity(model) if self.setting else None
 
     def _get(self, model: str) -> Manifest | None:
         m = self._manifests.get(model)
-        if m is not None or not self.setting:
+        if m is not None:
             return m
         try:
-            identity = self.setting.identity(model)
+            identity = self._identity(model)
         except IdentityPending:  # not known yet: checked when it is
             return None
         if identity is None:
@@ -169,3 +194,14 @@ class ManifestBook:
         m = self._get(model)
         if m is not None:
             m.record_async()
+
+    def wait(self, timeout: float = 5.0) -> None:
+        """Wait for the manifest writes under way (at most ``timeout`` s in all): before closing."""
+        deadline = time.monotonic() + timeout
+        for m in list(self._manifests.values()):
+            m.wait(max(0.0, deadline - time.monotonic()))
+
+    def wrote_keys(self, keys: Any) -> None:
+        """Key strings (``model@...``) that landed: each model's manifest is recorded once."""
+        for model in {k.partition("@")[0] for k in keys}:
+            self.wrote(model)

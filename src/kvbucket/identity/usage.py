@@ -15,6 +15,8 @@ last write, so the ones no deployment uses any more can be removed by ``rm --ide
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,8 @@ from kvbucket.errors import InvalidKeyError
 from kvbucket.identity.core import split
 from kvbucket.identity.manifest import DIR, parse_manifest_name
 from kvbucket.keys import decode_key
+
+log = logging.getLogger("kvbucket.identity")
 
 NAME_ONLY = "none"  # what `rm --identity` takes for chunks written without an identity
 
@@ -37,6 +41,9 @@ class Generation:
     bytes: int = 0
     last_write: float | None = None
     weights: str | None = None  # from the identity's manifest, when it has one
+    fields: dict[str, Any] | None = None  # the manifest's config and KV fields
+    first_write: float | None = None  # the manifest's: when its first writer stored a chunk
+    host: str | None = None  # the manifest's: that writer's host name
 
     def add(self, size: int, mtime: float | None) -> None:
         self.chunks += 1
@@ -46,7 +53,30 @@ class Generation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "identity": self.token or NAME_ONLY, "chunks": self.chunks,
-                "bytes": self.bytes, "last_write": self.last_write, "weights": self.weights}
+                "bytes": self.bytes, "last_write": self.last_write, "weights": self.weights,
+                "fields": self.fields, "first_write": self.first_write, "host": self.host}
+
+    def fields_summary(self, width: int = 6) -> str:
+        """``N config fields: a=1, b=2, ...`` (the first ``width`` by name), for the table."""
+        if not self.fields:
+            return "no config fields recorded"
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.fields.items())[:width])
+        more = ", ..." if len(self.fields) > width else ""
+        return f"{len(self.fields)} config fields: {shown}{more}"
+
+    def take_manifest(self, body: dict[str, Any]) -> None:
+        """Fill the manifest's parts (a body that is not an object, or lacks one, leaves it None)."""
+        weights, fields = body.get("weights"), body.get("fields")
+        self.weights = weights if isinstance(weights, str) else None
+        self.fields = fields if isinstance(fields, dict) else None
+        first, host = body.get("first_write"), body.get("host")
+        self.first_write = float(first) if isinstance(first, int | float) else None
+        self.host = host if isinstance(host, str) else None
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = json.dumps(value, sort_keys=True, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def model_and_token(name: str) -> tuple[str, str | None] | None:
@@ -71,15 +101,34 @@ class Generations:
 
     def __init__(self) -> None:
         self._groups: dict[tuple[str, str | None], Generation] = {}
+        self._manifests: dict[tuple[str, str], str] = {}  # (model, token) -> manifest object name
 
     def add(self, info: Any) -> None:
         found = model_and_token(info.name)
         if found is None:
+            manifest = _manifest_of(info.name)
+            if manifest is not None:  # an identity is known by its manifest even without chunks
+                self._manifests[manifest] = info.name
+                self._groups.setdefault(manifest, Generation(*manifest))
             return
         g = self._groups.get(found)
         if g is None:
             g = self._groups[found] = Generation(*found)
         g.add(info.size, info.mtime)
+
+    def read_manifests(self, store: Any) -> None:
+        """Fill each generation's weights and fields from its manifest (one small read each). A
+        manifest that cannot be read or parsed leaves them None (``du`` still counts the chunks)."""
+        for found, name in sorted(self._manifests.items()):
+            g = self._groups[found]
+            try:
+                raw = store.get(name)
+                body = json.loads(raw) if raw else {}
+            except Exception as e:  # a damaged or vanished manifest: the chunks still count
+                log.debug("cannot read the identity manifest %s: %s", name, e)
+                continue
+            if isinstance(body, dict):
+                g.take_manifest(body)
 
     def sorted(self) -> list[Generation]:
         """Largest first."""
@@ -102,6 +151,47 @@ def _manifest_of(name: str) -> tuple[str, str] | None:
     return parse_manifest_name("/".join(parts[at:]))
 
 
+MIN_PREFIX = 4  # hex digits: `rm --identity` never removes a generation picked by one or two
+
+
+class NoSuchIdentity(LookupError):
+    """``rm --identity``: nothing, or more than one identity, matches what was given."""
+
+
+def describe_identities(gens: list[Generation], limit: int = 12) -> str:
+    """``model token (N chunks), ...`` for an error line (the first ``limit``)."""
+    if not gens:
+        return "there are no KV chunks of any model there"
+    parts = [f"{g.model} {g.token or NAME_ONLY + ' (name only)'} ({g.chunks} chunk{'s' * (g.chunks != 1)})"
+             for g in gens[:limit]]
+    more = f" and {len(gens) - limit} more" if len(gens) > limit else ""
+    return "the identities there: " + ", ".join(parts) + more
+
+
+def match_identity(gens: list[Generation], model: str, given: str) -> str:
+    """The one token of ``model`` that ``given`` (a token, a unique prefix of one of at least
+    :data:`MIN_PREFIX` hex digits, or ``none``) names among ``gens``; else :class:`NoSuchIdentity`
+    naming the identities that exist."""
+    mine = [g for g in gens if g.model == model]
+    if given == NAME_ONLY:
+        found = [g for g in mine if g.token is None]
+    elif len(given) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in given):
+        raise NoSuchIdentity(
+            f"--identity {given!r} is not an identity token: give the 16 hex digits `kvbucket du` shows "
+            f"(or a unique prefix of at least {MIN_PREFIX}), or `none` for name-only chunks; "
+            + describe_identities(mine or gens))
+    else:
+        found = [g for g in mine if g.token is not None and g.token.startswith(given)]
+    if len(found) == 1:
+        return found[0].token or NAME_ONLY
+    if found:
+        raise NoSuchIdentity(f"--identity {given!r} is ambiguous for model {model!r}: it starts "
+                             + " and ".join(g.token or NAME_ONLY for g in found) + "; give more digits")
+    what = (f"model {model!r} has no chunks or identities here" if not mine
+            else f"no identity of model {model!r} matches {given!r}")
+    raise NoSuchIdentity(f"{what}; nothing removed; " + describe_identities(mine or gens))
+
+
 def select(infos: Iterable[Any], model: str, token: str) -> Iterator[Any]:
     """The listed chunks (and the identity's manifest entry) of one model and identity;
     ``token`` ``"none"``: its name-only chunks. ``model`` is the model as ``du`` shows it."""
@@ -116,4 +206,5 @@ def select(infos: Iterable[Any], model: str, token: str) -> Iterator[Any]:
             yield info
 
 
-__all__ = ["NAME_ONLY", "Generation", "Generations", "generations", "model_and_token", "select"]
+__all__ = ["MIN_PREFIX", "NAME_ONLY", "Generation", "Generations", "NoSuchIdentity", "describe_identities",
+           "generations", "match_identity", "model_and_token", "select"]

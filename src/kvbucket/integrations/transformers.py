@@ -168,6 +168,9 @@ class KVBucketPrefixCache:
         self._seed = self._hash_seed(fingerprint)
         self.identity = model_identity(model, self.model_name, fingerprint, self.layout, weights)
         self._key_model = qualify(self.model_name, self.identity.token)  # the model part of every key
+        note = getattr(backend, "note_identity", None)  # tiers that keep manifests record this identity's
+        if note is not None:
+            note(self.identity)
         self.last_stats = PrefillStats()
         self.store_stats = StoreStats()
         self._queue: queue.Queue[_StoreJob | None] = queue.Queue(maxsize=max_pending_chunks)

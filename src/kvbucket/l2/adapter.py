@@ -119,7 +119,8 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._stats = Stats()
         self._listeners = Listeners(listener)
         self._names = NameCache(self._naming)
-        watch_identities(self._naming, store, "kvbucket L2 adapter")
+        watch_identities(self._naming, store, "kvbucket L2 adapter", "adapter_params.model_identity",
+                         "adapter_params.accept_name_only")
         self._runner = TaskRunner(num_workers, split_batches=split_batches, stats=self._stats)
         self._fleet: FleetLink | None = None
         if fleet is not None:

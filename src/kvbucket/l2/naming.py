@@ -306,11 +306,13 @@ class Naming:
         return s if isinstance(s, str) and self.readable(s.partition("@")[0], None) else None
 
 
-def watch_identities(naming: Naming, store: Any, where: str) -> None:
+def watch_identities(naming: Naming, store: Any, where: str, key: str = "model_identity",
+                     accept: str = "accept_name_only") -> None:
     """Keep the identity manifests of ``naming``'s models on ``store`` (the raw store: readers of
-    every identity read them), or warn once that reuse is keyed by the model's name only."""
+    every identity read them), or warn once that reuse is keyed by the model's name only (``key``
+    and ``accept``: the settings to name, spelled where the user sets them)."""
     if not naming.identity:
-        warn_name_only(where)
+        warn_name_only(where, key, accept)
         return
     from kvbucket.identity.manifest import ManifestBook
 
