@@ -7,9 +7,9 @@ never downloads anything (:mod:`kvbucket.identity`):
    token (as ``kvbucket du`` shows), a path to the model (absolute, ``./``, ``~``: its
    identity, or an error at start when it cannot be computed), or text naming the weights.
    ``"off"``: names carry no identity (as before identities; a warning says so);
-2. the engine's own model config, when the engine hands one (SGLang's ``ModelConfig``; vLLM's
-   ``ModelConfig`` when the tier finds it, see :func:`engine_config_on_stack`): its HF config
-   (``_commit_hash``, the fields that shape attention), revision, quantization and dtype;
+2. the engine's own model config, when the engine hands one (SGLang's ``ModelConfig``; vLLM hands
+   none: :mod:`kvbucket.integrations.vllm_identity`): its HF config (``_commit_hash``, the fields
+   that shape attention), revision, quantization and dtype;
 3. the model's files: a local directory (a Hub snapshot gives its commit, any other directory
    its weight files' fingerprint), or a Hub repo id found in the local Hub cache
    (``refs/<revision>`` -> ``snapshots/<commit>``), with its ``config.json``.
@@ -73,7 +73,8 @@ def hub_cache_snapshot(repo_id: str, revision: str | None = None) -> Path | None
 def engine_config_on_stack(attr: str, names: tuple[str, ...], depth: int = 40) -> Any:
     """An engine's config object held by a caller's frame (a local named one of ``names`` with
     ``attr``), or None. vLLM builds a secondary tier inside its scheduler's connector, whose
-    frames hold the ``VllmConfig`` but do not pass it to the tier; this reads it once, at start."""
+    frames hold the ``VllmConfig`` but do not pass it to the tier: only launch-time extras are
+    read this way, never the identity itself (:mod:`kvbucket.integrations.vllm_identity`)."""
     frame = sys._getframe(1)
     for _ in range(depth):
         if frame is None:
@@ -119,11 +120,12 @@ def from_files(name: str, revision: str | None, kv: dict[str, Any]) -> ModelIden
 
 
 def resolve(where: str, name: str, settings: IdentitySettings, kv: dict[str, Any],
-            model_config: Any = None) -> ModelIdentity | None:
-    """The tier's identity (see the module docstring); None: chunks are named by model name only."""
+            model_config: Any = None, key: str = "model_identity") -> ModelIdentity | None:
+    """The tier's identity (see the module docstring); None: chunks are named by model name only.
+    ``key``: the setting a warning names, spelled where the user sets it."""
     setting = settings.model_identity
     if setting == "off":
-        warn_name_only(where)
+        warn_name_only(where, key)
         return None
     if setting != "auto":
         if is_path_setting(setting):  # a path is always the model there (an error if it cannot be)
@@ -135,8 +137,8 @@ def resolve(where: str, name: str, settings: IdentitySettings, kv: dict[str, Any
         ident = from_files(name, settings.revision, kv) or ident
     if ident is None or not ident.weights:
         log.warning("%s: cannot tell which weights model %r has (not a local directory, not in the "
-                    "local Hub cache); set model_identity", where, name)
-        warn_name_only(where)
+                    "local Hub cache); set %s", where, name, key)
+        warn_name_only(where, key)
         return None
     log.info("%s: model identity %s (%s)", where, ident.token, json.dumps(ident.weights))
     return ident

@@ -136,6 +136,10 @@ def layout_segment(pool: Any) -> str:
     return _segment(f"{seg}-{tag}" if tag else seg)
 
 
+#: The setting the name-only warning names.
+IDENTITY_SETTING = "model_identity in --hicache-storage-backend-extra-config"
+
+
 class KVBucketHiCacheStorage(_Base):
     """SGLang ``HiCacheStorage`` over any kvbucket store (see the module docstring)."""
 
@@ -164,7 +168,7 @@ class KVBucketHiCacheStorage(_Base):
         # What SGLang resolved (its ModelConfig, memoized on the published server args) or the
         # model's files (kvbucket.integrations.engine_identity): the model's identity in every name.
         self.identity = resolve("kvbucket HiCache storage", model_name, self.settings, {},
-                                _sglang_model_config())
+                                _sglang_model_config(), key=IDENTITY_SETTING)
         model = qualify(_segment(model_name), self.identity.token if self.identity else None)
         self._base = "/".join((_segment(self.settings.prefix), model, salt_segment(self.settings.cache_salt),
                                shard_segment(storage_config)))

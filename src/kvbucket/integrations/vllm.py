@@ -62,9 +62,9 @@ from kvbucket.errors import ConfigError
 from kvbucket.identity.core import qualify
 from kvbucket.identity.manifest import Manifest
 from kvbucket.integrations.engine_fleet import REFUSED, open_fleet
-from kvbucket.integrations.engine_identity import engine_config_on_stack, resolve
 from kvbucket.integrations.engine_settings import EngineTierSettings
 from kvbucket.integrations.naming import path_segment, salt_segment
+from kvbucket.integrations.vllm_identity import tier_identity
 from kvbucket.log_once import RepeatedLog
 from kvbucket.metrics_server import MetricsEndpointConfig, serve_metrics
 from kvbucket.stores.guard.read_ahead import PrefetchStore, read_ahead, with_read_ahead
@@ -129,6 +129,8 @@ class VLLMTierSettings(EngineTierSettings, MetricsEndpointConfig):
     enable_kv_events: bool = Field(False, description="emit vLLM KV events: BlockStored for chunks stored "
                                    "here, BlockRemoved when the fleet deletes one of them")
     locality: Literal["LOCAL", "REMOTE"] | None = Field(None, description="vLLM's locality of this tier")
+    quantization: str | None = Field(None, description="the --quantization vLLM runs with (found on its "
+                                     "scheduler's stack when not set; kvbucket.integrations.vllm_identity)")
 
     @classmethod
     def from_tier_config(cls, config: dict[str, Any]) -> VLLMTierSettings:
@@ -236,11 +238,8 @@ class KVBucketSecondaryTier(_TierBase):
         bs = self.block_size_bytes
         self._chunks = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(-1, bs)
         model = offloading_spec.config.model
-        # What vLLM resolved (its VllmConfig, held by the scheduler's frames) or the model's files.
-        engine = engine_config_on_stack("model_config", ("vllm_config",))
-        self.identity = resolve("kvbucket vLLM tier", model.name, s,
-                                {"kv_cache_dtype": model.dtype, "max_model_len": model.max_model_len},
-                                getattr(engine, "model_config", None))
+        # From what vLLM hands over: the model's files, KV dtype and length (+ launch extras).
+        self.identity = tier_identity(model, s, s.quantization)
         self.namespace = namespace(offloading_spec, bs, s, self.identity.token if self.identity else None)
         self._raw = open_store(s.store_url, **s.store_options)
         self.manifest = None if self.identity is None else Manifest(
