@@ -374,6 +374,31 @@ def _listing(target: dict[str, Any]) -> dict[str, int]:
         store.close()
 
 
+def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(target: dict[str, Any],
+                                                                    tmp_path: Any) -> None:
+    """Issue 38 through SGLang's own classes, each step in a fresh process: the backend's identity
+    comes from the model path SGLang names (HiCacheStorageConfig.model_name); after one layer's
+    bytes change in place every page misses and nothing is deleted; the original bytes back,
+    every page hits, byte-identical (kvbucket.testing.redeploy)."""
+    from pathlib import Path
+
+    from kvbucket.stores import open_store
+    from kvbucket.testing.redeploy import check, make_model
+
+    def objects() -> dict[str, bytes]:
+        store = open_store(target["url"], **target.get("options", {}))
+        try:
+            names = sorted(i.name for i in store.list(target["prefix"] + "/"))
+            return {r.name: bytes(r.data or b"") for r in store.get_many(names)} if names else {}
+        finally:
+            store.close()
+
+    model = make_model(Path(tmp_path) / "model")
+    store = json.dumps({"url": target["url"], "options": target.get("options", {}),
+                        "prefix": target["prefix"]})
+    check("sglang", model, store, objects)
+
+
 def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
         target: dict[str, Any], tmp_path: Any) -> None:
     """SGLang's model path redeployed with other weights or another rope_scaling, and a Hub repo id

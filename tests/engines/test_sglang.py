@@ -28,7 +28,7 @@ from kvbucket.testing.engines import (
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("sglang_checks.py")
-N_CHECKS = 12  # test functions in sglang_checks.py
+N_CHECKS = 13  # test functions in sglang_checks.py
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ from kvbucket.testing.engines import (
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("vllm_checks.py")
-N_CHECKS = 15  # test functions in vllm_checks.py
+N_CHECKS = 17  # test functions in vllm_checks.py
 
 
 @pytest.fixture(scope="session")

@@ -37,9 +37,11 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
+from kvbucket.integrations import vllm_identity
 from kvbucket.integrations.vllm import KVBucketSecondaryTier
 from kvbucket.stores import open_store
 from kvbucket.testing import vllm_engine
+from kvbucket.testing.identity_models import write_safetensors
 from kvbucket.testing.vllm_engine import Engine
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
@@ -377,6 +379,7 @@ def connector(target: dict[str, Any], tmp: Path) -> Any:
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
         "vocab_size": 1000, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}))
+    write_safetensors(model / "model.safetensors", 1)  # the weights: the tier's identity is from the files
     tier = {"type": "KVBucketSecondaryTier", "module_path": "kvbucket.integrations.vllm",
             "store_url": target["url"], "store_options": target.get("options", {}),
             "prefix": target["prefix"]}
@@ -461,6 +464,60 @@ def test_vllms_scheduler_finds_the_chunks_after_a_restart(target: dict[str, Any]
     assert torch.equal(got, kv)
     del cpu2
     second.shutdown()
+
+
+def _objects(target: dict[str, Any]) -> dict[str, bytes]:
+    """Every object of the check's namespace, with its bytes (what "deletes nothing" compares)."""
+    store = open_store(target["url"], **target.get("options", {}))
+    try:
+        names = sorted(i.name for i in store.list(target["prefix"] + "/"))
+        return {r.name: bytes(r.data or b"") for r in store.get_many(names)} if names else {}
+    finally:
+        store.close()
+
+
+def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(target: dict[str, Any],
+                                                                    tmp_path: Path) -> None:
+    """Issue 38 through vLLM's own offloading classes, each step in a fresh process: the tier's
+    identity comes from the model directory vLLM names (OffloadingModelConfig.name); after one
+    layer's bytes change in place every chunk misses and nothing is deleted; the original bytes
+    back, every chunk hits, byte-identical (kvbucket.testing.redeploy)."""
+    from kvbucket.testing.redeploy import check, make_model
+
+    model = make_model(Path(tmp_path) / "model")
+    store = json.dumps({"url": target["url"], "options": target.get("options", {}),
+                        "prefix": target["prefix"]})
+    check("vllm", model, store, lambda: _objects(target))
+
+
+def test_vllms_names_the_identity_reads_are_pinned(target: dict[str, Any], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch settings the identity takes from vLLM's frames (--quantization, --revision: the
+    files do not say them) are read by name: vLLM 0.33's. An upgrade that renames the local that
+    holds the VllmConfig or the ModelConfig fields fails here, not quietly in the tier."""
+    import dataclasses
+    import inspect
+
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+
+    for cls in (OffloadingConnector, OffloadingConnectorScheduler):
+        assert set(vllm_identity.CONFIG_LOCALS) <= set(inspect.signature(cls.__init__).parameters), cls
+    assert "model_config" in {f.name for f in dataclasses.fields(VllmConfig)}
+    assert set(vllm_identity.LAUNCH_FIELDS) <= {f.name for f in dataclasses.fields(ModelConfig)}
+    # through vLLM's own call chain: its OffloadingConnector builds the tier, which finds them
+    found: list[Any] = []
+    real = vllm_identity.launch_extras
+    monkeypatch.setattr(vllm_identity, "launch_extras", lambda: found.append(real()) or found[-1])
+    c = connector(target, Path(tmp_path))
+    try:
+        tier = c.scheduler.manager.secondary_tiers[0]
+        assert found and found[0] is not None and set(found[0]) == set(vllm_identity.LAUNCH_FIELDS), found
+        assert tier.identity is not None and tier.identity.weights.startswith("files:")
+        assert tier.identity.fields["kv_cache_dtype"] == "bfloat16"
+    finally:
+        c.shutdown()
 
 
 def test_the_gpu_worker_needs_cuda(target: dict[str, Any]) -> None:

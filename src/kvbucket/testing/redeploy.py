@@ -239,14 +239,63 @@ def _transformers(mode: str, model: Path, store: Path) -> dict[str, Any]:
                                                           for g in got]}
 
 
-PATHS: dict[str, Callable[[str, Path, Path], dict[str, Any]]] = {
+def _engine(name: str) -> Callable[[str, Path, Any], dict[str, Any]]:
+    def run(mode: str, model: Path, store: Any) -> dict[str, Any]:
+        from kvbucket.testing import redeploy_engines
+
+        step: Callable[[str, Path, str], dict[str, Any]] = getattr(redeploy_engines, f"{name}_step")
+        return step(mode, model, str(store))
+
+    return run
+
+
+PATHS: dict[str, Callable[[str, Path, Any], dict[str, Any]]] = {
     "remote": _remote, "l2": _l2, "connector": _connector, "transformers": _transformers,
+    "vllm": _engine("vllm"), "sglang": _engine("sglang"),
 }
+
+
+def step(path: str, mode: str, model: Path, store: str | Path) -> dict[str, Any]:
+    """One step in a fresh process of this Python (no cache of the caller's process is shared)."""
+    import os
+    import subprocess
+
+    src = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-m", "kvbucket.testing.redeploy", path, mode, str(model), str(store)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def check(path: str, model: Path, store: str | Path, snapshot: Callable[[], dict[str, Any]]) -> None:
+    """The whole redeploy of one path (see the module docstring); ``snapshot``: the store's
+    objects (name -> bytes or size), compared before and after each read step."""
+    first = step(path, "store", model, store)
+    assert first["token"], f"{path}: no identity from the model directory"
+    before = snapshot()
+    chunks = [n for n in before if "_identity" not in n]
+    assert len(chunks) == N and all(first["token"] in n for n in chunks), sorted(before)
+    manifests = [n for n in before if "/_identity/" in f"/{n}"]
+    assert len(manifests) == 1 and manifests[0].endswith(first["token"]), "the writer records its manifest"
+
+    original = change_one_layer(model)
+    changed = step(path, "read", model, store)
+    assert changed["token"] != first["token"], f"{path}: one layer's new bytes are another identity"
+    assert changed["hits"] == 0 and changed["digests"] == [None] * N, changed
+    assert snapshot() == before, f"{path}: nothing deleted, nothing rewritten"
+
+    restore(model, original)
+    back = step(path, "read", model, store)
+    assert back["token"] == first["token"]
+    assert back["hits"] == N and back["digests"] == first["digests"], f"{path}: every chunk, byte-identical"
+    assert snapshot() == before
 
 
 def main(argv: list[str]) -> None:
     path, mode, model, store = argv
-    print(json.dumps(PATHS[path](mode, Path(model), Path(store))), flush=True)
+    print(json.dumps(PATHS[path](mode, Path(model), store if path in ("vllm", "sglang") else Path(store))),
+          flush=True)
 
 
 if __name__ == "__main__":
