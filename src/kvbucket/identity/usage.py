@@ -185,7 +185,7 @@ def match_identity(gens: list[Generation], model: str, given: str) -> str:
     if len(found) == 1:
         return found[0].token or NAME_ONLY
     if found:
-        raise NoSuchIdentity(f"--identity {given!r} is ambiguous for model {model!r}: it starts "
+        raise NoSuchIdentity(f"--identity {given!r} is ambiguous for model {model!r}: it begins "
                              + " and ".join(g.token or NAME_ONLY for g in found) + "; give more digits")
     what = (f"model {model!r} has no chunks or identities here" if not mine
             else f"no identity of model {model!r} matches {given!r}")
