@@ -185,9 +185,9 @@ class KVBucketConnector(RemoteConnector):
         # through the buffer, so a store or delete drops what it replaces.
         self.store = with_read_ahead(route_formats(sealed, self.naming), self._cfg.read_ahead_settings(),
                                      label=raw.url)
-        setting = f"extra_config remote_storage_plugin.{plugin_name}"
-        watch_identities(self.naming, raw, f"kvbucket connector {plugin_name!r}", f"{setting}.model_identity",
-                         f"{setting}.accept_name_only")
+        key = f"remote_storage_plugin.{plugin_name}"  # in LMCache's extra_config
+        watch_identities(self.naming, raw, f"kvbucket connector {plugin_name!r}",
+                         f"{key}.model_identity (LMCache's extra_config)", f"{key}.accept_name_only")
         self._fleet: StoreFleet | None = None
         if self._cfg.fleet is not None:
             from kvbucket.fleet.member import StoreFleet
