@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-N = 4  # chunks per step
+from kvbucket.testing.redeploy_engines import N, digest, sglang_step, vllm_step
+
 LAYER = "model.layers.0.self_attn.k_proj.weight"  # the tensor a "fine-tune" changes
 HEAD_LIMIT = 1 << 20  # the change stays inside the file's first MiB
 
@@ -77,12 +78,6 @@ def objects(store_dir: Path) -> dict[str, bytes]:
     """Every object a directory store holds (name -> bytes): what "deletes nothing" compares."""
     files = sorted(p for p in store_dir.rglob("*") if p.is_file())
     return {str(p.relative_to(store_dir)): p.read_bytes() for p in files}
-
-
-def digest(data: Any) -> str | None:
-    import hashlib
-
-    return None if data is None else hashlib.sha256(memoryview(data).cast("B")).hexdigest()
 
 
 def payload(i: int, size: int) -> bytes:
@@ -239,19 +234,9 @@ def _transformers(mode: str, model: Path, store: Path) -> dict[str, Any]:
                                                           for g in got]}
 
 
-def _engine(name: str) -> Callable[[str, Path, Any], dict[str, Any]]:
-    def run(mode: str, model: Path, store: Any) -> dict[str, Any]:
-        from kvbucket.testing import redeploy_engines
-
-        step: Callable[[str, Path, str], dict[str, Any]] = getattr(redeploy_engines, f"{name}_step")
-        return step(mode, model, str(store))
-
-    return run
-
-
 PATHS: dict[str, Callable[[str, Path, Any], dict[str, Any]]] = {
     "remote": _remote, "l2": _l2, "connector": _connector, "transformers": _transformers,
-    "vllm": _engine("vllm"), "sglang": _engine("sglang"),
+    "vllm": vllm_step, "sglang": sglang_step,  # their engine's imports happen in the step
 }
 
 

@@ -13,9 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvbucket.testing.redeploy import N, digest
-
+N = 4  # chunks per step (every path of kvbucket.testing.redeploy)
 PAGE = 16  # SGLang tokens per page
+
+
+def digest(data: Any) -> str | None:
+    """SHA-256 of a chunk's bytes (None: a miss), as every step reports them."""
+    import hashlib
+
+    return None if data is None else hashlib.sha256(memoryview(data).cast("B")).hexdigest()
 
 
 def vllm_step(mode: str, model: Path, store: str) -> dict[str, Any]:
