@@ -382,21 +382,12 @@ def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(target: dict[
     every page hits, byte-identical (kvbucket.testing.redeploy)."""
     from pathlib import Path
 
-    from kvbucket.stores import open_store
-    from kvbucket.testing.redeploy import check, make_model
-
-    def objects() -> dict[str, bytes]:
-        store = open_store(target["url"], **target.get("options", {}))
-        try:
-            names = sorted(i.name for i in store.list(target["prefix"] + "/"))
-            return {r.name: bytes(r.data or b"") for r in store.get_many(names)} if names else {}
-        finally:
-            store.close()
+    from kvbucket.testing.redeploy import check, make_model, target_objects
 
     model = make_model(Path(tmp_path) / "model")
     store = json.dumps({"url": target["url"], "options": target.get("options", {}),
                         "prefix": target["prefix"]})
-    check("sglang", model, store, objects)
+    check("sglang", model, store, lambda: target_objects(target))
 
 
 def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(

@@ -466,28 +466,18 @@ def test_vllms_scheduler_finds_the_chunks_after_a_restart(target: dict[str, Any]
     second.shutdown()
 
 
-def _objects(target: dict[str, Any]) -> dict[str, bytes]:
-    """Every object of the check's namespace, with its bytes (what "deletes nothing" compares)."""
-    store = open_store(target["url"], **target.get("options", {}))
-    try:
-        names = sorted(i.name for i in store.list(target["prefix"] + "/"))
-        return {r.name: bytes(r.data or b"") for r in store.get_many(names)} if names else {}
-    finally:
-        store.close()
-
-
 def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(target: dict[str, Any],
                                                                     tmp_path: Path) -> None:
     """Issue 38 through vLLM's own offloading classes, each step in a fresh process: the tier's
     identity comes from the model directory vLLM names (OffloadingModelConfig.name); after one
     layer's bytes change in place every chunk misses and nothing is deleted; the original bytes
     back, every chunk hits, byte-identical (kvbucket.testing.redeploy)."""
-    from kvbucket.testing.redeploy import check, make_model
+    from kvbucket.testing.redeploy import check, make_model, target_objects
 
     model = make_model(Path(tmp_path) / "model")
     store = json.dumps({"url": target["url"], "options": target.get("options", {}),
                         "prefix": target["prefix"]})
-    check("vllm", model, store, lambda: _objects(target))
+    check("vllm", model, store, lambda: target_objects(target))
 
 
 def test_vllms_names_the_identity_reads_are_pinned(target: dict[str, Any], tmp_path: Path,

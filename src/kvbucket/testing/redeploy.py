@@ -80,6 +80,18 @@ def objects(store_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(store_dir)): p.read_bytes() for p in files}
 
 
+def target_objects(target: dict[str, Any]) -> dict[str, bytes]:
+    """Every object under an engine check's ``{"url", "options", "prefix"}`` target, with its bytes."""
+    from kvbucket.stores import open_store
+
+    store = open_store(target["url"], **target.get("options", {}))
+    try:
+        names = sorted(i.name for i in store.list(target["prefix"] + "/"))
+        return {r.name: bytes(r.data or b"") for r in store.get_many(names)} if names else {}
+    finally:
+        store.close()
+
+
 def payload(i: int, size: int) -> bytes:
     import numpy as np
 
