@@ -38,6 +38,7 @@ def write(url: str, models: dict[str, Path]) -> dict[str, str]:
             ("none", None, 20, 1))
     for label, setting, first, n in runs:
         identity = IdentitySetting(setting)
+        assert identity.wait(60)  # a model directory is hashed in the background first
         store = open_store(url)
         adapter = ObjectStoreL2Adapter(store, full_chunk_bytes=CHUNK, naming=Naming(identity=identity))
         keys = [ObjectKey(MODEL, 0, (first + i).to_bytes(8, "big")) for i in range(n)]

@@ -70,4 +70,4 @@ class TierIdentity:
     def wrote(self, keys: Iterable[str]) -> None:
         """Key strings (as given, before :meth:`key`) that landed: each identity's manifest once."""
         for model in {k.partition("@")[0] for k in keys}:
-            self._book.wrote(model)
+            self._book.wrote(model, wait=True)  # once per identity: a HEAD and a small PUT

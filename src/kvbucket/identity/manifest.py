@@ -190,10 +190,12 @@ class ManifestBook:
     def seen(self, model: str) -> None:
         self._get(model)
 
-    def wrote(self, model: str) -> None:
+    def wrote(self, model: str, wait: bool = False) -> None:
+        """``model``'s chunk landed: its manifest is recorded once (in the background, or now
+        with ``wait``: a tier's put thread, so a flush also means the manifest landed)."""
         m = self._get(model)
         if m is not None:
-            m.record_async()
+            m.record() if wait else m.record_async()
 
     def wait(self, timeout: float = 5.0) -> None:
         """Wait for the manifest writes under way (at most ``timeout`` s in all): before closing."""

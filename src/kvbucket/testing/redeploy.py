@@ -111,6 +111,7 @@ def _remote(mode: str, model: Path, store: Path) -> dict[str, Any]:
     keys = [key(i, "org/tiny") for i in range(N)]
     data = [payload(i, layout.full_chunk_bytes) for i in range(N)]
     with build_backend(cfg, layout) as tier:
+        assert tier._identity.wait(120), "the model directory's identity was never known"
         token = tier._identity.token("org/tiny")
         if mode == "store":
             assert tier.batched_put(list(zip(keys, data, strict=True))) == N
@@ -139,6 +140,7 @@ def _l2(mode: str, model: Path, store: Path) -> dict[str, Any]:
     keys = [LMKey(chunk_hash=(i + 1).to_bytes(16, "big"), model_name="org/tiny", kv_rank=0x01000100,
                   object_group_id=0, cache_salt="") for i in range(N)]  # fmt: skip
     try:
+        assert adapter.impl.naming.identity.wait(120), "the model directory's identity was never known"
         token = adapter.impl.naming.identity.token("org/tiny")
         if mode == "store":
             tid = adapter.submit_store_task(keys, [lmcache_memory_obj(payload(i, size)) for i in range(N)])
@@ -197,6 +199,7 @@ def _connector(mode: str, model: Path, store: Path) -> dict[str, Any]:
     conn = KVBucketConnector(loop=loop, local_cpu_backend=cpu, config=cfg)
     keys = [CacheEngineKey("org/tiny", 1, 0, h, torch.bfloat16) for h in range(0x100, 0x100 + N)]
     try:
+        assert conn.naming.identity.wait(120), "the model directory's identity was never known"
         token = conn.naming.identity.token("org/tiny")
         if mode == "store":
             sent = []
