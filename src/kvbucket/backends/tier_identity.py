@@ -52,8 +52,9 @@ class TierIdentity:
         """``key`` as named in the store: with this tier's identity token on its model."""
         model = key.partition("@")[0]
         if self.setting:
+            token = self.setting.token(model)  # IdentityPending while not known yet (counted once)
             self._book.seen(model)
-            return qualify_key_string(key, self.setting.token(model))
+            return qualify_key_string(key, token)
         if not self._name_only_seen and SEP not in model:
             self._name_only_seen = True  # keys carry no identity (the transformers cache's do)
             warn_name_only(self.where, SETTING)
