@@ -15,7 +15,7 @@ from kvbucket.integrations.engine_identity import (
     hub_cache_snapshot,
     resolve,
 )
-from kvbucket.testing.identity_models import COMMITS, CONFIG, make_model_dirs
+from kvbucket.testing.identity_models import COMMITS, CONFIG, hub_snapshot, make_model_dirs
 
 KV = {"kv_cache_dtype": "bfloat16"}
 
@@ -118,9 +118,7 @@ def test_vllm_tier_revision_of_a_repo_id_from_the_launch(tmp_path: Path,
     dirs = make_model_dirs(tmp_path / "m")
     repo = tmp_path / "hub" / "models--org--llama"
     for commit in COMMITS:
-        (repo / "snapshots" / commit).mkdir(parents=True)
-        for f in dirs["base"].iterdir():
-            (repo / "snapshots" / commit / f.name).write_bytes(f.read_bytes())
+        hub_snapshot(repo, commit, dirs["base"])
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMITS[0])
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

@@ -74,6 +74,10 @@ def test_readme_lmcache_command_keeps_the_bucket_under_its_capacity(
     bucket = f"{hub_emulator.namespace}/lmcache-kv-{secrets.token_hex(4)}"
     capacity = CAPACITY_CHUNKS * CHUNK
     params.update(bucket_handle=f"hf://buckets/{bucket}/prod", max_capacity_gb=capacity / 1024**3)
+    if "model_identity" in params:  # the README's /models/... stands for the served model's directory
+        from kvbucket.testing.identity_models import make_model_dirs
+
+        params["model_identity"] = str(make_model_dirs(tmp_path / "models")["base"])
     argv[argv.index("--l2-adapter") + 1] = json.dumps(spec)
     argv[argv.index("--l1-size-gb") + 1] = "0.05"
     env = {"HF_ENDPOINT": hub_emulator.endpoint, "HF_TOKEN": hub_emulator.write_token}
@@ -106,8 +110,9 @@ def test_readme_lmcache_command_keeps_the_bucket_under_its_capacity(
     # the bucket itself, listed after the server stopped: under the capacity
     handle = f"hf://buckets/{bucket}/prod"
     token = hub_emulator.write_token
+    same = {k: params[k] for k in ("model_identity",) if k in params}  # the chunks' identity: its reader
     with open_l2_adapter({"type": "hfbucket", "bucket_handle": handle, "endpoint": hub_emulator.endpoint,
-                          "token": token}) as check:  # fmt: skip
+                          "token": token, **same}) as check:  # fmt: skip
         assert check.wait_until_rebuilt(60)
         held = check.get_usage().bytes_used
     assert 0 < held <= capacity, f"the bucket holds {held} bytes in a {capacity}-byte capacity"
