@@ -43,6 +43,13 @@ def register(app: typer.Typer) -> None:
             "get 404 on them, anonymous callers 401.",
         ),
         xet_token_ttl: int = typer.Option(3600, help="Lifetime of issued Xet tokens, in seconds."),
+        xorb_grace: float = typer.Option(
+            22 * 24 * 3600.0,
+            min=0,
+            help="Seconds an unreferenced xorb is kept before it is deleted (default 22 days: "
+            "hf_xet's shard cache dedups against xorbs it uploaded up to 3 weeks ago). Lower it "
+            "when clients use a throwaway HF_XET_CACHE.",
+        ),
     ) -> None:
         """Serve until interrupted; prints the HF_ENDPOINT to use (never tokens).
 
@@ -85,6 +92,7 @@ def register(app: typer.Typer) -> None:
                 port=port,
                 xet_token_ttl_s=xet_token_ttl,
                 admin_key=admin_key,
+                xorb_grace_s=xorb_grace,
             )
         except ConfigError as e:
             raise typer.BadParameter(str(e)) from None
@@ -124,3 +132,33 @@ def register(app: typer.Typer) -> None:
                 pass
         finally:
             emu.close()
+
+    @group.command("collect")
+    def collect(
+        endpoint: str = typer.Option(..., "--endpoint", help="The emulator's HF_ENDPOINT, e.g. http://127.0.0.1:8000."),
+        grace: float | None = typer.Option(
+            None, min=0, help="Seconds unreferenced before a xorb goes (default: the server's --xorb-grace)."
+        ),
+    ) -> None:
+        """Delete the xorbs no file needs now, instead of at the next background pass.
+
+        Needs the admin key in $KVBUCKET_EMULATOR_ADMIN_KEY (as the server was started with).
+        """
+        import json
+        import urllib.error
+
+        from kvbucket.testing.hub_emulator.xorb_gc import collect_now
+
+        key = os.environ.get(ADMIN_ENV)
+        if not key:
+            typer.echo(f"error: set ${ADMIN_ENV} to the key the emulator was started with", err=True)
+            raise typer.Exit(2)
+        try:
+            done = collect_now(endpoint.rstrip("/"), key, grace)
+        except urllib.error.HTTPError as e:
+            typer.echo(f"error: the emulator refused: {e.code} {e.read().decode(errors='replace')}", err=True)
+            raise typer.Exit(1) from None
+        except (urllib.error.URLError, OSError) as e:
+            typer.echo(f"error: cannot reach the emulator at {endpoint}: {getattr(e, 'reason', e)}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(json.dumps(done))

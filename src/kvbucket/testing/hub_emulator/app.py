@@ -260,6 +260,20 @@ class ControlRoutes:
     async def health(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"ok": True})
 
+    async def gc(self, request: web.Request) -> web.StreamResponse:
+        """Collect unreferenced xorbs now; ``?grace=SECONDS`` overrides the configured grace."""
+        self._admin(request, "xorb collection")
+        raw = request.query.get("grace")
+        try:
+            grace = None if raw is None else float(raw)
+        except ValueError:
+            grace = -1.0
+        if grace is not None and not grace >= 0:
+            raise HubError(400, f"grace must be a number of seconds >= 0, got {raw!r}")
+        done = await self.emu.collect_xorbs(grace)
+        used = self.emu.collector.grace_s if grace is None else grace
+        return web.json_response({**done.to_json(), "grace_s": used})
+
     async def faults(self, request: web.Request) -> web.StreamResponse:
         self._admin(request, "fault control")
         if request.method == "DELETE":
@@ -314,6 +328,7 @@ def build_app(emu: Emulator) -> web.Application:
     r.add_get("/_emulator/health", ctl.health)
     r.add_route("*", "/_emulator/requests", ctl.requests)
     r.add_route("*", "/_emulator/faults", ctl.faults)
+    r.add_post("/_emulator/gc", ctl.gc)
     r.add_route("*", "/{tail:.*}", not_found)
     return app
 

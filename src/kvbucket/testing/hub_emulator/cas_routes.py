@@ -81,7 +81,7 @@ class CasRoutes:
         if sock_fd is not None:
             return await self._upload_xorb_spliced(request, xorb_hex, sock_fd)
         data = await read_body(request, _MAX_XORB)
-        if self.state.has_xorb(xorb_hex):
+        if self.state.xorb_known(xorb_hex):  # deduped against: used now
             return web.json_response({"was_inserted": False})
         try:
             idx = await self.emu.cpu(verify_xorb, data, xorb_hex)
@@ -103,7 +103,7 @@ class CasRoutes:
             tmp = await zerocopy.splice_to_file(
                 sock_fd, head, n, self.state.xorb_dir, self.emu.cpu, self.emu.body_timeout_s
             )
-            if self.state.has_xorb(xorb_hex):
+            if self.state.xorb_known(xorb_hex):  # deduped against: used now
                 resp: web.StreamResponse = web.json_response({"was_inserted": False})
             else:
                 # Verified (CPU) while it is fsynced (disk), not one after the other; stored and
@@ -140,7 +140,17 @@ class CasRoutes:
                 Path(tmp).unlink(missing_ok=True)  # already renamed when stored
         return zerocopy.finish(request, resp)
 
-    def _verify_shard(self, data: bytes) -> list[FileRecord]:
+    def _accept_shard(self, data: bytes, bucket_id: str) -> list[FileRecord]:
+        """Verify and store a shard while no collection can drop its xorbs (``xorb_gc``), and
+        mark them used, so the grace period protects them until ``addFile`` commits its files."""
+        with self.state.xorb_guard.shared():
+            files, xorbs = self._verify_shard(data)
+            self.state.put_reconstructions(files, bucket_id)
+            for x in xorbs:
+                self.state.touch_xorb(x)
+        return files
+
+    def _verify_shard(self, data: bytes) -> tuple[list[FileRecord], set[str]]:
         shard = parse_shard(data)
         for x in shard.xorbs:
             idx = self.state.get_xorb(x.hash_hex)
@@ -173,17 +183,17 @@ class CasRoutes:
                 chunks.extend(zip(hashes, lens, strict=True))
             if hash_to_hex(file_hash(chunks)) != f.hash_hex:
                 raise XetFormatError(f"file {f.hash_hex}: its chunks hash to a different file hash")
-        return shard.files
+        used = {x.hash_hex for x in shard.xorbs} | {s.xorb_hex for f in shard.files for s in f.segments}
+        return shard.files, used
 
     async def upload_shard(self, request: web.Request) -> web.StreamResponse:
         bucket_id, _ = self.token(request, write=True)
         data = bytes(await read_body(request, MAX_SHARD_BYTES))
         try:
-            files = await self.emu.cpu(self._verify_shard, data)
+            files = await self.emu.cpu(self._accept_shard, data, bucket_id)
         except XetFormatError as e:
             log.warning("refused shard: %s", e)
             raise HubError(400, f"shard refused: {e}", "InvalidShard") from None
-        await self.emu.cpu(self.state.put_reconstructions, files, bucket_id)
         if request.path.startswith("/cas/v2/"):
             frames = [
                 {"type": "validating", "verified": len(files), "total": len(files)},

@@ -23,11 +23,14 @@ from .faults import FaultPlan
 from .request_log import RequestLog
 from .state import State
 from .wire import BODY_TIMEOUT_S
+from .xorb_gc import DEFAULT_XORB_GRACE_S, Collected, XorbCollector
 
 log = logging.getLogger("kvbucket.emulator")
 #: A xorb temp file not written for this long has no writer left (``State.sweep_temps``): well
 #: past a body's idle timeout plus its verification and fsync.
 STALE_TEMP_S = 120.0
+#: Deleting time of one background collection pass; what is left waits for the next pass.
+GC_PASS_BUDGET_S = 30.0
 
 
 @dataclass
@@ -48,8 +51,12 @@ class Emulator:
         admin_key: str = "",
         zero_copy: bool = True,
         body_timeout_s: float = BODY_TIMEOUT_S,
+        xorb_grace_s: float = DEFAULT_XORB_GRACE_S,
     ) -> None:
         self.state = state
+        self.collector = XorbCollector(state, xorb_grace_s)
+        self._gc: asyncio.TimerHandle | None = None
+        self._collecting: asyncio.Future[Any] | None = None
         self.body_timeout_s = body_timeout_s
         self.zero_copy = zero_copy and zerocopy.supported(state.xorb_dir)
         self.auth = auth
@@ -73,17 +80,47 @@ class Emulator:
     async def stop_sweeping(self) -> None:
         """Cancel the later look at young temp files and let its task end in this loop: a task
         still pending when the loop closes is logged as destroyed (an ERROR in every log)."""
-        if self._sweep is not None:
-            self._sweep.cancel()
-        task = self._sweeping
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for handle in (self._sweep, self._gc):
+            if handle is not None:
+                handle.cancel()
+        for task in (self._sweeping, self._collecting):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    def gc_interval_s(self) -> float:
+        """How often unreferenced xorbs are looked for: a quarter of the grace, 1 min to 1 h."""
+        return min(3600.0, max(60.0, self.collector.grace_s / 4))
+
+    def schedule_gc(self) -> None:
+        """Collect unreferenced xorbs in the background, every ``gc_interval_s``."""
+        loop = asyncio.get_running_loop()
+
+        def run() -> None:
+            self._collecting = asyncio.ensure_future(self.collect_xorbs(budget_s=GC_PASS_BUDGET_S))
+            self._collecting.add_done_callback(again)
+
+        def again(task: asyncio.Future[Any]) -> None:
+            if not task.cancelled():
+                task.exception()  # logged by collect_xorbs; retrieved so asyncio does not repeat it
+                self.schedule_gc()
+
+        self._gc = loop.call_later(self.gc_interval_s(), run)
+
+    async def collect_xorbs(self, grace_s: float | None = None, budget_s: float = 600.0) -> Collected:
+        """One collection pass off the event loop (see ``xorb_gc``); errors are logged, not raised
+        into the background loop."""
+        try:
+            return await self.disk(self.collector.collect, grace_s, budget_s)  # type: ignore[no-any-return]
+        except Exception:
+            log.exception("xorb collection failed; the next pass tries again")
+            raise
 
     def close(self) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
+        for handle in (self._sweep, self._gc):
+            if handle is not None:
+                handle.cancel()
         self.pool.shutdown(wait=True)
         self.disk_pool.shutdown(wait=True)
 

@@ -37,6 +37,7 @@ from .core import Emulator
 from .faults import FaultPlan, FaultRule
 from .state import State
 from .wire import BODY_TIMEOUT_S, LINGER_S
+from .xorb_gc import DEFAULT_XORB_GRACE_S, collect_now
 
 log = logging.getLogger("kvbucket.emulator")
 
@@ -53,6 +54,7 @@ class ServerConfig:
     zero_copy: bool = True
     orgs: dict[str, list[str]] = field(default_factory=dict)
     body_timeout_s: float = BODY_TIMEOUT_S
+    xorb_grace_s: float = DEFAULT_XORB_GRACE_S
 
     def to_json(self) -> str:
         return json.dumps(
@@ -61,7 +63,7 @@ class ServerConfig:
                 "tokens": [[t.name, t.secret.get_secret_value(), t.scope] for t in self.tokens],
                 "xet_token_ttl_s": self.xet_token_ttl_s, "admin_key": self.admin_key,
                 "fault_seed": self.fault_seed, "zero_copy": self.zero_copy, "orgs": self.orgs,
-                "body_timeout_s": self.body_timeout_s,
+                "body_timeout_s": self.body_timeout_s, "xorb_grace_s": self.xorb_grace_s,
             }
         )  # fmt: skip
 
@@ -79,6 +81,7 @@ class ServerConfig:
             zero_copy=bool(d["zero_copy"]),
             orgs={str(k): [str(u) for u in v] for k, v in d.get("orgs", {}).items()},
             body_timeout_s=float(d.get("body_timeout_s", BODY_TIMEOUT_S)),
+            xorb_grace_s=float(d.get("xorb_grace_s", DEFAULT_XORB_GRACE_S)),
         )
 
 
@@ -126,9 +129,11 @@ class ThreadServer:
         self._state = State(cfg.data_dir)
         auth = Auth(cfg.tokens, cfg.xet_token_ttl_s, Auth.load_key(cfg.data_dir), cfg.orgs)
         self._emu = Emulator(
-            self._state, auth, FaultPlan(cfg.fault_seed), cfg.admin_key, cfg.zero_copy, cfg.body_timeout_s
+            self._state, auth, FaultPlan(cfg.fault_seed), cfg.admin_key, cfg.zero_copy, cfg.body_timeout_s,
+            cfg.xorb_grace_s,
         )
         await self._emu.sweep_temps()  # what a server killed mid-upload left (preallocated xorbs)
+        self._emu.schedule_gc()  # unreferenced xorbs, once past their grace period
         # lingering_time: after a reply to a body it did not read (a 413 or 408), aiohttp reads
         # and drops the rest so the client sees the reply rather than a reset; 1 s, not the
         # default 10 s, so an oversized or stalled body is not consumed for long
@@ -275,6 +280,7 @@ class HubEmulator:
         admin_key: str | None = None,
         zero_copy: bool = True,
         body_timeout_s: float = BODY_TIMEOUT_S,
+        xorb_grace_s: float = DEFAULT_XORB_GRACE_S,
     ) -> None:
         specs = token_specs(tokens)
         org_map = {str(o): [str(u) for u in members] for o, members in (orgs or {}).items()}
@@ -285,6 +291,8 @@ class HubEmulator:
             raise ConfigError("xet_token_ttl_s must be positive")
         if body_timeout_s <= 0:
             raise ConfigError("body_timeout_s must be positive")
+        if xorb_grace_s < 0:
+            raise ConfigError("xorb_grace_s must be >= 0 (seconds an unreferenced xorb is kept)")
         if admin_key is not None and len(admin_key) < 8:
             raise ConfigError("the admin key (fault control) must be at least 8 characters")
         self._tmp: str | None = None
@@ -296,6 +304,7 @@ class HubEmulator:
             self.config.admin_key = admin_key
         self.config.zero_copy = zero_copy
         self.config.body_timeout_s = body_timeout_s
+        self.config.xorb_grace_s = xorb_grace_s
         self.config.orgs = org_map
         self.use_subprocess = subprocess
         self._server: ThreadServer | SubprocessServer | None = None
@@ -332,6 +341,11 @@ class HubEmulator:
         req.add_header("X-Emulator-Admin", self.config.admin_key)  # needed when tokens are configured
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
+
+    def collect_xorbs(self, grace_s: float | None = None) -> dict[str, int]:
+        """Drop unreferenced xorbs now (``grace_s`` overrides the server's grace; 0: all of them);
+        what was collected (see docs/emulator.md, "Xorb collection")."""
+        return collect_now(self.endpoint, self.config.admin_key, grace_s)
 
     def requests(self, *, clear: bool = False) -> list[dict[str, Any]]:
         """The request log: ``{route, start, end}`` per request served (server's monotonic clock),

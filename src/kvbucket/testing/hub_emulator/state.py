@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .xet import EMPTY_FILE_HASH_HEX, FileRecord, Segment, XorbIndex
+from .xorb_gc import SharedExclusive
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
@@ -209,6 +210,9 @@ class State:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._xorb_cache: dict[str, XorbIndex] = {}
+        # held shared by xorb stores and shard acceptance, exclusively by a collection batch
+        # (``xorb_gc``): a xorb is never dropped between an upload's look at it and its use
+        self.xorb_guard = SharedExclusive()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -429,17 +433,33 @@ class State:
         self._xorb_cache[xorb_hex] = idx
         return idx
 
+    def touch_xorb(self, xorb_hex: str) -> bool:
+        """Mark a stored xorb used now (its file's mtime: what collection's grace counts from);
+        False if it is not stored. Call under ``xorb_guard.shared()``."""
+        if not self.has_xorb(xorb_hex):
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.xorb_path(xorb_hex))
+        return True
+
+    def xorb_known(self, xorb_hex: str) -> bool:
+        """``touch_xorb`` under the guard: an upload deduped against this xorb uses it."""
+        with self.xorb_guard.shared():
+            return self.touch_xorb(xorb_hex)
+
     def put_xorb_file(self, idx: XorbIndex, tmp: str, synced: bool = False) -> bool:
         """Store a verified xorb already written to ``tmp`` (in ``xorb_dir``): fsync (unless
         ``synced``: the caller fsynced it, see ``fsync_file``), rename, index."""
-        if self.has_xorb(idx.hash_hex):
-            return False
-        final = self.xorb_path(idx.hash_hex)
-        final.parent.mkdir(exist_ok=True, mode=0o700)
         if not synced:
             fsync_file(tmp)
-        os.replace(tmp, final)
-        return self._index_xorb(idx)
+        with self.xorb_guard.shared():
+            if self.touch_xorb(idx.hash_hex):
+                Path(tmp).unlink(missing_ok=True)
+                return False
+            final = self.xorb_path(idx.hash_hex)
+            final.parent.mkdir(exist_ok=True, mode=0o700)
+            os.replace(tmp, final)
+            return self._index_xorb(idx)
 
     def _index_xorb(self, idx: XorbIndex) -> bool:
         with self._lock:
@@ -451,7 +471,7 @@ class State:
 
     def put_xorb(self, idx: XorbIndex, data: bytes | bytearray) -> bool:
         """Store a verified xorb; False if it was already there. Body first, then the index row."""
-        if self.has_xorb(idx.hash_hex):
+        if self.xorb_known(idx.hash_hex):
             return False
         final = self.xorb_path(idx.hash_hex)
         final.parent.mkdir(exist_ok=True, mode=0o700)
@@ -463,8 +483,7 @@ class State:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, final)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return self._index_xorb(idx)
+        return self.put_xorb_file(idx, tmp, synced=True)
