@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .rwlock import SharedExclusive
 from .xet import EMPTY_FILE_HASH_HEX, FileRecord, Segment, XorbIndex
-from .xorb_gc import SharedExclusive
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (

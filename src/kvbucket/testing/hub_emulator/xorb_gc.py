@@ -25,13 +25,9 @@ import os
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .state import State
+from .state import State
 
 log = logging.getLogger("kvbucket.emulator")
 
@@ -39,43 +35,6 @@ log = logging.getLogger("kvbucket.emulator")
 DEFAULT_XORB_GRACE_S = 22 * 24 * 3600.0
 #: Xorbs deleted per exclusive section: each batch blocks xorb/shard uploads for a few ms only.
 BATCH = 64
-
-
-class SharedExclusive:
-    """A readers-writer lock: many uploads at once, or one collection batch (which is preferred
-    once waiting, so a steady upload stream cannot starve it)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._shared = 0
-        self._exclusive = False
-        self._waiting = 0
-
-    @contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
-            self._shared += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            self._waiting += 1
-            self._cond.wait_for(lambda: not self._exclusive and not self._shared)
-            self._waiting -= 1
-            self._exclusive = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
 
 
 @dataclass
