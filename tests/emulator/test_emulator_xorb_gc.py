@@ -202,3 +202,22 @@ def test_a_collection_waits_for_an_upload_using_the_xorb(tmp_path: Path) -> None
         assert not state.xorb_path(xorb).exists()
     finally:
         state.close()
+
+
+def test_collection_runs_in_the_background(tmp_path: Path) -> None:
+    """No admin call: the server's own periodic pass (every 5 s at the shortest) drops the xorb."""
+    with HubEmulator(tmp_path / "data", xorb_grace_s=0.5) as emu:
+        api = HfApi(endpoint=emu.endpoint, token=False)
+        api.create_bucket("local/bg")
+        keep = os.urandom(80 * KiB)
+        api.batch_bucket_files("local/bg", add=[(os.urandom(80 * KiB), "gone"), (keep, "kept")])
+        api.batch_bucket_files("local/bg", add=[(keep, "kept2")])  # deduped: no xorb of its own
+        api.batch_bucket_files("local/bg", delete=["gone"])  # its xorb holds "kept": stays
+        api.batch_bucket_files("local/bg", add=[(os.urandom(80 * KiB), "later")])
+        api.batch_bucket_files("local/bg", delete=["later"])
+        assert len(_xorbs(emu.data_dir)) == 2
+        deadline = time.monotonic() + 30
+        while len(_xorbs(emu.data_dir)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(_xorbs(emu.data_dir)) == 1
+        _read_all(api, "local/bg", {"kept": keep, "kept2": keep}, tmp_path / "out")

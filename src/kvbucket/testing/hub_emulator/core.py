@@ -90,8 +90,9 @@ class Emulator:
                     await task
 
     def gc_interval_s(self) -> float:
-        """How often unreferenced xorbs are looked for: a quarter of the grace, 1 min to 1 h."""
-        return min(3600.0, max(60.0, self.collector.grace_s / 4))
+        """How often unreferenced xorbs are looked for: a quarter of the grace, 5 s to 1 h (a pass
+        reads the whole index: not more often than that)."""
+        return min(3600.0, max(5.0, self.collector.grace_s / 4))
 
     def schedule_gc(self) -> None:
         """Collect unreferenced xorbs in the background, every ``gc_interval_s``."""
