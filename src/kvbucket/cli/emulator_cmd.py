@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
         writes those with a write token. Without tokens the server is open:
         anyone may do anything (for quick local use only).
 
-        Fault injection (/_emulator/faults) always needs the admin key, and
+        Fault injection (/_emulator/faults) and xorb collection
+        (/_emulator/gc, `kvbucket emulator collect`) always need the admin key, and
         so does /_emulator/stats when tokens are configured: set it in
         $KVBUCKET_EMULATOR_ADMIN_KEY and send it as the X-Emulator-Admin
         header, or use kvbucket.testing.FaultControl(endpoint, key).

@@ -264,6 +264,8 @@ class HubEmulator:
     ``subprocess=True`` runs the server in a child process (own CPU time and GIL).
     ``zero_copy=False`` turns off the Linux ``splice`` path for large xorb uploads.
     ``body_timeout_s``: a request body that goes this long without a byte is answered 408.
+    ``xorb_grace_s``: how long an unreferenced xorb is kept before it is collected (default 22
+    days, longer than hf_xet's 3-week shard cache; see docs/emulator.md "Xorb collection").
     """
 
     def __init__(
@@ -304,7 +306,7 @@ class HubEmulator:
             self.config.admin_key = admin_key
         self.config.zero_copy = zero_copy
         self.config.body_timeout_s = body_timeout_s
-        self.config.xorb_grace_s = xorb_grace_s
+        self.config.xorb_grace_s = float(xorb_grace_s)
         self.config.orgs = org_map
         self.use_subprocess = subprocess
         self._server: ThreadServer | SubprocessServer | None = None
