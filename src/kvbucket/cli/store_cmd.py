@@ -274,7 +274,8 @@ def _echo_generations(gens: list[Generation]) -> None:
         typer.echo(f"  {g.model}  {g.token or 'none (name only)'}: {chunks}, {g.bytes} bytes "
                    f"({human_size(g.bytes)}), last write {when}")
         if g.token is not None:  # what the identity is, from its manifest (name-only has none)
-            weights = g.weights if g.weights is not None else "unknown (no manifest)"
+            weights = g.weights if g.weights is not None else (
+                "unknown (manifest unreadable)" if g.manifest == "unreadable" else "unknown (no manifest)")
             typer.echo(f"      weights {weights or 'unknown'}; {g.fields_summary()}")
 
 

@@ -329,7 +329,7 @@ class IdentitySetting:
             found = self._known(text)
             if found is None:
                 self.pending_refused += 1
-                raise IdentityPending(text)
+                raise IdentityPending(text, self._errors.get(text))
         found = self._dirs.get(text)
         if found is not None:
             return ModelIdentity(model, found.weights, found.fields)

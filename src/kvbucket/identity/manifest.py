@@ -59,10 +59,22 @@ def read_identities(store: Any, prefix: str, model: str) -> dict[str, dict[str, 
             continue
         try:
             body = store.get(info.name)
-            out[parsed[1]] = json.loads(body) if body else {}
-        except Exception:
-            out[parsed[1]] = {}
+            manifest = json.loads(body) if body else {}
+        except Exception as e:  # listed but not read (gone since, the store closing): say so
+            manifest = {UNREADABLE: f"{type(e).__name__}: {e}"}
+        out[parsed[1]] = manifest if isinstance(manifest, dict) else {UNREADABLE: "not a JSON object"}
     return out
+
+
+UNREADABLE = "_unreadable"  # read_identities' mark of a manifest listed but not readable as one
+
+
+def describe(manifest: dict[str, Any]) -> str:
+    """A manifest's weights for a log line: its text, or why it is not known."""
+    weights = manifest.get("weights")
+    if isinstance(weights, str) and weights:
+        return weights
+    return "manifest unreadable" if UNREADABLE in manifest else "weights unknown"
 
 
 class Manifest:
@@ -104,8 +116,7 @@ class Manifest:
     def _tell(self, seen: dict[str, dict[str, Any]]) -> None:
         token = self.identity.token
         if seen and token not in seen:
-            others = ", ".join(f"{t} ({m.get('weights') or 'weights unknown'})"
-                               for t, m in sorted(seen.items()))
+            others = ", ".join(f"{t} ({describe(m)})" for t, m in sorted(seen.items()))
             log.warning(
                 "%s: the chunks stored for model %r were written by other identities: %s. This process "
                 "is %s (%s), so it treats them as another model's: misses, nothing deleted. If the "

@@ -44,6 +44,7 @@ class Generation:
     fields: dict[str, Any] | None = None  # the manifest's config and KV fields
     first_write: float | None = None  # the manifest's: when its first writer stored a chunk
     host: str | None = None  # the manifest's: that writer's host name
+    manifest: str = "missing"  # "ok", "missing" or "unreadable" (an object there, not a manifest)
 
     def add(self, size: int, mtime: float | None) -> None:
         self.chunks += 1
@@ -54,7 +55,8 @@ class Generation:
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "identity": self.token or NAME_ONLY, "chunks": self.chunks,
                 "bytes": self.bytes, "last_write": self.last_write, "weights": self.weights,
-                "fields": self.fields, "first_write": self.first_write, "host": self.host}
+                "fields": self.fields, "first_write": self.first_write, "host": self.host,
+                "manifest": self.manifest if self.token is not None else None}
 
     def fields_summary(self, width: int = 6) -> str:
         """``N config fields: a=1, b=2, ...`` (the first ``width`` by name), for the table."""
@@ -126,9 +128,13 @@ class Generations:
                 body = json.loads(raw) if raw else {}
             except Exception as e:  # a damaged or vanished manifest: the chunks still count
                 log.debug("cannot read the identity manifest %s: %s", name, e)
+                g.manifest = "unreadable"
                 continue
             if isinstance(body, dict):
                 g.take_manifest(body)
+                g.manifest = "ok"
+            else:
+                g.manifest = "unreadable"
 
     def sorted(self) -> list[Generation]:
         """Largest first."""

@@ -52,10 +52,17 @@ class IdentityPending(Exception):
     """The model's identity is not known yet: its weight files are being hashed for the first
     time on this machine. Treat it as a miss: look nothing up, store nothing under any name."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(f"the identity of {path} is being computed (its weight files are hashed "
-                         "once per machine); until then its chunks are misses and nothing is stored")
+    def __init__(self, path: str | os.PathLike[str], failed: BaseException | None = None) -> None:
+        """``failed``: the last computation's error (a missing path, an unreadable file), which
+        is tried again every :data:`RETRY_S` seconds: the message says that, not 'computing'."""
+        if failed is None:
+            what = "is being computed (its weight files are hashed once per machine)"
+        else:
+            what = f"is not known: {failed} (tried again every {RETRY_S:.0f} s)"
+        super().__init__(f"the identity of {path} {what}; until then its chunks are misses and nothing "
+                         "is stored")
         self.path = str(path)
+        self.failed = failed
 
 
 def hub_commit(path: str | os.PathLike[str] | None = None, config: Any = None) -> str | None:
