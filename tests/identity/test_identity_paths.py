@@ -75,7 +75,7 @@ def test_a_missing_path_setting_is_not_known_never_text(tmp_path: Path, monkeypa
         setting = IdentitySetting(str(where))
     assert f"model identity of {where} cannot be computed" in caplog.text and "does not exist" in caplog.text
     assert setting.unknown(2) and not setting.ready()
-    with pytest.raises(IdentityPending, match="is not known: .*does not exist") as pending:
+    with pytest.raises(IdentityPending, match=r"is not known: .*does not exist") as pending:
         setting.identity("meta/m")
     assert "being computed" not in str(pending.value)
     with pytest.raises(ConfigError, match="does not exist"):
