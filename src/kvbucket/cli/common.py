@@ -332,8 +332,8 @@ def _opened(url: str, timeout: float, hint: Callable[[BaseException], str]) -> I
     """:func:`opened_store` without the watchdog: open, probe, yield, close; errors as one line."""
     try:
         store = open_for_command(url)
-    except KVBucketError as e:
-        raise fail(str(e) + hint(e), exit_code_for(e)) from None
+    except KVBucketError as e:  # opening can ask the Hub too (`me`: whom the token names)
+        raise fail(unreachable_hint(e, url) + hint(e), exit_code_for(e)) from None
     except (OSError, ValueError, TypeError) as e:
         raise fail(f"cannot open {url!r}: {error_text(e)}{hint(e)}", exit_code_for(e)) from None
     try:

@@ -18,6 +18,7 @@ from huggingface_hub.errors import BucketNotFoundError, HfHubHTTPError
 
 from kvbucket.errors import AuthError, NotFoundError, StoreError, TransientStoreError
 from kvbucket.secrets import redact
+from kvbucket.stores.hub.refused import connection_refused
 from kvbucket.stores.hub.whoami import TokenRefusedError, refused_text
 
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
@@ -45,22 +46,6 @@ class HubContext(NamedTuple):
     token_source: str  # words naming where the token came from
     anonymous: bool  # no Authorization header was sent
     max_retries: int
-
-
-def connection_refused(exc: BaseException) -> bool:
-    """The endpoint refused the TCP connection (nothing listens on that port): ``exc`` or an
-    exception it was raised from is a ConnectionRefusedError, or an HTTP client's connect error
-    saying so. Not worth a retry: a retry 0.5-8 s later would only delay the error line."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        said = str(e)
-        if isinstance(e, ConnectionRefusedError) or (
-                isinstance(e, httpx2.ConnectError) and ("Errno 111" in said or "refused" in said.lower())):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def hub_error(exc: BaseException, what: str, ctx: HubContext, secrets: list[str]) -> StoreError:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kvbucket.errors import AuthError, ConfigError, DeadlineExceededError, StoreError
+from kvbucket.errors import AuthError, ConfigError, DeadlineExceededError, StoreError, TransientStoreError
 from kvbucket.stores.deadline import deadline_in, run_abandonable
 from kvbucket.stores.hub.config import BucketLocation, HFBucketConfig
+from kvbucket.stores.hub.refused import connection_refused
 
 #: the namespace huggingface_hub and the Hub read as "the caller"
 ME = "me"
@@ -57,6 +58,10 @@ def whoami(endpoint: str, token: str, timeout: float = WHOAMI_TIMEOUT_S, *,
     except StoreError:
         raise
     except Exception as e:  # unreachable, reset: what the user checks is the endpoint
+        if connection_refused(e):  # the words of every other Hub call (stores/hub/errors.py)
+            raise TransientStoreError(f"connection refused by {endpoint} while asking who the token "
+                                      "belongs to (the namespace 'me'): no server listens there "
+                                      "(not retried)") from None
         raise StoreError(f"cannot ask {endpoint} who the token belongs to: {type(e).__name__}: {e}") from None
 
 
