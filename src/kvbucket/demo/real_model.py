@@ -109,6 +109,20 @@ def _machine_backend(cfg: DemoConfig, layout: Any, local_dir: Path) -> Any:
     return HybridBackend(tiers)
 
 
+def _forget_manifest(cfg: DemoConfig, identity: Any) -> None:
+    """Remove the identity manifest the demo's remote tier recorded (``_identity/``, beside the
+    chunks), so that a cleaned-up target keeps nothing of the demo."""
+    from kvbucket.identity.manifest import manifest_name
+
+    if identity is None or not getattr(identity, "token", None):
+        return
+    store = _open_remote_store(cfg)
+    try:
+        store.delete_many([manifest_name(REMOTE_PREFIX, identity.model, identity.token)])
+    finally:
+        store.close()
+
+
 class _FirstTokenClock:
     """A ``generate()`` streamer noting when the first new token exists (the prompt comes first)."""
 
@@ -211,6 +225,7 @@ def run_machine(role: str, cfg: DemoConfig, workdir: Path) -> dict[str, Any]:
                 _emit("step", text="machine B: removing the demo's chunks from the target")
                 removed = sum(1 for k in cache.chunk_keys(doc) if backend.remove(k))
                 result["removed_chunks"] = removed
+                _forget_manifest(cfg, cache.identity)  # the identity's record: its chunks are gone
     finally:
         if cache is not None:
             cache.close()
