@@ -56,6 +56,10 @@ LMCACHE_ONLY_KEYS = frozenset({
 _ENGINE_EXTRA_KEYS = ("encryption", "unsealed", "metrics")
 
 
+#: the spellings of a boolean the engine config accepts where pydantic does not parse it (extra_config)
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False,
+               "0": False}
+
 class EngineConfig(BaseModel):
     """The storage-backend stack: local CPU -> local disk -> remote store(s)."""
 
@@ -150,8 +154,13 @@ class EngineConfig(BaseModel):
                     f"encryption takes enabled, keyring_file and keyring_env; check {fields}"
                     + (f" ({hints.strip()})" if hints else "")
                 ) from None
-        if not isinstance(v.get("metrics", True), bool):
-            raise ValueError("metrics must be true or false (false: build_backend counts nothing)")
+        if "metrics" in v:  # lenient as the engine config's own booleans ("false", 0, off)
+            metrics = _BOOL_WORDS.get(str(v["metrics"]).strip().lower()) if not isinstance(
+                v["metrics"], dict | list | float) else None
+            if metrics is None:
+                raise ValueError("metrics must be true or false (false: build_backend counts nothing; "
+                                 "yes/no, on/off and 1/0 are accepted too)")
+            v = {**v, "metrics": metrics}
         if v.get("unsealed", "miss") not in ("miss", "accept"):
             raise ValueError("unsealed must be 'miss' or 'accept'")
         return v

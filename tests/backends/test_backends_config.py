@@ -276,3 +276,23 @@ def test_layout_must_match_chunk_size() -> None:
 def test_nothing_to_store_in() -> None:
     with pytest.raises(ConfigError, match="the config stores nothing"):
         build_backend(EngineConfig(local_cpu=False), LAYOUT)
+
+
+@pytest.mark.parametrize(("written", "meant"), [("false", False), ("Off", False), (0, False), ("no", False),
+                                                 (True, True), ("yes", True), (1, True), ("ON", True)])
+def test_extra_config_metrics_is_a_lenient_boolean(tmp_path: Path, written: Any, meant: bool) -> None:
+    """docs/backends.md: booleans are lenient like LMCache's in files and env vars, so
+    ``extra_config.metrics: "false"`` or ``0`` turns the series off (an outside check found it refused)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"extra_config": {"metrics": written}}))
+    assert load_engine_config(path, env={}).metrics is meant
+    env = {"KVBUCKET_EXTRA_CONFIG": json.dumps({"metrics": written})}
+    assert load_engine_config(None, env=env).metrics is meant
+
+
+@pytest.mark.parametrize("written", ["maybe", None, 0.5, [False]])
+def test_extra_config_metrics_refuses_what_is_no_boolean(tmp_path: Path, written: Any) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"extra_config": {"metrics": written}}))
+    with pytest.raises(ConfigError, match="metrics must be true or false"):
+        load_engine_config(path, env={})

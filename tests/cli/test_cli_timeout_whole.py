@@ -56,3 +56,4 @@ def test_verify_with_trickled_bodies_ends_within_the_timeout(proxied: tuple[str,
     r, took = timed("verify", url, env={**env, "KVBUCKET_TIMEOUT": str(N)})  # from the environment too
     assert_one_line_error(r, 1, "within 3 s")
     assert took < N + SLACK, took
+

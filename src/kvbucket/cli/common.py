@@ -297,29 +297,34 @@ class Watchdog:
         self._done.set()
 
 
-def command_watchdog(url: str, timeout: float, store: Any = None) -> Watchdog:
+def command_watchdog(url: str, timeout: float, store: Any = None,
+                     bounds: str = "the whole command") -> Watchdog:
     """A :class:`Watchdog` at the command's ``--timeout`` deadline (a few ms after the probe's own,
-    so that a probe that got no answer says so itself)."""
+    so that a probe that got no answer says so itself); ``bounds``: what ``--timeout`` bounds in
+    this command, for its message."""
     return Watchdog(first_answer_deadline(timeout) + 0.05, lambda: (
-        f"{url} did not finish within {timeout:g} s (--timeout bounds the whole command): no answer, or "
+        f"{url} did not finish within {timeout:g} s (--timeout bounds {bounds}): no answer, or "
         f"too slow a one, from {endpoint_hint(url, store)}; check that the endpoint is a working store "
         "server, or raise --timeout"))
 
 
 @contextlib.contextmanager
-def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[ObjectStore]:
+def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S, *,
+                 whole: bool = True) -> Iterator[ObjectStore]:
     """Open a store for inspection (:func:`open_for_command`: never create a missing directory or
     bucket). A remote store is probed first, so a missing bucket, a refused token or an endpoint
-    that never answers is one line at once.
+    that never answers is one line at once. ``whole=False``: the command's ``--timeout`` bounds its
+    first answer only (demo, compile-cache), and its messages say so.
     """
     def hint(e: BaseException) -> str:  # a refused id may have meant a directory; a dead endpoint did not
         return as_id_hint(url) if exit_code_for(e) == 2 else ""
 
     # --timeout given: the whole command; else the first answer (opening may ask who `me` is)
-    watchdog = command_watchdog(url, timeout) if is_remote(url) else None
+    bounds = "the whole command" if whole else "the first answer"
+    watchdog = command_watchdog(url, timeout, bounds=bounds) if is_remote(url) else None
     try:
         with _opened(url, timeout, hint) as store:
-            if watchdog is not None and not timeout_given():
+            if watchdog is not None and (not whole or not timeout_given()):
                 watchdog.cancel()
             yield store
     finally:

@@ -136,7 +136,7 @@ def register(app: typer.Typer) -> None:
 
 def _check_target(target: str, timeout: float) -> None:
     """A remote --target must exist and answer before the demo starts: one line if not, not one per chunk."""
-    with opened_store(target, timeout):
+    with opened_store(target, timeout, whole=False):
         pass
 
 
