@@ -88,3 +88,30 @@ def test_the_documented_verify_of_a_bucket_passes(hub_bucket: Any, cli_env: dict
     assert r.code == 0, r.out + r.err
     doc = json.loads(r.out)
     assert doc["totals"]["good"]["objects"] == 4 and doc["totals"]["bookkeeping"]["objects"] == 1, doc
+
+
+def _corrupt_one(root: Path, prefix: str) -> str:
+    """Flip the last payload byte of one chunk under ``prefix``; its name."""
+    raw = FileStore(root)
+    name = next(i.name for i in raw.list(f"{prefix}/") if not i.name.split("/")[1].startswith("_"))
+    damaged = bytearray(raw.get(name) or b"")
+    damaged[-1] ^= 1
+    raw.put(name, bytes(damaged))
+    return name
+
+
+def test_delete_bad_at_the_root_removes_the_corrupt_chunk_under_its_prefix(
+        tmp_path: Path, cli_env: dict[str, str]) -> None:
+    fill(str(tmp_path / "kv"), 4, fleet=True)
+    before = {i.name for i in FileStore(tmp_path).list("")}
+    name = _corrupt_one(tmp_path, "kv")
+    r = run_cli("verify", str(tmp_path), "--delete-bad", env=cli_env)
+    assert r.code == 1, r.out + r.err
+    assert "removed 1 of 1 damaged objects" in r.out and "kept " not in r.out, r.out
+    assert f"corrupt (checksum): {name}" in r.out, r.out
+    assert "below the URL" not in r.out, r.out  # corrupt is corrupt, not "check it elsewhere"
+    after = {i.name for i in FileStore(tmp_path).list("")}
+    assert after == before - {name}, before ^ after  # healthy chunks, _identity/ and _fleet/ kept
+    assert any("_identity/" in n for n in after) and any("_fleet/" in n for n in after)
+    again = run_cli("verify", str(tmp_path), "--json", env=cli_env)
+    assert again.code == 0 and json.loads(again.out)["totals"]["good"]["objects"] == 3, again.out

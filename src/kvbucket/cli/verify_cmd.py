@@ -126,6 +126,8 @@ class Scan:
     below: Counter[str] = field(default_factory=Counter)  # root (relative to the URL) -> objects
     #: prefix the objects verify under ("" = the URL) -> status -> objects (bookkeeping by its prefix)
     by_prefix: dict[str, Counter[str]] = field(default_factory=dict)
+    #: object -> the name it was checked as, for those bound below the URL (relative to their prefix)
+    checked_as: dict[str, str] = field(default_factory=dict)
 
     def count(self, prefix: str, status: str, size: int) -> None:
         self.totals[status][0] += 1
@@ -136,16 +138,17 @@ class Scan:
         """Why the URL looks wrong (most names bound to another root), with the fix; None if not.
 
         Objects written under another name are kept either way (not damage: their writer's root
-        may differ); those bound to a root below the URL were checked there (``by_prefix``); when
-        most of the rest are misnamed, the URL is the likelier culprit.
+        may differ); those bound to a root below the URL were checked there (``by_prefix``), and
+        only the foreign ones among them are named (a corrupt one is corrupt wherever it is
+        checked); when most of the rest are misnamed, the URL is the likelier culprit.
         """
         misnamed = sum(1 for _, _, reason in self.bad if reason == "name")
         enveloped = sum(self.totals[s][0] for s in ("good", "corrupt", "foreign"))
         if self.below:
             root, n = self.below.most_common(1)[0]
-            return (f"{sum(self.below.values())} objects are bound to a directory below the URL and do not "
-                    f"verify there ({n} under {root + '/'!r}); check them with kvbucket verify "
-                    f"{url.rstrip('/')}/{root}")
+            return (f"{sum(self.below.values())} objects bound to a directory below the URL are foreign "
+                    f"there too ({n} under {root + '/'!r}): intact, but written for another layout, "
+                    f"format or key; kvbucket verify {url.rstrip('/')}/{root} checks that tier alone")
         if misnamed and 2 * misnamed > enveloped:
             return (f"the URL looks wrong: {misnamed} of {enveloped} objects were written under other "
                     "names. Give the URL the tier writes to (envelopes bind names relative to it)")
@@ -180,7 +183,8 @@ def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | Non
                 # bound to a root below the URL (a tier under a prefix): checked as that tier reads it
                 prefix = info.name[: -len(below) - 1]
                 status, reason = classify(below, r.data, size, keyring, sums)
-                if status != "good":
+                out.checked_as[info.name] = below
+                if status == "foreign":
                     out.below[prefix] += 1
             out.count(prefix, status, size)
             if status != "good":
@@ -190,10 +194,12 @@ def scan(store: ObjectStore, infos: Sequence[ObjectInfo], keyring: Keyring | Non
     return out
 
 
-def remove_damaged(store: ObjectStore, names: Sequence[str], keyring: Keyring | None, sums: Sums
-                   ) -> tuple[int, int]:
+def remove_damaged(store: ObjectStore, names: Sequence[str], keyring: Keyring | None, sums: Sums,
+                   checked_as: dict[str, str] | None = None) -> tuple[int, int]:
     """Read ``names`` again afresh, and remove those damaged again, naming the version read:
-    (removed, kept: written since, intact when read again, or unreadable now)."""
+    (removed, kept: written since, intact when read again, or unreadable now). Each is judged as
+    the scan checked it (``checked_as``: relative to the prefix below the URL it is bound to)."""
+    checked_as = checked_as or {}
     from kvbucket.stores.guard.refusals import delete_judged, removable
 
     removed = kept = 0
@@ -203,7 +209,7 @@ def remove_damaged(store: ObjectStore, names: Sequence[str], keyring: Keyring | 
             if r.error is not None or r.size is None or r.version is None:
                 kept += r.error is not None
                 continue
-            status, reason = classify(r.name, r.data, int(r.size), keyring, sums)
+            status, reason = classify(checked_as.get(r.name, r.name), r.data, int(r.size), keyring, sums)
             if status == "corrupt" and reason is not None and removable(reason):
                 doomed.append((r.name, r.version))
             else:
@@ -260,7 +266,7 @@ def register(app: typer.Typer) -> None:
             removed = kept = 0
             to_remove = [name for name, _, reason in bad if removable(reason)]
             if delete_bad and to_remove:
-                removed, kept = remove_damaged(store, to_remove, keyring, found.sums)
+                removed, kept = remove_damaged(store, to_remove, keyring, found.sums, found.checked_as)
         if as_json:
             output.print_json({
                 "url": store.url, "objects": len(infos),
