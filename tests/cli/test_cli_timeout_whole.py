@@ -5,6 +5,7 @@ answers but whose GETs hang or trickle their bodies, the installed console scrip
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -57,3 +58,26 @@ def test_verify_with_trickled_bodies_ends_within_the_timeout(proxied: tuple[str,
     assert_one_line_error(r, 1, "within 3 s")
     assert took < N + SLACK, took
 
+
+def test_verify_of_a_slow_but_working_s3_passes_within_its_timeout(
+        seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy, cli_env: dict[str, str]) -> None:
+    """Every request 1.5 s late: verify gave up after 1.8 s naming s3_lookup_timeout_secs (the
+    inference path's 1 s read deadline) even with --timeout 30; a command's reads get its timeout."""
+    from kvbucket.keys import ObjectKey
+    from kvbucket.l2 import ObjectStoreL2Adapter
+    from kvbucket.stores.s3.config import S3Config
+    from kvbucket.stores.s3.store import S3Store
+    from kvbucket.testing import l2 as t
+
+    store = S3Store(S3Config.parse(seaweedfs.config(s3_bucket, "kv")))
+    adapter = ObjectStoreL2Adapter(store, full_chunk_bytes=256)
+    try:
+        keys = [ObjectKey("org/llama", 0, i.to_bytes(8, "big")) for i in range(3)]
+        assert t.store(adapter, keys, [bytes([i + 1]) * 256 for i in range(3)]).success
+    finally:
+        adapter.close()
+    fault_proxy.latency = 1.5
+    env = {**cli_env, **seaweedfs.env(), "AWS_ENDPOINT_URL": fault_proxy.url}
+    r, took = timed("verify", f"s3://{s3_bucket}/kv", "--timeout", "30", "--json", env=env)
+    assert r.code == 0, (r.out, r.err, took)
+    assert json.loads(r.out)["totals"]["good"]["objects"] == 3, r.out

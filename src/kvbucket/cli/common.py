@@ -251,15 +251,30 @@ def probe_or_exit(store: Any, url: str, timeout: float) -> None:
         raise
 
 
-def open_for_command(url: str, *, create: bool | None = False) -> ObjectStore:
+#: a remote store's read deadlines, per scheme: the inference path's (1 s lookups, 5 s loads) would
+#: fail a command's whole reads on a slow but working endpoint, and the CLI has no option for them
+MAX_READ_TIMEOUT_S = 3600.0
+_READ_DEADLINES = {
+    "s3": ("s3_lookup_timeout_secs", "s3_load_timeout_secs"),
+    "hf": ("lookup_timeout_secs", "load_timeout_secs"),
+}
+
+
+def open_for_command(url: str, *, create: bool | None = False,
+                     read_timeout: float | None = None) -> ObjectStore:
     """Open a store for one command. ``create=False`` (the default, for inspection) never creates
     a missing directory or bucket; an opener that does not know the option (it never creates
-    anything) is opened without it; ``None`` leaves the opener's default. A Hub bucket store
-    starts no thread at open (``prestart=False``): its 64 load and 64 request threads are for a
-    serving engine's first batch, and a one-shot command would pay ~20 ms per open for them."""
+    anything) is opened without it; ``None`` leaves the opener's default. With ``read_timeout``, a
+    remote store's reads (lookups, loads) get that many seconds (the command's ``--timeout``; at
+    most an hour, the configs' bound), not the inference path's 1 s / 5 s deadlines. A Hub bucket
+    store starts no thread at open (``prestart=False``): its 64 load and 64 request threads are for
+    a serving engine's first batch, and a one-shot command would pay ~20 ms per open for them."""
     opts: dict[str, Any] = {} if create is None else {"create": create}
-    if store_scheme(url) == "hf":
+    scheme = store_scheme(url)
+    if scheme == "hf":
         opts["prestart"] = False
+    for key in _READ_DEADLINES.get(scheme, ()) if read_timeout is not None else ():
+        opts[key] = min(read_timeout, MAX_READ_TIMEOUT_S)
     try:
         return open_store(url, **opts)
     except TypeError as e:
@@ -336,7 +351,7 @@ def opened_store(url: str, timeout: float = DEFAULT_TIMEOUT_S, *,
 def _opened(url: str, timeout: float, hint: Callable[[BaseException], str]) -> Iterator[ObjectStore]:
     """:func:`opened_store` without the watchdog: open, probe, yield, close; errors as one line."""
     try:
-        store = open_for_command(url)
+        store = open_for_command(url, read_timeout=timeout)
     except KVBucketError as e:  # opening can ask the Hub too (`me`: whom the token names)
         raise fail(unreachable_hint(e, url) + hint(e), exit_code_for(e)) from None
     except (OSError, ValueError, TypeError) as e:
