@@ -125,4 +125,5 @@ def test_generations_from_names_alone() -> None:
                        ObjectInfo(f"org%2Fm~{tok}@0@bb", 20, 7.0)])
     assert [g.to_dict() for g in got] == [{"model": "org/m", "identity": tok, "chunks": 2, "bytes": 30,
                                            "last_write": 7.0, "weights": None, "fields": None,
-                                           "first_write": None, "host": None}]  # fmt: skip
+                                           "first_write": None, "host": None,
+                                           "manifest": "missing"}]  # fmt: skip

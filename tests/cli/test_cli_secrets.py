@@ -130,6 +130,7 @@ def _commands(p: Plants, hub_url: str, s3_url: str, tmp: Path) -> list[list[str]
         ["compile-cache", "status", "--layout", "directory:cache", "--cache-dir", cache],
         ["compile-cache", "cleanup", "--layout", "directory:cache", "--cache-dir", cache, "--dry-run"],
         ["emulator", "serve", "--port", "1", "--token", f"me={tok['cli-url-pw']}:write"],
+        ["emulator", "collect", "--endpoint", f"http://someone:{tok['cli-url-pw']}@127.0.0.1:9"],
     ]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from kvbucket.errors import ConfigError
+from kvbucket.secrets import redact
 
 TOKENS_ENV = "KVBUCKET_EMULATOR_TOKENS"
 ADMIN_ENV = "KVBUCKET_EMULATOR_ADMIN_KEY"
@@ -157,9 +158,11 @@ def register(app: typer.Typer) -> None:
         try:
             done = collect_now(endpoint.rstrip("/"), key, grace)
         except urllib.error.HTTPError as e:
-            typer.echo(f"error: the emulator refused: {e.code} {e.read().decode(errors='replace')}", err=True)
+            said = redact(e.read().decode(errors="replace"), key)
+            typer.echo(f"error: the emulator refused: {e.code} {said}", err=True)
             raise typer.Exit(1) from None
-        except (urllib.error.URLError, OSError) as e:
-            typer.echo(f"error: cannot reach the emulator at {endpoint}: {getattr(e, 'reason', e)}", err=True)
+        except (urllib.error.URLError, OSError) as e:  # never the URL's userinfo nor the key
+            typer.echo(f"error: cannot reach the emulator at {redact(endpoint, key)}: "
+                       f"{redact(str(getattr(e, 'reason', e)), key)}", err=True)
             raise typer.Exit(1) from None
         typer.echo(json.dumps(done))
