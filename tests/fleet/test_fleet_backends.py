@@ -275,3 +275,19 @@ def test_kvbucket_stats_shows_the_fleet_usage_of_a_running_process(tmp_path: Pat
     assert out.returncode == 0, out.stderr
     line = f"fleet on {url} (node stats-node): 64.0 KiB of 2.0 MiB (3%) in 2 chunks, 1 live nodes"
     assert line in out.stdout, out.stdout
+
+
+def test_fleet_config_errors_name_the_settings_not_a_docs_file() -> None:
+    """A wheel user has no docs/ (issue 40 item 8): an unknown fleet setting names the ones it takes,
+    and no fleet error points to docs/fleet.md."""
+    from kvbucket.backends.fleet import parse_fleet_settings
+
+    for keys in ({"fleet": {"sync_sec": 1}}, {"max_capacity_gb": 1}, {"fleet": 3},
+                 {"fleet": {}, "eviction": {"policy": "LRU"}}):
+        with pytest.raises(ConfigError) as e:
+            parse_fleet_settings(keys, "")
+        assert "docs/" not in str(e.value), e.value
+    with pytest.raises(ConfigError, match=r"unknown setting; it takes .*sync_secs"):
+        parse_fleet_settings({"fleet": {"sync_sec": 1}}, "")
+    with pytest.raises(ConfigError, match="it takes eviction_policy, eviction_ratio, trigger_watermark"):
+        parse_fleet_settings({"fleet": {}, "eviction": {"policy": "LRU"}}, "")

@@ -38,7 +38,7 @@ class FleetWriteCapError(StoreError):
 
 
 REFUSED = ("not stored: the shared prefix is at its fleet write cap (max_capacity_gb * fleet.write_cap); "
-           "eviction makes room within a few sync rounds, see docs/fleet.md")
+           "eviction makes room within a few sync rounds")
 
 
 def split_fleet_keys(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -61,13 +61,13 @@ def parse_fleet_settings(keys: Mapping[str, Any], where: str) -> FleetSettings |
         raise ConfigError(
             f"{' and '.join(given)} need extra_config.{where}fleet: a remote tier keeps no index of its "
             f"own, so only the fleet can count the shared prefix. Add {where}fleet: {{}} (the defaults) or "
-            "a fleet object, e.g. {sync_secs: 5, grace_secs: 10}, or remove the capacity; see docs/fleet.md"
+            "a fleet object, e.g. {sync_secs: 5, grace_secs: 10}, or remove the capacity"
         )
     for name in ("fleet", "eviction"):
         if keys.get(name) is not None and not isinstance(keys[name], Mapping):
             raise ConfigError(
                 f"extra_config.{where}{name} must be a mapping of settings (e.g. {{}} for the defaults), "
-                f"got {type(keys[name]).__name__}; see docs/fleet.md"
+                f"got {type(keys[name]).__name__}"
             )
     try:
         return FleetSettings.model_validate(dict(keys))
@@ -76,8 +76,9 @@ def parse_fleet_settings(keys: Mapping[str, Any], where: str) -> FleetSettings |
         for err in e.errors(include_input=False, include_url=False):
             key = ".".join(str(p) for p in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown setting (see docs/fleet.md for the settings it takes)"
+            if err["type"] == "extra_forbidden":  # the settings it takes, named (a wheel has no docs/)
+                known = _settings_at(err["loc"][:-1], FleetSettings)
+                msg = "unknown setting; it takes " + ", ".join(known) if known else "unknown setting"
             lines.append(f"extra_config key {where + key!r}: {msg}")
         raise ConfigError("invalid remote-tier fleet settings:\n  " + "\n  ".join(lines)) from None
 
@@ -107,3 +108,22 @@ __all__ = [
     "parse_fleet_settings",
     "split_fleet_keys",
 ]
+
+
+def _settings_at(loc: tuple[Any, ...], model: Any) -> list[str]:
+    """The setting names a pydantic model takes at ``loc`` (a path of field names into nested
+    models, ``X | None`` unwrapped); [] when ``loc`` leads to no model."""
+    import typing
+
+    from pydantic import BaseModel
+
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(str(part))
+        if field is None:
+            return []
+        kinds = [a for a in (typing.get_args(field.annotation) or (field.annotation,))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not kinds:
+            return []
+        model = kinds[0]
+    return sorted(getattr(model, "model_fields", {}))

@@ -32,13 +32,14 @@ if TYPE_CHECKING:
 
 ENGINES = ("sglang", "vllm")
 REFUSED = ("not stored: the store is at its fleet write cap (max_capacity_gb * fleet.write_cap; "
-           "eviction makes room, see docs/fleet.md)")
+           "eviction makes room within a few sync rounds)")
 
 
 class FleetSettings(BaseModel):
     """The connector's fleet keys (``fleet``, ``max_capacity_gb``, ``eviction``) for a tier."""
 
-    fleet: FleetConfig | None = Field(None, description="join the store's fleet (docs/fleet.md)")
+    fleet: FleetConfig | None = Field(
+        None, description="join the store's fleet: every node on the store counts its whole capacity")
     max_capacity_gb: float = Field(0.0, ge=0.0, description="the capacity the whole fleet shares (0: none)")
     eviction: EvictionConfig | None = Field(None, description="LRU watermarks of the fleet-wide eviction")
 
@@ -47,7 +48,7 @@ class FleetSettings(BaseModel):
         if self.fleet is None and (self.max_capacity_gb or self.eviction is not None):
             raise ValueError(
                 "max_capacity_gb and eviction need a \"fleet\" object: the tier keeps no index of its "
-                "own; the fleet counts the whole store (e.g. \"fleet\": {}, see docs/fleet.md)")
+                "own; the fleet counts the whole store (e.g. \"fleet\": {} for the defaults)")
         return self
 
 

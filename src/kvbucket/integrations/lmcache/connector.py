@@ -170,7 +170,7 @@ class KVBucketConnector(RemoteConnector):
             raise ConfigError(
                 f"remote_storage_plugin.{plugin_name}: max_capacity_gb and eviction need a "
                 f"remote_storage_plugin.{plugin_name}.fleet object on the non-MP connector (it keeps no "
-                "index of its own; the fleet counts the whole prefix, see docs/fleet.md)"
+                "index of its own; the fleet counts the whole prefix: add fleet: {} for the defaults)"
             )
         self.metrics = self._serve_metrics(metadata)  # before the store opens: nothing to undo
         self.naming = naming_for(self._cfg, connector=True)
@@ -406,7 +406,7 @@ class KVBucketConnector(RemoteConnector):
         if refused:
             raise StoreError(
                 f"{refused} of {len(keys)} chunks were not stored: the shared prefix is at its fleet "
-                "write cap (max_capacity_gb * fleet.write_cap; eviction makes room, see docs/fleet.md)"
+                "write cap (max_capacity_gb * fleet.write_cap; eviction makes room within a few sync rounds)"
             )
 
     def remove_sync(self, key: Any) -> bool:
