@@ -58,6 +58,8 @@ def test_ls_a_namespace_lists_its_buckets_as_hf_does(hub_emulator: Any, hub_env:
     (["du", "--token=hf_x"], ["$HF_TOKEN"]),
     (["ls", "--human-readable"], ["bytes", "kvbucket du"]),
     (["du", "-q"], ["one summary line", "--format json"]),
+    (["rm", "--recursive"], ["--prefix P", "--yes"]),
+    (["rm", "-r"], ["--prefix P", "--dry-run"]),
 ])
 def test_hf_options_get_a_pointer(args: list[str], needles: list[str], cli_env: dict[str, str],
                                   tmp_path: Path) -> None:
@@ -114,6 +116,13 @@ def test_help_and_warnings_never_point_to_docs_files(cli_env: dict[str, str]) ->
 def test_a_misspelt_hf_scheme_suggests_the_right_url(url: str, meant: str, cli_env: dict[str, str]) -> None:
     line = assert_one_line_error(run_cli("ls", url, env=cli_env), 2, f"did you mean {meant}?")
     assert "Config" not in line and "bucket_handle" not in line and "hf://buckets/bucket" not in line, line
+
+
+@pytest.mark.parametrize("url", ["hf://datasets/alice/kv", "hf://spaces/alice/app/x", "hf://models/alice/m"])
+def test_a_repository_url_is_not_taken_for_a_bucket(url: str, cli_env: dict[str, str]) -> None:
+    """An outside check: hf://datasets/alice/kv suggested hf://buckets/datasets/alice/kv."""
+    line = assert_one_line_error(run_cli("ls", url, env=cli_env), 2, "Hub repository", "hf buckets create")
+    assert "did you mean" not in line and "buckets/datasets" not in line, line
 
 
 def test_the_synthetic_demo_refuses_a_bad_env_value(cli_env: dict[str, str], tmp_path: Path) -> None:

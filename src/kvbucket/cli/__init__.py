@@ -188,6 +188,13 @@ HF_OPTION_HINTS: dict[tuple[str, str], str] = {
     ("du", "--quiet"): "; `kvbucket du` prints one summary line (and a fleet's and identities' lines); "
                        "--format json for scripts",
     ("du", "--human-readable"): "; `kvbucket du` always shows binary units next to the bytes",
+    ("rm", "-r"): "; `kvbucket rm` removes named objects; for everything under a prefix: --prefix P "
+                  "(add --yes to skip the question, --dry-run to see what it would remove)",
+    ("rm", "-R"): "; `kvbucket rm` removes named objects; for everything under a prefix: --prefix P "
+                  "(add --yes to skip the question, --dry-run to see what it would remove)",
+    ("rm", "--recursive"): "; `kvbucket rm` removes named objects; for everything under a prefix: "
+                           "--prefix P (add --yes to skip the question, --dry-run to see what it would "
+                           "remove)",
     ("", "--token"): _TOKEN_HINT,
 }
 _NO_SUCH_OPTION = re.compile(r"^No such option: (\S+)")

@@ -61,9 +61,15 @@ def _meant_handle(handle: str) -> str | None:
     first, _, tail = rest.partition("/")
     if "/" in tail and closest(first, ["buckets"]) is not None:  # hf://bucket/alice/kv
         return HANDLE_SCHEME + tail
+    if first in _REPO_KINDS:  # hf://datasets/alice/kv names a repository, which holds no bucket
+        return None
     if handle.startswith("hf://") or "/" in handle:
         return HANDLE_SCHEME + rest.removeprefix("buckets/")
     return None
+
+
+#: the kinds of Hub repository an ``hf://`` path can name (huggingface_hub's HfFileSystem): not buckets
+_REPO_KINDS = ("datasets", "spaces", "models")
 
 
 def parse_bucket_handle(handle: str, what: str = "bucket_handle") -> BucketLocation:
@@ -76,6 +82,9 @@ def parse_bucket_handle(handle: str, what: str = "bucket_handle") -> BucketLocat
     if not handle.startswith(HANDLE_SCHEME):
         meant = _meant_handle(handle)
         hint = f" (did you mean {meant}?)" if meant else ""
+        if handle.removeprefix("hf://").partition("/")[0] in _REPO_KINDS:
+            hint = (" (that names a Hub repository; kvbucket stores in Storage Buckets: create one with "
+                    "`hf buckets create <namespace>/<bucket>`)")
         raise ConfigError(f"{what} {handle!r} must start with {HANDLE_SCHEME!r}: use {form}{hint}")
     rest = handle[len(HANDLE_SCHEME) :]
     if "?" in rest or "#" in rest:
