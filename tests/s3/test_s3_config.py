@@ -238,3 +238,11 @@ def test_remote_url_fills_unset_options_from_env(monkeypatch: pytest.MonkeyPatch
     with store_from_remote_url(*COREWEAVE, ENGINE) as store:  # names its host: env endpoint not used
         assert store.target.endpoint == "http://test-127.cwlota.com"
         assert store.target.region == "US-WEST-04A"  # explicit beats env
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9000/?token=SECRETX", "http://127.0.0.1:9000/#SECRETX"])
+def test_an_endpoint_url_with_a_query_is_refused_without_echoing_it(url: str) -> None:
+    """An outside check: such an endpoint was accepted and every request went to '/?token=...'."""
+    with pytest.raises(ConfigError, match="must not carry a query") as e:
+        S3Config.parse({"s3_endpoint": "s3://b", "s3_endpoint_url": url})
+    assert "SECRETX" not in str(e.value)

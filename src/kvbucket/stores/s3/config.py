@@ -122,6 +122,9 @@ class S3Config(BaseModel):
             raise ValueError(f"{v!r} is not an http:// or https:// URL")
         if parts.username or parts.password:
             raise ValueError("put credentials in aws_access_key_id/aws_secret_access_key, not in the URL")
+        if parts.query or parts.fragment:  # requests are signed for the path: a query would go astray
+            raise ValueError("must not carry a query or fragment ('?...', '#...'): give the server's "
+                             "scheme, host, port (and path), e.g. http://127.0.0.1:8333")
         return v.rstrip("/")
 
     @model_validator(mode="after")
