@@ -55,6 +55,7 @@ from kvbucket.stores.local.paths import (
     lstat_below,
     open_dir,
     open_object,
+    open_regular,
     parents,
     valid_name,
     why_not_a_dir,
@@ -346,18 +347,11 @@ class FileStore(ObjectStore):
             return -1
 
     def _get_one(self, root_fd: int, name: str, buf: Buffer | None) -> ItemResult:
+        opened = open_regular(root_fd, name)
+        if opened is None:
+            return ItemResult(name)
+        fd, st = opened
         try:
-            if root_fd < 0:
-                raise FileNotFoundError(errno.ENOENT, "the store directory is gone")
-            fd = open_object(root_fd, name)
-        except OSError as e:
-            if e.errno in MISSING_ERRNOS:
-                return ItemResult(name)
-            raise
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return ItemResult(name)  # a directory of nested objects is not an object
             size = st.st_size
             if buf is None:
                 data = os.read(fd, size) if size else b""

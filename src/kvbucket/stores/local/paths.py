@@ -73,6 +73,29 @@ def open_object(root_fd: int, name: str) -> int:
         return os.open(name.rsplit("/", 1)[-1], READ_FLAGS, dir_fd=fds[-1])
 
 
+def open_regular(root_fd: int, name: str) -> tuple[int, os.stat_result] | None:
+    """Open object ``name`` and ``fstat`` it: ``(fd, stat)`` for the caller to close, or None when
+    it is missing, the root is gone (``root_fd < 0``) or the name is a directory of nested objects
+    (not an object). Other ``OSError`` s are raised."""
+    try:
+        if root_fd < 0:
+            return None
+        fd = open_object(root_fd, name)
+    except OSError as e:
+        if e.errno in MISSING_ERRNOS:
+            return None
+        raise
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None
+    return fd, st
+
+
 def lstat_below(root_fd: int, name: str) -> os.stat_result:
     """``lstat`` of object ``name`` (a symlink is reported as one, never followed)."""
     if root_fd < 0:
@@ -123,6 +146,7 @@ __all__ = [
     "lstat_below",
     "open_dir",
     "open_object",
+    "open_regular",
     "parents",
     "valid_name",
     "why_not_a_dir",

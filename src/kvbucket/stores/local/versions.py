@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Sequence
 
 from kvbucket.stores.base import ItemResult, VersionedDelete
-from kvbucket.stores.local.paths import MISSING_ERRNOS, open_object, parents
+from kvbucket.stores.local.paths import MISSING_ERRNOS, open_regular, parents
 
 
 def identity(st: os.stat_result) -> str:
@@ -32,18 +32,11 @@ def identity(st: os.stat_result) -> str:
 
 def read_versioned(root_fd: int, name: str) -> ItemResult:
     """The whole object and the identity of the file read (a miss: no size)."""
+    opened = open_regular(root_fd, name)
+    if opened is None:
+        return ItemResult(name)
+    fd, st = opened
     try:
-        if root_fd < 0:
-            return ItemResult(name)
-        fd = open_object(root_fd, name)
-    except OSError as e:
-        if e.errno in MISSING_ERRNOS:
-            return ItemResult(name)
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return ItemResult(name)
         data = bytearray(st.st_size)
         view, got = memoryview(data), 0
         while got < st.st_size:
