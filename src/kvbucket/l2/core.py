@@ -94,6 +94,7 @@ class Stats(dict[str, int]):
         )
         self._last_error: str | None = None
         self.last_error_at: float | None = None  # wall-clock seconds of the last error
+        self._error_mono = 0.0  # the same moment on the monotonic clock (the breaker's)
         self.recovered = False  # a store call fully succeeded after the last error
 
     @property
@@ -104,12 +105,24 @@ class Stats(dict[str, int]):
     def last_error(self, message: str | None) -> None:
         self._last_error = message
         self.last_error_at = time.time() if message is not None else None
+        self._error_mono = time.monotonic()
         self.recovered = False
 
     def note_ok(self) -> None:
         """A store call answered every item without an error: the last error is past."""
         if self._last_error is not None:
             self.recovered = True
+
+    def current_error(self, answered_at: float | None = None) -> str | None:
+        """The error of now: None once a call succeeded after it, here (:meth:`note_ok`) or
+        anywhere else on the store (``answered_at``: the store breaker's last answer, monotonic
+        seconds; a lookup hit's read-ahead GET is the first request after an outage)."""
+        if self._last_error is None or self.recovered:
+            return None
+        if answered_at is not None and answered_at > self._error_mono:
+            self.recovered = True
+            return None
+        return self._last_error
 
 
 class NameCache:

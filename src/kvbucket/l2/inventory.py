@@ -152,9 +152,11 @@ class InventoryPath:
             keys = len(st.index)
         stats = self._ctx.stats
         breaker = breaker_of(self._ctx.store)
+        error = stats.current_error(None if breaker is None else breaker.answered_at)
         return {
-            # closed, or its store's circuit breaker open: not serving
-            "is_healthy": not st.closed and (breaker is None or breaker.state != OPEN),
+            # closed, its store's circuit breaker open, or the last answer an error: not serving
+            # (never healthy next to a current error)
+            "is_healthy": not st.closed and (breaker is None or breaker.state != OPEN) and error is None,
             "store": self._ctx.store.url,
             "prefix": self._prefix,
             "keys": keys,
@@ -168,8 +170,8 @@ class InventoryPath:
             "eviction_policy": self._eviction.eviction_policy if self._eviction else None,
             # the error of now: None once a store call fully succeeded after it (then it moves
             # to previous_error); last_error_at: when the last error happened, either way
-            "last_error": None if stats.recovered else stats.last_error,
-            "previous_error": stats.last_error if stats.recovered else None,
+            "last_error": error,
+            "previous_error": stats.last_error if error is None else None,
             "last_error_at": stats.last_error_at,
             "identity_pending": self._naming.identity.pending_counts(),  # misses, stores dropped meanwhile
             **self._ctx.stats,

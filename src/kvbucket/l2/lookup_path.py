@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvbucket.errors import InvalidKeyError
+from kvbucket.errors import CircuitOpenError, InvalidKeyError
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import L2TaskId
 from kvbucket.l2.context import AdapterContext
@@ -239,6 +239,9 @@ class LookupPath:
                                 found_sizes.append(h.size)
                         elif h.ok and self._neg_ttl > 0:
                             st.missing[name] = expiry
+                failed = next((h.error for h in heads if h.error is not None), None)
+                if failed is not None and not isinstance(failed, CircuitOpenError):
+                    self._ctx.stats.last_error = str(failed)  # a miss now, but not the store's answer
             self._ctx.listeners.stored(found, found_sizes)
             with st.lock:
                 hits = self._lock_hits(keys, cands, accessed, ahead)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvbucket.errors import CircuitOpenError
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.base import L2TaskId, StoreResult
 from kvbucket.l2.context import AdapterContext
@@ -108,6 +109,8 @@ class StorePath:
                     first_error,
                     same=f"store puts failed: {first_error}",
                 )
+                if not isinstance(first_error, CircuitOpenError):  # keep the cause the breaker opened on
+                    self._ctx.stats.last_error = str(first_error)
                 heads = await self._ctx.runner.sliced(self._ctx.store.head_many, [names[i] for i in failed])
                 present: dict[int, int] = {}  # there, but not what we wrote (an older object)
                 for i, h in zip(failed, heads, strict=True):

@@ -79,6 +79,9 @@ class CircuitBreaker:
         self.budgets = dict(budgets or {})
         self.grace_secs = grace_secs
         self.state = CLOSED
+        #: monotonic seconds of the last call the store answered (report_status: an error before
+        #: it is past); 0.0 before any
+        self.answered_at = 0.0
         self._consecutive = 0
         self._opened_at = 0.0
         self._probing = False
@@ -113,6 +116,7 @@ class CircuitBreaker:
     def record(self, failed: bool) -> None:
         """Count one finished call."""
         if not failed:
+            self.answered_at = time.monotonic()
             if self._consecutive == 0 and self.state is CLOSED:
                 return  # the hot path: nothing to change
             with self._lock:
