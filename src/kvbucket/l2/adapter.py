@@ -156,7 +156,13 @@ class ObjectStoreL2Adapter(L2Adapter):
         if self._fleet is not None:
             self._fleet.start()
         elif rebuild_usage:
-            self._runner.schedule(self._inventory.rebuild())
+            self._runner.schedule(self._rebuild())
+
+    async def _rebuild(self) -> None:
+        """Rebuild usage from a listing, then evict if it is over the watermark: a bucket another
+        process left over its capacity (its close ran out of time) shrinks now, not at the first store."""
+        await self._inventory.rebuild()
+        self._removal.maybe_evict()
 
     # ---- small helpers ------------------------------------------------------------------
     @property
@@ -308,6 +314,8 @@ class ObjectStoreL2Adapter(L2Adapter):
         for fut in pending:
             with contextlib.suppress(Exception):
                 fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        # The stores that landed meanwhile may have passed the watermark: evict, within the same deadline.
+        self._removal.evict_on_close(deadline)
         if self._fleet is not None:
             self._fleet.close()  # publishes what it still buffers
         self._runner.stop()

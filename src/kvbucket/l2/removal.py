@@ -6,11 +6,13 @@ thread; everything else it touches is the adapter's :class:`~kvbucket.l2.state.K
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from kvbucket.errors import StoreError
 from kvbucket.keys import ObjectKey
 from kvbucket.l2.context import AdapterContext
+from kvbucket.l2.core import log
 from kvbucket.l2.eviction import EvictionConfig, choose_victims
 from kvbucket.stores.base import ItemResult
 from kvbucket.stores.guard.refusals import delete_as_seen
@@ -146,11 +148,41 @@ class RemovalPath:
         # its deadline, and the runner cancels it if it is still waiting on a delete then.
         self._ctx.runner.schedule(self._evict())
 
-    async def _evict(self) -> None:
+    def evict_on_close(self, deadline: float) -> None:
+        """close(), after the queued stores landed: they may have passed the watermark, and no
+        pass follows a store once the adapter is closed, so one last pass runs here, within what
+        is left of close's ``deadline``. Past it the pass is cancelled and the bucket stays over
+        its capacity until an adapter on this prefix evicts (after its usage rebuild or a store)."""
+        cfg = self._eviction
+        st = self._ctx.state
+        if cfg is None:
+            return
+        with st.lock:
+            expired = self._ctx.fleet is not None and self._ctx.fleet.has_expired()
+            if not expired and not cfg.triggered(st.index.bytes_used, self._capacity):
+                return
+            running, self.evicting = self.evicting, True
+        left = deadline - time.monotonic()
+        try:
+            if running or left <= 0:  # a pass close waited for until its deadline is still running
+                raise TimeoutError
+            self._ctx.runner.run(self._evict(closing=True), left)
+        except Exception:  # TimeoutError (the pass is cancelled when the loop stops), or it failed
+            with st.lock:
+                used = st.index.bytes_used
+            log.warning(
+                "close(): eviction did not finish within the close deadline; %d bytes are stored against "
+                "a capacity of %d until an adapter on this prefix evicts (after its usage rebuild or its "
+                "first store)", used, self._capacity,
+            )
+
+    async def _evict(self, *, closing: bool = False) -> None:
+        """Delete victims until usage is under the target; ``closing``: close's last pass, which
+        runs although the adapter is closed (every other pass stops when it closes)."""
         assert self._eviction is not None
         st = self._ctx.state
         try:
-            while not st.closed:
+            while closing or not st.closed:
                 with st.lock:
                     busy = set(st.key_locks) | st.deleting
                     if self._ctx.fleet is not None:
