@@ -65,7 +65,8 @@ def register(app: typer.Typer) -> None:
         config: str = typer.Option(
             None, "--config",
             help="--synthetic: engine config (YAML/JSON) whose remote settings (remote_url, "
-            "remote_storage_plugins, extra_config) to use.",
+            "remote_storage_plugins, extra_config) to use, with the KVBUCKET_* variables applied as an "
+            "engine applies them (KVBUCKET_REMOTE_URL wins over the file); --target wins over both.",
         ),
         latency_ms: float = typer.Option(
             0.0, "--latency-ms", min=0,

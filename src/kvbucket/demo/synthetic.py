@@ -185,8 +185,10 @@ def run_synthetic_demo(
 
 def _engine_config(target: str | None, config_path: str | None, workdir: Path, layout: KVLayout,
                    total: int) -> EngineConfig:
-    load_engine_config(config_path)  # refuses a bad file or KVBUCKET_* value as an engine would
-    base = load_engine_config(config_path, env={}) if config_path else EngineConfig()  # the demo's own tiers
+    # The file and the KVBUCKET_* variables, read as an engine reads them (a bad value is refused);
+    # without --config the demo's own embedded remote, unless --target. The local tiers are the demo's.
+    engine = load_engine_config(config_path)
+    base = engine if config_path else EngineConfig()
     room = (total + layout.full_chunk_bytes) / GB
     remote_url = target or base.remote_url
     if remote_url is None and not base.remote_storage_plugins:
