@@ -68,6 +68,23 @@ def test_hf_options_get_a_pointer(args: list[str], needles: list[str], cli_env: 
     assert "Possible options" not in line
 
 
+@pytest.mark.parametrize("cmd", [["ls"], ["du"], ["verify"], ["doctor"], ["stats"]])
+def test_hfs_agent_format_gets_a_pointer_to_json(
+    cmd: list[str], cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`hf ... --format agent` is hf 2.4's output for agents; kvbucket's machine output is --json."""
+    hf_help = subprocess.run([str(HF), "buckets", "ls", "--help"], capture_output=True, text=True,
+                             env={**os.environ, **cli_env, "COLUMNS": "200"}).stdout
+    assert "agent" in hf_help, hf_help  # a value users of hf type
+    where = [str(tmp_path)] if cmd[0] in ("ls", "du", "verify") else []
+    for value in ("agent", "AGENT"):
+        r = run_cli(*cmd, *where, "--format", value, env=cli_env)
+        line = assert_one_line_error(r, 2, "no agent format", "--json", "--format json")
+        assert "did you mean" not in line, line
+    human = assert_one_line_error(run_cli(*cmd, *where, "--format", "human", env=cli_env), 2, "table")
+    assert "drop --format" in human, human
+
+
 def test_an_empty_listing_says_so(cli_env: dict[str, str], tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     for extra in ([], ["--prefix", "kv/"]):  # as `hf buckets ls` prints an empty listing

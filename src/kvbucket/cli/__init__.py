@@ -210,16 +210,32 @@ def _hf_option_hint(text: str, ctx: object) -> str:
     return HF_OPTION_HINTS.get((command, option)) or HF_OPTION_HINTS.get(("", option), "")
 
 
+_MACHINE = "--json (the same as --format json: one JSON document with stable field names)"
+#: values of `hf`'s options that kvbucket's same-named options do not take: what to use instead
+HF_VALUE_HINTS: dict[tuple[str, str], str] = {
+    ("--format", "agent"): f"; kvbucket has no agent format: its machine output, for scripts and agents, is "
+                           f"{_MACHINE}",
+    ("--format", "auto"): f"; kvbucket does not pick a format by itself: table (the default) is for people, "
+                          f"{_MACHINE} for scripts and agents",
+    ("--format", "human"): "; kvbucket's format for people is table, the default: drop --format",
+}
 _NOT_ONE_OF = re.compile(r"'([^']*)' is not one of (.+?)\.?$")
+_INVALID_VALUE = re.compile(r"^Invalid value for '([^']+)'")
 
 
 def _choice_hint(text: str) -> str:
-    """For a value that is not one of an option's choices: the closest choice, if one is close."""
+    """For a value that is not one of an option's choices: what to use for a value ``hf`` takes
+    (``--format agent``), else the closest choice, if one is close."""
     from kvbucket.did_you_mean import closest
 
     m = _NOT_ONE_OF.search(text)
     if m is None:
         return ""
+    option = _INVALID_VALUE.match(text)
+    names = option.group(1).split("/") if option else []
+    hf = next((h for n in names if (h := HF_VALUE_HINTS.get((n.strip(), m.group(1).lower())))), None)
+    if hf is not None:
+        return hf
     close = closest(m.group(1), [c.strip().strip("'\"") for c in m.group(2).split(",")])
     return f"; did you mean {close!r}?" if close else ""
 
