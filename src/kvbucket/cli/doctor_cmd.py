@@ -15,6 +15,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -23,26 +25,36 @@ from typing import Annotated, Any
 import typer
 
 from kvbucket.cli.common import (
+    TIMEOUT_ENV,
     NoAnswerError,
+    Watchdog,
     bounded,
     endpoint_hint,
     exit_code_for,
+    fail,
+    first_answer_deadline,
     is_remote,
     open_for_command,
     probe,
     store_url,
+    timeout_given,
 )
 from kvbucket.cli.output import Format, FormatOpt, JsonOpt, print_json, wants_json
+from kvbucket.errors import KVBucketError
 from kvbucket.remote_hit import (
+    DOCTOR_PREFIX,
     MODEL_SHAPES,
     PROMPT_TOKENS,
     RTT_SAMPLES,
     Budget,
+    Measurement,
     human_bytes,
     measure,
     verdict,
 )
 from kvbucket.secrets import looks_secret, redact, secrets_in_env
+from kvbucket.stores.deadline import left
+from kvbucket.threads import in_daemon_thread
 
 DOCTOR_TIMEOUT_S = 5.0
 MAX_SMALL_OBJECTS = 1024  # --model: objects of the fixed-cost load (one per chunk of the prompt)
@@ -129,13 +141,29 @@ def configured_stores(extra: list[str]) -> list[tuple[str, str]]:
 ENDPOINT_PATHS = {"HF_ENDPOINT": "/api/whoami-v2"}
 
 
-def check_endpoint(name: str, url: str, timeout: float, path: str = "") -> Check:
+def check_endpoint(name: str, url: str, timeout: float, path: str = "",
+                   deadline: float | None = None) -> Check:
     """An HTTP answer from the endpoint (``url`` + ``path``) counts as reachable, refusals
     included (401/403: it may well refuse an anonymous GET); 404 says the URL is not the server's
-    root (a path too many, or another server) and 5xx that it is failing.
+    root (a path too many, or another server) and 5xx that it is failing. The whole request ends
+    by ``deadline`` (a monotonic instant; default ``timeout`` from now): urllib's timeout is per
+    socket read, which a server trickling its answer never trips.
 
     Userinfo in the URL (``http://user:pass@host``) is sent as HTTP basic auth, as the clients
     do: urllib would take it for part of the host name."""
+    deadline = deadline if deadline is not None else time.monotonic() + timeout
+    try:
+        # urllib's own timeout a little later than the deadline: one message for a silent server
+        return bounded(lambda: _ask_endpoint(name, url, max(0.1, deadline - time.monotonic()) + 1.0, path),
+                       timeout, url, deadline=deadline)
+    except NoAnswerError:
+        return Check(f"{name} {redact(url)}", False, f"unreachable or too slow: no whole answer to "
+                     f"{path or '/'} within {timeout:g} s; check that the server is up and working, or raise "
+                     "--timeout", stuck=True)
+
+
+def _ask_endpoint(name: str, url: str, timeout: float, path: str) -> Check:
+    """:func:`check_endpoint`'s request, each socket read within ``timeout``."""
     shown = redact(url)
     try:
         parts = urllib.parse.urlsplit(url.rstrip("/") + path)
@@ -173,11 +201,12 @@ def check_endpoint(name: str, url: str, timeout: float, path: str = "") -> Check
     return Check(f"{name} {shown}", True, answered)
 
 
-def check_token(timeout: float) -> Check | None:
+def check_token(timeout: float, deadline: float | None = None) -> Check | None:
     """Whom the Hugging Face token belongs to, as ``hf auth whoami`` says it (huggingface_hub's
     ``whoami`` on $HF_ENDPOINT or the default Hub), or that it was refused; None without a token."""
     from huggingface_hub import get_token
 
+    from kvbucket.errors import DeadlineExceededError
     from kvbucket.stores.hub.whoami import whoami
 
     token = get_token()
@@ -187,7 +216,9 @@ def check_token(timeout: float) -> Check | None:
     endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or "https://huggingface.co"
     what = f"token ({source})"
     try:
-        info = whoami(endpoint, token, timeout, token_source=source)
+        info = whoami(endpoint, token, timeout, token_source=source, deadline=deadline)
+    except DeadlineExceededError as e:
+        return Check(what, False, _line(e), stuck=True)  # the client's thread still waits
     except Exception as e:
         return Check(what, False, _line(e))
     orgs = ", ".join(o.get("name", "?") for o in info.get("orgs") or [] if isinstance(o, dict))
@@ -195,18 +226,21 @@ def check_token(timeout: float) -> Check | None:
                  f"{redact(endpoint)}")
 
 
-def check_store(url: str, source: str, timeout: float) -> Check:
+def check_store(url: str, source: str, timeout: float, deadline: float | None = None) -> Check:
+    """Open the store and read one listing entry, all by ``deadline`` (the command's, counted from
+    its start: :func:`first_answer_deadline`, when None)."""
     what = f"{url} ({source})"
     t0 = time.monotonic()
+    deadline = deadline if deadline is not None else first_answer_deadline(timeout)
     try:
-        store = bounded(lambda: open_for_command(url), timeout, url)
+        store = bounded(lambda: open_for_command(url), timeout, url, deadline=deadline)
     except NoAnswerError as e:
         return Check(what, False, _line(e), stuck=True)
     except Exception as e:
         return Check(what, False, f"cannot open: {_line(e)}")
     try:
         probe(store, url, timeout) if is_remote(url) else bounded(lambda: next(iter(store.list("")), None),
-                                                                    timeout, url)
+                                                                    timeout, url, deadline=deadline)
     except NoAnswerError as e:
         return Check(what, False, _line(e), stuck=True)  # the stuck call is left behind, not closed
     except Exception as e:
@@ -229,7 +263,10 @@ def register(app: typer.Typer) -> None:
             "s3://bucket/prefix, a directory).",
             show_default=False, callback=store_url)] = None,
         timeout: Annotated[float, typer.Option(
-            "--timeout", min=0.1, help="Seconds each endpoint and store has to answer.")] = DOCTOR_TIMEOUT_S,
+            "--timeout", envvar=TIMEOUT_ENV, min=0.1,
+            help="Seconds the whole command may take, counted from its start: every check shares them "
+            "(one still waiting then is a FAIL line and the report is printed); given (or "
+            f"${TIMEOUT_ENV}), they bound --model's measurement too.")] = DOCTOR_TIMEOUT_S,
         model: Annotated[str | None, typer.Option(
             "--model", help="Also measure each URL's round trip and throughput (writes a few random objects "
             "under _kvbucket_doctor/ and removes them) and say whether a remote hit beats recomputing "
@@ -255,15 +292,24 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--model")
         as_json = wants_json(fmt, as_json)
         rows = environment()
-        checks: list[Check] = []
+        deadline = first_answer_deadline(timeout)  # every check shares it (docs/cli.md, --timeout)
+        if model is not None and timeout_given():  # the measurement too: the whole command
+            Watchdog(deadline + 0.05, lambda: (
+                f"kvbucket doctor did not finish within {timeout:g} s (--timeout bounds the whole command, "
+                f"--model's measurement included; objects it wrote under {DOCTOR_PREFIX}/ may remain): "
+                "raise --timeout"))
+        jobs: list[tuple[str, Callable[[], Check | None]]] = []
         for var in ("HF_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             if url := os.environ.get(var, "").strip():
-                checks.append(check_endpoint(f"${var}", url, timeout, ENDPOINT_PATHS.get(var, "")))
-        hub_ok = all(c.ok for c in checks if c.what.startswith("$HF_ENDPOINT"))
-        if hub_ok and (token_check := check_token(timeout)) is not None:
-            checks.append(token_check)
+                jobs.append((f"${var} {redact(url)}", lambda var=var, url=url: check_endpoint(
+                    f"${var}", url, timeout, ENDPOINT_PATHS.get(var, ""), deadline)))
+        jobs.append(("token", lambda: check_token(timeout, deadline)))
         for url, source in configured_stores(list(urls or [])):
-            checks.append(check_store(url, source, timeout))
+            jobs.append((f"{url} ({source})",
+                         lambda url=url, source=source: check_store(url, source, timeout, deadline)))
+        checks = run_checks(jobs, deadline, timeout)
+        if not all(c.ok for c in checks if c.what.startswith("$HF_ENDPOINT")):  # its FAIL says it all
+            checks = [c for c in checks if not c.what.startswith("token")]
         if as_json:
             _doctor_json(rows, checks, list(urls or []), model, prompt_tokens)
             return
@@ -288,6 +334,25 @@ def register(app: typer.Typer) -> None:
             _report_remote_hit(list(urls or []), Budget(MODEL_SHAPES[model], prompt_tokens))
 
 
+def run_checks(jobs: list[tuple[str, Callable[[], Check | None]]], deadline: float,
+               timeout: float) -> list[Check]:
+    """Every check at once, each bounded by the command's ``deadline``, in the order given: one
+    slow endpoint does not spend the others' time. A check with nothing to check returns None."""
+    futures = [(what, in_daemon_thread(job, "kvbucket-doctor")) for what, job in jobs]
+    out: list[Check] = []
+    for what, fut in futures:
+        try:
+            check = fut.result(timeout=left(deadline) + 1.0)  # each is bounded by deadline itself
+        except FutureTimeout:
+            check = Check(what, False, f"no answer within {timeout:g} s (doctor's --timeout bounds the whole "
+                          "command); raise --timeout", stuck=True)
+        except Exception as e:
+            check = Check(what, False, _line(e))
+        if check is not None:
+            out.append(check)
+    return out
+
+
 def _exit_for(checks: list[Check]) -> None:
     if any(c.stuck for c in checks):
         # a store call stuck on a silent endpoint still holds a client thread: leave now
@@ -309,13 +374,10 @@ def _doctor_json(rows: list[tuple[str, str]], checks: list[Check], urls: list[st
         "remote_hit": None,
     }
     if model is not None and all(c.ok for c in checks):
-        from kvbucket.stores import open_store
-
         budget = Budget(MODEL_SHAPES[model], prompt_tokens)
         body["remote_hit"] = []
         for url in urls:
-            m = measure(lambda url=url: open_store(url), budget.shape.layout.full_chunk_bytes,
-                        small_objects=min(budget.chunks, MAX_SMALL_OBJECTS))
+            m = _measure(url, budget)
             beats, why = verdict(budget, m)
             body["remote_hit"].append({"url": url, "model": model, "prompt_tokens": prompt_tokens,
                                        **asdict(m), "round_trips": m.round_trips, "gbps": m.gbps,
@@ -324,15 +386,24 @@ def _doctor_json(rows: list[tuple[str, str]], checks: list[Check], urls: list[st
     _exit_for(checks)
 
 
-def _report_remote_hit(urls: list[str], budget: Budget) -> None:
-    """Measure each store and say whether a hit beats recompute (docs/remote-hit.md)."""
+def _measure(url: str, budget: Budget) -> Measurement:
+    """:func:`measure` on ``url`` as an engine opens it (its read deadlines included); a store that
+    fails it (a load past its deadline, a refused write) is one line, exit 1."""
     from kvbucket.stores import open_store
 
+    try:
+        return measure(lambda: open_store(url), budget.shape.layout.full_chunk_bytes,
+                       small_objects=min(budget.chunks, MAX_SMALL_OBJECTS))
+    except (RuntimeError, KVBucketError, OSError) as e:
+        raise fail(f"measuring {url} failed: {_line(e)}", 1) from None
+
+
+def _report_remote_hit(urls: list[str], budget: Budget) -> None:
+    """Measure each store and say whether a hit beats recompute (docs/remote-hit.md)."""
     typer.echo(f"\nremote hit vs recompute: {budget.shape.name} ({budget.shape.describe()})")
     for url in urls:
         typer.echo(f"  {url}:")
-        m = measure(lambda url=url: open_store(url), budget.shape.layout.full_chunk_bytes,
-                    small_objects=min(budget.chunks, MAX_SMALL_OBJECTS))
+        m = _measure(url, budget)
         trips = f" = {m.round_trips:.1f} round trips" if m.round_trips is not None else " (no network)"
         typer.echo(f"    one lookup: {m.rtt_s * 1000:.1f} ms (median of {RTT_SAMPLES}); lookup + load of "
                    f"{m.small_objects} small objects: {m.small_load_s * 1000:.0f} ms{trips}")
