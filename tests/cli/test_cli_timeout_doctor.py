@@ -52,3 +52,17 @@ def test_doctor_model_measurement_is_inside_a_given_timeout(
     assert "  ok    s3://" in r.out, r.out  # the check itself answered
     assert_one_line_error(r, 1, "did not finish within 4 s", "--model's measurement", "_kvbucket_doctor/")
     assert took < 4 + SLACK, took
+
+
+def test_demo_timeout_bounds_the_first_answer_of_its_target(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """docs/cli.md: `demo --target URL --timeout N` bounds the store's first answer (the demo's own
+    work takes minutes); a trickling endpoint ends it within N s with one line that says so."""
+    with SilentServer(trickle_secs=0.3) as trickling:
+        env = {**cli_env, "HF_ENDPOINT": trickling.url, "HF_TOKEN": "hf_" + "x" * 34,
+               "HF_HOME": str(tmp_path / "hf")}
+        t0 = time.monotonic()
+        r = run_cli("demo", "--synthetic", "--chunks", "2", "--target", "hf://buckets/alice/kv", "--timeout",
+                    str(N), env=env)
+        took = time.monotonic() - t0
+    assert_one_line_error(r, 1, "no answer from", "within 3 s", "raise --timeout")
+    assert took < N + SLACK, took
