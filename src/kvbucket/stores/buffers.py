@@ -346,4 +346,19 @@ def check_buffer_size(name: str, size: int, buffer: Buffer) -> Any:
     return view
 
 
-__all__ = ["Buffer", "Gather", "Scatter", "check_buffer_size"]
+def put_view(name: str, data: Any) -> memoryview | Gather:
+    """The bytes a put hands over, as a flat byte view (a :class:`Gather` as it is); what a put
+    cannot take is a TypeError or ValueError naming the object."""
+    if isinstance(data, Gather):
+        return data
+    try:
+        view = memoryview(data)
+    except TypeError:
+        kind = type(data).__name__
+        raise TypeError(f"the data for {name!r} is a {kind}, not a bytes-like object") from None
+    if not view.c_contiguous:
+        raise ValueError(f"the data for {name!r} is not a contiguous buffer; pass a contiguous copy")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+__all__ = ["Buffer", "Gather", "Scatter", "check_buffer_size", "put_view"]

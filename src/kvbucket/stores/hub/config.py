@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kvbucket.did_you_mean import closest, did_you_mean, unknown_key_hint, value_hint
 from kvbucket.errors import ConfigError, InvalidKeyError
@@ -198,6 +207,16 @@ class HFBucketConfig(BaseModel):
     store_timeout_secs: float = Field(
         120.0, gt=0, le=86400, description="total of put_many/delete_many: past it, items fail"
     )
+    # The Hub deletes without a condition (stores/hub/rechecks.py): a deleter bounds its
+    # compare-to-delete window, a writer asks again after a longer delay and adds back its loss.
+    delete_window_secs: float = Field(
+        2.0, gt=0, le=600, description="a delete by version is sent within half of this after its compare "
+        "(paths-info), else compared again; no send or retry starts past it; shorter than recheck_delay_secs"
+    )
+    recheck_delay_secs: float = Field(
+        5.0, ge=0, le=3600, description="this long after a commit, the writer asks whether what it wrote is "
+        "still there and adds back by its hash what a racing delete removed; 0: off (the window stays open)"
+    )
     breaker_failures: int = Field(
         5, ge=0, le=1000, strict=True, description="consecutive failed calls that open the breaker; 0: off"
     )
@@ -229,13 +248,22 @@ class HFBucketConfig(BaseModel):
     @field_validator(
         "metadata_cache_ttl_secs", "retry_backoff_secs", "connect_timeout_secs", "request_timeout_secs",
         "lookup_timeout_secs", "load_timeout_secs", "store_timeout_secs", "breaker_cooldown_secs",
-        mode="before",
+        "delete_window_secs", "recheck_delay_secs", mode="before",
     )
     @classmethod
     def _number_not_bool(cls, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ValueError(f"must be a number, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _recheck_after_window(self) -> HFBucketConfig:
+        if 0 < self.recheck_delay_secs <= self.delete_window_secs:
+            raise ValueError(
+                f"recheck_delay_secs={self.recheck_delay_secs:g} must be longer than delete_window_secs="
+                f"{self.delete_window_secs:g} (a writer asks again only after any racing delete has landed); "
+                "raise recheck_delay_secs, lower delete_window_secs, or set recheck_delay_secs=0 (off)")
+        return self
 
     # ---- derived values -------------------------------------------------------------------
     @property

@@ -58,12 +58,14 @@ from kvbucket.stores.base import (
     check_buffer_size,
     check_name,
 )
+from kvbucket.stores.buffers import put_view
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.guard.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.hub import versions as hub_versions
 from kvbucket.stores.hub.client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
 from kvbucket.stores.hub.config import HFBucketConfig
 from kvbucket.stores.hub.meta_cache import MetaCache
+from kvbucket.stores.hub.rechecks import Rechecks
 from kvbucket.stores.hub.whoami import as_caller
 from kvbucket.threads import DaemonThreadPool
 
@@ -97,6 +99,8 @@ class HFBucketStore(RemoteStore):
             read_part_bytes=config.read_part_bytes, read_slots=config.read_slots)
         self.endpoint = self._client.endpoint
         self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)
+        # What this store committed is asked about again later: a racing delete's loss is added back.
+        self.rechecks = Rechecks(self._client, self.url, config.recheck_delay_secs, self._cache)
         self._pool = DaemonThreadPool(config.num_workers, "kvbucket-hfbucket")  # never blocks exit
         # Loads: every object of a batch in flight at once (up to load_concurrency), so a load
         # costs one round trip (reconstruction, then fetch) whatever the number of objects.
@@ -241,7 +245,7 @@ class HFBucketStore(RemoteStore):
     def _put_many(self, items: Sequence[tuple[str, Buffer | Gather]]) -> list[ItemResult]:
         self._check_open()
         names = self._names([n for n, _ in items])
-        views = [_byte_view(n, d) for n, (_, d) in zip(names, items, strict=True)]
+        views = [put_view(n, d) for n, (_, d) in zip(names, items, strict=True)]
         if not names:
             return []
         results: list[ItemResult | None] = [None] * len(names)
@@ -257,7 +261,8 @@ class HFBucketStore(RemoteStore):
         self._cache.written(self._path(names[i]) for i in order)
 
         def run(batch: list[int]) -> dict[int, ItemResult]:
-            return self._put_batch([(i, names[i], views[i]) for i in batch], deadline)
+            with self.rechecks.writing([self._path(names[i]) for i in batch]):
+                return self._put_batch([(i, names[i], views[i]) for i in batch], deadline)
 
         def late(b: int) -> dict[int, ItemResult]:
             self._cache.written([self._path(names[i]) for i in batches[b]])
@@ -297,9 +302,12 @@ class HFBucketStore(RemoteStore):
             self._cache.set_written(
                 (p, RemoteFile(p, size, h)) for p, (h, size) in zip(paths, uploaded, strict=True)
             )
-            return {i: ItemResult(n, size=size, version=h)
-                    for (i, n, _), (h, size) in zip(batch, uploaded, strict=True)}
-        return self._reconcile_put(batch, paths, uploaded, failed, failure, deadline)
+            out = {i: ItemResult(n, size=size, version=h)
+                   for (i, n, _), (h, size) in zip(batch, uploaded, strict=True)}
+        else:
+            out = self._reconcile_put(batch, paths, uploaded, failed, failure, deadline)
+        self.rechecks.committed(paths, [out[i] for i, _, _ in batch], mtime)
+        return out
 
     def _reconcile_put(
         self, batch: list[tuple[int, str, memoryview | Gather]], paths: list[str],
@@ -492,6 +500,7 @@ class HFBucketStore(RemoteStore):
         except StoreError as e:
             return [ItemResult(n, error=e) for n in names]
         present = list(dict.fromkeys(p for p in paths if before[p] is not None))
+        self.rechecks.forget(present)  # removed on purpose: not to be added back
         self._cache.written(present)
         failed: dict[str, StoreError] = {}
         chunks = [present[i : i + HUB_BATCH_LIMIT] for i in range(0, len(present), HUB_BATCH_LIMIT)]
@@ -576,6 +585,7 @@ class HFBucketStore(RemoteStore):
     def close(self) -> None:
         if self._closed:
             return
+        self.rechecks.close()  # the pending checks, at once
         self._closed = True
         self.breaker.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -583,18 +593,6 @@ class HFBucketStore(RemoteStore):
         self._client.close()
         self._cache.clear()
 
-
-def _byte_view(name: str, data: Buffer | Gather) -> memoryview | Gather:
-    if isinstance(data, Gather):
-        return data
-    try:
-        view = memoryview(data)
-    except TypeError:
-        kind = type(data).__name__
-        raise TypeError(f"the data for {name!r} is a {kind}, not a bytes-like object") from None
-    if not view.c_contiguous:
-        raise ValueError(f"the data for {name!r} is not contiguous in memory")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
 __all__ = ["HFBucketConfig", "HFBucketStore"]

@@ -43,6 +43,7 @@ from kvbucket.stores.base import (
     VersionedDelete,
     check_buffer_size,
 )
+from kvbucket.stores.buffers import put_view
 from kvbucket.stores.local import versions
 from kvbucket.stores.local.paths import (
     DIR_FLAGS,
@@ -202,18 +203,7 @@ class FileStore(ObjectStore):
     # ---- the protocol -------------------------------------------------------------------
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> list[ItemResult]:
         names = self._check([n for n, _ in items])
-        views: list[memoryview | Gather] = []
-        for n, d in items:
-            if isinstance(d, Gather):  # header + regions: one writev, no joined copy
-                views.append(d)
-                continue
-            try:
-                v = memoryview(d)
-            except TypeError:
-                raise TypeError(f"data for {n!r} is a {type(d).__name__}, not a bytes-like object") from None
-            if not v.c_contiguous:
-                raise ValueError(f"data for {n!r} is not a contiguous buffer; pass a contiguous copy")
-            views.append(v.cast("B") if v.format != "B" or v.ndim != 1 else v)
+        views = [put_view(n, d) for n, d in items]  # a Gather (header + regions): one writev, no copy
         if not names:
             return []
         try:
