@@ -48,6 +48,7 @@ def main() -> None:
         print(json.dumps({"kind": kind, "cells": cells, "loads": total.loads, "found": total.found,
                           "wrong_bytes_served": len(total.wrong),
                           "valid_chunks_deleted": len(total.valid_deleted),
+                          "readded_by_writer_recheck": total.readded,
                           "damaged_at_rest": total.damaged, "wire_flipped": total.wire_flipped,
                           "evicted": total.evicted, "evictions_kept": total.evictions_kept,
                           "secs": round(time.perf_counter() - t0, 1)}), flush=True)

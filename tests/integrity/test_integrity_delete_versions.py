@@ -295,3 +295,26 @@ def test_an_engine_tiers_fleet_eviction_keeps_a_version_written_since(
     got = other.get(rewritten[0])
     assert got is not None and bytes(memoryview(got).cast("B")) == b"\x0b" * chunk
     other.close()
+
+
+def test_an_eviction_whose_head_finds_nothing_deletes_nothing_by_name(
+    open_store: Callable[[], ObjectStore],
+) -> None:
+    """Eviction without a known version asks a HEAD: a name it finds gone is reported gone, not
+    removed by name (which would take a writer's version stored right after that HEAD)."""
+    from kvbucket.stores.guard.refusals import delete_as_seen
+
+    writer, raw = open_store(), open_store()
+
+    class HeadThenWrite(HookedStore):
+        def head_many(self, names: Any) -> Any:
+            out = self.inner.head_many(names)
+            writer.put("n", b"v2")  # stored after the HEAD saw nothing
+            return out
+
+    store = HeadThenWrite(raw, lambda names: None)
+    (r,) = delete_as_seen(store, ["n"], {}, "eviction").values()
+    assert r.ok and not getattr(r, "removed", True)
+    assert writer.get("n") == b"v2"
+    writer.close()
+    raw.close()

@@ -363,12 +363,17 @@ class Removal:
 
 
 def _delete(store: ObjectStore, names: list[str], versions: dict[str, str | None] | None) -> list[Any]:
-    """``delete_many``, or with every name's listed version, the delete that names it."""
-    if versions is None or not names or any(versions.get(n) is None for n in names):
+    """``delete_many``, or with the listed versions, the delete that names each (a name listed
+    with no version, by a store that gives none, as it is)."""
+    if versions is None or not names:
         return store.delete_many(names)
     from kvbucket.stores.guard.refusals import delete_judged
 
-    return delete_judged(store, [(n, str(versions[n])) for n in names], "rm")
+    known = [n for n in names if versions.get(n) is not None]
+    done = {r.name: r for r in delete_judged(store, [(n, str(versions[n])) for n in known], "rm")}
+    if plain := [n for n in names if versions.get(n) is None]:
+        done.update((r.name, r) for r in store.delete_many(plain))
+    return [done[n] for n in names]
 
 
 def names_for(given: str) -> list[str]:

@@ -140,7 +140,8 @@ class FormatStore(ObjectStore):
                 if self.serves_lmcache:
                     yield info
             else:
-                yield ObjectInfo(info.name, self.sealed.payload_size(info.size) or 0, info.mtime)
+                size = self.sealed.payload_size(info.size) or 0
+                yield ObjectInfo(info.name, size, info.mtime, info.version)
 
     def close(self) -> None:
         self.sealed.close()

@@ -15,7 +15,9 @@ payload bit, written behind the tier's back) and evicts them (by the version a H
 random pause), and reads cross a bad wire (:class:`~kvbucket.testing.delete_races.WireDamage`):
 a load must still serve only allowed bytes, and after every round each name whose last event was
 a good put must still be stored (no valid chunk deleted: a refusal removes only what it read
-damaged twice, by version; an eviction only the version it saw).
+damaged twice, by version; an eviction only the version it saw), once the writers' re-checks ran
+(on the Hub a delete can take a write committed in its compare-to-delete window; the writer adds
+it back: those are counted as ``readded``).
 
 The plan (names, operations, delays, payloads, keys) comes from the seed and is reproducible;
 which thread runs first is the machine's. A failure names the seed, the cell and the round, with
@@ -86,6 +88,7 @@ class Tally:
     found: int = 0
     wrong: list[str] = field(default_factory=list)
     valid_deleted: list[str] = field(default_factory=list)  # with damage: good chunks gone
+    readded: int = 0  # with damage: good chunks gone after a round, added back by the writer's re-check
     damaged: int = 0  # objects damaged in storage (with damage)
     evicted: int = 0  # evictions that removed the version they saw (with damage)
     evictions_kept: int = 0  # evictions that found another version (with damage)
@@ -96,6 +99,7 @@ class Tally:
         self.found += other.found
         self.wrong.extend(other.wrong)
         self.valid_deleted.extend(other.valid_deleted)
+        self.readded += other.readded
         self.damaged += other.damaged
         self.evicted += other.evicted
         self.evictions_kept += other.evictions_kept
@@ -302,8 +306,17 @@ class _Lane:
         is still stored."""
         if self.raw is None:
             return
+        from kvbucket.testing.delete_races import settle_writes
+
         good = [k for k in self.keys if self.last.get(k) == "put"]
-        for k, h in zip(good, self.raw.head_many([self.name(k) for k in good]), strict=True):
+        heads = self.raw.head_many([self.name(k) for k in good])
+        gone = [k for k, h in zip(good, heads, strict=True) if h.ok and h.size is None]
+        if gone:  # a Hub writer's re-check may add them back
+            settle_writes(self.raw)
+            heads = self.raw.head_many([self.name(k) for k in gone])
+            self.tally.readded += sum(1 for h in heads if h.ok and h.size is not None)
+            good = gone
+        for k, h in zip(good, heads, strict=True):
             if h.ok and h.size is None:
                 self.last[k] = "lost"  # counted once (not again each round until it is rewritten)
                 self.tally.valid_deleted.append(f"{cell} seed={seed} round={rnd} key={k}: a good chunk was "

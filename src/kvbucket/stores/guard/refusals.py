@@ -33,9 +33,10 @@ from prometheus_client import Counter
 
 from kvbucket import envelope as env
 from kvbucket.errors import StoreError
+from kvbucket.stores.base import ItemResult, VersionedDelete
 
 if TYPE_CHECKING:
-    from kvbucket.stores.base import ItemResult, ObjectStore, VersionedDelete
+    from kvbucket.stores.base import ObjectStore
 
 #: Opens one object read whole (an envelope opener's ``_open_whole``): its verified result, or
 #: :class:`~kvbucket.envelope.EnvelopeError` with the reason.
@@ -119,14 +120,20 @@ def delete_as_seen(store: ObjectStore, names: Sequence[str], versions: dict[str,
                    ) -> dict[str, VersionedDelete | ItemResult]:
     """Eviction's delete: each name by the version its judgement saw (``versions``), or where that
     is unknown, by the version a HEAD sees now (a write before that HEAD and after the judgement
-    is the window left: docs/integrity.md); names a store gives no version for are removed as
-    they are. Name -> outcome (a :class:`VersionedDelete`, or ``delete_many``'s result)."""
+    is the window left: docs/integrity.md); a name that HEAD finds gone is not deleted (a write
+    may come between), and only names a store gives no version for (a store that found them) are
+    removed as they are. Name -> outcome (a :class:`VersionedDelete`, or ``delete_many``'s result)."""
     versions = dict(versions)
+    out: dict[str, VersionedDelete | ItemResult] = {}
     if unknown := [n for n in names if not versions.get(n)]:
-        versions.update((h.name, h.version) for h in store.head_many(unknown) if h.found)
+        for h in store.head_many(unknown):
+            if h.found:
+                versions[h.name] = h.version
+            else:  # gone already, or the HEAD failed: never a delete by name (a writer may be next)
+                out[h.name] = ItemResult(h.name, error=h.error) if h.error else VersionedDelete(h.name)
     known = [(n, str(versions[n])) for n in names if versions.get(n)]
-    plain = [n for n in names if not versions.get(n)]
-    out: dict[str, VersionedDelete | ItemResult] = {d.name: d for d in delete_judged(store, known, path)}
+    plain = [n for n in names if not versions.get(n) and n not in out]
+    out.update((d.name, d) for d in delete_judged(store, known, path))
     if plain:
         out.update((r.name, r) for r in store.delete_many(plain))
     return out
