@@ -79,7 +79,16 @@ def main() -> None:
             t0 = time.perf_counter()
             report = refusal_race(open_raw, args.trials, seed=args.seed)
             secs = time.perf_counter() - t0
-        print(json.dumps({"kind": kind, "legacy": args.legacy, **report.as_dict(), "secs": round(secs, 1)}))
+        extra = {"lost_names": report.lost_names[:5]} if report.lost else {}
+        if kind == "hub":  # the Hub writers' re-checks and the deleters' window, as counted
+            from kvbucket.stores.hub.rechecks import HUB_DELETE_WINDOW, HUB_RECHECKS
+
+            extra["rechecks"] = {o: int(HUB_RECHECKS.labels(o)._value.get())
+                                 for o in ("kept", "newer", "readded", "failed")}
+            extra["delete_window"] = {o: int(HUB_DELETE_WINDOW.labels(o)._value.get())
+                                      for o in ("recompared", "late")}
+        print(json.dumps({"kind": kind, "legacy": args.legacy, **report.as_dict(), "secs": round(secs, 1),
+                          **extra}))
 
 
 if __name__ == "__main__":

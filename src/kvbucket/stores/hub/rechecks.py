@@ -181,15 +181,15 @@ class Rechecks:
         while True:
             with self._cond:
                 now = time.monotonic()
-                if not self._pending and not self._busy:
-                    return ran
-                first = next(iter(self._pending.values())).due if self._pending else now
-                if now >= until or first > until:
-                    return ran
-                if not self._pending or first > now:  # the thread's check, or the first due
-                    self._cond.wait((min(until, first) if self._pending else until) - now)
+                due = self._take(now)  # what is due runs, even when this wait woke up late
+                if not due:
+                    if not self._pending and not self._busy:
+                        return ran
+                    first = next(iter(self._pending.values())).due if self._pending else until
+                    if now >= until or first > until:
+                        return ran
+                    self._cond.wait(min(until, first) - now)  # the first due, or the thread's check
                     continue
-                due = self._take(now)
             self._check(due)
             ran += len(due)
 
