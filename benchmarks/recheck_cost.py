@@ -31,7 +31,7 @@ TOKEN = "hf_recheck_cost_write_token_0001"
 
 
 def routes(emu: HubEmulator) -> dict[str, int]:
-    return {k: int(v.get("count", 0)) for k, v in emu.stats()["routes"].items()}
+    return {k: int(v.get("requests", 0)) for k, v in emu.stats()["routes"].items()}
 
 
 def one_side(emu: HubEmulator, delay: float, args: argparse.Namespace, tag: str) -> dict[str, Any]:
@@ -52,8 +52,8 @@ def one_side(emu: HubEmulator, delay: float, args: argparse.Namespace, tag: str)
     close_secs = time.perf_counter() - c0
     after = routes(emu)
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
-    paths_info = sum(v for k, v in delta.items() if "paths-info" in k)
-    commits = sum(v for k, v in delta.items() if k.endswith("batch"))
+    paths_info = sum(v for k, v in delta.items() if k == "paths_info")
+    commits = sum(v for k, v in delta.items() if k == "batch")
     return {"objects_per_s": stored / secs, "batches": batches, "paths_info": paths_info,
             "commits": commits, "close_s": close_secs, "routes": delta}
 
