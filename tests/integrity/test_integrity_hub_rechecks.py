@@ -80,7 +80,20 @@ def eviction(_reader: SealedStore, raw: HFBucketStore, name: str) -> None:
     assert r.removed
 
 
-@pytest.mark.parametrize("delete", [refusal, verify_delete_bad, eviction])
+def fleet_eviction(_reader: SealedStore, raw: HFBucketStore, name: str) -> None:
+    (r,) = delete_as_seen(raw, [name], {}, "fleet_eviction").values()  # the version a HEAD sees
+    assert getattr(r, "removed", False)
+
+
+def rm_identity(_reader: SealedStore, raw: HFBucketStore, name: str) -> None:
+    from kvbucket.cli.store_cmd import _delete
+
+    ((listed, version),) = [(i.name, i.version) for i in raw.list(name)]
+    (r,) = _delete(raw, [listed], {listed: version})
+    assert r.removed
+
+
+@pytest.mark.parametrize("delete", [refusal, verify_delete_bad, eviction, fleet_eviction, rm_identity])
 def test_a_version_committed_between_compare_and_delete_is_added_back(
     open_hub: Callable[..., HFBucketStore], delete: Callable[[SealedStore, HFBucketStore, str], None],
 ) -> None:
