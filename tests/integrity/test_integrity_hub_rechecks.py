@@ -191,3 +191,21 @@ def test_the_delay_must_outlast_the_window() -> None:
     with pytest.raises((ConfigError, ValueError), match="recheck_delay_secs=1 must be longer than"):
         HFBucketConfig(bucket_handle="hf://buckets/a/b", recheck_delay_secs=1, delete_window_secs=2)
     HFBucketConfig(bucket_handle="hf://buckets/a/b", recheck_delay_secs=0, delete_window_secs=2)  # off
+
+
+def test_a_fleet_on_the_hub_evicts_nothing_younger_than_twice_the_delay(
+    open_hub: Callable[..., HFBucketStore], tmp_path: Any,
+) -> None:
+    """Else a writer's re-check adds back what the fleet evicted, and the fleet counts it gone."""
+    from kvbucket.fleet.config import FleetConfig
+    from kvbucket.fleet.sync import Fleet, recheck_delay
+    from kvbucket.stores.local.file import FileStore
+
+    hub = seal_store(open_hub(), tier="f", identity="rc")
+    assert recheck_delay(hub) == DELAY and recheck_delay(open_hub(recheck_delay_secs=0)) == 0
+    assert recheck_delay(FileStore(tmp_path)) == 0
+    fleet = Fleet(hub, FleetConfig(node_id="g", grace_secs=1.0), prefix="p")
+    try:
+        assert fleet._grace == 2 * DELAY
+    finally:
+        fleet.close()

@@ -88,6 +88,9 @@ class Fleet:
         self.node = config.node_id or secrets.token_hex(6)
         self._store = store
         self._chunks = chunk_store or store
+        # A Hub writer adds back what a delete removed before its re-check ran (a re-check delay
+        # after the commit ends, a second later at most): twice that delay covers the put's own time.
+        self._grace = max(config.grace_secs, 2 * recheck_delay(self._chunks))
         self._prefix = prefix
         self._capacity = capacity
         self._eviction = eviction or EvictionConfig(eviction_policy="noop")
@@ -217,7 +220,7 @@ class Fleet:
                 capacity=self._capacity,
                 eviction=self._eviction,
                 now=time.time(),
-                grace=self.config.grace_secs,
+                grace=self._grace,
                 max_age=self.config.max_age_secs,
                 pinned=self._pinned,
                 busy=busy,
@@ -437,5 +440,23 @@ class Fleet:
         self._store.put(heartbeat_name(self._prefix, self.node), body)
         self._last_heartbeat = now
 
+
+
+def recheck_delay(store: ObjectStore) -> float:
+    """``recheck_delay_secs`` of the Hub store under ``store``'s wrappers (0 for other stores).
+
+    A Hub writer adds back, that long after its commit, a version a delete removed meanwhile
+    (stores/hub/rechecks.py): an eviction of a chunk younger than that would be undone, and the
+    chunk left stored but counted as deleted by the fleet. The fleet's grace is at least twice it.
+    """
+    seen: set[int] = set()
+    node: Any = store
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        rechecks = node.__dict__.get("rechecks") if hasattr(node, "__dict__") else None
+        if rechecks is not None:
+            return float(getattr(rechecks, "delay", 0.0))
+        node = getattr(node, "inner", None) or getattr(node, "raw", None) or getattr(node, "sealed", None)
+    return 0.0
 
 __all__ = ["FLEET_EVICTIONS", "Fleet"]

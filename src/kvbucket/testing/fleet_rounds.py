@@ -38,8 +38,11 @@ def open_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Obj
     from kvbucket.stores.hub.store import HFBucketStore
 
     hub = request.getfixturevalue("hub_bucket")
+    # No writer re-check (stores/hub/rechecks.py): with it, the fleet evicts no chunk younger than
+    # twice its delay, and these rounds evict what they stored a moment before.
     return HFBucketStore(HFBucketConfig(bucket_handle=f"hf://buckets/{hub.bucket_id}",
-                                        token=hub.hub.write_token, endpoint=hub.hub.endpoint))
+                                        token=hub.hub.write_token, endpoint=hub.hub.endpoint,
+                                        recheck_delay_secs=0))
 
 
 def member(store: ObjectStore, name: str, capacity: int = 10 * CHUNK, **fleet: Any) -> Fleet:
