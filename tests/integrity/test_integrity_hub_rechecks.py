@@ -209,3 +209,21 @@ def test_a_fleet_on_the_hub_evicts_nothing_younger_than_twice_the_delay(
         assert fleet._grace == 2 * DELAY
     finally:
         fleet.close()
+
+
+def test_close_with_checks_pending_and_a_hung_hub_ends_within_its_bound() -> None:
+    """close() runs the pending checks, within DEFAULT_CLOSE_TIMEOUT_SECS: a Hub that does not
+    answer does not hold it (the checks are counted failed)."""
+    from kvbucket.stores.base import ItemResult
+    from kvbucket.testing.silent_server import SilentServer
+    from kvbucket.threads import DEFAULT_CLOSE_TIMEOUT_SECS
+
+    with SilentServer() as server:
+        store = HFBucketStore(HFBucketConfig(bucket_handle="hf://buckets/o/hung", token="hf_x",
+                                             token_env="", endpoint=server.url))
+        store.rechecks.committed(["n"], [ItemResult("n", size=1, version="ab" * 32)], 0)
+        failed = count(HUB_RECHECKS, "failed")
+        t0 = time.monotonic()
+        store.close()
+        assert time.monotonic() - t0 < DEFAULT_CLOSE_TIMEOUT_SECS + 2
+        assert count(HUB_RECHECKS, "failed") == failed + 1

@@ -193,11 +193,12 @@ class Rechecks:
             self._check(due)
             ran += len(due)
 
-    def _check(self, due: list[tuple[str, _Pending]]) -> None:
+    def _check(self, due: list[tuple[str, _Pending]], secs: float = 30.0) -> None:
+        """Ask about ``due`` (one paths-info per 1,000), add back what is gone; within ``secs``."""
         if not due:
             return
         paths = [p for p, _ in due]
-        deadline = deadline_in(max(30.0, self.delay))
+        deadline = deadline_in(secs)
         try:
             now = self._client.paths_info(paths, deadline)
         except StoreError as e:
@@ -251,7 +252,7 @@ class Rechecks:
             self._closed = True
             self._cond.notify_all()
             thread = self._thread
-        self._check(due)
+        self._check(due, DEFAULT_CLOSE_TIMEOUT_SECS)  # a Hub that does not answer: close goes on
         if thread is not None:
             thread.join(DEFAULT_CLOSE_TIMEOUT_SECS)  # a check in flight: bounded by its own deadline
 
