@@ -65,16 +65,23 @@ def test_hub_ranged_reads_serve_only_stored_bytes(hub_bucket: Any, encrypted: bo
     assert split[0] > 0  # objects were read in parts
 
 
+@pytest.mark.parametrize("sizing", ["part", "budget"])
 @pytest.mark.parametrize("read_ahead", [False, True], ids=["direct", "read_ahead"])
 @pytest.mark.parametrize("encrypted", [False, True], ids=["sealed", "encrypted"])
 def test_s3_ranged_reads_serve_only_stored_bytes(seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy,
-                                                 encrypted: bool, read_ahead: bool) -> None:
-    """The same on S3: every chunk loaded into a buffer is read with about four ranged GETs, while
-    a thread keeps cutting, failing and slowing some of them (bounded: it stops with the cell)."""
+                                                 encrypted: bool, read_ahead: bool, sizing: str) -> None:
+    """The same on S3: every chunk loaded into a buffer is read with ranged GETs, while a thread
+    keeps cutting, failing and slowing some of them (bounded: it stops with the cell). ``part``:
+    about four ranges of ``s3_read_part_bytes`` each; ``budget``: parts below one chunk only
+    because a load's ranges would not fill ``s3_num_io_threads`` (s3/split.py), down to
+    ``s3_read_min_part_bytes``, so the parts' sizes vary with each load's objects."""
     rounds, seed, chunk_kib = settings_from_env()
+    part = max(16 << 10, chunk_kib * 1024 // 4)
+    sizes = ({"s3_read_part_bytes": part, "s3_read_min_part_bytes": 0} if sizing == "part" else
+             {"s3_read_part_bytes": chunk_kib << 10, "s3_read_min_part_bytes": 8 << 10,
+              "s3_num_io_threads": 24})
     cfg = S3Config.parse(seaweedfs.config(s3_bucket, f"rng-{uuid.uuid4().hex[:6]}",
-                                          s3_endpoint_url=fault_proxy.url,
-                                          s3_read_part_bytes=max(16 << 10, chunk_kib * 1024 // 4)))
+                                          s3_endpoint_url=fault_proxy.url, **sizes))
     done = threading.Event()
     rng = random.Random(seed)
 
@@ -98,12 +105,13 @@ def test_s3_ranged_reads_serve_only_stored_bytes(seaweedfs: S3Server, s3_bucket:
         try:
             tally = run_cell(store, encrypted=encrypted, read_ahead=read_ahead, rounds=rounds, seed=seed,
                              chunk_kib=chunk_kib,
-                             cell=f"s3 ranged encrypted={encrypted} read_ahead={read_ahead}")
+                             cell=f"s3 ranged {sizing} encrypted={encrypted} read_ahead={read_ahead}")
         finally:
             done.set()
             t.join(10)
-    print(f"served-bytes s3 ranged encrypted={encrypted} read_ahead={read_ahead}: {tally.loads} loads, "
-          f"{tally.found} found, {len(tally.wrong)} wrong, {fault_proxy.injected} faults")
+    print(f"served-bytes s3 ranged {sizing} encrypted={encrypted} read_ahead={read_ahead}: "
+          f"{tally.loads} loads, {tally.found} found, {len(tally.wrong)} wrong, "
+          f"{fault_proxy.injected} faults")
     assert tally.wrong == [], "\n".join(tally.wrong[:10])
     assert tally.found > 0 and fault_proxy.injected > 0
     assert split[0] >= tally.found  # the loads were ranged reads

@@ -21,6 +21,7 @@ from kvbucket.stores.base import Scatter
 from kvbucket.stores.guard.sealed import seal_store
 from kvbucket.stores.s3.config import S3Config
 from kvbucket.stores.s3.direct import _Transfer
+from kvbucket.stores.s3.split import part_size, spans
 from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.s3_server import FaultProxy, S3Server
 from kvbucket.testing.tls import make_test_certificates
@@ -370,3 +371,55 @@ def test_ranges_out_of_time_fail_the_object_without_a_retry_through_obstore(
         finally:
             fault_proxy.latency = 0.0
         assert isinstance(r.error, DeadlineExceededError), r.error
+
+
+_MiB = 1 << 20
+
+
+def test_parts_fill_the_budget_down_to_the_floor() -> None:
+    def ranges(n: int, size: int, budget: int = 64, part: int = 8 * _MiB, floor: int = _MiB) -> int:
+        p = part_size([size] * n, budget, part, floor)
+        return n * len(spans(size, p))
+
+    assert ranges(32, 2 * _MiB) == 64  # 64 ranges of 1 _MiB
+    assert ranges(8, 32 * _MiB) == 64  # 4 _MiB parts
+    assert ranges(16, 32 * _MiB) == 64  # 8 _MiB parts: already the budget
+    assert ranges(64, 2 * _MiB) == 64  # one GET each
+    assert ranges(128, 32 * _MiB) == 512  # never bigger than s3_read_part_bytes
+    assert ranges(1, 2 * _MiB) == 2  # the floor: not 64 ranges of 32 KiB
+    assert ranges(4, _MiB + 1) == 4  # below two floors: one GET each
+    assert ranges(32, 2 * _MiB, floor=0) == 32  # no floor setting: parts of s3_read_part_bytes only
+    assert ranges(32, 2 * _MiB, part=0) == 32  # s3_read_part_bytes 0: never split
+    assert spans(10, 3) == [(0, 3), (3, 6), (6, 10)]  # tiles the object, disjoint
+
+
+def test_a_load_of_few_objects_is_read_in_enough_ranges(seaweedfs: S3Server, s3_bucket: str,
+                                                         fault_proxy: FaultProxy) -> None:
+    """Every byte right, and the GETs the server saw are what the budget asks: 4 objects of 256 KiB
+    with a budget of 8 are 8 ranges; 16 of them fill it alone (one GET each); an object loaded
+    without a buffer is one GET and takes one connection of the budget."""
+    rng = np.random.default_rng(11)
+    data = [rng.integers(0, 256, 256 << 10, dtype=np.uint8) for _ in range(16)]
+    names = [f"o{i}" for i in range(16)]
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=8, s3_read_part_bytes=_MiB,
+                    s3_read_min_part_bytes=64 << 10) as store:
+        assert all(r.ok for r in store.put_many(list(zip(names, data, strict=True))))
+        for n, expect in ((4, 8), (16, 16), (1, 4)):
+            outs = [np.zeros_like(d) for d in data[:n]]
+            before = gets(fault_proxy)
+            got = store.get_many(names[:n], outs)
+            assert all(r.ok for r in got)
+            assert all(np.array_equal(o, d) for o, d in zip(outs, data[:n], strict=True))
+            assert gets(fault_proxy)[0] - before[0] == expect, n
+            assert gets(fault_proxy)[1] == before[1]  # no fallback through obstore
+        before = gets(fault_proxy)
+        outs2 = [np.zeros_like(data[0]), None, None, None]
+        got = store.get_many(names[:4], outs2)
+        assert all(r.ok for r in got) and np.array_equal(outs2[0], data[0])
+        assert [bytes(r.data) for r in got[1:]] == [d.tobytes() for d in data[1:4]]
+        # 3 whole GETs leave a budget of 5 for 256 KiB: parts of 64 KiB (the floor): 4 ranges
+        assert gets(fault_proxy)[0] - before[0] == 3 + 4
+        buf = bytearray(b"\xab" * ((256 << 10) + 1))  # one byte more than stored
+        (r,) = store.get_many(["o0"], [buf])
+        assert isinstance(r.error, SizeMismatchError)
+        assert buf == b"\xab" * len(buf)  # no range of another-sized object is written

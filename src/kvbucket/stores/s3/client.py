@@ -130,6 +130,7 @@ def direct_reader(cfg: S3Config, target: S3Target, store: _ObS3Store) -> DirectR
         connect_timeout=cfg.s3_connect_timeout_secs,
         max_parallel=cfg.s3_num_io_threads,
         part_bytes=cfg.s3_read_part_bytes,
+        min_part_bytes=cfg.s3_read_min_part_bytes,
     )
 
 

@@ -47,6 +47,7 @@ import pycurl
 from kvbucket.chunks import as_view
 from kvbucket.stores.base import Scatter
 from kvbucket.stores.s3.kept import OVERLONG, ConnectionWatch
+from kvbucket.stores.s3.split import MIN_PART_BYTES, part_size, spans
 from kvbucket.stores.s3.transfers import (
     EXPIRED,
     HASH_STEP,
@@ -69,7 +70,8 @@ SPLIT_BYTES = 32 << 20
 #: An object of at least twice this (known from its caller's flat buffer) is read with ranged
 #: GETs of about this many bytes, in parallel (``s3_read_part_bytes``; 0: one GET per object), as
 #: awscrt's S3 client does: a real link caps each connection (S3 at ~100 MB/s), so one GET of a
-#: big object takes its size over one connection's cap however fast the link.
+#: big object takes its size over one connection's cap however fast the link. Smaller parts (down
+#: to ``s3_read_min_part_bytes``) when a load has fewer than ``max_parallel`` of them: split.py.
 PART_BYTES = 8 << 20
 
 
@@ -114,10 +116,12 @@ class DirectReader:
         max_parallel: int,
         threads: int = READ_THREADS,
         part_bytes: int = PART_BYTES,
+        min_part_bytes: int = MIN_PART_BYTES,
     ) -> None:
         self._store = store
         self._max_parallel = max(1, max_parallel)
         self._part_bytes = max(0, part_bytes)
+        self._min_part_bytes = max(0, min_part_bytes)
         self._threads = max(1, threads)
         self._pool: ThreadPoolExecutor | None = None
         setup: dict[int, Any] = {
@@ -190,18 +194,23 @@ class DirectReader:
 
     def _ranges(self, buffers: Sequence[Any | None]) -> dict[int, tuple[Any, list[tuple[int, int]]]]:
         """Items to read in ranges: their writable buffer (a flat view or a Scatter) and ``[a, b)``
-        ranges."""
-        part = self._part_bytes
-        out: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
-        if part <= 0:
-            return out
+        ranges, sized so that about ``max_parallel`` GETs are in flight (split.py)."""
+        if self._part_bytes <= 0:
+            return {}
+        smallest = min(self._min_part_bytes or self._part_bytes, self._part_bytes)  # a part's floor
+        views: dict[int, Any] = {}
         for i, buf in enumerate(buffers):
-            if buf is None or _size(buf) < 2 * part:
-                continue
-            view = _writable_view(buf)
+            view = _writable_view(buf) if buf is not None and _size(buf) >= 2 * smallest else None
             if view is not None and view is not False:
-                k = view.nbytes // part
-                out[i] = (view, [(j * view.nbytes // k, (j + 1) * view.nbytes // k) for j in range(k)])
+                views[i] = view
+        whole = len(buffers) - len(views)  # one GET each, a connection each
+        part = part_size([v.nbytes for v in views.values()], self._max_parallel - whole, self._part_bytes,
+                         self._min_part_bytes)
+        out: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
+        for i, view in views.items():
+            tiles = spans(view.nbytes, part)
+            if len(tiles) > 1:
+                out[i] = (view, tiles)
         return out
 
     def _fetch(

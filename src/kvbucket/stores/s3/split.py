@@ -1,0 +1,44 @@
+"""How many ranged GETs each object of a direct S3 load is read with (stores/s3/direct.py).
+
+Why: a real link caps each connection (S3 at ~100 MB/s), so a load is as fast as the number of
+GETs it keeps in flight; that number should follow the connection budget (``s3_num_io_threads``),
+not the object count. Objects of at least twice ``s3_read_part_bytes`` are always read in parts of
+about that size (as awscrt does); when that still leaves fewer ranges than the budget, parts get
+smaller, down to ``s3_read_min_part_bytes``, until about the budget is in flight: 32 x 2 MiB with a
+budget of 64 is 64 ranges of 1 MiB, 8 x 32 MiB is 64 of 4 MiB, 64 x 2 MiB stays one GET each.
+
+Why a floor: a range is a request (headers, a Content-Range check, a libcurl transfer), which on
+loopback or a fast link costs CPU and buys nothing; see docs/s3.md, "What bounds a hit on a real
+link", for what it was measured at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: Parts never get smaller than this to fill the connection budget (``s3_read_min_part_bytes``).
+MIN_PART_BYTES = 1 << 20
+
+
+def part_size(sizes: Sequence[int], budget: int, part_bytes: int, min_part_bytes: int) -> int:
+    """The part size of a load of objects of ``sizes`` (those that can be split) with ``budget``
+    GETs in flight at once: ``part_bytes`` when the load's bytes fill the budget with parts that
+    big, else ``bytes / budget`` but not below ``min_part_bytes``; 0: never split."""
+    if part_bytes <= 0:
+        return 0
+    total = sum(sizes)
+    if min_part_bytes <= 0 or min_part_bytes >= part_bytes or total <= 0:
+        return part_bytes
+    return min(part_bytes, max(min_part_bytes, -(-total // max(1, budget))))
+
+
+def spans(size: int, part: int) -> list[tuple[int, int]]:
+    """``[a, b)`` ranges of about ``part`` bytes tiling an object of ``size``; one for an object
+    below two parts (or ``part`` 0)."""
+    k = size // part if part > 0 else 1
+    if k < 2:
+        return [(0, size)]
+    return [(j * size // k, (j + 1) * size // k) for j in range(k)]
+
+
+__all__ = ["MIN_PART_BYTES", "part_size", "spans"]
