@@ -86,7 +86,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one side's store (``mode=store``) or lookup + load (``mode=load``); return figures."""
     side, n, size = spec["side"], spec["n"], spec["size"]
     fn = {"kvbucket": _kv_hub, "kvbucket-before": _kv_hub, "download_bucket_files": _hf_download,
-          "lmcache-hfbucket": _lmcache, "kvbucket-s3": _kv_s3, "lmcache-s3": _lmcache, "boto3": _boto3}[side]
+          "lmcache-hfbucket": _lmcache, "kvbucket-s3": _kv_s3, "kvbucket-s3-before": _kv_s3, "lmcache-s3": _lmcache,
+          "boto3": _boto3}[side]
     return fn(spec, n, size)
 
 
@@ -295,9 +296,11 @@ class S3Target:
     round_trips = 2  # HEAD, GET
     port_of_link: int | None = None  # a ShapedLink in front of the proxy, when set
 
-    def __init__(self, server: Any, proxy: Any) -> None:
+    def __init__(self, server: Any, proxy: Any, before_src: str | None = None) -> None:
         self.server, self.proxy = server, proxy
         self._mark = 0
+        self.before_src = before_src
+        self.sides = S3_SIDES + (("kvbucket-s3-before",) if before_src else ())
 
     @property
     def target_port(self) -> int:
@@ -328,16 +331,17 @@ class S3Target:
             from lmcache_adapters import s3_adapter_spec
 
             return {"side": side, "adapter": s3_adapter_spec(s, self.port)}
-        prefix = f"kv-{shape}"
+        prefix = f"kv-{shape}"  # kvbucket (now and before) and boto3 read the same objects
         if side == "boto3":
             return {"side": side, "endpoint_url": f"http://localhost:{self.port}", "region": s.region,
                     "key": s.access_key, "secret": s.secret_key, "bucket": "127", "prefix": prefix}
         return {"side": side, "url": f"s3://{host}/{prefix}", "options": {
             "s3_region": s.region, "disable_tls": True, **creds, "s3_unsigned_payload": True,
-            "s3_load_timeout_secs": 120.0, "s3_lookup_timeout_secs": 30.0}}  # as the Hub side's
+            "s3_load_timeout_secs": 120.0, "s3_lookup_timeout_secs": 30.0},  # as the Hub side's
+            "src": self.before_src if side == "kvbucket-s3-before" else None}
 
     def store_side(self, side: str) -> str | None:
-        return {"boto3": None}.get(side, side)
+        return {"boto3": None, "kvbucket-s3-before": None}.get(side, side)
 
 
 @contextlib.contextmanager
@@ -359,7 +363,7 @@ def s3_target(env: dict[str, str], args: argparse.Namespace) -> Iterator[S3Targe
     try:
         server.create_bucket(LMCACHE_S3_BUCKET)
         with FaultProxy(server.port) as proxy:
-            yield S3Target(server, proxy)
+            yield S3Target(server, proxy, args.before_src)
     finally:
         weed.stop()
 
@@ -464,8 +468,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="fresh-process measurements per side and setting")
     p.add_argument("--sides", default="", help="only these sides (comma-separated); default all")
     p.add_argument("--before-src", default=None,
-                   help="also measure HFBucketStore from this src/ directory (e.g. a checkout of an older "
-                        "commit) as side kvbucket-before: before/after in the same run")
+                   help="also measure HFBucketStore and S3Store from this src/ directory (e.g. a checkout "
+                        "of an older commit) as sides kvbucket-before and kvbucket-s3-before: before/after "
+                        "in the same run")
     p.add_argument("--payloads", choices=("kv", "random"), default="kv",
                    help="kv: realistic bf16 KV (the default); random: random bytes")
     p.add_argument("--constant-payloads", action="store_true",

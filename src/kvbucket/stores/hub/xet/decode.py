@@ -13,16 +13,21 @@ bf16 KV data, every scheme and frame option, odd lengths and window boundaries):
   user sees is the same), and selectable.
 
 ``KVBUCKET_XET_DECODER``: ``auto`` (default) uses the compiled decoder once it is loaded and the
-pure-Python one meanwhile: the first *compressed* chunk a process meets starts loading it on a
-background thread (0.3-0.5 s of CPU from numba's cache, ~2 s the first time on a machine, when it
-is compiled); ``numba`` waits for it at that chunk; ``python`` never uses it (the whole test
-suite runs once so).
+pure-Python one meanwhile: the first *compressed* chunk a process meets asks for it, and a
+background thread loads it (0.3-0.5 s of CPU from numba's cache, ~2 s the first time on a
+machine, when it is compiled) once no fetched range has been decoded for ``IDLE_SECS`` (the hit
+that asked is over), or ``LOAD_WAIT_SECS`` after it was asked for in a process that never idles;
+``numba`` waits for it at that chunk; ``python`` never uses it (the whole test suite runs once so).
+Why after the hit: a fresh process's first hit of 64 x 2 MiB of bf16 KV at 50 ms took 0.56-1.18 s
+with the load running beside it, 0.52-0.72 s decoded in Python alone, and 0.87 s waiting for the
+compiled decoder (issue 41, docs/hfbucket.md).
 
 **Invariant (a hit pays nothing for a decoder it does not use).** Nothing but :func:`_one`
 meeting a compressed chunk (and :func:`kernel` called by a user who asks for it) starts the
 load: a raw chunk is one item write either way, and ``import numba`` alone holds the GIL for
 0.3 s, which a fresh process's first hit of objects stored uncompressed would otherwise pay
-(tests/hfbucket/test_xet_decode.py::test_uncompressed_loads_never_import_numba).
+(tests/hfbucket/test_xet_decode.py::test_uncompressed_loads_never_import_numba). A hit of
+compressed chunks does not pay for it either: the load waits until the reads are idle.
 
 **Invariant (where decoded bytes land).** A byte reaches the caller's destination in one of two
 ways, both of which keep the rules item writes keep: an item write ``dst[a:b] = data``, or an
@@ -40,6 +45,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +63,10 @@ DECODER_ENV = "KVBUCKET_XET_DECODER"
 DECODERS = ("auto", "numba", "python")
 MAX_CHUNK = 1 << 20  # chunks are ~64 KiB (at most 128 KiB); a header beyond this is garbage
 WINDOW = 2 << 20  # bytes read from the socket at once, per read slot (>= 8 + MAX_CHUNK)
+#: The compiled decoder, once asked for, loads after no fetched range was decoded for this long
+IDLE_SECS = 0.1
+#: ... or this long after it was asked for, whatever the reads do (a process that never idles)
+LOAD_WAIT_SECS = 5.0
 
 
 class XetReadUnsupported(Exception):
@@ -78,13 +88,15 @@ _load_lock = threading.Lock()  # held while loading
 _kernel: Kernel | None = None
 _failed: str | None = None
 _loading: Any = None  # the background load's future
+_busy = 0  # fetched ranges being decoded now (copy_range calls running)
+_idle_since = 0.0  # when the last one ended
 
 
 def _after_fork() -> None:
     """A forked child starts with fresh locks (the parent's may have been held by its loading
     thread, which the child does not have) and loads again unless the parent had loaded."""
-    global _lock, _load_lock, _loading
-    _lock, _load_lock, _loading = threading.Lock(), threading.Lock(), None
+    global _lock, _load_lock, _loading, _busy
+    _lock, _load_lock, _loading, _busy = threading.Lock(), threading.Lock(), None, 0
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -131,8 +143,20 @@ def kernel(*, wait: bool = False) -> Kernel | None:
         return compiled()
     with _lock:
         if _loading is None:
-            _loading = in_daemon_thread(compiled, "kvbucket-xet-decoder-load")
+            _loading = in_daemon_thread(_load_when_idle, "kvbucket-xet-decoder-load")
     return None
+
+
+def _load_when_idle() -> Kernel | None:
+    """Load the compiled decoder once no range is being decoded (see the module doc)."""
+    give_up = time.monotonic() + LOAD_WAIT_SECS
+    while True:
+        now = time.monotonic()
+        with _lock:
+            idle = _busy == 0 and now - _idle_since >= IDLE_SECS
+        if idle or now >= give_up:
+            return compiled()
+        time.sleep(IDLE_SECS / 2)
 
 
 def ready() -> Kernel | None:
@@ -222,7 +246,21 @@ def copy_range(resp: http.client.HTTPResponse, nbytes: int, chunks: tuple[int, i
     ``resp`` and lay each term of ``targets`` (first chunk, end chunk, offset, length) out at its
     offset in ``dst`` (a memoryview or a :class:`Scatter`), through ``gate``. ``lazy``: ``fast``
     is None only because the compiled decoder is not loaded yet (``ready()``); a compressed chunk
-    then starts its load, and it is used as soon as it is there."""
+    then asks for its load (after the reads, see the module doc), and it is used once there."""
+    global _busy, _idle_since
+    with _lock:
+        _busy += 1
+    try:
+        _copy_range(resp, nbytes, chunks, targets, dst, gate, w, fast, lazy)
+    finally:
+        with _lock:
+            _busy -= 1
+            _idle_since = time.monotonic()
+
+
+def _copy_range(resp: http.client.HTTPResponse, nbytes: int, chunks: tuple[int, int],
+                targets: tuple[tuple[int, int, int, int], ...], dst: Any, gate: Gate | None, w: Window,
+                fast: Kernel | None, lazy: bool) -> None:
     cursor = [off for _, _, off, _ in targets]
     users: dict[int, list[int]] = {}  # chunk index -> the terms that hold it
     for k, (cs, ce, _, _) in enumerate(targets):
@@ -318,7 +356,7 @@ def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], ds
         return c + 1
     data: Any = None
     if fast is None and lazy and scheme != 0:
-        fast = kernel()  # a compressed chunk: the compiled decoder loads (see the module doc)
+        fast = kernel()  # a compressed chunk asks for the compiled decoder (see the module doc)
     if fast is not None:
         w = body.w
         end = start + 8 + clen
@@ -341,5 +379,6 @@ def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], ds
     return c + 1
 
 
-__all__ = ["DECODERS", "DECODER_ENV", "MAX_CHUNK", "WINDOW", "Kernel", "Window", "XetReadUnsupported",
-           "compiled", "copy_range", "decode_chunk", "decoder_mode", "kernel", "ready"]
+__all__ = ["DECODERS", "DECODER_ENV", "IDLE_SECS", "LOAD_WAIT_SECS", "MAX_CHUNK", "WINDOW", "Kernel",
+           "Window", "XetReadUnsupported", "compiled", "copy_range", "decode_chunk", "decoder_mode",
+           "kernel", "ready"]

@@ -486,7 +486,9 @@ class XetReader:
         first-touch page faults in a fresh process's first loads, and each cold in cache when
         used; at most ``KEPT_WINDOWS`` are kept between loads."""
         with self._lock:
-            return self._windows.pop() if self._windows else Window()
+            if self._windows:
+                return self._windows.pop()
+        return Window()  # made outside the lock: its pages are touched by whoever reads into it
 
     def _give_window(self, window: Window) -> None:
         with self._lock:
