@@ -50,6 +50,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import l2_link  # this script's directory
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PLUGIN = {"type": "plugin", "module_path": "kvbucket.integrations.lmcache", "class_name": "KVBucketL2Adapter"}
 #: In this order: a round's keys are first read by a lookup and a load apart (read-ahead off, so
@@ -445,6 +447,7 @@ def main() -> int:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     from results import Results, add_argument  # benchmarks/results.py (this script's directory)
 
+    l2_link.add_arguments(p)
     add_argument(p)
     args = p.parse_args()
     args.random_payloads = not args.constant_payloads and args.mode == "interleaved"
@@ -463,7 +466,8 @@ def main() -> int:
     try:
         for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
             try:
-                with SERVERS[backend](tmp) as (builtin, ours, env, probe):
+                with SERVERS[backend](tmp) as found, l2_link.through_link(found, backend, args) as (
+                        builtin, ours, env, probe):
                     if args.num_workers:
                         ours["num_workers"] = args.num_workers
                     if args.object_format != "kvbucket":
@@ -493,6 +497,7 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     how = "rounds interleaved in one process" if args.mode == "interleaved" else "lmcache bench l2, ABBA"
+    how += f" ({l2_link.describe(args)})" if args.link_mbps else ""
     print(f"\n{how}: {args.num_keys} keys x {args.data_size_kb} KiB per submit, "
           f"kvbucket object_format={args.object_format}, "
           f"{args.in_flight} in flight, {args.rounds} rounds (ops/s = keys per second)"
@@ -545,6 +550,7 @@ def _variant(args: argparse.Namespace) -> str | None:
                                      getattr(args, "payloads", "random") == "random"),
                                     ("lmcache-format", args.object_format == "lmcache"),
                                     ("integrity", args.integrity), ("cli", args.mode == "cli")) if on]
+    parts += l2_link.variant(args)
     return "-".join(parts) or None
 
 
@@ -579,6 +585,7 @@ def _record(res: Any, args: argparse.Namespace, pairs: list[tuple[str, dict, dic
     per-round ratios when interleaved; every round's seconds of every side."""
     kb = args.data_size_kb
     shape = f"{args.num_keys} x " + (f"{kb // 1024} MiB" if kb % 1024 == 0 else f"{kb} KiB")
+    shape += f", {l2_link.describe(args)}" if args.link_mbps else ""
     for backend, base, mine in pairs:
         off = " and prefetch_reconstructions off" if backend == "hfbucket" else " off"
         for op in OPS:

@@ -86,8 +86,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one side's store (``mode=store``) or lookup + load (``mode=load``); return figures."""
     side, n, size = spec["side"], spec["n"], spec["size"]
     fn = {"kvbucket": _kv_hub, "kvbucket-before": _kv_hub, "download_bucket_files": _hf_download,
-          "lmcache-hfbucket": _lmcache, "kvbucket-s3": _kv_s3, "kvbucket-s3-before": _kv_s3, "lmcache-s3": _lmcache,
-          "boto3": _boto3}[side]
+          "lmcache-hfbucket": _lmcache, "kvbucket-s3": _kv_s3, "kvbucket-s3-before": _kv_s3,
+          "lmcache-s3": _lmcache, "boto3": _boto3}[side]
     return fn(spec, n, size)
 
 
