@@ -121,8 +121,12 @@ def _kv_store_or_load(store: Any, spec: dict[str, Any], n: int, size: int) -> di
 
 
 def _kv_hub(spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
-    from kvbucket.stores.hub.config import build_config
-    from kvbucket.stores.hub.store import HFBucketStore
+    try:
+        from kvbucket.stores.hub.config import build_config
+        from kvbucket.stores.hub.store import HFBucketStore
+    except ImportError:  # --before-src of a commit before the stores/ layout (issue 42)
+        from kvbucket.stores.hfbucket import HFBucketStore  # type: ignore[no-redef]
+        from kvbucket.stores.hfbucket_config import build_config  # type: ignore[no-redef]
 
     store = HFBucketStore(build_config(bucket_handle=spec["handle"], token=TOKEN, endpoint=spec["endpoint"],
                                       token_env="", create_bucket_if_missing=True,
