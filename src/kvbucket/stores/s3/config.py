@@ -94,7 +94,7 @@ class S3Config(BaseModel):
         "GETs of about this size in parallel (one connection each, as awscrt does); 0: one GET each",
     )
     s3_read_min_part_bytes: int = Field(
-        1 * MiB, ge=0, le=1 << 40,
+        2 * MiB, ge=0, le=1 << 40,
         description="a load with fewer parts than s3_num_io_threads reads its objects in smaller parts, "
         "down to this size, until about s3_num_io_threads GETs are in flight; 0: parts of "
         "s3_read_part_bytes only",
