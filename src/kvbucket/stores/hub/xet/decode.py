@@ -18,9 +18,10 @@ background thread loads it (0.3-0.5 s of CPU from numba's cache, ~2 s the first 
 machine, when it is compiled) once no fetched range has been decoded for ``IDLE_SECS`` (the hit
 that asked is over), or ``LOAD_WAIT_SECS`` after it was asked for in a process that never idles;
 ``numba`` waits for it at that chunk; ``python`` never uses it (the whole test suite runs once so).
-Why after the hit: a fresh process's first hit of 64 x 2 MiB of bf16 KV at 50 ms took 0.56-1.18 s
-with the load running beside it, 0.52-0.72 s decoded in Python alone, and 0.87 s waiting for the
-compiled decoder (issue 41, docs/hfbucket.md).
+Why after the hit: the load (numba's import and the kernel from its cache) is CPU under the GIL
+that a fresh process's first hit would share; measured against the load beside the hit, cold
+hits of bf16 KV were as fast or faster (medians 1.01-1.42x over 64 x 2, 16 x 8 and 16 x 32 MiB
+at 0, 20 and 50 ms; issue 41, docs/hfbucket.md).
 
 **Invariant (a hit pays nothing for a decoder it does not use).** Nothing but :func:`_one`
 meeting a compressed chunk (and :func:`kernel` called by a user who asks for it) starts the
