@@ -27,7 +27,7 @@ What is timed, per round (keys/s = keys per second of the median round):
   reads come first: no reconstruction it cached for a lookup + load helps its load).
 
 Prints ops/s per operation and the ratio kvbucket / LMCache. Goals (0 ms, realistic KV or random
-payloads, Hub bucket only, see ``GOALS``): issue 23, 64 x 2 MiB and 16 x 8 MiB: >= 1.5x on load,
+payloads, Hub bucket only, see ``l2_report.GOALS``): issue 23, 64 x 2 MiB and 16 x 8 MiB: >= 1.5x on load,
 which kvbucket reports as lookup + load with read-ahead on, and >= 1.0x on store; issue 30,
 64 x 2 MiB: >= 1.5x on load with read-ahead off and >= 1.1x on store.
 
@@ -51,38 +51,24 @@ from pathlib import Path
 from typing import Any
 
 import l2_link  # this script's directory
+from l2_report import (
+    OPS,
+    RA_OFF,
+    mean_runs,
+    paired,
+    ratio_table,
+    record,
+    variant,
+)
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PLUGIN = {"type": "plugin", "module_path": "kvbucket.integrations.lmcache", "class_name": "KVBucketL2Adapter"}
-#: In this order: a round's keys are first read by a lookup and a load apart (read-ahead off, so
-#: nothing is read ahead or cached for them), then by lookup + load; LMCache's adapter runs all
-#: four, so its lookup + load comes after its own load of the same keys (any cache it keeps helps it).
-OPS = ("Store", "Lookup", "Load", "Lookup+Load")
 #: Operations timed on an adapter whose lookups start loads (read-ahead on): its lookup and load
 #: apart would each measure part of the other.
 READ_AHEAD_OPS = ("Store", "Lookup+Load")
-RA_OFF = "kvbucket-ra-off"
 BENCH_KEYRING_ENV = "KVBUCKET_BENCH_KEYRING"
 INTEGRITY_RUNS: list[tuple[str, dict]] = []  # (backend, every adapter's ops/s), with --integrity
 SERVER_RUNS: list[tuple[str, dict]] = []  # (backend, every adapter's results), with --server-stats
-#: Goals in LMCache's runner at 0 ms, kvbucket / LMCache's ``hfbucket`` adapter, per shape (keys, KiB).
-#: Issue 23: store >= 1.0x, load >= 1.5x, where load = lookup + load with read-ahead on (the figure a
-#: hit costs), at 64 x 2 MiB and 16 x 8 MiB. Issue 30 at 64 x 2 MiB: with read-ahead off, load
-#: >= 1.5x and store >= 1.1x. S3's goals are at 50 ms (bench_latency); a lookup alone has none.
-GOALS = {
-    (64, 2048): {("hfbucket", "Store"): 1.1, ("hfbucket", "Lookup+Load"): 1.5, ("hfbucket", "Load"): 1.5},
-    (16, 8192): {("hfbucket", "Store"): 1.0, ("hfbucket", "Lookup+Load"): 1.5},
-}
-
-
-def goal_for(backend: str, op: str, num_keys: int, data_size_kb: int, random_payloads: bool) -> float | None:
-    """The ratio issues 23 and 30 ask of this row, or None where they set no goal (a ``goal`` column that
-    says MISSED on a row nobody set a goal for misleads the reader)."""
-    if not random_payloads:  # constant payloads: the dedup case, no goal
-        return None
-    return GOALS.get((num_keys, data_size_kb), {}).get((backend, op))
-
-
 def _omp(args: argparse.Namespace) -> dict[str, str]:
     """LMCache's bench zeroes its load buffers with torch before each round; torch's OpenMP
     workers then spin-wait for a while, burning a core the server and both adapters need on a
@@ -394,25 +380,6 @@ def _fresh_location(spec: dict[str, Any], n: int) -> dict[str, Any]:
     return params
 
 
-def _paired(base_secs: list[float], secs: list[float]) -> str:
-    """Throughput ratio round by round (``base`` time / time; the two ran back to back in each
-    round, so load drift between rounds cancels): median and quartiles, as text."""
-    import statistics
-
-    ratios = sorted(b / t for b, t in zip(base_secs, secs, strict=True) if 0 < t < float("inf"))
-    if len(ratios) < 4:
-        return "n/a"
-    q1, med, q3 = statistics.quantiles(ratios, n=4)
-    return f"{med:.3f} [{q1:.2f}-{q3:.2f}]"
-
-
-def _mean(runs: list[dict]) -> dict:
-    out: dict[str, Any] = {"verified": all(r["verified"] for r in runs)}
-    for op in ("Store", "Lookup", "Load"):  # what `lmcache bench l2` times
-        out[op] = {"ops_per_sec_avg": sum(r[op]["ops_per_sec_avg"] for r in runs) / len(runs)}
-    return out
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backends", default="hfbucket,s3", help="hfbucket, s3, fs")
@@ -455,7 +422,7 @@ def main() -> int:
         _worker(args.worker)
         return 0
     params = {k: v for k, v in vars(args).items() if k != "worker"}
-    res = Results("bench_l2", variant=_variant(args), params=params,
+    res = Results("bench_l2", variant=variant(args), params=params,
                   title="L2 adapters in LMCache's own bench runner: kvbucket's plugin vs LMCache's built-in",
                   notes="payloads: " + ({"kv": "realistic bf16 KV"}.get(args.payloads, args.payloads)
                                         if args.integrity or args.random_payloads else "constant"))
@@ -483,7 +450,7 @@ def main() -> int:
                         for n, who in enumerate(["lmcache", RA_OFF, RA_OFF, "lmcache"]):
                             spec = builtin if who == "lmcache" else read_ahead_off(plugin)
                             runs[who].append(run_bench(_fresh_location(spec, n), env, args, tmp))
-                        base, off = _mean(runs["lmcache"]), _mean(runs[RA_OFF])
+                        base, off = mean_runs(runs["lmcache"]), mean_runs(runs[RA_OFF])
                         mine = {"kvbucket": {"verified": off["verified"], "Store": off["Store"]}, RA_OFF: off}
             except Exception as e:  # report and go on with the other backends
                 print(f"[{backend}] could not run: {e}", file=sys.stderr)
@@ -517,14 +484,14 @@ def main() -> int:
                 trio = ("kvbucket-unsealed", "kvbucket", "kvbucket-aes")
                 raw, sealed, aes = (out[w][op]["ops_per_sec_avg"] for w in trio)
                 secs = {w: out[w][op]["round_secs"] for w in trio}
-                p_sealed = _paired(secs["kvbucket-unsealed"], secs["kvbucket"])
-                p_aes = _paired(secs["kvbucket"], secs["kvbucket-aes"])
+                p_sealed = paired(secs["kvbucket-unsealed"], secs["kvbucket"])
+                p_aes = paired(secs["kvbucket"], secs["kvbucket-aes"])
                 print(f"{backend:<9} {op:<11} {raw:>10.1f} {sealed:>10.1f} {aes:>10.1f} "
                       f"{sealed / raw if raw else 0:>16.3f} {aes / sealed if sealed else 0:>11.3f}  "
                       f"{p_sealed:>25} {p_aes:>19}")
                 c_raw, c_sealed, c_aes = (out[w][op]["cpu_secs"] for w in trio)
-                cpu_rows.append(f"{backend:<9} {op:<11} {_paired(c_raw, c_sealed):>25} "
-                                f"{_paired(c_sealed, c_aes):>19}")
+                cpu_rows.append(f"{backend:<9} {op:<11} {paired(c_raw, c_sealed):>25} "
+                                f"{paired(c_sealed, c_aes):>19}")
         print("\nThe same as client CPU (this process's CPU time per round, servers excluded): "
               "unsealed CPU / sealed CPU,\nsealed CPU / aes CPU, paired by round. On a machine whose "
               "cores are all busy, CPU is throughput.")
@@ -532,84 +499,9 @@ def main() -> int:
         print("\n".join(cpu_rows))
     if SERVER_RUNS:
         _print_server_stats(args.num_keys)
-    _record(res, args, pairs)
+    record(res, args, pairs)
     res.write(args.results_dir)
     return 1 if failures else 0
-
-
-def _variant(args: argparse.Namespace) -> str | None:
-    """A results file per setting (``bench_l2-s3-constant``), so that one setting's run does not
-    replace another's; the default setting writes ``bench_l2.json``."""
-    parts = []
-    if args.backends.replace(" ", "") != "hfbucket,s3":
-        parts.append(args.backends.replace(" ", "").replace(",", "+"))
-    if (args.num_keys, args.data_size_kb) != (64, 2048):
-        parts.append(f"{args.num_keys}x{args.data_size_kb}k")
-    parts += [flag for flag, on in (("constant", not (args.random_payloads or args.integrity)),
-                                    ("random", (args.random_payloads or args.integrity) and
-                                     getattr(args, "payloads", "random") == "random"),
-                                    ("lmcache-format", args.object_format == "lmcache"),
-                                    ("integrity", args.integrity), ("cli", args.mode == "cli")) if on]
-    parts += l2_link.variant(args)
-    return "-".join(parts) or None
-
-
-#: What is compared with LMCache's adapter: (operation, kvbucket side, results key, what the
-#: row says). Lookup and load apart only with read-ahead off (see the module's docstring).
-COMPARED: list[tuple[str, str, str, str]] = [
-    ("Store", "kvbucket", "store", "store"),
-    ("Lookup+Load", "kvbucket", "lookup+load", "lookup + load (read-ahead on)"),
-    ("Lookup", RA_OFF, "lookup", "lookup (read-ahead off)"),
-    ("Load", RA_OFF, "load", "load (read-ahead off)"),
-]
-
-
-def ratio_table(pairs: list[tuple[str, dict, dict[str, dict]]], args: argparse.Namespace) -> list[str]:
-    """The printed ops/s and ratios; a goal only on the rows ``goal_for`` gives one."""
-    lines = [f"{'backend':<9} {'op':<34} {'lmcache ops/s':>14} {'kvbucket ops/s':>15} {'ratio':>7}  goal"]
-    for backend, base, mine in pairs:
-        for op, who, _key, what in COMPARED:
-            if op not in mine.get(who, {}):
-                continue
-            base_ops, my_ops = base[op]["ops_per_sec_avg"], mine[who][op]["ops_per_sec_avg"]
-            ratio = my_ops / base_ops if base_ops > 0 else float("inf")
-            goal = goal_for(backend, op, args.num_keys, args.data_size_kb, args.random_payloads)
-            mark = "" if goal is None else f">={goal}x " + ("ok" if ratio >= goal else "MISSED")
-            row = f"{backend:<9} {what:<34} {base_ops:>14.1f} {my_ops:>15.1f} {ratio:>6.2f}x  {mark}"
-            lines.append(row.rstrip())
-    return lines
-
-
-def _record(res: Any, args: argparse.Namespace, pairs: list[tuple[str, dict, dict[str, dict]]]) -> None:
-    """Ops/s of LMCache's adapter and kvbucket's per backend and operation (``COMPARED``), with
-    per-round ratios when interleaved; every round's seconds of every side."""
-    kb = args.data_size_kb
-    shape = f"{args.num_keys} x " + (f"{kb // 1024} MiB" if kb % 1024 == 0 else f"{kb} KiB")
-    shape += f", {l2_link.describe(args)}" if args.link_mbps else ""
-    for backend, base, mine in pairs:
-        off = " and prefetch_reconstructions off" if backend == "hfbucket" else " off"
-        for op in OPS:
-            if op not in base:
-                continue
-            sides = {f"{w.replace('-', '_')}_s": m[op].get("round_secs", [])
-                     for w, m in mine.items() if op in m}
-            for i, tb in enumerate(base[op].get("round_secs", [])):
-                res.run(backend=backend, op=op, round=i + 1, lmcache_s=tb,
-                        **{k: v[i] if i < len(v) else None for k, v in sides.items()})
-        for op, who, key, what in COMPARED:
-            if op not in base or op not in mine.get(who, {}):
-                continue
-            goal = goal_for(backend, op, args.num_keys, args.data_size_kb, args.random_payloads)
-            b, m = base[op], mine[who][op]
-            rb, rm = b.get("round_secs", []), m.get("round_secs", [])
-            name, _, note = what.removesuffix(")").partition(" (")
-            note = note.replace(" off", off) if who == RA_OFF else note
-            res.compare(f"{backend} {key}", f"{backend} {name} ({shape}" + (f", {note})" if note else ")"),
-                        ours=m["ops_per_sec_avg"], peer=b["ops_per_sec_avg"],
-                        peer_name=f"LMCache {backend} adapter", unit="keys/s",
-                        goal=None if goal is None else f">= {goal}",
-                        verified=bool(base["verified"] and mine[who]["verified"]),
-                        ratios=[tb / tm for tb, tm in zip(rb, rm, strict=False) if 0 < tm < float("inf")])
 
 
 def _print_server_stats(num_keys: int) -> None:

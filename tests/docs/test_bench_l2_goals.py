@@ -14,11 +14,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import bench_l2  # noqa: E402
+import l2_report  # noqa: E402
 import render  # noqa: E402
 import results  # noqa: E402
 
-OP_OF_KEY = {key: op for op, _who, key, _what in bench_l2.COMPARED}
+OP_OF_KEY = {key: op for op, _who, key, _what in l2_report.COMPARED}
 
 
 @pytest.mark.parametrize(("backend", "op", "shape", "random", "goal"), [
@@ -36,7 +36,7 @@ OP_OF_KEY = {key: op for op, _who, key, _what in bench_l2.COMPARED}
 ])
 def test_goal_only_where_an_issue_sets_one(backend: str, op: str, shape: tuple[int, int], random: bool,
                                            goal: float | None) -> None:
-    assert bench_l2.goal_for(backend, op, *shape, random) == goal
+    assert l2_report.goal_for(backend, op, *shape, random) == goal
 
 
 def _side(ops: float) -> dict:
@@ -47,9 +47,9 @@ def test_printed_table_marks_only_goal_rows() -> None:
     ops = ("Store", "Lookup+Load", "Lookup", "Load")
     base = {op: _side(100.0) for op in ops}
     mine = {"kvbucket": {"Store": _side(110.0), "Lookup+Load": _side(120.0)},
-            bench_l2.RA_OFF: {"Lookup": _side(50.0), "Load": _side(50.0)}}
+            l2_report.RA_OFF: {"Lookup": _side(50.0), "Load": _side(50.0)}}
     args = argparse.Namespace(num_keys=64, data_size_kb=2048, random_payloads=True)
-    lines = bench_l2.ratio_table([("hfbucket", base, mine), ("s3", base, mine)], args)
+    lines = l2_report.ratio_table([("hfbucket", base, mine), ("s3", base, mine)], args)
     rows = {(ln[:9].strip(), ln[10:44].strip()): ln for ln in lines[1:]}
     assert len(rows) == 8
     assert rows["hfbucket", "store"].endswith("1.10x  >=1.1x ok")
@@ -68,7 +68,7 @@ def test_committed_bench_l2_results_carry_the_same_goals() -> None:
         p = data["params"]
         for key, c in data["comparisons"].items():
             backend, _, what = key.partition(" ")
-            goal = bench_l2.goal_for(backend, OP_OF_KEY[what], p["num_keys"], p["data_size_kb"],
+            goal = l2_report.goal_for(backend, OP_OF_KEY[what], p["num_keys"], p["data_size_kb"],
                                      p["random_payloads"])
             assert c["goal"] == (None if goal is None else f">= {goal}"), (path.name, key)
 
