@@ -3,7 +3,8 @@
 Issue 40: right after a lookup hit that followed an outage, report_status() showed
 ``is_healthy: true`` next to the outage's ``last_error`` until a load probed the store. The hit
 is answered from the index, and its read-ahead GET is the first request after the outage; what a
-status says must agree with itself either way."""
+status says must agree with itself either way. A failed store's error clears only on a store that
+succeeds (F1: a read answering says nothing about whether writes work)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,11 @@ def test_status_after_an_outage_agrees_with_itself_from_the_first_answer(
             time.sleep(0.01)
         time.sleep(0.2)  # the read-ahead's answer lands
         assert fault_proxy.requests > before, "the hit started no read-ahead GET"
-        up = a.report_status()  # the store answered that GET: the outage is past
+        read = a.report_status()  # the store answered that GET, but no store has worked since
+        _consistent(read)
+        assert not read["is_healthy"] and "SlowDown" in (read["last_error"] or ""), read
+        assert t.store(a, [k(5)], [chunk(5)]).success  # a store answers: the outage is past
+        up = a.report_status()
         _consistent(up)
         assert up["is_healthy"] and up["last_error"] is None, up
         assert "SlowDown" in (up["previous_error"] or ""), up["previous_error"]

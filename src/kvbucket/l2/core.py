@@ -71,8 +71,8 @@ class Listeners:
 
 
 class Stats(dict[str, int]):
-    """The counters ``report_status`` shows, and the last error any path saw: when it happened,
-    and whether a store call has fully succeeded since (then it is history, not the state)."""
+    """The counters ``report_status`` shows, and the errors the paths saw, by kind of call: the
+    newest (and when) for history, and those no success of their own kind has cleared since."""
 
     def __init__(self) -> None:
         super().__init__(
@@ -92,37 +92,59 @@ class Stats(dict[str, int]):
             breaker_misses=0,  # keys a lookup answered as misses, unasked, while the breaker was open
             read_ahead_skipped=0,  # lookup hits not read ahead: LMCache did not load them from here last time
         )
-        self._last_error: str | None = None
+        self._last_error: str | None = None  # the newest error of any kind (history once past)
         self.last_error_at: float | None = None  # wall-clock seconds of the last error
-        self._error_mono = 0.0  # the same moment on the monotonic clock (the breaker's)
-        self.recovered = False  # a store call fully succeeded after the last error
+        # kind -> (message, monotonic moment) of errors no success of that kind has cleared yet
+        self._open: dict[str, tuple[str, float]] = {}
 
     @property
     def last_error(self) -> str | None:
         return self._last_error
 
-    @last_error.setter
-    def last_error(self, message: str | None) -> None:
+    def note_error(self, kind: str, message: str) -> None:
+        """A ``kind`` of store call (:data:`KINDS`) failed: the error of now until a call of the
+        same kind succeeds (a read kind also clears on any answer of the store after it)."""
         self._last_error = message
-        self.last_error_at = time.time() if message is not None else None
-        self._error_mono = time.monotonic()
-        self.recovered = False
+        self.last_error_at = time.time()
+        self._open[kind] = (message, time.monotonic())
 
-    def note_ok(self) -> None:
-        """A store call answered every item without an error: the last error is past."""
-        if self._last_error is not None:
-            self.recovered = True
+    def note_ok(self, kind: str) -> None:
+        """A ``kind`` of store call answered every item without an error: that kind's error is
+        past. Only the same kind clears it: a listing or HEAD answering after a refused PUT says
+        nothing about whether PUTs work (a read-only token answers both). Any success is an
+        answer of the store, which clears a read kind's error (as :meth:`current_error` does)."""
+        self._open.pop(kind, None)
+        self.current_error(time.monotonic())
 
     def current_error(self, answered_at: float | None = None) -> str | None:
-        """The error of now: None once a call succeeded after it, here (:meth:`note_ok`) or
-        anywhere else on the store (``answered_at``: the store breaker's last answer, monotonic
-        seconds; a lookup hit's read-ahead GET is the first request after an outage)."""
-        if self._last_error is None or self.recovered:
+        """The newest error no success of its kind has cleared, or None. A read kind's error also
+        clears once the store answered anything after it (``answered_at``: the breaker's last
+        answer, monotonic seconds; a lookup hit's read-ahead GET is the first request after an
+        outage); a write kind's (store, delete) only on a write of that kind succeeding."""
+        if answered_at is not None:
+            for kind, (_, at) in list(self._open.items()):
+                if kind in READ_KINDS and answered_at > at:
+                    self._open.pop(kind, None)
+        if not self._open:
             return None
-        if answered_at is not None and answered_at > self._error_mono:
-            self.recovered = True
-            return None
-        return self._last_error
+        return max(self._open.values(), key=lambda e: e[1])[0]
+
+
+# Kinds of store call an adapter's errors are kept by: a success clears only its own kind's.
+KINDS = ("store", "load", "lookup", "list", "delete")
+READ_KINDS = frozenset({"load", "lookup", "list"})
+
+
+def kind_of(fn: Callable[..., Any]) -> str:
+    """The kind of a store batch verb, by name (``put_many`` -> store, ``head_many`` -> lookup)."""
+    name = getattr(fn, "__name__", "")
+    if name.startswith("put"):
+        return "store"
+    if name.startswith("delete"):
+        return "delete"
+    if name.startswith("head"):
+        return "lookup"
+    return "load"
 
 
 class NameCache:

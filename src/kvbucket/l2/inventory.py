@@ -64,10 +64,16 @@ class InventoryPath:
         try:
             await asyncio.get_running_loop().run_in_executor(self._ctx.runner.pool, self._rebuild_sync)
         except Exception as e:
-            log.exception(
-                "could not list %s to rebuild usage; usage counts only this run's stores", self._ctx.store.url
+            # A store's own error (a missing bucket, a refused token) already says what is wrong in
+            # one line: a traceback adds nothing for it. Anything else is a bug: keep its trace.
+            (log.warning if isinstance(e, KVBucketError) else log.exception)(
+                "could not list %s to rebuild usage (%s); usage counts only this run's stores",
+                self._ctx.store.url,
+                e,
             )
-            self._ctx.stats.last_error = f"usage rebuild failed: {type(e).__name__}: {e}"
+            self._ctx.stats.note_error("list", f"usage rebuild failed: {type(e).__name__}: {e}")
+        else:
+            self._ctx.stats.note_ok("list")
         finally:
             with self._ctx.state.lock:
                 self._ctx.state.rebuilt = True

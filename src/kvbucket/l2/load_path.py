@@ -89,7 +89,7 @@ class LoadPath:
                             if r + 1 < len(order[i]):
                                 retry.append(i)
                         else:
-                            self._ctx.stats.last_error = str(res.error)
+                            self._ctx.stats.note_error("load", str(res.error))
                 todo, r = retry, r + 1
             if gone_names:
                 # A miss tells the fleet of a deletion only when the object is gone: one this
@@ -106,7 +106,7 @@ class LoadPath:
                     self._ctx.fleet.deleted([h.name for h in heads if h.ok and h.size is None])
         except Exception as e:
             log.exception("load task %d failed", tid)
-            self._ctx.stats.last_error = f"{type(e).__name__}: {e}"
+            self._ctx.stats.note_error("load", f"{type(e).__name__}: {e}")
         self._ctx.stats["loads"] += 1
         self._ctx.stats["load_misses"] += ok.count(False)
         self._ctx.listeners.deleted(gone_keys, gone_sizes)

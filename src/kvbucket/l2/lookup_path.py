@@ -241,12 +241,12 @@ class LookupPath:
                             st.missing[name] = expiry
                 failed = next((h.error for h in heads if h.error is not None), None)
                 if failed is not None and not isinstance(failed, CircuitOpenError):
-                    self._ctx.stats.last_error = str(failed)  # a miss now, but not the store's answer
+                    self._ctx.stats.note_error("lookup", str(failed))  # a miss now, not the answer
             self._ctx.listeners.stored(found, found_sizes)
             with st.lock:
                 hits = self._lock_hits(keys, cands, accessed, ahead)
         except Exception as e:
             log.exception("lookup task %d failed", tid)
-            self._ctx.stats.last_error = f"{type(e).__name__}: {e}"
+            self._ctx.stats.note_error("lookup", f"{type(e).__name__}: {e}")
         self._ctx.stats["lookups"] += 1
         self._finish(tid, hits, accessed, ahead)

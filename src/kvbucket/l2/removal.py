@@ -84,6 +84,8 @@ class RemovalPath:
         except Exception as e:
             results = [ItemResult(n, error=StoreError(str(e))) for n in names]
         removed = [r.ok for r in results]
+        if results and all(r.ok or r.error is _CHANGED for r in results):
+            self._ctx.stats.note_ok("delete")
         gone_keys: list[ObjectKey] = []
         gone_sizes: list[int] = []
         sizes: dict[str, int] = {}
@@ -99,7 +101,7 @@ class RemovalPath:
                     continue
                 if not r.ok:
                     self._ctx.stats["delete_failures"] += 1
-                    self._ctx.stats.last_error = str(r.error)
+                    self._ctx.stats.note_error("delete", str(r.error))
                     continue
                 if self._ctx.fleet is not None:
                     self._ctx.fleet.deleted([name], evicted=evicted)

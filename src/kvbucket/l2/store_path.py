@@ -110,7 +110,7 @@ class StorePath:
                     same=f"store puts failed: {first_error}",
                 )
                 if not isinstance(first_error, CircuitOpenError):  # keep the cause the breaker opened on
-                    self._ctx.stats.last_error = str(first_error)
+                    self._ctx.stats.note_error("store", str(first_error))
                 heads = await self._ctx.runner.sliced(self._ctx.store.head_many, [names[i] for i in failed])
                 present: dict[int, int] = {}  # there, but not what we wrote (an older object)
                 for i, h in zip(failed, heads, strict=True):
@@ -141,7 +141,7 @@ class StorePath:
             result = StoreResult(ok, sum(landed.values()), tuple(i in landed for i in range(n)))
         except Exception as e:
             log.exception("store task %d failed", tid)
-            self._ctx.stats.last_error = f"{type(e).__name__}: {e}"
+            self._ctx.stats.note_error("store", f"{type(e).__name__}: {e}")
             result = StoreResult.failed(n)
         self._ctx.stats["stores"] += 1
         if not result.success:

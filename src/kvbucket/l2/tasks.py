@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from kvbucket.errors import StoreError
 from kvbucket.l2.base import EventNotifier, L2TaskId
-from kvbucket.l2.core import Stats, item_name
+from kvbucket.l2.core import Stats, item_name, kind_of
 from kvbucket.stores.base import ItemResult
 from kvbucket.threads import DaemonThreadPool
 
@@ -91,14 +91,14 @@ class TaskRunner:
             chunk = names[i : i + step]
             if isinstance(part, BaseException):
                 err = part if isinstance(part, StoreError) else StoreError(f"{type(part).__name__}: {part}")
-                self._stats.last_error = str(err)
+                self._stats.note_error(kind_of(fn), str(err))
                 out.extend(ItemResult(item_name(x), error=err) for x in chunk)
                 ok = False
             else:
                 out.extend(part)
                 ok = ok and all(r.error is None for r in part)
         if ok:
-            self._stats.note_ok()
+            self._stats.note_ok(kind_of(fn))
         return out
 
     def stop(self) -> None:
