@@ -86,6 +86,15 @@ class EngineConfig(BaseModel):
             return None
         return v
 
+    @field_validator("remote_url")
+    @classmethod
+    def _remote_bucket_id(cls, v: str | None) -> str | None:
+        """``ns/name[/prefix]`` is the Hub bucket, as on the command line (one rule:
+        :mod:`kvbucket.stores.urls`); text that is also an existing local path is refused."""
+        from kvbucket.stores.urls import resolve_configured_url
+
+        return None if v is None else resolve_configured_url(v, "remote_url")
+
     @field_validator("local_disk")
     @classmethod
     def _disk_path(cls, v: str | None) -> str | None:

@@ -21,7 +21,7 @@ from kvbucket.errors import AuthError, ConfigError, InvalidKeyError, KVBucketErr
 from kvbucket.secrets import redact
 from kvbucket.stores import ObjectStore, open_store, store_scheme
 from kvbucket.stores.deadline import deadline_in, run_abandonable
-from kvbucket.stores.urls import HANDLE_SCHEME, ambiguous, resolve_store_url
+from kvbucket.stores.urls import HANDLE_SCHEME, ambiguous, both_spellings, resolve_store_url
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 30.0
@@ -123,10 +123,7 @@ def refuse_ambiguous(url: str, what: str) -> None:
     """A command that removes things never guesses: text that is both a local path (its first
     segment exists here) and a bucket id is refused (exit 2), saying how to write each."""
     if ambiguous(url):
-        first = url.split("/", 1)[0]
-        raise fail(f"{url!r} is both the local path ./{url} (./{first} exists here) and the Hub bucket id "
-                   f"{HANDLE_SCHEME}{url}; {what} does not guess: write ./{url} for the local directory "
-                   f"or {HANDLE_SCHEME}{url} for the bucket")
+        raise fail(both_spellings(url, what))
 
 
 def describe_target(url: str, store: Any) -> str:

@@ -54,6 +54,7 @@ from kvbucket.remote_hit import (
 )
 from kvbucket.secrets import looks_secret, redact, secrets_in_env
 from kvbucket.stores.deadline import left
+from kvbucket.stores.urls import resolve_configured_url
 from kvbucket.threads import in_daemon_thread
 
 DOCTOR_TIMEOUT_S = 5.0
@@ -230,6 +231,12 @@ def check_store(url: str, source: str, timeout: float, deadline: float | None = 
     """Open the store and read one listing entry, all by ``deadline`` (the command's, counted from
     its start: :func:`first_answer_deadline`, when None)."""
     what = f"{url} ({source})"
+    if source == "$KVBUCKET_REMOTE_URL":  # read as the engine reads it (stores.urls: one rule)
+        try:
+            url = resolve_configured_url(url, "the engine")
+        except ValueError as e:
+            return Check(what, False, str(e))
+        what = f"{url} ({source})"
     t0 = time.monotonic()
     deadline = deadline if deadline is not None else first_answer_deadline(timeout)
     try:

@@ -14,7 +14,8 @@ URL. A string without ``://`` is a local path when it can only be one, else a bu
 So ``kvbucket ls alice/kv`` lists the bucket unless ``./alice`` exists, and ``./alice/kv`` is
 always the directory. Everything with ``://`` is left as written. A command that removes things
 does not apply rule 2: text that is both (:func:`ambiguous`) is refused, so a removal never
-depends on which directory it runs from.
+depends on which directory it runs from; nor does a configured URL (an engine's ``remote_url``,
+$KVBUCKET_REMOTE_URL: :func:`resolve_configured_url`), so a server never depends on it either.
 """
 
 from __future__ import annotations
@@ -67,4 +68,23 @@ def resolve_store_url(url: str) -> str:
     return handle
 
 
-__all__ = ["HANDLE_SCHEME", "NAME_RE", "ambiguous", "bucket_id_url", "is_hub_name", "resolve_store_url"]
+def both_spellings(text: str, what: str) -> str:
+    """Why ``text`` (:func:`ambiguous`) is refused by ``what``, naming how to write each meaning."""
+    first = text.split("/", 1)[0]
+    return (f"{text!r} is both the local path ./{text} (./{first} exists here) and the Hub bucket id "
+            f"{HANDLE_SCHEME}{text}; {what} does not guess: write ./{text} for the local directory "
+            f"or {HANDLE_SCHEME}{text} for the bucket")
+
+
+def resolve_configured_url(url: str, what: str) -> str:
+    """A store URL read from a configuration (an engine's ``remote_url``, $KVBUCKET_REMOTE_URL):
+    the CLI's rule (a bucket id is the bucket), except that text which is both a bucket id and
+    an existing local path is refused (ValueError) rather than resolved by the directory a server
+    happens to start in."""
+    if ambiguous(url):
+        raise ValueError(both_spellings(url, what))
+    return resolve_store_url(url)
+
+
+__all__ = ["HANDLE_SCHEME", "NAME_RE", "ambiguous", "both_spellings", "bucket_id_url", "is_hub_name",
+           "resolve_configured_url", "resolve_store_url"]
