@@ -25,7 +25,6 @@ A circuit breaker (:mod:`kvbucket.stores.guard.breaker`) answers at once while t
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -62,6 +61,7 @@ from kvbucket.stores.s3 import versions as s3_versions
 from kvbucket.stores.s3.client import build_client, claim_runtime, direct_reader
 from kvbucket.stores.s3.config import S3Config, S3Target, resolve_target
 from kvbucket.stores.s3.direct import EXPIRED, MISSING, UNANSWERED, Body, Outcome, WrongSize
+from kvbucket.stores.s3.env import fill_from_env
 from kvbucket.stores.s3.kept import OVERLONG, overlong_error
 from kvbucket.threads import DaemonThreadPool, in_daemon_thread
 
@@ -511,10 +511,6 @@ def _status(e: BaseException) -> int | None:
 # ---- openers ------------------------------------------------------------------------------
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def open_s3_store(url: str, *, create: bool = False, **options: Any) -> S3Store:
     """Open ``s3://bucket[/prefix]``, filling unset options from the standard AWS env vars.
 
@@ -526,30 +522,7 @@ def open_s3_store(url: str, *, create: bool = False, **options: Any) -> S3Store:
     (or an ``http://`` endpoint) make ``kvbucket ls s3://b/p`` work with no config file.
     """
     opts: dict[str, Any] = {"s3_endpoint": url, **options}
-    return S3Store(S3Config.parse(_fill_from_env(opts, endpoint=True)))
-
-
-def _fill_from_env(opts: dict[str, Any], *, endpoint: bool) -> dict[str, Any]:
-    """Options not set explicitly, from the standard AWS env vars (explicit values always win)."""
-    env = os.environ
-    endpoint_url = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-    if endpoint and "s3_endpoint_url" not in opts and endpoint_url:
-        opts["s3_endpoint_url"] = endpoint_url
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-    if "s3_region" not in opts and region:
-        opts["s3_region"] = region
-    if "aws_access_key_id" not in opts and env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
-        opts["aws_access_key_id"] = env["AWS_ACCESS_KEY_ID"]
-        opts["aws_secret_access_key"] = env["AWS_SECRET_ACCESS_KEY"]
-        if env.get("AWS_SESSION_TOKEN"):
-            opts["aws_session_token"] = env["AWS_SESSION_TOKEN"]
-    if "disable_tls" not in opts and _env_flag("AWS_ALLOW_HTTP") and not opts.get("s3_endpoint_url"):
-        opts["disable_tls"] = True
-    if "s3_addressing_style" not in opts and _env_flag("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"):
-        opts["s3_addressing_style"] = "virtual"
-    if "s3_ca_bundle" not in opts and env.get("AWS_CA_BUNDLE"):
-        opts["s3_ca_bundle"] = env["AWS_CA_BUNDLE"]
-    return opts
+    return S3Store(S3Config.parse(fill_from_env(opts, endpoint=True)))
 
 
 # Keys of the non-MP ``extra_config`` that are not S3Config fields.
@@ -594,7 +567,7 @@ def store_from_remote_url(url: str, extra_config: dict[str, Any] | None, engine:
     # for a plain s3://bucket, so a remote_url that names its host (AWS, S3 Express, CoreWeave)
     # is used as written.
     plain_bucket = "." not in url[len("s3://") :].partition("/")[0]
-    return S3Store(S3Config.parse(_fill_from_env({"s3_endpoint": url, **opts}, endpoint=plain_bucket)))
+    return S3Store(S3Config.parse(fill_from_env({"s3_endpoint": url, **opts}, endpoint=plain_bucket)))
 
 
 __all__ = ["S3Config", "S3Store", "S3Target", "open_s3_store", "store_from_remote_url"]
