@@ -56,11 +56,15 @@ from kvbucket.stores.guard.breaker import breaker_of
 from kvbucket.stores.guard.read_ahead import PrefetchStore, with_read_ahead
 from kvbucket.stores.guard.read_ahead_config import ReadAheadSettings
 from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.threads import in_daemon_thread
 
 if TYPE_CHECKING:
     from kvbucket.fleet.config import FleetConfig
     from kvbucket.fleet.host import FleetLink
     from kvbucket.fleet.view import Change
+
+#: What close() may take past its deadline (delete_timeout_secs) to stop its threads.
+CLOSE_MARGIN_SECS = 0.5
 
 
 class ObjectStoreL2Adapter(L2Adapter):
@@ -318,14 +322,19 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._removal.evict_on_close(deadline)
         if self._fleet is not None:
             self._fleet.close()  # publishes what it still buffers
-        self._runner.stop()
+        # The rest ends by the deadline plus a small margin: a store call stuck past it (a hung
+        # delete) is left on its daemon thread rather than holding close() up.
+        until = max(deadline, time.monotonic()) + CLOSE_MARGIN_SECS
+        self._runner.stop(until)
         flush_all()  # the counts of repeated failures
         for done in (self._stores.done, self._lookups.done, self._loads.done):
             done.close()
         if isinstance(self._io, PrefetchStore):
             self._io.stop()
         if self._owns_store:
-            self._store.close()
+            closing = in_daemon_thread(self._store.close, "kvbucket-l2-close")
+            with contextlib.suppress(Exception):  # its failure or its time: the store is dropped
+                closing.result(timeout=max(0.0, until - time.monotonic()))
         if self._work_dir is not None:  # LMCache removes its session dir on close
             shutil.rmtree(self._work_dir, ignore_errors=True)
 

@@ -171,11 +171,15 @@ class RemovalPath:
             self._ctx.runner.run(self._evict(closing=True), left)
         except Exception:  # TimeoutError (the pass is cancelled when the loop stops), or it failed
             with st.lock:
-                used = st.index.bytes_used
+                used, objects = st.index.bytes_used, len(st.index)
+                writing = len(st.storing)
+            # What this adapter knows landed; stores still in flight at the deadline may land
+            # after it (and each object carries a small header): "at least", not a bucket total.
             log.warning(
-                "close(): eviction did not finish within the close deadline; %d bytes are stored against "
-                "a capacity of %d until an adapter on this prefix evicts (after its usage rebuild or its "
-                "first store)", used, self._capacity,
+                "close(): eviction did not finish within the close deadline; at least %d bytes in %d "
+                "objects are stored against a capacity of %d%s, until an adapter on this prefix evicts "
+                "(after its usage rebuild or its first store)", used, objects, self._capacity,
+                f" ({writing} more stores were still in flight and may land)" if writing else "",
             )
 
     async def _evict(self, *, closing: bool = False) -> None:

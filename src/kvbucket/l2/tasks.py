@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import math
 import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
@@ -101,17 +102,24 @@ class TaskRunner:
             self._stats.note_ok(kind_of(fn))
         return out
 
-    def stop(self) -> None:
-        """Stop the loop and the pool (after the caller waited for what it wanted finished).
+    def stop(self, until: float | None = None) -> None:
+        """Stop the loop and the pool (after the caller waited for what it wanted finished), by
+        ``until`` (a monotonic instant; None: up to 5 s for each step).
 
         Whatever still runs on the loop (a task past the caller's deadline, e.g. an eviction pass
         waiting on a hung delete) is cancelled and allowed to unwind first: a pending task
-        dropped with its loop is asyncio's "Task was destroyed but it is pending!"."""
-        with contextlib.suppress(Exception):  # a loop already stopped, or unwinding past 5 s
-            asyncio.run_coroutine_threadsafe(_cancel_pending(), self.loop).result(timeout=5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        dropped with its loop is asyncio's "Task was destroyed but it is pending!". Pool workers
+        still stuck in a store call past ``until`` are left behind (daemon threads)."""
+
+        def left(cap: float) -> float:
+            return cap if until is None else max(0.0, min(cap, until - time.monotonic()))
+
+        with contextlib.suppress(Exception):  # a loop already stopped, or unwinding past its time
+            asyncio.run_coroutine_threadsafe(_cancel_pending(), self.loop).result(timeout=left(5.0))
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=left(10.0))
+        self.pool.shutdown(wait=True, cancel_futures=True, timeout=left(5.0))
         if not self.thread.is_alive():
             self.loop.close()
 
