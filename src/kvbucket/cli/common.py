@@ -25,12 +25,15 @@ from kvbucket.stores.urls import HANDLE_SCHEME, ambiguous, both_spellings, resol
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 30.0
+#: The largest --timeout taken (a week): past it (inf, 1e300) a deadline is no instant the clocks
+#: and sockets can hold, so it is refused at parse time with exit 2 (docs/cli.md).
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 TIMEOUT_ENV = "KVBUCKET_TIMEOUT"
 
 TimeoutOpt = Annotated[
     float,
     typer.Option(
-        "--timeout", envvar=TIMEOUT_ENV, min=0.1,
+        "--timeout", envvar=TIMEOUT_ENV, min=0.1, max=MAX_TIMEOUT_S,
         help="Seconds the whole command may take, every request in it included, counted from its start; "
         f"without it, a remote store's first answer is due within {DEFAULT_TIMEOUT_S:g} s and the command "
         f"then runs as long as the store answers (also ${TIMEOUT_ENV}).",
@@ -40,7 +43,7 @@ TimeoutOpt = Annotated[
 FirstAnswerTimeoutOpt = Annotated[
     float,
     typer.Option(
-        "--timeout", envvar=TIMEOUT_ENV, min=0.1,
+        "--timeout", envvar=TIMEOUT_ENV, min=0.1, max=MAX_TIMEOUT_S,
         help="Seconds to wait for a remote store's first answer; an endpoint that accepts connections "
         f"but never answers fails after this (default {DEFAULT_TIMEOUT_S:g}; also ${TIMEOUT_ENV}).",
     ),

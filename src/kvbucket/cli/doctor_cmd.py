@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import typer
 
 from kvbucket.cli.common import (
+    MAX_TIMEOUT_S,
     TIMEOUT_ENV,
     NoAnswerError,
     Watchdog,
@@ -270,7 +271,7 @@ def register(app: typer.Typer) -> None:
             "s3://bucket/prefix, a directory).",
             show_default=False, callback=store_url)] = None,
         timeout: Annotated[float, typer.Option(
-            "--timeout", envvar=TIMEOUT_ENV, min=0.1,
+            "--timeout", envvar=TIMEOUT_ENV, min=0.1, max=MAX_TIMEOUT_S,
             help="Seconds the whole command may take, counted from its start: every check shares them "
             "(one still waiting then is a FAIL line and the report is printed); given (or "
             f"${TIMEOUT_ENV}), they bound --model's measurement too.")] = DOCTOR_TIMEOUT_S,
