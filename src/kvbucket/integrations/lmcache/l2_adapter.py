@@ -49,6 +49,19 @@ def _layout_bytes(group_layout_descs: Any) -> dict[int, int] | None:
     return out or None
 
 
+def _log_as_lmcache() -> None:
+    """Under LMCache (``lmcache server``) kvbucket's log lines go where LMCache's go, at its level
+    (``LMCACHE_LOG_LEVEL``, INFO by default). LMCache's ``init_logger`` sets up only its own
+    loggers, so kvbucket's reached Python's last-resort handler, which drops INFO: the default
+    eviction line docs/l2.md promises was never shown. A process that configured logging itself
+    (a root handler, or one on ``kvbucket``) is left alone."""
+    if logging.getLogger("kvbucket").handlers or logging.getLogger().handlers:
+        return
+    from lmcache.logging import init_logger
+
+    init_logger("kvbucket")
+
+
 class _Listener:
     def __init__(self, owner: KVBucketL2Adapter) -> None:
         self._owner = owner
@@ -69,6 +82,7 @@ class KVBucketL2Adapter(L2AdapterInterface):
     def __init__(
         self, config: dict[str, Any] | str | L2CommonConfig, l1_memory_desc: Any = None, **_: Any
     ) -> None:
+        _log_as_lmcache()
         cfg = parse_l2_config(config)  # ConfigError is a ValueError: LMCache reports it as a bad spec
         super().__init__(max_capacity_bytes=cfg.max_capacity_bytes)
         self.config = cfg
