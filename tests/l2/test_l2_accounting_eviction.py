@@ -149,8 +149,8 @@ def test_one_tenants_churn_does_not_evict_another_within_its_share() -> None:
         a.close()
 
 
-def test_noop_policy_and_zero_capacity_never_evict() -> None:
-    for cap, policy in ((4 * CHUNK, "noop"), (0, "LRU")):
+def test_noop_policy_never_evicts_and_lru_without_a_capacity_is_refused() -> None:
+    for cap, policy in ((4 * CHUNK, "noop"), (0, "noop")):
         cfg = EvictionConfig(eviction_policy=policy)
         a = ObjectStoreL2Adapter(MemoryStore(), max_capacity_bytes=cap, eviction=cfg, full_chunk_bytes=CHUNK)
         try:
@@ -160,6 +160,8 @@ def test_noop_policy_and_zero_capacity_never_evict() -> None:
             assert a.get_usage().bytes_used == 10 * CHUNK
         finally:
             a.close()
+    with pytest.raises(ConfigError, match="without a capacity"):  # issue 40 F7: never silent
+        ObjectStoreL2Adapter(MemoryStore(), max_capacity_bytes=0, eviction=EvictionConfig())
 
 
 # ---- strict configs ----------------------------------------------------------------------------

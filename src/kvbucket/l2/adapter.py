@@ -102,6 +102,8 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._naming = naming if naming is not None else Naming(self._prefix)
         if self._naming.prefix != self._prefix:
             raise ValueError("naming and adapter prefixes differ")
+        capacity = int(max_capacity_bytes)
+        eviction = effective_eviction(eviction, capacity, fleet=fleet is not None)  # may refuse: first
         # Every write under kvbucket's names goes through SealedStore.put_many (one function:
         # SealedStore.seal) and every such load is verified there; refused objects come back as
         # misses (then forgotten). LMCache's names hold LMCache's raw bytes (kvbucket.l2.format_store).
@@ -116,8 +118,6 @@ class ObjectStoreL2Adapter(L2Adapter):
         self._work_dir = work_dir
         self._owns_store = owns_store
         self._delete_timeout = delete_timeout_secs
-        capacity = int(max_capacity_bytes)
-        eviction = effective_eviction(eviction, capacity, fleet=fleet is not None)
 
         self._state = KeyState(full_chunk_bytes=full_chunk_bytes, rebuilt=not rebuild_usage and fleet is None)
         self._stats = Stats()

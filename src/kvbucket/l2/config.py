@@ -49,7 +49,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kvbucket.did_you_mean import did_you_mean, unknown_key_hint
 from kvbucket.encryption import EncryptionConfig
@@ -84,6 +84,17 @@ class L2CommonConfig(ReadAheadConfig, MetricsEndpointConfig):
     @property
     def max_capacity_bytes(self) -> int:
         return int(self.max_capacity_gb * GIB)
+
+    @model_validator(mode="after")
+    def _eviction_needs_a_capacity(self) -> L2CommonConfig:
+        # Refused before the store opens: an eviction policy without a capacity never evicts.
+        ev = self.eviction
+        if ev is not None and ev.eviction_policy != "noop" and self.max_capacity_gb <= 0:
+            raise ValueError(
+                f"eviction {self.eviction.eviction_policy} is set without a capacity, so it would never "
+                "evict (an unbounded bucket); add max_capacity_gb next to it, or remove \"eviction\""
+            )
+        return self
 
 
 class FsL2Config(L2CommonConfig):

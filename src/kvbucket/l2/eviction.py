@@ -22,6 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kvbucket.errors import ConfigError
 from kvbucket.l2.accounting import KeyIndex
 
 log = logging.getLogger("kvbucket.l2")
@@ -59,8 +60,14 @@ def effective_eviction(
     ``eviction`` setting gets the default policy (``LRU``, watermark 0.8, ratio 0.2); a bucket
     that grows without bound is a bill. A fleet without a capacity still runs ``max_age_secs``
     (``noop``). ``{"eviction_policy": "noop"}`` turns it off explicitly (e.g. to let LMCache's
-    own controller, the plugin spec's top-level ``"eviction"``, do it)."""
+    own controller, the plugin spec's top-level ``"eviction"``, do it). An eviction policy without a
+    capacity is refused (ConfigError): it would never evict."""
     if eviction is not None:
+        if eviction.eviction_policy != "noop" and capacity <= 0:
+            raise ConfigError(
+                f"L2 adapter: eviction {eviction.eviction_policy} is set without a capacity, so it would "
+                "never evict (an unbounded bucket); add max_capacity_gb next to it, or remove \"eviction\""
+            )
         return eviction
     if capacity > 0:
         log.info("a capacity of %d bytes without an eviction setting: evicting LRU (trigger_watermark "
