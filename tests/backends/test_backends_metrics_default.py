@@ -109,6 +109,7 @@ def test_build_backend_exports_tier_and_store_series_by_default(
     text, stats = run_program(off, hf_env)
     assert not labels_of(text, "kvbucket_backend_", "tier")
     assert not labels_of(text, "kvbucket_store_objects", "store")
+    assert not labels_of(text, "kvbucket_read_ahead_", "store"), "read-ahead series with metrics off"
     assert stats["rows"] == []
 
 

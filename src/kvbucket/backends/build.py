@@ -9,6 +9,7 @@ first use, so the imports run one way (config -> backends.build -> engine_config
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvbucket.backends.base import StorageBackend
@@ -77,7 +78,7 @@ def build_backend(config: EngineConfig, layout: KVLayout) -> StorageBackend:
                     unsealed=config.unsealed,
                     encryption=keyring,
                     fleet=spec.fleet,
-                    read_ahead=spec.read_ahead,
+                    read_ahead=spec.read_ahead if config.metrics else replace(spec.read_ahead, metrics=False),
                     model_identity=config.model_identity,
                 ), f"remote:{spec.label}" if spec.plugin else "remote"))
             except BaseException:

@@ -58,7 +58,12 @@ from kvbucket.stores.base import (
     check_buffer_size,
 )
 from kvbucket.stores.guard.read_ahead_config import ReadAheadConfig, ReadAheadSettings
-from kvbucket.stores.guard.read_ahead_metrics import READ_AHEAD_BYTES, READ_AHEAD_HELD, READ_AHEAD_POOLED
+from kvbucket.stores.guard.read_ahead_metrics import (
+    READ_AHEAD_BYTES,
+    READ_AHEAD_HELD,
+    READ_AHEAD_POOLED,
+    read_ahead_series,
+)
 from kvbucket.threads import DaemonThreadPool
 
 HELD, TAKEN, DROPPED = "held", "taken", "dropped"  # in the table / a load owns it / forgotten
@@ -126,11 +131,8 @@ class PrefetchStore(ObjectStore):
         self._copier = DaemonThreadPool(1, "kvbucket-read-ahead-copy")
         self._sweeper: threading.Timer | None = None
         self._closed = False
-        self._prefetched = READ_AHEAD_BYTES.labels(label, "prefetched")
-        self._used = READ_AHEAD_BYTES.labels(label, "used")
-        self._wasted = READ_AHEAD_BYTES.labels(label, "wasted")
-        self._held_gauge = READ_AHEAD_HELD.labels(label)
-        self._pooled_gauge = READ_AHEAD_POOLED.labels(label)
+        (self._prefetched, self._used, self._wasted, self._held_gauge,
+         self._pooled_gauge) = read_ahead_series(label, settings.metrics)
         self._held_shown = self._pooled_shown = 0  # this store's share of the gauges (_publish)
 
     def __getattr__(self, name: str) -> Any:

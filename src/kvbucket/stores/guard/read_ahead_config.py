@@ -44,11 +44,13 @@ def range_problem(key: str, value: Any) -> str | None:
 @dataclass(frozen=True)
 class ReadAheadSettings:
     """``enabled``: lookup hits start their loads; ``max_bytes``: the buffer's bound; ``ttl_secs``:
-    how long a read-ahead no load took is kept."""
+    how long a read-ahead no load took is kept; ``metrics``: export its series (an engine
+    config's ``extra_config.metrics: false`` turns them off with every other series)."""
 
     enabled: bool = True
     max_bytes: int = GiB
     ttl_secs: float = 10.0
+    metrics: bool = True
 
     def __post_init__(self) -> None:
         for key, value in (("read_ahead_max_gb", self.max_bytes / GiB),

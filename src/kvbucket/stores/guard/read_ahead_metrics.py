@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge
 
 READ_AHEAD_BYTES = Counter(
@@ -20,4 +22,21 @@ READ_AHEAD_POOLED = Gauge(
     "read-ahead holds, within read_ahead_max_gb).", ["store"]
 )
 
-__all__ = ["READ_AHEAD_BYTES", "READ_AHEAD_HELD", "READ_AHEAD_POOLED"]
+class _Unexported:
+    """A series nobody exports (metrics off): its moves go nowhere."""
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+
+def read_ahead_series(label: str, exported: bool) -> tuple[Any, Any, Any, Any, Any]:
+    """One store's series: bytes prefetched, used, wasted; the held and pooled gauges. With
+    ``exported`` false none is created, so no ``store=<label>`` series appears at all."""
+    if not exported:
+        return (_Unexported(),) * 5
+    return (READ_AHEAD_BYTES.labels(label, "prefetched"), READ_AHEAD_BYTES.labels(label, "used"),
+            READ_AHEAD_BYTES.labels(label, "wasted"), READ_AHEAD_HELD.labels(label),
+            READ_AHEAD_POOLED.labels(label))
+
+
+__all__ = ["READ_AHEAD_BYTES", "READ_AHEAD_HELD", "READ_AHEAD_POOLED", "read_ahead_series"]
