@@ -193,17 +193,32 @@ class Measurement:
         return self.chunk_bytes * self.chunk_objects / transfer / GB
 
 
+class MeasureFailed(RuntimeError):
+    """:func:`measure` failed; ``left``: the prefix of the objects its cleanup could not confirm
+    removed (None: all were removed)."""
+
+    def __init__(self, message: str, left: str | None) -> None:
+        super().__init__(message)
+        self.left = left
+
+
+def new_run() -> str:
+    """A fresh prefix for one measurement's objects (``_kvbucket_doctor/<random>``)."""
+    return f"{DOCTOR_PREFIX}/{secrets.token_hex(6)}"
+
+
 def measure(open_store: Callable[[], ObjectStore], chunk_bytes: int, *, small_objects: int = SMALL_OBJECTS,
-            chunk_objects: int = CHUNK_OBJECTS) -> Measurement:
+            chunk_objects: int = CHUNK_OBJECTS, run: str | None = None) -> Measurement:
     """Time lookups and loads on a store as another machine sees it: one instance writes random
-    payloads under ``_kvbucket_doctor/<random>/`` (small and chunk-sized), a second one, with
+    payloads under ``run`` (default :func:`new_run`; small and chunk-sized), a second one, with
     nothing cached, looks them up and loads them (each verified byte for byte); all are removed
     before returning. The reader is warmed by one load first (connection, read token), as in a
-    running engine."""
-    run = f"{DOCTOR_PREFIX}/{secrets.token_hex(6)}"
+    running engine. Failing, it raises :class:`MeasureFailed` saying whether objects remain."""
+    run = run or new_run()
     small = [(f"{run}/small-{i}", secrets.token_bytes(SMALL_BYTES))
              for i in range(1 + RTT_SAMPLES + small_objects)]  # warm-up, lookups, the load
     big = [(f"{run}/chunk-{i}", secrets.token_bytes(chunk_bytes)) for i in range(chunk_objects)]
+    names = [n for n, _ in small + big]
     with open_store() as writer:
         try:
             for batch in (small, big):
@@ -216,9 +231,19 @@ def measure(open_store: Callable[[], ObjectStore], chunk_bytes: int, *, small_ob
                                         for n, _ in small[1:RTT_SAMPLES + 1])
                 small_s = _timed(lambda: _load(reader, small[RTT_SAMPLES + 1:]))
                 big_s = _timed(lambda: _load(reader, big))
-        finally:
-            writer.delete_many([n for n, _ in small + big])
+        except Exception as e:
+            raise MeasureFailed(str(e) or type(e).__name__, None if _removed(writer, names) else run) from e
+        if not _removed(writer, names):
+            raise MeasureFailed("measured, but removing its objects failed", run)
     return Measurement(rtt, small_objects, small_s, chunk_bytes, chunk_objects, big_s)
+
+
+def _removed(store: ObjectStore, names: list[str]) -> bool:
+    """Delete ``names``; True when the store confirmed each gone (removed, or never written)."""
+    try:
+        return all(r.ok for r in store.delete_many(names))
+    except Exception:
+        return False
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -235,8 +260,10 @@ def _load(store: ObjectStore, items: list[tuple[str, bytes]]) -> None:
         raise RuntimeError(f"{names[sizes.index(None)]} was stored but a lookup does not find it")
     out = [bytearray(s or 0) for s in sizes]
     for r, (_, data), buf in zip(store.get_many(names, out), items, out, strict=True):
+        if r.error is not None:  # a timeout or a refusal: not an answer about the object
+            raise RuntimeError(f"loading {r.name} failed: {r.error}")
         if not r.found or buf != data:
-            raise RuntimeError(f"{r.name} came back {'damaged' if r.found else 'missing'}: {r.error or ''}")
+            raise RuntimeError(f"{r.name} came back {'damaged' if r.found else 'missing'}")
 
 
 def verdict(budget: Budget, m: Measurement) -> tuple[bool | None, list[str]]:
@@ -267,4 +294,5 @@ def verdict(budget: Budget, m: Measurement) -> tuple[bool | None, list[str]]:
     return False, [*lines, f"verdict: recompute wins; {why}"]
 
 
-__all__ = ["MODEL_SHAPES", "Budget", "Measurement", "ModelShape", "break_even_table", "measure", "verdict"]
+__all__ = ["MODEL_SHAPES", "Budget", "MeasureFailed", "Measurement", "ModelShape", "break_even_table",
+           "measure", "new_run", "verdict"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import os
 import platform
+import shlex
 import sys
 import time
 import urllib.error
@@ -43,14 +44,15 @@ from kvbucket.cli.common import (
 from kvbucket.cli.output import Format, FormatOpt, JsonOpt, print_json, wants_json
 from kvbucket.errors import KVBucketError
 from kvbucket.remote_hit import (
-    DOCTOR_PREFIX,
     MODEL_SHAPES,
     PROMPT_TOKENS,
     RTT_SAMPLES,
     Budget,
+    MeasureFailed,
     Measurement,
     human_bytes,
     measure,
+    new_run,
     verdict,
 )
 from kvbucket.secrets import looks_secret, redact, secrets_in_env
@@ -304,8 +306,7 @@ def register(app: typer.Typer) -> None:
         if model is not None and timeout_given():  # the measurement too: the whole command
             Watchdog(deadline + 0.05, lambda: (
                 f"kvbucket doctor did not finish within {timeout:g} s (--timeout bounds the whole command, "
-                f"--model's measurement included; objects it wrote under {DOCTOR_PREFIX}/ may remain): "
-                "raise --timeout"))
+                f"--model's measurement included): raise --timeout{_leftovers()}"))
         jobs: list[tuple[str, Callable[[], Check | None]]] = []
         for var in ("HF_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             if url := os.environ.get(var, "").strip():
@@ -394,16 +395,41 @@ def _doctor_json(rows: list[tuple[str, str]], checks: list[Check], urls: list[st
     _exit_for(checks)
 
 
+#: (url, prefix) of the measurements under way: what the watchdog's line says to remove.
+_MEASURING: list[tuple[str, str]] = []
+
+
+def removal_command(url: str, run: str) -> str:
+    """The command that removes one measurement's objects."""
+    return f"kvbucket rm {shlex.quote(url)} --prefix {run}/ --yes"
+
+
+def _leftovers() -> str:
+    """For the watchdog's line: how to remove what the measurements under way wrote."""
+    if not _MEASURING:
+        return ""
+    cmds = "; ".join(removal_command(u, r) for u, r in _MEASURING)
+    return f"; the objects it wrote may remain: remove them with {cmds}"
+
+
 def _measure(url: str, budget: Budget) -> Measurement:
     """:func:`measure` on ``url`` as an engine opens it (its read deadlines included); a store that
-    fails it (a load past its deadline, a refused write) is one line, exit 1."""
+    fails it (a load past its deadline, a refused write) is one line, exit 1, with the command
+    that removes its objects when its cleanup could not confirm them gone."""
     from kvbucket.stores import open_store
 
+    run = new_run()
+    _MEASURING.append((url, run))
     try:
-        return measure(lambda: open_store(url), budget.shape.layout.full_chunk_bytes,
-                       small_objects=min(budget.chunks, MAX_SMALL_OBJECTS))
-    except (RuntimeError, KVBucketError, OSError) as e:
+        m = measure(lambda: open_store(url), budget.shape.layout.full_chunk_bytes,
+                    small_objects=min(budget.chunks, MAX_SMALL_OBJECTS), run=run)
+    except MeasureFailed as e:
+        left = f"; its objects may remain: remove them with {removal_command(url, e.left)}" if e.left else ""
+        raise fail(f"measuring {url} failed: {_line(e)}{left}", 1) from None
+    except (RuntimeError, KVBucketError, OSError) as e:  # opening the store
         raise fail(f"measuring {url} failed: {_line(e)}", 1) from None
+    _MEASURING.remove((url, run))
+    return m
 
 
 def _report_remote_hit(urls: list[str], budget: Budget) -> None:
