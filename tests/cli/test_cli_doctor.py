@@ -130,3 +130,17 @@ def test_doctor_checks_the_token(hub_emulator: Any, cli_env: dict[str, str], tmp
     assert "hf_refused_doctor_0123456789" not in bad.out + bad.err
     js = run_cli("doctor", "--json", env={**env, "HF_TOKEN": "hf_refused_doctor_0123456789"})
     assert js.code == 1 and '"invalid or expired' not in js.out and "invalid or expired" in js.out
+
+
+def test_doctor_always_has_a_token_line_and_its_endpoint_line_does_not_read_as_a_refusal(
+    hub_emulator: Any, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 40 (outside tester F12): no token line when HF_TOKEN was unset; next to a valid
+    token the endpoint's line still said only `/api/whoami-v2 answered HTTP 401`."""
+    env = {**cli_env, "HF_ENDPOINT": hub_emulator.endpoint, "HF_HOME": str(tmp_path / "hf")}
+    none = run_cli("doctor", "--timeout", "5", env=env)
+    assert none.code == 0, none.out + none.err
+    assert "  ok    token: none ($HF_TOKEN is unset and there is no saved Hugging Face login)" in none.out
+    good = run_cli("doctor", "--timeout", "5", env={**env, "HF_TOKEN": hub_emulator.write_token})
+    line = next(ln for ln in good.out.splitlines() if "$HF_ENDPOINT" in ln and "whoami" in ln)
+    assert "asked without a token" in line and "the token line says" in line, line

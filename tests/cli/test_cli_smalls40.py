@@ -60,12 +60,13 @@ def test_ls_a_namespace_lists_its_buckets_as_hf_does(hub_emulator: Any, hub_env:
     (["du", "-q"], ["one summary line", "--format json"]),
     (["rm", "--recursive"], ["--prefix P", "--yes"]),
     (["rm", "-r"], ["--prefix P", "--dry-run"]),
+    (["rm", "-R"], ["--prefix P", "it needs --yes to remove"]),  # F12: rm never asks a question
 ])
 def test_hf_options_get_a_pointer(args: list[str], needles: list[str], cli_env: dict[str, str],
                                   tmp_path: Path) -> None:
     r = run_cli(*args[:1], str(tmp_path), *args[1:], env=cli_env)
     line = assert_one_line_error(r, 2, "no such option", *needles)
-    assert "Possible options" not in line
+    assert "Possible options" not in line and "skip the question" not in line
 
 
 @pytest.mark.parametrize("cmd", [["ls"], ["du"], ["verify"], ["doctor"], ["stats"]])
@@ -168,3 +169,16 @@ def test_readme_says_how_long_make_demo_takes_the_first_time_and_later() -> None
                    "on a quiet 2-core machine", "when those cores are shared",
                    "first run 4 min 54 s, the next 4 min 57 s"):
         assert needle in flat, (needle, flat)
+
+
+def test_demo_exit_codes_are_the_ones_docs_backends_md_gives(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 40 (outside tester F12): docs/backends.md said an unreachable store exits 2; like
+    every command, the demo exits 1 for a store that cannot be reached and 2 for a bad input."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "backends.md").read_text()
+    assert "1 if any byte differs or the store is unreachable" in " ".join(doc.split())
+    env = {**cli_env, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    down = run_cli("demo", "--synthetic", "--chunks", "1", "--target", "hf://buckets/alice/kv",
+                   "--timeout", "5", env=env, cwd=tmp_path)
+    assert_one_line_error(down, 1, "connection refused")
+    bad = run_cli("demo", "--synthetic", "--chunks", "1", "--target", "gopher://x/y", env=env, cwd=tmp_path)
+    assert bad.code == 2, (bad.out, bad.err)

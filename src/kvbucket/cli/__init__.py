@@ -189,11 +189,11 @@ HF_OPTION_HINTS: dict[tuple[str, str], str] = {
                        "--format json for scripts",
     ("du", "--human-readable"): "; `kvbucket du` always shows binary units next to the bytes",
     ("rm", "-r"): "; `kvbucket rm` removes named objects; for everything under a prefix: --prefix P "
-                  "(add --yes to skip the question, --dry-run to see what it would remove)",
+                  "(it needs --yes to remove; --dry-run shows what it would remove)",
     ("rm", "-R"): "; `kvbucket rm` removes named objects; for everything under a prefix: --prefix P "
-                  "(add --yes to skip the question, --dry-run to see what it would remove)",
+                  "(it needs --yes to remove; --dry-run shows what it would remove)",
     ("rm", "--recursive"): "; `kvbucket rm` removes named objects; for everything under a prefix: "
-                           "--prefix P (add --yes to skip the question, --dry-run to see what it would "
+                           "--prefix P (it needs --yes to remove; --dry-run shows what it would "
                            "remove)",
     ("", "--token"): _TOKEN_HINT,
 }

@@ -202,12 +202,14 @@ def _ask_endpoint(name: str, url: str, timeout: float, path: str) -> Check:
                      "server's root (e.g. https://huggingface.co, http://127.0.0.1:PORT), without a path")
     if status >= 500:
         return Check(f"{name} {shown}", False, f"{answered}: the server is failing")
+    if status in (401, 403):  # asked without a token on purpose: the token has its own line
+        answered += " (asked without a token: the server is up; the token line says whether yours works)"
     return Check(f"{name} {shown}", True, answered)
 
 
 def check_token(timeout: float, deadline: float | None = None) -> Check | None:
     """Whom the Hugging Face token belongs to, as ``hf auth whoami`` says it (huggingface_hub's
-    ``whoami`` on $HF_ENDPOINT or the default Hub), or that it was refused; None without a token."""
+    ``whoami`` on $HF_ENDPOINT or the default Hub), or that it was refused, or that there is none."""
     from huggingface_hub import get_token
 
     from kvbucket.errors import DeadlineExceededError
@@ -215,7 +217,8 @@ def check_token(timeout: float, deadline: float | None = None) -> Check | None:
 
     token = get_token()
     if not token:
-        return None
+        return Check("token", True, "none ($HF_TOKEN is unset and there is no saved Hugging Face login): "
+                     "public buckets only; set HF_TOKEN or run `hf auth login` for private ones")
     source = "$HF_TOKEN" if os.environ.get("HF_TOKEN") else "the saved Hugging Face login"
     endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or "https://huggingface.co"
     what = f"token ({source})"
@@ -317,8 +320,10 @@ def register(app: typer.Typer) -> None:
             jobs.append((f"{url} ({source})",
                          lambda url=url, source=source: check_store(url, source, timeout, deadline)))
         checks = run_checks(jobs, deadline, timeout)
-        if not all(c.ok for c in checks if c.what.startswith("$HF_ENDPOINT")):  # its FAIL says it all
-            checks = [c for c in checks if not c.what.startswith("token")]
+        if not all(c.ok for c in checks if c.what.startswith("$HF_ENDPOINT")):  # its FAIL says why
+            checks = [c if not c.what.startswith("token") or c.detail.startswith("none") else
+                      Check(c.what, False, "not checked: $HF_ENDPOINT did not answer (see its line)")
+                      for c in checks]
         if as_json:
             _doctor_json(rows, checks, list(urls or []), model, prompt_tokens)
             return
@@ -335,7 +340,7 @@ def register(app: typer.Typer) -> None:
         typer.echo("\nreachability:")
         for c in checks:
             typer.echo(redact(f"  {'ok  ' if c.ok else 'FAIL'}  {c.what}: {c.detail}"))
-        if not checks:
+        if all(c.what == "token" for c in checks):
             typer.echo("  nothing configured: no $HF_ENDPOINT, $AWS_ENDPOINT_URL, compile-cache target or "
                        "URL arguments")
         _exit_for(checks)
