@@ -297,6 +297,9 @@ def _check_python(argv: list[str], where: str) -> None:
     script = ROOT / args[0]
     assert script.is_file(), f"{where}: no script {args[0]} in the repository"
     source = script.read_text()
+    for mod in re.findall(r"^(?:from|import) (\w+)", source, re.M):  # its own helper modules' options
+        if (script.parent / f"{mod}.py").is_file():
+            source += (script.parent / f"{mod}.py").read_text()
     for a in args[1:]:
         opt = a.split("=")[0]
         if opt.startswith("--") and not _PLACEHOLDER.search(opt):
