@@ -79,6 +79,9 @@ class SealedStore(EnvelopeOpener, ObjectStore):
         self.overhead = env.HEADER_SIZE + (env.TAG_SIZE if keyring is not None else 0)
         self._verified = INTEGRITY_VERIFIED.labels(tier)  # labels() is slow: once per store, not per load
         self.refusals = Refusals(tier, self.url, judge=self._open_whole)
+        rechecks = getattr(inner, "rechecks", None)  # a Hub store's writer-side re-checks (duck-typed:
+        if hasattr(rechecks, "verify_with"):  # guard/ imports no store family): never add back damage
+            rechecks.verify_with(self._intact)
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (during __init__ or unpickling)
@@ -88,6 +91,15 @@ class SealedStore(EnvelopeOpener, ObjectStore):
     def __repr__(self) -> str:
         crypt = ", encrypted" if self.keyring is not None else ""
         return f"SealedStore({self.inner!r}, tier={self.tier!r}{crypt})"
+
+    def _intact(self, name: str, data: memoryview) -> bool:
+        """Whether ``data`` opens as ``name``'s envelope: what a Hub writer's re-check asks before
+        adding back what it wrote (stores/hub/rechecks.py)."""
+        try:
+            self._open_whole(name, data)
+        except env.EnvelopeError:
+            return False
+        return True
 
     # ---- write --------------------------------------------------------------------------
     def seal(self, name: str, data: Buffer | Gather) -> bytes | np.ndarray | Gather:

@@ -270,10 +270,12 @@ class HubBucketClient:
         self.retrying(call, "create the bucket", deadline)
 
     # ---- metadata ------------------------------------------------------------------------
-    def paths_info(self, paths: Sequence[str], deadline: float | None = None) -> dict[str, RemoteFile]:
+    def paths_info(self, paths: Sequence[str], deadline: float | None = None, with_mtime: bool = False
+                   ) -> dict[str, RemoteFile]:
         """Exact size and hash of each existing path (absent = missing); one request per 1,000.
 
-        The JSON is read directly (no datetime parsing): this is the hot path of lookups.
+        The JSON is read directly (no datetime parsing unless ``with_mtime``): this is the hot path
+        of lookups.
         """
         out: dict[str, RemoteFile] = {}
         for i in range(0, len(paths), HUB_BATCH_LIMIT):
@@ -285,7 +287,7 @@ class HubBucketClient:
                 return list(r.json())
 
             for entry in self.retrying(call, "look up objects in the bucket", deadline):
-                f = remote_file(entry)
+                f = remote_file(entry, with_mtime)
                 if f is not None:
                     out[f.path] = f
         return out

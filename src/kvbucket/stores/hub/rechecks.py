@@ -11,14 +11,24 @@ than any deleter's window, so a racing delete has landed by then), asks paths-in
 the commits of about a second in one request:
 
 - the path holds that hash: kept (nothing more);
-- another hash: written since by someone newer; left alone;
+- another hash with a later mtime (ties: the greater hash): written since by someone newer; left
+  alone;
+- another hash with an earlier mtime: a stale version (another writer's re-add of what it wrote
+  before us keeps that older mtime): treated as gone, so a stale re-add never beats a newer
+  version; the strict order (mtime, then hash) means two writers never both give way nor both win;
 - gone: added back by its hash in one batch commit (no upload: the bytes are in the CAS).
+
+Never damaged bytes: a store given a verifier (a sealed store hands its envelope check:
+:meth:`Rechecks.verify_with`) first reads what it would add back by its Xet hash and adds it only
+if intact (else counted ``damaged``: a reader that judged it damaged and removed it is not undone).
+An unsealed store has no judgement of damage and adds back unread.
 
 A name removed less than ``recheck_delay_secs`` after a running writer committed it therefore
 comes back with that writer's bytes: a user's ``rm`` of a name a live engine just wrote (it
 would have written it again), an eviction of the version just written (evicted again later).
 The re-add has no condition either: a third writer committing in its own window is replaced by
-the re-added version, an older valid one. This store's own deletes forget what they remove, and
+the re-added version, an older valid one (its own re-check then sees an older version and puts
+its own back). This store's own deletes forget what they remove, and
 a path this store is writing again is not re-added. ``close`` runs the pending checks at once
 (it does not wait until they are due: a delete still in flight then, racing a write committed
 less than ``delete_window_secs`` before, is not seen). docs/hfbucket.md.
@@ -30,7 +40,7 @@ import logging
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -49,8 +59,10 @@ log = logging.getLogger(__name__)
 HUB_RECHECKS = Counter(
     "kvbucket_hub_rechecks",
     "Objects a Hub writer asked about again recheck_delay_secs after committing them, by outcome: kept "
-    "(still its version), newer (another version written since: left alone), readded (removed since, "
-    "added back by its Xet hash), failed (the check or the re-add failed: it may stay removed).",
+    "(still its version), newer (another version with a later mtime: left alone), readded (removed "
+    "since, or replaced by an older version, and added back by its Xet hash), damaged (would have been "
+    "added back but its bytes fail the verifier: left removed), failed (the check or the re-add "
+    "failed: it may stay removed).",
     ["outcome"],
 )
 HUB_DELETE_WINDOW = Counter(
@@ -65,8 +77,13 @@ HUB_DELETE_WINDOW = Counter(
 COALESCE_SECS = 1.0
 
 
+#: Judges bytes about to be added back: (object name, bytes) -> intact? (a sealed store's envelope check)
+Verifier = Callable[[str, memoryview], bool]
+
+
 @dataclass(slots=True)
 class _Pending:
+    name: str  # the store's object name (what a verifier is given)
     xet_hash: str
     size: int
     mtime: int  # milliseconds, as committed
@@ -91,6 +108,11 @@ class Rechecks:
         self._thread: threading.Thread | None = None
         self._busy = 0  # checks the thread is running
         self._closed = False
+        self._verify: Verifier | None = None
+
+    def verify_with(self, verifier: Verifier | None) -> None:
+        """Add back only bytes ``verifier`` finds intact (read by their Xet hash first)."""
+        self._verify = verifier
 
     @property
     def enabled(self) -> bool:
@@ -127,7 +149,7 @@ class Rechecks:
             for p, r in zip(paths, results, strict=True):
                 if r.ok and r.version and r.size is not None:
                     self._pending.pop(p, None)  # re-inserted last: the dict stays in due order
-                    self._pending[p] = _Pending(r.version, r.size, mtime_ms, due)
+                    self._pending[p] = _Pending(r.name, r.version, r.size, mtime_ms, due)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="kvbucket-hub-rechecks", daemon=True)
                 self._thread.start()
@@ -200,7 +222,7 @@ class Rechecks:
         paths = [p for p, _ in due]
         deadline = deadline_in(secs)
         try:
-            now = self._client.paths_info(paths, deadline)
+            now = self._client.paths_info(paths, deadline, with_mtime=True)
         except StoreError as e:
             HUB_RECHECKS.labels("failed").inc(len(due))
             log.warning("could not ask %s whether %d object(s) written %gs ago are still there: %s",
@@ -214,6 +236,8 @@ class Rechecks:
                 gone.append((p, e))
             elif f.xet_hash == e.xet_hash:
                 kept += 1
+            elif _older(f, e):  # a stale version (a re-add of an older write): ours goes back
+                gone.append((p, e))
             else:
                 newer += 1
         HUB_RECHECKS.labels("kept").inc(kept)
@@ -221,8 +245,43 @@ class Rechecks:
         self._cache.invalidate(p for p, e in due if (f := now.get(p)) is None or f.xet_hash != e.xet_hash)
         with self._cond:  # this store is writing it again, or wrote it again since: that write wins
             gone = [(p, e) for p, e in gone if not self._writing[p] and p not in self._pending]
+        gone = self._intact(gone, deadline)
         for i in range(0, len(gone), HUB_BATCH_LIMIT):
             self._readd(gone[i : i + HUB_BATCH_LIMIT], deadline)
+
+    def _intact(self, gone: list[tuple[str, _Pending]], deadline: float) -> list[tuple[str, _Pending]]:
+        """Those of ``gone`` whose bytes, read by their Xet hash, the verifier finds intact (all of
+        them without a verifier); a read that fails counts ``failed``, a refusal ``damaged``."""
+        verify = self._verify
+        if verify is None or not gone:
+            return gone
+        out = []
+        damaged = failed = 0
+        for p, e in gone:
+            if time.monotonic() > deadline:
+                failed += 1
+                continue
+            data = bytearray(e.size)
+            try:
+                self._client.download_afresh(RemoteFile(p, e.size, e.xet_hash), memoryview(data))
+            except Exception as err:
+                failed += 1
+                log.warning("could not read back %s (written to %s) to add it back: %s", p, self.url, err)
+                continue
+            try:
+                ok = verify(e.name, memoryview(data))
+            except Exception:
+                ok = False
+            if ok:
+                out.append((p, e))
+            else:
+                damaged += 1
+        HUB_RECHECKS.labels("damaged").inc(damaged)
+        HUB_RECHECKS.labels("failed").inc(failed)
+        if damaged:
+            log.warning("%d object(s) written to %s were removed since and read back damaged: left removed",
+                        damaged, self.url)
+        return out
 
     def _readd(self, gone: list[tuple[str, _Pending]], deadline: float) -> None:
         ops = [{"type": "addFile", "path": p, "xetHash": e.xet_hash, "mtime": e.mtime} for p, e in gone]
@@ -255,6 +314,14 @@ class Rechecks:
         self._check(due, DEFAULT_CLOSE_TIMEOUT_SECS)  # a Hub that does not answer: close goes on
         if thread is not None:
             thread.join(DEFAULT_CLOSE_TIMEOUT_SECS)  # a check in flight: bounded by its own deadline
+
+
+def _older(f: RemoteFile, e: _Pending) -> bool:
+    """Whether the version ``f`` the bucket holds is older than ours, ``e``: strictly by (mtime in
+    ms, Xet hash), so of two writers exactly one sees the other's as older. Unknown mtime: not older."""
+    if f.mtime is None:
+        return False
+    return (round(f.mtime * 1000), f.xet_hash) < (e.mtime, e.xet_hash)
 
 
 def window_deadline(compared_at: float, window_secs: float, deadline: float) -> float:

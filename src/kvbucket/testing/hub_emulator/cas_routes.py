@@ -210,7 +210,9 @@ class CasRoutes:
             raise HubError(400, "the file hash in the URL must be 64 hex digits")
         rec = self.state.get_reconstruction(file_hex)
         if rec is None or (
-            file_hex != EMPTY_FILE_HASH_HEX and not self.state.bucket_has_hash(bucket_id, file_hex)
+            # what this bucket holds or was uploaded through it: exactly what its token may
+            # ``addFile`` by hash (and so read back by adding it): a hash a delete removed since included
+            file_hex != EMPTY_FILE_HASH_HEX and bucket_id not in self.state.buckets_reaching(file_hex)
         ):
             raise HubError(404, f"file {file_hex} not found")
         size = rec.size

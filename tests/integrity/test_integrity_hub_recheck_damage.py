@@ -1,0 +1,150 @@
+"""A writer's re-check never adds back damage, and a stale re-add never beats a newer version
+(issue 39's second round; stores/hub/rechecks.py).
+
+Writer, reader and deleter are separate stores with their own re-check threads; the reader of the
+first test runs in another process, as a serving engine would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.files import RemoteFile
+from kvbucket.stores.hub.rechecks import HUB_RECHECKS, _older, _Pending
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.testing.delete_races import damage
+
+WINDOW, DELAY = 2.0, 2.5
+
+
+def count(*labels: str) -> float:
+    return float(HUB_RECHECKS.labels(*labels)._value.get())
+
+
+@pytest.fixture
+def hub_config(hub_bucket: Any) -> dict[str, Any]:
+    return {"bucket_handle": f"hf://buckets/{hub_bucket.bucket_id}/kv", "token": hub_bucket.hub.write_token,
+            "endpoint": hub_bucket.hub.endpoint, "metadata_cache_ttl_secs": 0,
+            "delete_window_secs": WINDOW, "recheck_delay_secs": DELAY}
+
+
+@pytest.fixture
+def open_hub(hub_config: dict[str, Any]) -> Iterator[Callable[..., HFBucketStore]]:
+    opened: list[HFBucketStore] = []
+
+    def open_store(**kw: Any) -> HFBucketStore:
+        opened.append(HFBucketStore(HFBucketConfig(**{**hub_config, **kw})))
+        return opened[-1]
+
+    yield open_store
+    for s in opened:
+        s.close()
+
+
+def in_the_window(store: HFBucketStore, hook: Callable[[], Any]) -> None:
+    """Run ``hook`` once in ``store``'s delete by version, after its compare, before its batch."""
+    real = store._delete_batch
+    ran: list[bool] = []
+
+    def hooked(chunk: list[str], deadline: float) -> Any:
+        if not ran:
+            ran.append(True)
+            hook()
+        return real(chunk, deadline)
+
+    store._delete_batch = hooked  # type: ignore[method-assign]
+
+
+def test_damage_a_reader_in_another_process_removed_is_not_added_back(
+    open_hub: Callable[..., HFBucketStore], hub_config: dict[str, Any],
+) -> None:
+    raw = open_hub()
+    writer = seal_store(raw, tier="w", identity="rd")
+    writer.put("n", os.urandom(4096))
+    damage(raw, "n")  # the writer's store committed damaged bytes: its pending re-check holds them
+    reader = textwrap.dedent(f"""
+        from kvbucket.stores.guard.sealed import seal_store
+        from kvbucket.stores.hub.config import HFBucketConfig
+        from kvbucket.stores.hub.store import HFBucketStore
+        raw = HFBucketStore(HFBucketConfig(**{hub_config!r}))
+        print(seal_store(raw, tier="r", identity="rd").get("n") is None)
+        raw.close()
+    """)
+    out = subprocess.run([sys.executable, "-c", reader], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
+    check = open_hub(recheck_delay_secs=0)
+    assert check.head_many(["n"])[0].size is None  # refused twice, removed by version
+    damaged, readded = count("damaged"), count("readded")
+    assert raw.rechecks.settle() == 1
+    assert count("damaged") == damaged + 1 and count("readded") == readded
+    assert check.head_many(["n"])[0].size is None  # the damage stays removed
+
+
+def test_verify_delete_bad_is_not_undone_by_the_writer(open_hub: Callable[..., HFBucketStore]) -> None:
+    from kvbucket.cli.verify_cmd import remove_damaged
+
+    raw = open_hub()
+    seal_store(raw, tier="w", identity="rd").put("n", os.urandom(4096))
+    damage(raw, "n")
+    assert remove_damaged(open_hub(), ["n"], None, {}) == (1, 0)
+    damaged = count("damaged")
+    raw.rechecks.settle()
+    assert count("damaged") == damaged + 1
+    assert open_hub(recheck_delay_secs=0).head_many(["n"])[0].size is None
+
+
+@pytest.mark.parametrize("first", ["stale_writer", "newer_writer"])
+def test_a_stale_readd_never_beats_the_newer_version_a_racing_delete_took(
+    open_hub: Callable[..., HFBucketStore], first: str,
+) -> None:
+    """stale.py: W1 wrote damaged v1; a reader refuses it, and W2 commits a valid v2 between the
+    reader's compare and its delete, which takes v2. Whatever order the re-checks run in, v2 ends
+    up held: W1's damage is not added back, and W2's v2 is."""
+    w1raw, w2raw, rraw = open_hub(), open_hub(), open_hub()
+    w1, w2 = seal_store(w1raw, tier="w1", identity="st"), seal_store(w2raw, tier="w2", identity="st")
+    v1, v2 = os.urandom(4096), os.urandom(4096)
+    w1.put("n", v1)
+    damage(w1raw, "n")
+    in_the_window(rraw, lambda: w2.put("n", v2))
+    assert seal_store(rraw, tier="r", identity="st").get("n") is None
+    assert open_hub(recheck_delay_secs=0).head_many(["n"])[0].size is None  # the delete took v2
+    order = [w1raw, w2raw] if first == "stale_writer" else [w2raw, w1raw]
+    for s in order:
+        s.rechecks.settle()
+    assert seal_store(open_hub(recheck_delay_secs=0), tier="c", identity="st").get("n") == v2
+
+
+@pytest.mark.parametrize("first", ["older_writer", "newer_writer"])
+def test_unsealed_writers_converge_on_the_newer_version(open_hub: Callable[..., HFBucketStore], first: str
+                                                        ) -> None:
+    """No verifier (unsealed): W1's re-add of its older v1 keeps v1's mtime; W2's re-check then
+    sees an older version, not a newer one, and puts v2 back. Either order ends on v2."""
+    w1, w2, deleter = open_hub(), open_hub(), open_hub()
+    w1.put("n", b"v1 older")
+    (h,) = deleter.head_many(["n"])
+    in_the_window(deleter, lambda: w2.put("n", b"v2 newer"))
+    assert deleter.delete_versions([("n", h.version or "")])[0].removed
+    order = [w1, w2] if first == "older_writer" else [w2, w1]
+    for s in order:
+        s.rechecks.settle()
+    assert open_hub(recheck_delay_secs=0).get("n") == b"v2 newer"
+
+
+def test_of_two_versions_exactly_one_is_older() -> None:
+    """Two writers never both give way nor both add back: (mtime, hash) is a strict order."""
+    def held(h: str, ms: int) -> RemoteFile:
+        return RemoteFile("p", 1, h, ms / 1000)
+
+    for a, b in [(("aa", 5), ("bb", 5)), (("aa", 5), ("aa", 6)), (("bb", 4), ("aa", 6))]:
+        ours_a, ours_b = _Pending("n", a[0], 1, a[1], 0.0), _Pending("n", b[0], 1, b[1], 0.0)
+        assert _older(held(*b), ours_a) != _older(held(*a), ours_b)
+    assert not _older(RemoteFile("p", 1, "aa", None), _Pending("n", "bb", 1, 5, 0.0))  # unknown: newer
