@@ -148,3 +148,32 @@ def test_of_two_versions_exactly_one_is_older() -> None:
         ours_a, ours_b = _Pending("n", a[0], 1, a[1], 0.0), _Pending("n", b[0], 1, b[1], 0.0)
         assert _older(held(*b), ours_a) != _older(held(*a), ours_b)
     assert not _older(RemoteFile("p", 1, "aa", None), _Pending("n", "bb", 1, 5, 0.0))  # unknown: newer
+
+
+@pytest.mark.parametrize("ending", ["exit", "kill"])
+def test_a_process_ending_without_close_runs_its_checks_unless_killed(
+    open_hub: Callable[..., HFBucketStore], hub_config: dict[str, Any], ending: str,
+) -> None:
+    """The atexit hook: a writer that never calls close() still adds back what a racing delete
+    took; a SIGKILLed one cannot (documented)."""
+    writer = textwrap.dedent(f"""
+        import os, signal, sys
+        from kvbucket.stores.hub.config import HFBucketConfig
+        from kvbucket.stores.hub.store import HFBucketStore
+        s = HFBucketStore(HFBucketConfig(**{hub_config!r}))
+        s.put("n", b"written just before exit")
+        print("put", flush=True)
+        sys.stdin.readline()  # the delete has landed
+        if {ending!r} == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", writer], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout is not None and p.stdin is not None
+    assert p.stdout.readline().strip() == "put"
+    other = open_hub(recheck_delay_secs=0)
+    assert other.delete_many(["n"])[0].ok
+    p.stdin.write("go\n")
+    p.stdin.close()
+    assert p.wait(timeout=60) == (0 if ending == "exit" else -9)
+    assert (other.get("n") == b"written just before exit") == (ending == "exit")

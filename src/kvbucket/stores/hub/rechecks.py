@@ -31,14 +31,17 @@ the re-added version, an older valid one (its own re-check then sees an older ve
 its own back). This store's own deletes forget what they remove, and
 a path this store is writing again is not re-added. ``close`` runs the pending checks at once
 (it does not wait until they are due: a delete still in flight then, racing a write committed
-less than ``delete_window_secs`` before, is not seen). docs/hfbucket.md.
+less than ``delete_window_secs`` before, is not seen); so does a process ending without
+``close`` (an ``atexit`` hook); a killed one runs none. docs/hfbucket.md.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -72,6 +75,9 @@ HUB_DELETE_WINDOW = Counter(
     "recheck_delay_secs after its compare: a write in that window may be lost).",
     ["outcome"],
 )
+
+#: Stores with checks pending, closed at interpreter exit (a process that never calls close()).
+_LIVE: weakref.WeakSet[Rechecks] = weakref.WeakSet()
 
 #: Due checks are run together: the first waits this long (at most) for others to become due.
 COALESCE_SECS = 1.0
@@ -150,6 +156,7 @@ class Rechecks:
                 if r.ok and r.version and r.size is not None:
                     self._pending.pop(p, None)  # re-inserted last: the dict stays in due order
                     self._pending[p] = _Pending(r.name, r.version, r.size, mtime_ms, due)
+            _LIVE.add(self)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="kvbucket-hub-rechecks", daemon=True)
                 self._thread.start()
@@ -306,6 +313,7 @@ class Rechecks:
         Not waiting keeps ``close`` quick; what it cannot see is a delete still in flight, one
         whose compare came before a write committed less than ``delete_window_secs`` ago.
         """
+        _LIVE.discard(self)
         with self._cond:
             due = self._take(float("inf"))
             self._closed = True
@@ -314,6 +322,18 @@ class Rechecks:
         self._check(due, DEFAULT_CLOSE_TIMEOUT_SECS)  # a Hub that does not answer: close goes on
         if thread is not None:
             thread.join(DEFAULT_CLOSE_TIMEOUT_SECS)  # a check in flight: bounded by its own deadline
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A process ending without ``close()`` (a normal exit, an unhandled exception, ``sys.exit``)
+    runs its pending checks, each store bounded as its ``close`` is. A process killed (SIGKILL,
+    OOM) runs nothing: what a racing delete took in its last ``recheck_delay_secs`` stays removed."""
+    for r in list(_LIVE):
+        try:
+            r.close()
+        except Exception as e:
+            log.warning("could not run the pending re-checks of %s at exit: %s", r.url, e)
 
 
 def _older(f: RemoteFile, e: _Pending) -> bool:
