@@ -169,3 +169,19 @@ def test_remote_url_factory_and_opener() -> None:
     s.close()
     with pytest.raises(ConfigError, match="not both"):
         open_hfbucket_store("hf://buckets/o/b", bucket_handle="hf://buckets/o/c")
+
+
+def test_plugin_options_take_every_number_quoted() -> None:
+    """LMCache hands plugin options as strings: each number setting takes one (issue 39: the
+    re-check settings were refused while load_timeout_secs was accepted)."""
+    from kvbucket.stores.hub.config import HFBucketConfig
+
+    numbers = [k for k, f in HFBucketConfig.model_fields.items() if f.annotation in (int, float)]
+    assert {"recheck_delay_secs", "delete_window_secs", "load_timeout_secs"} <= set(numbers)
+    for k in numbers:
+        v = 3 if k == "delete_window_secs" else 7  # shorter than the default recheck_delay_secs
+        c = config_from_plugin_options("hfbucket", {"bucket_handle": "hf://buckets/o/b", k: str(v)})
+        assert getattr(c, k) == v, k
+    c = config_from_plugin_options("hfbucket", {"bucket_handle": "hf://buckets/o/b",
+                                                "recheck_delay_secs": " 10 ", "delete_window_secs": "3"})
+    assert (c.recheck_delay_secs, c.delete_window_secs) == (10.0, 3.0)

@@ -351,11 +351,10 @@ def _describe(e: ValidationError, cls: type[BaseModel]) -> str:
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _LENIENT_BOOLS = ("create_bucket_if_missing", "prefetch_reconstructions")
-_LENIENT_NUMBERS = {"metadata_cache_ttl_secs": float, "retry_backoff_secs": float, "num_workers": int,
-                    "load_concurrency": int, "max_retries": int, "connect_timeout_secs": float,
-                    "request_timeout_secs": float,
-                    "lookup_timeout_secs": float, "load_timeout_secs": float, "store_timeout_secs": float,
-                    "breaker_failures": int, "breaker_cooldown_secs": float}
+#: Every number setting, derived from the model: LMCache hands plugin options as strings, and a
+#: hand-kept list missed settings added later (issue 39: recheck_delay_secs, delete_window_secs).
+_LENIENT_NUMBERS: dict[str, type] = {k: f.annotation for k, f in HFBucketConfig.model_fields.items()
+                                     if f.annotation in (int, float)}
 
 
 def lenient_bool(key: str, value: Any) -> bool:
