@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -177,3 +178,30 @@ def test_a_process_ending_without_close_runs_its_checks_unless_killed(
     p.stdin.close()
     assert p.wait(timeout=60) == (0 if ending == "exit" else -9)
     assert (other.get("n") == b"written just before exit") == (ending == "exit")
+
+
+def test_a_delete_given_up_counts_its_recompares_and_the_give_up_apart(
+    open_hub: Callable[..., HFBucketStore],
+) -> None:
+    """Three compares each answered too late: two re-compares happened, then the give-up."""
+    from kvbucket.stores.hub.rechecks import HUB_DELETE_WINDOW
+    from kvbucket.stores.hub.versions import COMPARES
+
+    s = open_hub(delete_window_secs=0.2, recheck_delay_secs=1.0)
+    s.put("n", b"v")
+    (h,) = s.head_many(["n"])
+    real, calls = s._client.paths_info, []
+
+    def slow(paths: Any, deadline: Any = None, with_mtime: bool = False) -> Any:
+        calls.append(paths)
+        time.sleep(0.15)
+        return real(paths, deadline, with_mtime)
+
+    s._client.paths_info = slow  # type: ignore[method-assign]
+    recompared, gave_up = (float(HUB_DELETE_WINDOW.labels(o)._value.get()) for o in ("recompared", "gave_up"))
+    (r,) = s.delete_versions([("n", h.version or "")])
+    assert r.error is not None and "were not sent" in str(r.error) and len(calls) == COMPARES == 3
+    assert float(HUB_DELETE_WINDOW.labels("recompared")._value.get()) == recompared + 2
+    assert float(HUB_DELETE_WINDOW.labels("gave_up")._value.get()) == gave_up + 1
+    s._client.paths_info = real  # type: ignore[method-assign]
+    assert s.get("n") == b"v"  # kept

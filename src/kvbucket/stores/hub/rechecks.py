@@ -71,7 +71,8 @@ HUB_RECHECKS = Counter(
 HUB_DELETE_WINDOW = Counter(
     "kvbucket_hub_delete_window",
     "Hub deletes by version whose compare-to-delete window ran long, by outcome: recompared (compared "
-    "again before sending, past delete_window_secs), late (the delete's answer came more than "
+    "again before sending, past delete_window_secs/2), gave_up (every compare answered too late: the "
+    "delete was not sent, the objects kept), late (the delete's answer came more than "
     "recheck_delay_secs after its compare: a write in that window may be lost).",
     ["outcome"],
 )

@@ -82,7 +82,7 @@ def _delete_batch(store: HFBucketStore, chunk: list[str], wanted: dict[str, tupl
     window = store.config.delete_window_secs
     out: dict[str, VersionedDelete] = {}
     doomed: list[str] = []
-    for _ in range(COMPARES):
+    for attempt in range(COMPARES):
         compared_at = time.monotonic()
         try:  # in this thread, right before the batch: the window is this answer's way back
             found = store._client.paths_info(chunk, deadline)
@@ -99,8 +99,10 @@ def _delete_batch(store: HFBucketStore, chunk: list[str], wanted: dict[str, tupl
                 doomed.append(p)
         if not doomed or time.monotonic() - compared_at <= window / 2:
             break
-        HUB_DELETE_WINDOW.labels("recompared").inc()
+        if attempt + 1 < COMPARES:  # counted only when another compare follows
+            HUB_DELETE_WINDOW.labels("recompared").inc()
     else:
+        HUB_DELETE_WINDOW.labels("gave_up").inc()
         err = StoreError(f"{len(doomed)} delete(s) on {store.url} were not sent: the Hub answered each of "
                          f"{COMPARES} compares later than delete_window_secs/2={window / 2:g}s; kept")
         return {**out, **{p: VersionedDelete(wanted[p][0], error=err) for p in doomed}}
