@@ -52,6 +52,7 @@ from kvbucket.keys import key_to_name, name_to_key
 from kvbucket.progress import Progress
 from kvbucket.secrets import redact
 from kvbucket.stores import ObjectInfo, ObjectStore, check_name
+from kvbucket.stores.urls import HANDLE_SCHEME, resolve_store_url
 
 RM_BATCH = 1000
 URL_HELP = ("Store URL: a Hub bucket id ns/name[/prefix], hf://buckets/ns/name[/prefix], "
@@ -233,6 +234,11 @@ def _remove_generation(url: str, prefix: str, model: str, identity: str, *, dry_
 
 Batch = list[tuple[str, int | None]]  # (object name, size, or None: not found)
 
+#: A Hub writer adds back what a delete took soon after its write (stores/hub/rechecks.py).
+HUB_COMEBACK_NOTE = ("note: a name a running writer committed less than its recheck_delay_secs (default 5 s) "
+                     "ago comes back: that writer adds back what a delete took right after its write "
+                     "(docs/cli.md, \"Removing objects\")")
+
 
 def _run_removal(url: str, store: ObjectStore, batches: Iterable[tuple[Batch, dict[str, str | None] | None]],
                  done: Removal, as_json: bool) -> None:
@@ -253,6 +259,8 @@ def _run_removal(url: str, store: ObjectStore, batches: Iterable[tuple[Batch, di
             progress.close(" (interrupted)")
             typer.echo(done.interrupted(), err=True)
             raise typer.Exit(130) from None
+    if done.removed and not done.dry_run and resolve_store_url(url).startswith(HANDLE_SCHEME):
+        typer.echo(HUB_COMEBACK_NOTE, err=True)
 
 
 def _report(done: Removal, as_json: bool) -> None:
