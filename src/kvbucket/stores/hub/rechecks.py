@@ -271,7 +271,10 @@ class Rechecks:
                 continue
             data = bytearray(e.size)
             try:
-                self._client.download_afresh(RemoteFile(p, e.size, e.xet_hash), memoryview(data))
+                # a plain read (not download_afresh: that resets the store's download group and
+                # read token, which its concurrent reads share)
+                self._client.download_into(RemoteFile(p, e.size, e.xet_hash), memoryview(data), None,
+                                           deadline)
             except Exception as err:
                 failed += 1
                 log.warning("could not read back %s (written to %s) to add it back: %s", p, self.url, err)
