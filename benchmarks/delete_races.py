@@ -84,9 +84,9 @@ def main() -> None:
             from kvbucket.stores.hub.rechecks import HUB_DELETE_WINDOW, HUB_RECHECKS
 
             extra["rechecks"] = {o: int(HUB_RECHECKS.labels(o)._value.get())
-                                 for o in ("kept", "newer", "readded", "failed")}
+                                 for o in ("kept", "newer", "readded", "damaged", "failed")}
             extra["delete_window"] = {o: int(HUB_DELETE_WINDOW.labels(o)._value.get())
-                                      for o in ("recompared", "late")}
+                                      for o in ("recompared", "gave_up", "late")}
         print(json.dumps({"kind": kind, "legacy": args.legacy, **report.as_dict(), "secs": round(secs, 1),
                           **extra}))
 
