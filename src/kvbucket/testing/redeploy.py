@@ -8,9 +8,10 @@ delete nothing; the original bytes back (:func:`restore`), a fresh process hits 
 the stored bytes. Used by tests/test_redeploy_paths.py (library tiers, LMCache's L2 adapter and
 connector, transformers) and by the engine checks in the vLLM and SGLang venvs.
 
-``python -m kvbucket.testing.redeploy PATH store|read MODEL_DIR STORE_DIR`` runs one step and
-prints one JSON line: ``{"token", "hits", "digests"}``: the identity token, the chunks a lookup
-found (read steps) and the SHA-256 of each chunk's bytes as stored, or as loaded (None: a miss).
+``python -m kvbucket.testing.redeploy store|read MODEL_DIR JOBS`` runs one step of each job
+(JOBS: JSON ``{name: [path, store]}``) and prints one JSON line ``{name: {"token", "hits",
+"digests"}}``: the identity token, the chunks a lookup found (read steps) and the SHA-256 of each
+chunk's bytes as stored, or as loaded (None: a miss). Several jobs share the step's one process.
 """
 
 from __future__ import annotations
@@ -255,47 +256,75 @@ PATHS: dict[str, Callable[[str, Path, Any], dict[str, Any]]] = {
 }
 
 
-def step(path: str, mode: str, model: Path, store: str | Path) -> dict[str, Any]:
-    """One step in a fresh process of this Python (no cache of the caller's process is shared)."""
+def steps(mode: str, model: Path, jobs: dict[str, tuple[str, str | Path]]) -> dict[str, dict[str, Any]]:
+    """One step of every job ``{name: (path, store)}``, all in ONE fresh process of this Python (no
+    cache of the caller's process is shared; the model does not change during a step, so the jobs
+    of one step may share the new process: a process serving one store sees the same files)."""
     import os
     import subprocess
 
     src = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
-    cmd = [sys.executable, "-m", "kvbucket.testing.redeploy", path, mode, str(model), str(store)]
+    spec = json.dumps({name: [path, str(store)] for name, (path, store) in jobs.items()})
+    cmd = [sys.executable, "-m", "kvbucket.testing.redeploy", mode, str(model), spec]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-4000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    out: dict[str, dict[str, Any]] = json.loads(p.stdout.strip().splitlines()[-1])
+    assert sorted(out) == sorted(jobs), out
+    return out
+
+
+def step(path: str, mode: str, model: Path, store: str | Path) -> dict[str, Any]:
+    """One step of one path in a fresh process (see :func:`steps`)."""
+    return steps(mode, model, {path: (path, store)})[path]
+
+
+def check_all(model: Path, jobs: dict[str, tuple[str, str | Path, Callable[[], dict[str, Any]]]]) -> None:
+    """The whole redeploy (see the module docstring) of every job ``{name: (path, store,
+    snapshot)}`` at once: each of the three steps is one fresh process running every job, so N
+    jobs cost three processes, not 3 N. ``snapshot``: the job's store objects (name -> bytes or
+    size), compared before and after each read step. Every assertion is per job, named by it."""
+    run = {name: (path, store) for name, (path, store, _) in jobs.items()}
+    snap = {name: job[2] for name, job in jobs.items()}
+    first = steps("store", model, run)
+    before: dict[str, dict[str, Any]] = {}
+    for name, got in first.items():
+        assert got["token"], f"{name}: no identity from the model directory"
+        before[name] = snap[name]()
+        chunks = [n for n in before[name] if "_identity" not in n]
+        assert len(chunks) == N and all(got["token"] in n for n in chunks), (name, sorted(before[name]))
+        manifests = [n for n in before[name] if "/_identity/" in f"/{n}"]
+        assert len(manifests) == 1 and manifests[0].endswith(got["token"]), \
+            f"{name}: the writer records its manifest"
+
+    original = change_one_layer(model)
+    changed = steps("read", model, run)
+    for name, got in changed.items():
+        assert got["token"] != first[name]["token"], f"{name}: one layer's new bytes are another identity"
+        assert got["hits"] == 0 and got["digests"] == [None] * N, (name, got)
+        assert snap[name]() == before[name], f"{name}: nothing deleted, nothing rewritten"
+
+    restore(model, original)
+    back = steps("read", model, run)
+    for name, got in back.items():
+        assert got["token"] == first[name]["token"], name
+        assert got["hits"] == N and got["digests"] == first[name]["digests"], \
+            f"{name}: every chunk, byte-identical"
+        assert snap[name]() == before[name], name
 
 
 def check(path: str, model: Path, store: str | Path, snapshot: Callable[[], dict[str, Any]]) -> None:
-    """The whole redeploy of one path (see the module docstring); ``snapshot``: the store's
-    objects (name -> bytes or size), compared before and after each read step."""
-    first = step(path, "store", model, store)
-    assert first["token"], f"{path}: no identity from the model directory"
-    before = snapshot()
-    chunks = [n for n in before if "_identity" not in n]
-    assert len(chunks) == N and all(first["token"] in n for n in chunks), sorted(before)
-    manifests = [n for n in before if "/_identity/" in f"/{n}"]
-    assert len(manifests) == 1 and manifests[0].endswith(first["token"]), "the writer records its manifest"
-
-    original = change_one_layer(model)
-    changed = step(path, "read", model, store)
-    assert changed["token"] != first["token"], f"{path}: one layer's new bytes are another identity"
-    assert changed["hits"] == 0 and changed["digests"] == [None] * N, changed
-    assert snapshot() == before, f"{path}: nothing deleted, nothing rewritten"
-
-    restore(model, original)
-    back = step(path, "read", model, store)
-    assert back["token"] == first["token"]
-    assert back["hits"] == N and back["digests"] == first["digests"], f"{path}: every chunk, byte-identical"
-    assert snapshot() == before
+    """The whole redeploy of one path (see :func:`check_all`)."""
+    check_all(model, {path: (path, store, snapshot)})
 
 
 def main(argv: list[str]) -> None:
-    path, mode, model, store = argv
-    print(json.dumps(PATHS[path](mode, Path(model), store if path in ("vllm", "sglang") else Path(store))),
-          flush=True)
+    """``MODE MODEL JOBS``: JOBS is JSON ``{name: [path, store]}``; prints ``{name: result}``."""
+    mode, model, spec = argv
+    out = {}
+    for name, (path, store) in json.loads(spec).items():
+        out[name] = PATHS[path](mode, Path(model), store if path in ("vllm", "sglang") else Path(store))
+    print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
