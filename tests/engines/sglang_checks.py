@@ -374,20 +374,26 @@ def _listing(target: dict[str, Any]) -> dict[str, int]:
         store.close()
 
 
-def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(target: dict[str, Any],
-                                                                    tmp_path: Any) -> None:
+def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(tmp_path: Any) -> None:
     """Issue 38 through SGLang's own classes, each step in a fresh process: the backend's identity
     comes from the model path SGLang names (HiCacheStorageConfig.model_name); after one layer's
     bytes change in place every page misses and nothing is deleted; the original bytes back,
-    every page hits, byte-identical (kvbucket.testing.redeploy)."""
+    every page hits, byte-identical (kvbucket.testing.redeploy).
+    Every store at once: each step is one fresh process over the three stores (three processes,
+    not nine: each costs seconds of SGLang imports); each store keeps its own prefix, and every
+    assertion names the store that failed. Not parametrized: tests/engines/test_sglang.py counts it once."""
     from pathlib import Path
 
-    from kvbucket.testing.redeploy import check, make_model, target_objects
+    from kvbucket.testing.redeploy import check_all, make_model, target_objects
 
     model = make_model(Path(tmp_path) / "model")
-    store = json.dumps({"url": target["url"], "options": target.get("options", {}),
-                        "prefix": target["prefix"]})
-    check("sglang", model, store, lambda: target_objects(target))
+    jobs = {}
+    for name in sorted(TARGETS):
+        t = {**TARGETS[name], "prefix": f"sglang-{uuid.uuid4().hex[:12]}"}
+        store = json.dumps({"url": t["url"], "options": t.get("options", {}), "prefix": t["prefix"]})
+        jobs[name] = ("sglang", store, lambda t=t: target_objects(t))
+    assert jobs, "no store targets ($KVB_SGLANG_TARGETS)"
+    check_all(model, jobs)
 
 
 def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(

@@ -28,7 +28,9 @@ from kvbucket.testing.engines import (
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("vllm_checks.py")
-N_CHECKS = 17  # test functions in vllm_checks.py
+N_CHECKS = 16  # test functions in vllm_checks.py run on each store
+#: ... and those run once over every store (the redeploy: one fresh process per step for all three)
+SHARED = ("test_one_layer_changed_in_place_misses_then_its_bytes_back_hit",)
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +39,12 @@ def vllm_venv() -> Path:
     return engine_venv(ROOT, "vllm")
 
 
+@pytest.mark.slow(60)
 def test_vllm_secondary_tier_on_dir_hub_and_s3(vllm_venv: Path, hub_bucket: Any, seaweedfs: Any,
                                                s3_bucket: str, tmp_path: Path) -> None:
     targets = store_targets(tmp_path, hub_bucket, seaweedfs, s3_bucket)
     proc = run_checks(vllm_venv, ROOT, CHECKS, "KVB_VLLM_TARGETS", targets, tmp_path, "-rA")
-    assert_all_passed(proc, N_CHECKS, targets)
+    assert_all_passed(proc, N_CHECKS, targets, SHARED)
     assert any((tmp_path / "store").rglob("*-g0")), "the directory store holds no chunk"
 
 

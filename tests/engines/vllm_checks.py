@@ -466,18 +466,24 @@ def test_vllms_scheduler_finds_the_chunks_after_a_restart(target: dict[str, Any]
     second.shutdown()
 
 
-def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(target: dict[str, Any],
-                                                                    tmp_path: Path) -> None:
+def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(tmp_path: Path) -> None:
     """Issue 38 through vLLM's own offloading classes, each step in a fresh process: the tier's
     identity comes from the model directory vLLM names (OffloadingModelConfig.name); after one
     layer's bytes change in place every chunk misses and nothing is deleted; the original bytes
-    back, every chunk hits, byte-identical (kvbucket.testing.redeploy)."""
-    from kvbucket.testing.redeploy import check, make_model, target_objects
+    back, every chunk hits, byte-identical (kvbucket.testing.redeploy).
+    Every store at once: each step is one fresh process over the three stores (three processes,
+    not nine: each costs seconds of vLLM imports); each store keeps its own prefix, and every
+    assertion names the store that failed. Not parametrized: tests/engines/test_vllm.py counts it once."""
+    from kvbucket.testing.redeploy import check_all, make_model, target_objects
 
-    model = make_model(Path(tmp_path) / "model")
-    store = json.dumps({"url": target["url"], "options": target.get("options", {}),
-                        "prefix": target["prefix"]})
-    check("vllm", model, store, lambda: target_objects(target))
+    model = make_model(tmp_path / "model")
+    jobs = {}
+    for name in sorted(TARGETS):
+        t = {**TARGETS[name], "prefix": f"vllm-{uuid.uuid4().hex[:12]}"}
+        store = json.dumps({"url": t["url"], "options": t.get("options", {}), "prefix": t["prefix"]})
+        jobs[name] = ("vllm", store, lambda t=t: target_objects(t))
+    assert jobs, "no store targets ($KVB_VLLM_TARGETS)"
+    check_all(model, jobs)
 
 
 def test_vllms_names_the_identity_reads_are_pinned(target: dict[str, Any], tmp_path: Path,

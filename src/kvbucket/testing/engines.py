@@ -62,17 +62,21 @@ def run_checks(venv: Path, root: Path, checks: Path, env_var: str, targets: dict
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
 
 
-def assert_all_passed(proc: subprocess.CompletedProcess[str], n_checks: int, targets: dict[str, Any]) -> str:
-    """Every check passed on every store (run with ``-rA``); returns the output."""
+def assert_all_passed(proc: subprocess.CompletedProcess[str], n_checks: int, targets: dict[str, Any],
+                      shared: tuple[str, ...] = ()) -> str:
+    """Every check passed on every store (run with ``-rA``): ``n_checks`` checks parametrized by
+    store, and the ``shared`` checks (by name) that run once over every store; returns the output."""
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     m = re.search(r"(\d+) passed", out)
-    assert m and int(m.group(1)) == n_checks * len(targets), out[-3000:]
+    assert m and int(m.group(1)) == n_checks * len(targets) + len(shared), out[-3000:]
     # pytest's summary counts (not the word in captured logs, e.g. vLLM's "host_register failed", nor a
     # name ending in digits: "...-8c885d9a7a8c1870 failed: S3 list ...").
     assert not re.search(r"\b\d+ (failed|skipped|errors?|xfailed|xpassed)\b", out), out[-3000:]
     for name in targets:
         assert len(re.findall(rf"^PASSED \S+\[{name}\]", out, re.M)) == n_checks, out[-3000:]
+    for check in shared:
+        assert re.search(rf"^PASSED \S+::{check}$", out, re.M), (check, out[-3000:])
     return out
 
 
