@@ -238,9 +238,10 @@ def test_short_help_and_version(cli_env: dict[str, str]) -> None:
 
 def test_long_listings_print_progress_lines_when_not_on_a_terminal(
         filled_bucket: str, hub_bucket: Any, hub_env: dict[str, str], tmp_path: Path) -> None:
-    """Each listing request takes 2 s (the emulator's latency rule); a line is due every 0.1 s."""
+    """Each listing request takes 0.5 s (the emulator's latency rule); a line is due every 0.1 s:
+    five intervals per request, so a correct command writes lines and one that writes none fails."""
     env = {**hub_env, "KVBUCKET_PROGRESS_INTERVAL": "0.1"}
-    hub_bucket.hub.faults.add("tree", latency_s=2.0)
+    hub_bucket.hub.faults.add("tree", latency_s=0.5)
     for cmd in ("du", "ls"):
         r = run_cli(cmd, filled_bucket, env=env, cwd=tmp_path)
         assert r.code == 0, r.err
@@ -251,7 +252,8 @@ def test_long_listings_print_progress_lines_when_not_on_a_terminal(
 
 def test_compile_cache_sync_and_fetch_print_progress_lines_when_not_on_a_terminal(
         hub_bucket: Any, hub_env: dict[str, str], tmp_path: Path) -> None:
-    """Each commit (sync) and each Xet fetch (fetch) takes 2 s; a line is due every 0.1 s."""
+    """Each commit (sync) and each Xet fetch (fetch) takes 0.5 s; a line is due every 0.1 s (five
+    intervals per request: lines are due; a command that writes none fails)."""
     from kvbucket.testing.neuron_standin import DEFAULT_VERSION, StandInCompiler
 
     env = {**hub_env, "KVBUCKET_PROGRESS_INTERVAL": "0.1"}
@@ -259,13 +261,13 @@ def test_compile_cache_sync_and_fetch_print_progress_lines_when_not_on_a_termina
     a, b = StandInCompiler(tmp_path / "a", DEFAULT_VERSION), StandInCompiler(tmp_path / "b", DEFAULT_VERSION)
     a.compile("g1")
     a.compile("g2")
-    hub_bucket.hub.faults.add("batch", latency_s=2.0)
+    hub_bucket.hub.faults.add("batch", latency_s=0.5)
     r = run_cli("compile-cache", "sync", "--target", target, "--cache-dir", str(a.cache_dir), env=env,
                 cwd=tmp_path)
     assert r.code == 0, r.err
     assert [ln for ln in r.err_lines if ln.startswith("sync: ") and " of " in ln], r.err
     hub_bucket.hub.faults.reset()
-    hub_bucket.hub.faults.add("fetch", latency_s=2.0)
+    hub_bucket.hub.faults.add("fetch", latency_s=0.5)
     r = run_cli("compile-cache", "fetch", "--target", target, "--cache-dir", str(b.cache_dir),
                 "--compiler-version", DEFAULT_VERSION, env=env, cwd=tmp_path)
     assert r.code == 0, r.err
@@ -277,9 +279,10 @@ def test_compile_cache_sync_and_fetch_print_progress_lines_when_not_on_a_termina
 
 def test_synthetic_demo_prints_progress_lines_when_not_on_a_terminal(
         hub_bucket: Any, hub_env: dict[str, str], tmp_path: Path) -> None:
-    """The remote tier's commits take 2 s each; a line is due every 0.1 s (the bars only end up in a log)."""
+    """The remote tier's commits take 0.5 s each; a line is due every 0.1 s (the bars only end up
+    in a log)."""
     env = {**hub_env, "KVBUCKET_PROGRESS_INTERVAL": "0.1"}
-    hub_bucket.hub.faults.add("batch", latency_s=2.0)
+    hub_bucket.hub.faults.add("batch", latency_s=0.5)
     r = run_cli("demo", "--synthetic", "--chunks", "2", "--target", f"{hub_bucket.bucket_id}/demo", env=env,
                 cwd=tmp_path, timeout=300)
     assert r.code == 0, r.out + r.err
