@@ -110,18 +110,13 @@ def test_version_and_dash_v_print_the_same(cli_env: dict[str, str]) -> None:
         run_cli("--version", env=cli_env).out
 
 
-COMMANDS = [["ls"], ["du"], ["rm"], ["verify"], ["migrate"], ["demo"], ["stats"], ["doctor"], ["version"],
-            ["compile-cache", "create"], ["compile-cache", "set"], ["compile-cache", "fetch"],
-            ["compile-cache", "sync"], ["compile-cache", "lookup"], ["compile-cache", "status"],
-            ["compile-cache", "cleanup"], ["emulator", "serve"]]
-
-
 def test_help_and_warnings_never_point_to_docs_files(cli_env: dict[str, str]) -> None:
-    """A wheel user has no docs/*.md: help, warnings and errors say it in words."""
-    for cmd in [[], *COMMANDS]:
-        r = run_cli(*cmd, "--help", env=cli_env)
-        assert r.code == 0, (cmd, r.err)
-        assert not re.search(r"\.md\b|docs/", r.out), (cmd, r.out)
+    """A wheel user has no docs/*.md: help, warnings and errors say it in words. Every command's
+    help page is read (and checked for docs paths) by test_cli_help.py's sweep of the whole
+    command tree, which runs each ``--help`` once; here the root help and a warning."""
+    r = run_cli("--help", env=cli_env)
+    assert r.code == 0 and "Commands:" in r.out, r.err
+    assert not re.search(r"\.md\b|docs/", r.out), r.out
     r = run_cli("version", env={**cli_env, "KVBUCKET_NO_SUCH_SETTING": "1"})
     assert "KVBUCKET_NO_SUCH_SETTING" in r.err and not re.search(r"\.md\b|docs/", r.err), r.err
 
