@@ -76,6 +76,7 @@ def test_doctor_model_errors(args: list[str], needle: str, cli_env: dict[str, st
     assert_one_line_error(run_cli(*args, env=cli_env), 2, needle)
 
 
+@pytest.mark.slow(12)
 def test_demo_latency_ms_delays_machine_b_on_the_emulator(cli_env: dict[str, str]) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

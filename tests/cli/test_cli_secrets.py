@@ -159,6 +159,7 @@ def _leaks(p: Plants, runs: list[tuple[list[str], Run]]) -> list[str]:
             for a, r in runs if (found := p.found_in(r.out + r.err))]
 
 
+@pytest.mark.slow(25)
 def test_no_planted_secret_in_any_output_of_any_command(
     plants: Plants, hub_bucket: Any, s3_bucket: str, seaweedfs: S3Server, cli_env: dict[str, str],
     tmp_path: Path,

@@ -27,6 +27,7 @@ def _probe(target: str, cache_dir: Path, inductor_dir: Path) -> dict[str, Any]:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow(32)
 def test_fresh_process_hits_the_artifacts_another_one_compiled(tmp_path: Path) -> None:
     target = str(tmp_path / "bucket")
     cold = _probe(target, tmp_path / "kv-a", tmp_path / "inductor-a")

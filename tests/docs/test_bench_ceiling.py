@@ -11,11 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import render  # noqa: E402
 
 
+@pytest.mark.slow(55)
 def test_a_quick_run_writes_cpu_gil_and_ceiling_per_path_payload_phase_and_op(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_ceiling.py"), "--quick",
                           "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=900)

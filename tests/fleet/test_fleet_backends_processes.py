@@ -134,6 +134,7 @@ def test_backends_in_three_processes_share_an_s3_prefix(seaweedfs: S3Server, s3_
         k: cfg[k] for k in ("s3_endpoint_url", "s3_region", "aws_access_key_id", "aws_secret_access_key")}})
 
 
+@pytest.mark.slow(12)
 def test_backends_in_three_processes_share_a_hub_bucket_prefix(hub_bucket: HubBucket, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVB_FLEET_TEST_TOKEN", hub_bucket.hub.write_token)  # the seed and reader, here

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kvbucket.fleet.config import FleetConfig
 from kvbucket.l2 import open_l2_adapter
 from kvbucket.stores.guard.sealed import seal_store
@@ -176,6 +178,7 @@ def test_fleet_config_reaches_the_adapter(tmp_path: Path) -> None:
 
 
 
+@pytest.mark.slow(10)
 def test_a_burst_keeps_its_newest_chunks_under_the_default_write_cap(tmp_path: Path) -> None:
     """The write cap and eviction (docs/fleet.md, "The write cap"): 2 processes offer 2x the
     capacity in a few seconds. At the default cap (2.0) eviction makes the room, so the newest
@@ -208,6 +211,7 @@ PACED = {"sync_secs": 0.25, "coordination_ratio": 0.05, "max_sync_secs": 6.0, "i
          "grace_secs": 1.0}
 
 
+@pytest.mark.slow(13)
 def test_activity_paced_fleet_visibility_ratio_and_idle_back_off(tmp_path: Path) -> None:
     """Four processes on fs with coordination_ratio: (a) visibility within max_sync_secs,
     (b) coordination within the ratio of data requests once busy, (c) the idle node backs off."""

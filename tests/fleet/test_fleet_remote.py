@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kvbucket.keys import key_to_name
 from kvbucket.l2 import open_l2_adapter
 from kvbucket.stores.guard.sealed import seal_store
@@ -91,11 +93,13 @@ PACED = {"sync_secs": 0.5, "coordination_ratio": 0.05, "max_sync_secs": 8.0, "id
          "grace_secs": 1.0}
 
 
+@pytest.mark.slow(13)
 def test_activity_paced_fleet_on_s3(seaweedfs: S3Server, s3_bucket: str) -> None:
     cfg = seaweedfs.config(s3_bucket, "paced")
     check_paced(paced_fleet({"type": "s3", **cfg}, PACED), PACED)
 
 
+@pytest.mark.slow(15)
 def test_activity_paced_fleet_on_the_hub_emulator(hub_bucket: HubBucket) -> None:
     base = {"type": "hfbucket", "bucket_handle": f"hf://buckets/{hub_bucket.bucket_id}/paced",
             "token": hub_bucket.hub.write_token, "endpoint": hub_bucket.hub.endpoint}

@@ -59,7 +59,7 @@ def run_table(root: Path, cases: tuple[Case, ...]) -> tuple[dict[str, str], dict
     return before, dict(zip([c.name for c in cases], after_list, strict=True))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(4)
 def test_every_redeploy_in_place_is_a_new_identity(tmp_path: Path) -> None:
     assert len(CHANGES) >= 40
     before, after = run_table(tmp_path, CHANGES)

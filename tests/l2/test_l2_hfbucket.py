@@ -86,6 +86,7 @@ def test_hfbucket_partly_failed_batch_counts_what_landed(hub_bucket: HubBucket) 
         assert a.get_usage().bytes_used == 4 * CHUNK == sum(bucket_files(hub_bucket).values())
 
 
+@pytest.mark.slow(11)
 @pytest.mark.lmcache
 def test_lmcache_bench_l2_with_kvbucket_plugin_on_the_emulator(hub_bucket: HubBucket, tmp_path: Path) -> None:
     pytest.importorskip("lmcache")

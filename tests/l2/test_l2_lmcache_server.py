@@ -101,6 +101,7 @@ def wait_keys(srv: Server, want: list[int], timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow(12)
 def test_lmcache_server_runs_the_plugin_on_hfbucket_and_s3(
     hub_bucket: HubBucket, seaweedfs: S3Server, s3_bucket: str, tmp_path: Path, servers: list[Server]
 ) -> None:

@@ -69,7 +69,7 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subp
     return p
 
 
-@pytest.mark.slow
+@pytest.mark.slow(32)
 def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path: Path) -> None:
     env = _clean_env(tmp_path)
     # pip's cache is the user's own (not the throwaway HOME), so wheels already fetched are reused

@@ -21,6 +21,7 @@ def run_demo(*args: str, columns: str = "200") -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.slow(12)
 def test_demo_on_the_in_process_emulator() -> None:
     result = run_demo()
     assert result.returncode == 0, result.stdout + result.stderr
@@ -34,6 +35,7 @@ def test_demo_on_the_in_process_emulator() -> None:
     assert verified >= 2 and "0 refused" in integrity  # B loaded 2 remote chunks (256 KiB), none refused
 
 
+@pytest.mark.slow(12)
 def test_demo_on_a_directory_target_cleans_up(tmp_path: Path) -> None:
     """Also as in `make demo > log` (issue 31): a line per step on stderr as it starts, and the
     table whole in an 80-column log (the target path is longer than that)."""
