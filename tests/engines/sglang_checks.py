@@ -384,16 +384,9 @@ def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(tmp_path: Any
     assertion names the store that failed. Not parametrized: tests/engines/test_sglang.py counts it once."""
     from pathlib import Path
 
-    from kvbucket.testing.redeploy import check_all, make_model, target_objects
+    from kvbucket.testing.redeploy import check_targets, make_model
 
-    model = make_model(Path(tmp_path) / "model")
-    jobs = {}
-    for name in sorted(TARGETS):
-        t = {**TARGETS[name], "prefix": f"sglang-{uuid.uuid4().hex[:12]}"}
-        store = json.dumps({"url": t["url"], "options": t.get("options", {}), "prefix": t["prefix"]})
-        jobs[name] = ("sglang", store, lambda t=t: target_objects(t))
-    assert jobs, "no store targets ($KVB_SGLANG_TARGETS)"
-    check_all(model, jobs)
+    check_targets("sglang", make_model(Path(tmp_path) / "model"), TARGETS)
 
 
 def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(

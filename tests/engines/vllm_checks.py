@@ -474,16 +474,9 @@ def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(tmp_path: Pat
     Every store at once: each step is one fresh process over the three stores (three processes,
     not nine: each costs seconds of vLLM imports); each store keeps its own prefix, and every
     assertion names the store that failed. Not parametrized: tests/engines/test_vllm.py counts it once."""
-    from kvbucket.testing.redeploy import check_all, make_model, target_objects
+    from kvbucket.testing.redeploy import check_targets, make_model
 
-    model = make_model(tmp_path / "model")
-    jobs = {}
-    for name in sorted(TARGETS):
-        t = {**TARGETS[name], "prefix": f"vllm-{uuid.uuid4().hex[:12]}"}
-        store = json.dumps({"url": t["url"], "options": t.get("options", {}), "prefix": t["prefix"]})
-        jobs[name] = ("vllm", store, lambda t=t: target_objects(t))
-    assert jobs, "no store targets ($KVB_VLLM_TARGETS)"
-    check_all(model, jobs)
+    check_targets("vllm", make_model(tmp_path / "model"), TARGETS)
 
 
 def test_vllms_names_the_identity_reads_are_pinned(target: dict[str, Any], tmp_path: Path,

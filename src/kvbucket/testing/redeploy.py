@@ -313,6 +313,20 @@ def check_all(model: Path, jobs: dict[str, tuple[str, str | Path, Callable[[], d
         assert snap[name]() == before[name], name
 
 
+def check_targets(path: str, model: Path, targets: dict[str, dict[str, Any]]) -> None:
+    """:func:`check_all` of an engine path (``vllm``, ``sglang``) over the engine checks' store
+    targets ``{name: {"url", "options"}}``, each under a fresh prefix of its own."""
+    import uuid
+
+    jobs: dict[str, tuple[str, str | Path, Callable[[], dict[str, Any]]]] = {}
+    for name in sorted(targets):
+        t = {**targets[name], "prefix": f"{path}-{uuid.uuid4().hex[:12]}"}
+        store = json.dumps({"url": t["url"], "options": t.get("options", {}), "prefix": t["prefix"]})
+        jobs[name] = (path, store, lambda t=t: target_objects(t))
+    assert jobs, f"{path}: no store targets"
+    check_all(model, jobs)
+
+
 def check(path: str, model: Path, store: str | Path, snapshot: Callable[[], dict[str, Any]]) -> None:
     """The whole redeploy of one path (see :func:`check_all`)."""
     check_all(model, {path: (path, store, snapshot)})
