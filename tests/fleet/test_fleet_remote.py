@@ -76,6 +76,7 @@ def test_fleet_on_s3(seaweedfs: S3Server, s3_bucket: str) -> None:
     fleet_round({"type": "s3", **cfg}, lambda: chunks_of(S3Store.from_config(S3Config(**cfg))))
 
 
+@pytest.mark.slow(20)
 def test_fleet_on_the_hub_emulator(hub_bucket: HubBucket) -> None:
     handle = f"hf://buckets/{hub_bucket.bucket_id}/kv"
     base = {"type": "hfbucket", "bucket_handle": handle, "token": hub_bucket.hub.write_token,
