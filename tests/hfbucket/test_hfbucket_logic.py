@@ -48,7 +48,8 @@ class FakeHub(HubBucketClient):
     def bucket_info(self, deadline: float | None = None) -> dict[str, Any]:
         return {"private": True}
 
-    def paths_info(self, paths: Sequence[str], deadline: float | None = None) -> dict[str, RemoteFile]:
+    def paths_info(self, paths: Sequence[str], deadline: float | None = None, with_mtime: bool = False
+                   ) -> dict[str, RemoteFile]:  # the client's signature (the writer's re-check asks mtimes)
         assert len(paths) <= 1000
         self._count("paths_info")
         self._need_bucket()

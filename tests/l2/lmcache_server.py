@@ -29,6 +29,8 @@ class Server:
         L1; or ``argv``: the arguments after ``lmcache server`` as a user wrote them (a doc's
         command). Either way the harness adds its free ports, chunk size and transfer mode."""
         self.http, self.port = free_port(), free_port()
+        while self.port == self.http:  # a port just released can be handed out again at once
+            self.port = free_port()
         args = [sys.executable, "-m", "lmcache.cli.main", "server"]
         if argv is None:
             args += ["--l1-size-gb", "0.05", "--eviction-policy", "LRU"]

@@ -33,7 +33,10 @@ def test_a_node_counts_the_whole_prefix_and_evicts_to_its_own_capacity(hub_bucke
     def spec(gb: float) -> dict:
         return {"type": "hfbucket", "bucket_handle": f"hf://buckets/{hub_bucket.bucket_id}/shared",
                 "token": hub.write_token, "endpoint": hub.endpoint, "model_identity": "v1",
-                "max_capacity_gb": gb, "read_ahead": False, "full_chunk_bytes": CHUNK}  # fmt: skip
+                "max_capacity_gb": gb, "read_ahead": False, "full_chunk_bytes": CHUNK,
+                # a Hub writer adds back, recheck_delay_secs after its commit, what another process
+                # deleted (docs/hfbucket.md): off here, so b's eviction is what a sees
+                "recheck_delay_secs": 0}  # fmt: skip
 
     with open_l2_adapter(spec(1)) as a:
         assert a.wait_until_rebuilt(30)
@@ -49,7 +52,10 @@ def test_a_node_counts_the_whole_prefix_and_evicts_to_its_own_capacity(hub_bucke
             assert sb["evicted_keys"] > 0 and sb["bytes_used"] <= small * 1e9, sb  # a's chunks counted
         bufs = [bytearray(CHUNK) for _ in range(N)]
         got = t.load(a, [k(i) for i in range(N)], bufs)
-        assert got.count(False) > 0 and got.count(True) <= 8, got  # a lock in a is invisible to b
+        # a lock in a is invisible to b: a's chunks, locked ones included, left the bucket. a may still
+        # read one by the Xet hash it holds (the emulator serves a hash to a bucket that may add it back,
+        # docs/emulator.md), so what a loads is checked for its bytes only.
+        assert sb["keys"] <= 8 and sb["evicted_keys"] >= N - 8, sb
         for i, ok in enumerate(got):
             assert not ok or bytes(bufs[i]) == chunk(i), i  # a miss, never wrong bytes
         a.submit_unlock([k(i) for i in range(5)])
