@@ -14,10 +14,10 @@ MODEL = "org/llama"
 
 
 def connector(loop: asyncio.AbstractEventLoop | None, options: dict[str, Any], *, chunk_tokens: int = 16,
-              plugin: str = "kv", store: Any = None) -> Any:
+              plugin: str = "kv", store: Any = None, model: str = MODEL, head_dim: int = 8) -> Any:
     """A ``KVBucketConnector`` for ``remote_storage_plugin.<plugin>.<option>`` = ``options``;
-    chunks of ``chunk_tokens`` tokens, kv_shape (2, 2, chunk_tokens, 2, 8) in bf16. ``store``:
-    an object store to use instead of the one the options describe."""
+    chunks of ``chunk_tokens`` tokens, kv_shape (2, 2, chunk_tokens, 2, head_dim) in bf16 of
+    ``model``. ``store``: an object store to use instead of the one the options describe."""
     import torch
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.metadata import LMCacheMetadata
@@ -32,8 +32,8 @@ def connector(loop: asyncio.AbstractEventLoop | None, options: dict[str, Any], *
                       f"remote_storage_plugin.{plugin}.class_name": "KVBucketConnector",
                       **{f"remote_storage_plugin.{plugin}.{k}": v for k, v in options.items()}},
     )  # fmt: skip
-    md = LMCacheMetadata(model_name=MODEL, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
-                         kv_dtype=torch.bfloat16, kv_shape=(2, 2, chunk_tokens, 2, 8),
+    md = LMCacheMetadata(model_name=model, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+                         kv_dtype=torch.bfloat16, kv_shape=(2, 2, chunk_tokens, 2, head_dim),
                          chunk_size=chunk_tokens)  # fmt: skip
     cpu = LocalCPUBackend(cfg, md, dst_device="cpu")
     return KVBucketConnector(loop=loop, local_cpu_backend=cpu, config=cfg, store=store)

@@ -173,31 +173,19 @@ def _connector(mode: str, model: Path, store: Path) -> dict[str, Any]:
 
     import torch
     from lmcache.utils import CacheEngineKey
-    from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.memory_management import MemoryFormat
-    from lmcache.v1.metadata import LMCacheMetadata
-    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
-    from kvbucket.integrations.lmcache import KVBucketConnector
+    from kvbucket.testing.lmcache_engine import connector
 
-    pre = "remote_storage_plugin.kv."
-    extra = {pre + "module_path": "kvbucket.integrations.lmcache", pre + "class_name": "KVBucketConnector",
-             pre + "bucket_handle": f"file://{store}", pre + "metadata_cache_ttl_secs": 0,
-             pre + "model_identity": str(model)}
-    cfg = LMCacheEngineConfig.from_defaults(chunk_size=16, local_cpu=False, max_local_cpu_size=0.05,
-                                            save_unfull_chunk=False, remote_serde="naive",
-                                            remote_storage_plugins=["kv"], extra_config=extra)  # fmt: skip
-    md = LMCacheMetadata(model_name="org/tiny", world_size=1, local_world_size=1, worker_id=0,
-                         local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=(2, 2, 16, 2, 16),
-                         chunk_size=16)  # fmt: skip
-    cpu = LocalCPUBackend(cfg, md, dst_device="cpu")
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
 
     def run(coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
 
-    conn = KVBucketConnector(loop=loop, local_cpu_backend=cpu, config=cfg)
+    conn = connector(loop, {"bucket_handle": f"file://{store}", "metadata_cache_ttl_secs": 0,
+                            "model_identity": str(model)}, model="org/tiny", head_dim=16)
+    cpu = conn.local_cpu_backend
     keys = [CacheEngineKey("org/tiny", 1, 0, h, torch.bfloat16) for h in range(0x100, 0x100 + N)]
     try:
         assert conn.naming.identity.wait(120), "the model directory's identity was never known"
@@ -205,7 +193,7 @@ def _connector(mode: str, model: Path, store: Path) -> dict[str, Any]:
         if mode == "store":
             sent = []
             for i, k in enumerate(keys):
-                obj = cpu.allocate(md.get_shapes(), md.get_dtypes(), MemoryFormat.KV_2LTD)
+                obj = cpu.allocate(conn.meta_shapes, conn.meta_dtypes, MemoryFormat.KV_2LTD)
                 data = payload(i, obj.get_size())
                 raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
                 obj.raw_data.view(torch.uint8).view(-1).copy_(raw)
