@@ -18,10 +18,11 @@ import xxhash
 from kvbucket.errors import AuthError, SizeMismatchError
 from kvbucket.metrics import integrity_failures
 from kvbucket.stores.base import Scatter
+from kvbucket.stores.buffers import part_ranges as spans
 from kvbucket.stores.guard.sealed import seal_store
 from kvbucket.stores.s3.config import S3Config
 from kvbucket.stores.s3.direct import _Transfer
-from kvbucket.stores.s3.split import part_size, spans
+from kvbucket.stores.s3.split import part_size
 from kvbucket.stores.s3.store import S3Store
 from kvbucket.testing.s3_server import FaultProxy, S3Server
 from kvbucket.testing.tls import make_test_certificates

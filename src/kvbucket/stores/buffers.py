@@ -361,4 +361,14 @@ def put_view(name: str, data: Any) -> memoryview | Gather:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-__all__ = ["Buffer", "Gather", "Scatter", "check_buffer_size", "put_view"]
+def part_ranges(size: int, part_bytes: int) -> list[tuple[int, int]]:
+    """``[a, b)`` ranges of about ``part_bytes`` tiling an object of ``size`` bytes, for a read of
+    one object into its buffer in parallel parts; one range for an object below two parts (or
+    ``part_bytes`` 0: never split). Shared by the Hub's and S3's ranged reads."""
+    k = size // part_bytes if part_bytes > 0 else 1
+    if k < 2:
+        return [(0, size)]
+    return [(i * size // k, (i + 1) * size // k) for i in range(k)]
+
+
+__all__ = ["Buffer", "Gather", "Scatter", "check_buffer_size", "part_ranges", "put_view"]

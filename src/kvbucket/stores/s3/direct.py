@@ -46,8 +46,9 @@ import pycurl
 
 from kvbucket.chunks import as_view
 from kvbucket.stores.base import Scatter
+from kvbucket.stores.buffers import part_ranges
 from kvbucket.stores.s3.kept import OVERLONG, ConnectionWatch
-from kvbucket.stores.s3.split import MIN_PART_BYTES, part_size, spans
+from kvbucket.stores.s3.split import MIN_PART_BYTES, part_size
 from kvbucket.stores.s3.transfers import (
     EXPIRED,
     HASH_STEP,
@@ -208,7 +209,7 @@ class DirectReader:
                          self._min_part_bytes)
         out: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
         for i, view in views.items():
-            tiles = spans(view.nbytes, part)
+            tiles = part_ranges(view.nbytes, part)
             if len(tiles) > 1:
                 out[i] = (view, tiles)
         return out

@@ -37,13 +37,4 @@ def part_size(sizes: Sequence[int], budget: int, part_bytes: int, min_part_bytes
     return min(part_bytes, max(min_part_bytes, -(-total // max(1, budget))))
 
 
-def spans(size: int, part: int) -> list[tuple[int, int]]:
-    """``[a, b)`` ranges of about ``part`` bytes tiling an object of ``size``; one for an object
-    below two parts (or ``part`` 0)."""
-    k = size // part if part > 0 else 1
-    if k < 2:
-        return [(0, size)]
-    return [(j * size // k, (j + 1) * size // k) for j in range(k)]
-
-
-__all__ = ["MIN_PART_BYTES", "part_size", "spans"]
+__all__ = ["MIN_PART_BYTES", "part_size"]

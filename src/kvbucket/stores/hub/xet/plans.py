@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbucket.errors import StoreError
+from kvbucket.stores.buffers import part_ranges
 from kvbucket.stores.hub.xet.decode import XetReadUnsupported
 
 #: Fetch URLs are presigned and expire (an hour on the Hub today); a reconstruction is reused
@@ -62,15 +63,6 @@ class Part:
     end: int
     terms: list[_Term]
     infos: dict[str, Any]
-
-
-def part_ranges(size: int, part_bytes: int) -> list[tuple[int, int]]:
-    """``[a, b)`` ranges of about ``part_bytes`` tiling a file of ``size`` bytes; one range for a
-    file below two parts (or ``part_bytes`` 0: never split)."""
-    k = size // part_bytes if part_bytes > 0 else 1
-    if k < 2:
-        return [(0, size)]
-    return [(i * size // k, (i + 1) * size // k) for i in range(k)]
 
 
 def parse_part(body: dict[str, Any], start: int) -> Part:
