@@ -81,6 +81,10 @@ class FaultProxy:
         self.injected = 0
         self.hosts: list[str] = []
         self.targets: list[tuple[str, str]] = []  # (method, request target) of every request
+        #: (method, request target) of every request that had an answer (status line sent). A
+        #: request whose upstream failed has none: the client (libcurl) may send it again on a
+        #: fresh connection, so counting ``targets`` would count that request twice.
+        self.answered: list[tuple[str, str]] = []
         #: Seconds added to every request before it is forwarded (a wide-area round trip).
         self.latency = 0.0
         #: (method, request target, arrived, answered) of every request, monotonic seconds.
@@ -211,6 +215,8 @@ class FaultProxy:
 
             def send_response(self, code: int, message: str | None = None) -> None:
                 self._record()
+                with proxy._lock:
+                    proxy.answered.append((self.command, self.path))
                 super().send_response(code, message)
 
             def _relay(self) -> None:
