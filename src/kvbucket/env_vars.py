@@ -47,6 +47,14 @@ def unknown_variables(env: Mapping[str, str] | None,
     return [(n, closest(n, known)) for n in sorted(env) if n.startswith(PREFIX) and n not in known]
 
 
+def may_be_unknown(env: Mapping[str, str] | None = None) -> bool:
+    """True when a ``KVBUCKET_*`` variable is set that :data:`OTHER_VARIABLES` does not name: only
+    then are the engine config's keys (pydantic, a tenth of a second to import) needed to tell
+    whether kvbucket reads it. ``kvbucket --help`` and ``--version`` start without them."""
+    env = os.environ if env is None else env
+    return any(n.startswith(PREFIX) and n not in OTHER_VARIABLES for n in env)
+
+
 def warning_text(name: str, close: str | None) -> str:
     hint = f"did you mean {close}?" if close else "kvbucket reads no such variable"
     return f"ignoring {name}: not a kvbucket variable; {hint}"
@@ -71,5 +79,5 @@ def warn_unknown(env: Mapping[str, str] | None, engine_keys: Iterable[str], emit
     return lines
 
 
-__all__ = ["OTHER_VARIABLES", "PREFIX", "known_variables", "unknown_variables", "warn_unknown",
-           "warning_text"]
+__all__ = ["OTHER_VARIABLES", "PREFIX", "known_variables", "may_be_unknown", "unknown_variables",
+           "warn_unknown", "warning_text"]

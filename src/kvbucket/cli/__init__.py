@@ -139,10 +139,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # --timeout counts from the process's start when run as the console script (argv None)
     mark_command_start(process_started() if argv is None else time.monotonic())
-    from kvbucket.engine_config import EngineConfig
-    from kvbucket.env_vars import warn_unknown
+    from kvbucket.env_vars import may_be_unknown, warn_unknown
 
-    warn_unknown(None, EngineConfig.model_fields, lambda line: typer.echo(f"warning: {line}", err=True))
+    if may_be_unknown():  # else no variable to warn about, and no engine config (pydantic) to import
+        from kvbucket.engine_config import EngineConfig
+
+        warn_unknown(None, EngineConfig.model_fields, lambda line: typer.echo(f"warning: {line}", err=True))
     command = typer.main.get_command(build_app())
     full_summaries(command)
     try:

@@ -13,11 +13,7 @@ import typer
 from kvbucket.cli import output
 from kvbucket.cli.common import DEFAULT_TIMEOUT_S, TimeoutOpt, fail, opened_store, store_url
 from kvbucket.cli.store_cmd import human_size
-from kvbucket.encryption import Keyring
 from kvbucket.errors import KVBucketError
-from kvbucket.l2.migrate import migrate, plan
-from kvbucket.l2.naming import CONNECTOR_STYLES, MP_STYLES, Naming
-from kvbucket.progress import Progress
 
 SHOWN_FAILED = 20
 
@@ -62,6 +58,12 @@ def register(app: typer.Typer) -> None:
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Rewrite LMCache-format chunks as sealed kvbucket chunks (resumable; exit 1 if any failed)."""
+        # imported here, not at the top: every `kvbucket` start (`--help` too) imports this module
+        from kvbucket.encryption import Keyring
+        from kvbucket.l2.migrate import migrate, plan
+        from kvbucket.l2.naming import CONNECTOR_STYLES, MP_STYLES, Naming
+        from kvbucket.progress import Progress
+
         style = source or _style_of(url)
         styles = CONNECTOR_STYLES if connector else MP_STYLES
         if style not in styles:
