@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from kvbucket.cli import output
 from kvbucket.cli.common import (
@@ -37,8 +36,6 @@ app = typer.Typer(
     help="Share compiled artifacts (Neuron NEFFs, torch.compile, Triton/JAX/vLLM dirs) through a bucket.",
     no_args_is_help=True,
 )
-err = output.console(stderr=True)
-out = output.console()
 
 _TARGET_HELP = ("hf://buckets/ns/name[/prefix] (or the bucket id ns/name[/prefix]), s3://bucket[/prefix] or "
                 "a directory (default: the one `set` remembered).")
@@ -68,7 +65,8 @@ def _layout_and_dir(layout: str, version: str | None, cache_dir: Path | None) ->
     lay = _parse_layout(layout, version)
     root, remote, disabled = _resolve_dir(lay, cache_dir)
     if disabled:
-        err.print("note: NEURON_CC_FLAGS has --no-cache; the compiler will not use this cache")
+        output.console(stderr=True).print(
+            "note: NEURON_CC_FLAGS has --no-cache; the compiler will not use this cache")
     return lay, root, remote
 
 
@@ -202,9 +200,10 @@ def _create_hub_bucket(bucket_id: str, public: bool, timeout: float) -> str:
         raise mapped from None
     private = getattr(info, "private", None)
     if private is not None and private == public:
-        err.print(f"warning: bucket {bucket_id} already existed and is "
-                  f"{'private' if private else 'PUBLIC'}; its visibility was not changed",
-                  markup=False, highlight=False)
+        output.console(stderr=True).print(
+            f"warning: bucket {bucket_id} already existed and is "
+            f"{'private' if private else 'PUBLIC'}; its visibility was not changed",
+            markup=False, highlight=False)
     vis = "private" if private else "public"
     return f"bucket {bucket_id} ready ({vis}) on {endpoint}: hf://buckets/{bucket_id}"
 
@@ -304,6 +303,8 @@ def lookup_cmd(
     Filter names and values are normalized (tp_degree = tensor_parallel_size, bf16 = bfloat16,
     max_model_len = sequence_length, ...), so records written by one front end match another's.
     """
+    from rich.table import Table
+
     from kvbucket.compile_cache.lookup import lookup, parse_filter_args
 
     as_json = wants_json(fmt, as_json)
@@ -326,7 +327,7 @@ def lookup_cmd(
         table = Table("task", "compiler", "config", title=f"{model_id}: {len(recs)} cached export(s)")
         for r in recs:
             table.add_row(r.task, r.group, " ".join(f"{k}={v}" for k, v in r.config.items()))
-        out.print(table)
+        output.console().print(table)
 
 
 @app.command("status")
@@ -352,6 +353,7 @@ def status_cmd(cache_dir: CacheDirOpt = None, layout: LayoutOpt = "neuron",
             table.add_row(g.group, *(str(g.entries.get(s, 0)) for s in ("good", "failed", "in_progress",
                                                                          "incomplete")),
                           f"{sum(g.bytes.values()):,}", mark)
+        out = output.console()
         out.print(table)
         if any(g.entries.get("failed") or g.entries.get("in_progress") for g in groups):
             out.print("failed entries and stale locks block recompiling: `kvbucket compile-cache cleanup`")

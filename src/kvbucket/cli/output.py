@@ -12,11 +12,13 @@ import json
 import sys
 from collections.abc import Iterable
 from enum import Enum, StrEnum
-from typing import Annotated, Any, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
-from rich.console import Console
-from rich.table import Table
+
+if TYPE_CHECKING:  # rich is imported where a report is drawn: `kvbucket --help` starts without it
+    from rich.console import Console
+    from rich.table import Table
 
 #: the width of a console that is not a terminal: wide enough that no cell or line is cut
 UNCUT_WIDTH = 100_000
@@ -89,6 +91,8 @@ def console(stderr: bool = False) -> Console:
     """A rich console for a command's report. On a terminal it fits the window; anywhere else (a
     pipe, a file, a CI log) it is wide enough that no table cell or line is cut or wrapped,
     whatever ``$COLUMNS`` says: a log keeps every store name whole."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     if is_terminal(stream):
         return Console(stderr=stderr)
@@ -97,6 +101,8 @@ def console(stderr: bool = False) -> Console:
 
 def table(*columns: tuple[str, str], title: str | None = None) -> Table:
     """A table whose cells wrap (fold) on a narrow terminal instead of ending in an ellipsis."""
+    from rich.table import Table
+
     t = Table(title=title)
     for name, justify in columns:
         t.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
