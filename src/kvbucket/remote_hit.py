@@ -17,8 +17,6 @@ with random payloads, small and chunk-sized, removed afterwards.
 from __future__ import annotations
 
 import math
-import secrets
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -204,6 +202,8 @@ class MeasureFailed(RuntimeError):
 
 def new_run() -> str:
     """A fresh prefix for one measurement's objects (``_kvbucket_doctor/<random>``)."""
+    import secrets  # here, as in measure(): `kvbucket doctor --help` (every start) imports this module
+
     return f"{DOCTOR_PREFIX}/{secrets.token_hex(6)}"
 
 
@@ -214,6 +214,9 @@ def measure(open_store: Callable[[], ObjectStore], chunk_bytes: int, *, small_ob
     nothing cached, looks them up and loads them (each verified byte for byte); all are removed
     before returning. The reader is warmed by one load first (connection, read token), as in a
     running engine. Failing, it raises :class:`MeasureFailed` saying whether objects remain."""
+    import secrets
+    import statistics  # with fractions and decimal, ~5 ms of every `kvbucket` start if at the top
+
     run = run or new_run()
     small = [(f"{run}/small-{i}", secrets.token_bytes(SMALL_BYTES))
              for i in range(1 + RTT_SAMPLES + small_objects)]  # warm-up, lookups, the load

@@ -13,13 +13,9 @@ import platform
 import shlex
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -81,6 +77,8 @@ class Check:
 
 
 def package_versions() -> list[tuple[str, str]]:
+    from importlib import metadata  # here: ~15 ms, and every `kvbucket` start imports this module
+
     out = [("python", f"{platform.python_version()} ({sys.platform} {platform.machine()})")]
     for name in PACKAGES:
         try:
@@ -168,6 +166,10 @@ def check_endpoint(name: str, url: str, timeout: float, path: str = "",
 
 def _ask_endpoint(name: str, url: str, timeout: float, path: str) -> Check:
     """:func:`check_endpoint`'s request, each socket read within ``timeout``."""
+    import urllib.error  # here: urllib.request (http.client, ssl) is ~25 ms of every `kvbucket` start
+    import urllib.parse
+    import urllib.request
+
     shown = redact(url)
     try:
         parts = urllib.parse.urlsplit(url.rstrip("/") + path)

@@ -16,7 +16,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -41,18 +41,14 @@ from kvbucket.cli.output import (
     wants_json,
 )
 from kvbucket.errors import InvalidKeyError
-from kvbucket.identity.usage import (
-    Generation,
-    Generations,
-    NoSuchIdentity,
-    match_identity,
-    select,
-)
 from kvbucket.keys import key_to_name, name_to_key
 from kvbucket.progress import Progress
 from kvbucket.secrets import redact
 from kvbucket.stores import ObjectInfo, ObjectStore, check_name
 from kvbucket.stores.urls import HANDLE_SCHEME, resolve_store_url
+
+if TYPE_CHECKING:  # imported where used: every `kvbucket` start (`--help` too) imports this module
+    from kvbucket.identity.usage import Generation
 
 RM_BATCH = 1000
 URL_HELP = ("Store URL: a Hub bucket id ns/name[/prefix], hf://buckets/ns/name[/prefix], "
@@ -132,6 +128,8 @@ def register(app: typer.Typer) -> None:
         timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Count objects and bytes; for a prefix shared by a fleet, also its index and nodes."""
+        from kvbucket.identity.usage import Generations
+
         count = total = 0
         gens = Generations()  # KV chunks by model and identity (kvbucket.identity.usage)
         with opened_store(url, timeout) as store:
@@ -216,6 +214,8 @@ def _remove_generation(url: str, prefix: str, model: str, identity: str, *, dry_
 
     ``identity`` is a token, a unique prefix of one (resolved by a first listing) or ``none``;
     when it names nothing (or several), exit 2 naming the identities the store holds."""
+    from kvbucket.identity.usage import Generations, NoSuchIdentity, match_identity, select
+
     done = Removal(dry_run=dry_run)
     with opened_store(url, timeout) as store:
         # one listing first: a token or prefix that names nothing (or several) fails before anything
