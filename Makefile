@@ -17,8 +17,12 @@ demo: venv
 	$(BIN)/pip install -q -c constraints.txt -e '.[transformers]'
 	$(BIN)/kvbucket demo
 
+# compileall: an editable install leaves src/ without bytecode, and where PYTHONDONTWRITEBYTECODE is
+# set (this machine's shells set it) every `kvbucket` run and every child process the suite starts
+# would compile each module it imports again (`kvbucket ls` 0.27 s of CPU instead of 0.19).
 install-test: venv
 	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	$(BIN)/python -m compileall -q src
 
 lint: install-test
 	$(BIN)/ruff check src tests benchmarks
