@@ -410,10 +410,11 @@ def test_xet_compression_decides_how_uploads_compress_kv(
     assert [bytes(r.data) for r in got] == [d.tobytes() for d in data]
     after = _xorb_schemes(hub)
     added = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    # Xet chunks are at most 128 KiB: 3 x 1 MiB is at least 24 of them (48 on average; 38 seen)
     if compression == "none":
-        assert added.get(0, 0) >= 40 and not added.get(1) and not added.get(2), added
+        assert added.get(0, 0) >= 24 and not added.get(1) and not added.get(2), added
     else:
-        assert added.get(2, 0) >= 40, added
+        assert added.get(2, 0) >= 24, added
 
 
 def test_xet_compression_refuses_what_hf_xet_does_not_know() -> None:

@@ -68,20 +68,34 @@ def in_the_window(store: HFBucketStore, hook: Callable[[], Any]) -> None:
 def test_damage_a_reader_in_another_process_removed_is_not_added_back(
     open_hub: Callable[..., HFBucketStore], hub_config: dict[str, Any],
 ) -> None:
-    raw = open_hub()
-    writer = seal_store(raw, tier="w", identity="rd")
-    writer.put("n", os.urandom(4096))
-    damage(raw, "n")  # the writer's store committed damaged bytes: its pending re-check holds them
+    # The reader process starts (imports, opens its store) before the write: under load its start
+    # took longer than the writer's re-check delay, which then ran before the damage was removed.
     reader = textwrap.dedent(f"""
+        import sys
         from kvbucket.stores.guard.sealed import seal_store
         from kvbucket.stores.hub.config import HFBucketConfig
         from kvbucket.stores.hub.store import HFBucketStore
         raw = HFBucketStore(HFBucketConfig(**{hub_config!r}))
-        print(seal_store(raw, tier="r", identity="rd").get("n") is None)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        print(seal_store(raw, tier="r", identity="rd").get("n") is None, flush=True)
         raw.close()
     """)
-    out = subprocess.run([sys.executable, "-c", reader], capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "True", out.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, "-c", reader], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        raw = open_hub(recheck_delay_secs=2 * DELAY)
+        writer = seal_store(raw, tier="w", identity="rd")
+        writer.put("n", os.urandom(4096))
+        damage(raw, "n")  # the writer's store committed damaged bytes: its pending re-check holds them
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert stdout.strip() == "True", stderr[-2000:]
     check = open_hub(recheck_delay_secs=0)
     assert check.head_many(["n"])[0].size is None  # refused twice, removed by version
     damaged, readded = count("damaged"), count("readded")
@@ -156,12 +170,14 @@ def test_a_process_ending_without_close_runs_its_checks_unless_killed(
     open_hub: Callable[..., HFBucketStore], hub_config: dict[str, Any], ending: str,
 ) -> None:
     """The atexit hook: a writer that never calls close() still adds back what a racing delete
-    took; a SIGKILLed one cannot (documented)."""
+    took; a SIGKILLed one cannot (documented). The writer's re-check is not due before it exits
+    (under load the delete once landed after a 2.5 s re-check had found the object)."""
+    config = {**hub_config, "recheck_delay_secs": 60.0}
     writer = textwrap.dedent(f"""
         import os, signal, sys
         from kvbucket.stores.hub.config import HFBucketConfig
         from kvbucket.stores.hub.store import HFBucketStore
-        s = HFBucketStore(HFBucketConfig(**{hub_config!r}))
+        s = HFBucketStore(HFBucketConfig(**{config!r}))
         s.put("n", b"written just before exit")
         print("put", flush=True)
         sys.stdin.readline()  # the delete has landed
