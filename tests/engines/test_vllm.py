@@ -2,9 +2,11 @@
 
 vLLM pins another torch than this venv, so it runs in its own venv made by
 ``engines/venv.sh vllm`` (cached between runs, see docs/vllm.md). This test owns the servers (Hub
-emulator, SeaweedFS) and runs tests/engines/vllm_checks.py inside that venv against a directory,
-a Hub bucket and an S3 bucket; the checks build vLLM's TieringOffloadingSpec, which loads the tier
-by module path, and move chunks between the CPU tiers of two engines through the store.
+emulator, SeaweedFS) and runs tests/engines/vllm_checks.py (the tier under vLLM's tiering manager)
+and vllm_connector_checks.py (vLLM's OffloadingConnector, the model identity) inside that venv
+against a directory, a Hub bucket and an S3 bucket; the checks build vLLM's TieringOffloadingSpec,
+which loads the tier by module path, and move chunks between the CPU tiers of two engines through
+the store.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from kvbucket.testing.engines import (
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("vllm_checks.py")
-N_CHECKS = 16  # test functions in vllm_checks.py run on each store
+CONNECTOR_CHECKS = Path(__file__).with_name("vllm_connector_checks.py")
+N_CHECKS = 16  # test functions in the two modules run on each store
 #: ... and those run once over every store (the redeploy: one fresh process per step for all three)
 SHARED = ("test_one_layer_changed_in_place_misses_then_its_bytes_back_hit",)
 
@@ -43,7 +46,8 @@ def vllm_venv() -> Path:
 def test_vllm_secondary_tier_on_dir_hub_and_s3(vllm_venv: Path, hub_bucket: Any, seaweedfs: Any,
                                                s3_bucket: str, tmp_path: Path) -> None:
     targets = store_targets(tmp_path, hub_bucket, seaweedfs, s3_bucket)
-    proc = run_checks(vllm_venv, ROOT, CHECKS, "KVB_VLLM_TARGETS", targets, tmp_path, "-rA")
+    proc = run_checks(vllm_venv, ROOT, CHECKS, "KVB_VLLM_TARGETS", targets, tmp_path, "-rA",
+                      str(CONNECTOR_CHECKS))
     assert_all_passed(proc, N_CHECKS, targets, SHARED)
     assert any((tmp_path / "store").rglob("*-g0")), "the directory store holds no chunk"
 
