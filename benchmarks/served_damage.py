@@ -4,7 +4,9 @@ Writers rewrite names, readers load them (lookups and read-ahead included) while
 damaged in storage, 10% of reads are damaged on the wire and evictions run by version
 (:func:`kvbucket.testing.served_bytes.run_cell` with ``damage``); every found load is checked
 against the write history and, after each round, every name whose last event was a good put must
-still be stored. Prints one JSON line per store kind.
+still be stored. Prints one JSON line per store kind; ``timed_out`` counts the lookups, loads,
+damage and evictions whose store call missed its deadline (misses: a starved machine shows
+there, the run goes on) and ``store_failed`` those ended by another store error (breaker open).
 
     PYTHONPATH=src python benchmarks/served_damage.py --loads 10000 [--kinds file,hub,s3]
 """
@@ -51,6 +53,7 @@ def main() -> None:
                           "readded_by_writer_recheck": total.readded,
                           "damaged_at_rest": total.damaged, "wire_flipped": total.wire_flipped,
                           "evicted": total.evicted, "evictions_kept": total.evictions_kept,
+                          "timed_out": total.timed_out, "store_failed": total.failed,
                           "secs": round(time.perf_counter() - t0, 1)}), flush=True)
         for line in (total.wrong + total.valid_deleted)[:5]:
             print("  " + line, flush=True)

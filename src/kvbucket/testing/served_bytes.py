@@ -19,6 +19,10 @@ damaged twice, by version; an eviction only the version it saw), once the writer
 (on the Hub a delete can take a write committed in its compare-to-delete window; the writer adds
 it back: those are counted as ``readded``).
 
+A store call that fails (past its deadline on a starved machine, its breaker open) ends that
+lookup, load, damage or eviction as a miss or a no-op, counted in ``timed_out`` (the store's
+deadline) or ``failed``; it never ends a worker thread (whose later loads would then go uncounted).
+
 The plan (names, operations, delays, payloads, keys) comes from the seed and is reproducible;
 which thread runs first is the machine's. A failure names the seed, the cell and the round, with
 the history of that name, so it can be replayed (``KVBUCKET_SERVED_SEED``).
@@ -40,6 +44,7 @@ import numpy as np
 from kvbucket.backends.remote import RemoteBackend
 from kvbucket.chunks import KVLayout, as_view
 from kvbucket.encryption import Keyring
+from kvbucket.errors import DeadlineExceededError, StoreError
 from kvbucket.keys import CacheEngineKey, as_key_string
 from kvbucket.stores.base import ObjectStore
 from kvbucket.stores.guard.read_ahead_config import ReadAheadSettings
@@ -93,6 +98,8 @@ class Tally:
     evicted: int = 0  # evictions that removed the version they saw (with damage)
     evictions_kept: int = 0  # evictions that found another version (with damage)
     wire_flipped: int = 0  # reads damaged on the wire (with damage)
+    timed_out: int = 0  # lookups, loads, writes, damage, evictions past a store deadline (misses, no-ops)
+    failed: int = 0  # the same ended by another store error (the breaker open, an error answer)
 
     def add(self, other: Tally) -> None:
         self.loads += other.loads
@@ -104,6 +111,39 @@ class Tally:
         self.evicted += other.evicted
         self.evictions_kept += other.evictions_kept
         self.wire_flipped += other.wire_flipped
+        self.timed_out += other.timed_out
+        self.failed += other.failed
+
+
+class Outcomes:
+    """Store failures the harness met, from every thread: each one a miss or a no-op, counted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.timed_out = 0
+        self.failed = 0
+
+    def note(self, err: BaseException, n: int = 1) -> None:
+        with self._lock:
+            if isinstance(err, DeadlineExceededError):
+                self.timed_out += n
+            else:
+                self.failed += n
+
+
+class _CountingBackend(RemoteBackend):
+    """The tier answers a key whose lookup or load the store failed as a miss; this counts those
+    (deadlines apart), so a starved run says how many of its misses were timeouts."""
+
+    outcomes: Outcomes
+
+    def _lookup_failed(self, n: int, err: Exception) -> None:
+        self.outcomes.note(err, n)
+        super()._lookup_failed(n, err)
+
+    def _read_failed(self, key: str, err: Exception) -> None:
+        self.outcomes.note(err)
+        super()._read_failed(key, err)
 
 
 def allowed(writes: list[Write], load: Load) -> list[bytes]:
@@ -149,8 +189,9 @@ class _Lane:
     """One reader and one writer on the names of this lane, round after round."""
 
     def __init__(self, backend: RemoteBackend, lane: int, seed: int, layout: KVLayout,
-                 raw: ObjectStore | None = None) -> None:
+                 raw: ObjectStore | None = None, outcomes: Outcomes | None = None) -> None:
         self.backend = backend
+        self.outcomes = outcomes or Outcomes()
         self.raw = raw  # with damage: the store itself (damage at rest goes behind the tier's back)
         self.last: dict[int, str] = {}  # with damage: each name's last event (put, failed, gone, damaged)
         self.tally = Tally()
@@ -174,7 +215,8 @@ class _Lane:
                 self.backend.remove(ckey(k))
             else:
                 w.ok = self.backend.batched_put([(ckey(k), value)]) == 1
-        except Exception:  # failed: it may still have landed (allowed() counts it possible)
+        except Exception as e:  # failed: it may still have landed (allowed() counts it possible)
+            self._failed(e)
             w.ok = False
         w.end = time.monotonic()
         self.last[k] = "failed" if not w.ok else "gone" if value is None else "put"
@@ -187,10 +229,16 @@ class _Lane:
         from kvbucket.testing.delete_races import damage
 
         assert self.raw is not None
-        with contextlib.suppress(ValueError):  # nothing stored to damage
+        try:
             damage(self.raw, self.name(k))
-            self.last[k] = "damaged"
-            self.tally.damaged += 1
+        except ValueError:  # nothing stored to damage
+            return
+        except StoreError as e:  # its read or write failed; the damaged bytes may have landed
+            self.outcomes.note(e)
+            self.last[k] = "damaged"  # so the name need not be stored after the round
+            return
+        self.last[k] = "damaged"
+        self.tally.damaged += 1
 
     def evict(self, k: int, pause: float) -> None:
         """Evict ``k`` by the version a HEAD sees, after ``pause`` (a reader or refusal may run)."""
@@ -198,11 +246,18 @@ class _Lane:
 
         name = self.name(k)
         (h,) = self.backend.reads.head_many([name])
+        if h.error is not None:
+            self.outcomes.note(h.error)
         if not h.found or h.version is None:
             return
         time.sleep(pause)
         w = Write(k, None, time.monotonic())
-        r = delete_as_seen(self.backend.reads, [name], {name: h.version}, "eviction").get(name)
+        try:
+            r = delete_as_seen(self.backend.reads, [name], {name: h.version}, "eviction").get(name)
+        except StoreError as e:  # it may have removed the version: the name need not be stored
+            self.outcomes.note(e)
+            self.last[k] = "failed"
+            return
         w.end = time.monotonic()
         self.backend._invalidate([name])
         if r is not None and r.ok and getattr(r, "removed", False):
@@ -223,7 +278,8 @@ class _Lane:
             results = self.backend.batched_put_results(list(zip(map(ckey, self.keys), values, strict=True)))
             for w, r in zip(ws, results, strict=True):
                 w.ok = r is None
-        except Exception:  # failed: any of them may still have landed
+        except Exception as e:  # failed: any of them may still have landed
+            self._failed(e)
             for w in ws:
                 w.ok = False
         end = time.monotonic()
@@ -234,7 +290,11 @@ class _Lane:
     def load_all(self, how: str) -> None:
         """Every name of the lane in one batched load (a run where they sit back to back)."""
         t0 = time.monotonic()
-        chunks = self.backend.batched_get([ckey(k) for k in self.keys])
+        try:
+            chunks: list[Any] = self.backend.batched_get([ckey(k) for k in self.keys])
+        except StoreError as e:  # every key a miss (the tier answers them so itself; never lost)
+            self.outcomes.note(e, len(self.keys))
+            chunks, how = [None] * len(self.keys), f"{how}, failed: {type(e).__name__}"
         t1 = time.monotonic()
         for k, chunk in zip(self.keys, chunks, strict=True):
             self.loads.append(Load(k, t0, t1, None if chunk is None else as_view(chunk).tobytes(), how))
@@ -280,7 +340,10 @@ class _Lane:
             time.sleep(ldelay)
             how = "no lookup"
             if lookup:
-                self.backend.contains(ckey(k))  # a hit starts the read-ahead
+                try:
+                    self.backend.contains(ckey(k))  # a hit starts the read-ahead
+                except StoreError as e:  # a miss (the tier answers it so itself)
+                    self.outcomes.note(e)
                 how = f"lookup+{gdelay:.4f}s"
                 time.sleep(gdelay)
             if together:
@@ -293,13 +356,22 @@ class _Lane:
 
     def load(self, k: int, how: str, into: bool) -> None:
         t0 = time.monotonic()
-        if into:
-            buf = np.empty(self.layout.full_chunk_bytes, dtype=np.uint8)
-            got = buf.tobytes() if self.backend.get_into(ckey(k), buf) else None
-        else:
-            chunk = self.backend.get(ckey(k))
-            got = None if chunk is None else as_view(chunk).tobytes()
+        got: bytes | None = None
+        try:
+            if into:
+                buf = np.empty(self.layout.full_chunk_bytes, dtype=np.uint8)
+                got = buf.tobytes() if self.backend.get_into(ckey(k), buf) else None
+            else:
+                chunk = self.backend.get(ckey(k))
+                got = None if chunk is None else as_view(chunk).tobytes()
+        except StoreError as e:  # a miss (the tier answers it so itself), counted
+            self.outcomes.note(e)
+            how = f"{how}, failed: {type(e).__name__}"
         self.loads.append(Load(k, t0, time.monotonic(), got, how))
+
+    def _failed(self, err: Exception) -> None:
+        if isinstance(err, StoreError):
+            self.outcomes.note(err)
 
     def check_stored(self, cell: str, seed: int, rnd: int) -> None:
         """With damage, after a round (nothing running): a name whose last event was a good put
@@ -368,26 +440,45 @@ def run_cell(store: ObjectStore, *, encrypted: bool, read_ahead: bool, rounds: i
     cell = cell or f"encrypted={encrypted} read_ahead={read_ahead}"
     total = Tally()
     prefix = f"served-{seed}-{int(encrypted)}{int(read_ahead)}{'d' if damage else ''}"
-    with RemoteBackend(store, layout, encryption=keyring, read_ahead=settings, owns_store=False,
-                       prefix=prefix) as backend, decryption_jitter(random.Random(seed + 1)):
-        lanes = [_Lane(backend, i, seed, layout, raw) for i in range(LANES)]
+    outcomes = Outcomes()
+    with _CountingBackend(store, layout, encryption=keyring, read_ahead=settings, owns_store=False,
+                          prefix=prefix) as backend, decryption_jitter(random.Random(seed + 1)):
+        backend.outcomes = outcomes
+        lanes = [_Lane(backend, i, seed, layout, raw, outcomes) for i in range(LANES)]
         for lane in lanes:  # every name starts stored, the lane's names in one batch
             lane.write_all()
         for rnd in range(rounds):
             start = threading.Barrier(2 * LANES)
-            threads = [threading.Thread(target=half, name=f"served-{i}")
+            died: list[str] = []
+            threads = [threading.Thread(target=_reporting(half, died), name=f"served-{i}")
                        for i, lane in enumerate(lanes) for half in lane.round(start)]
             for th in threads:
                 th.start()
             for th in threads:
                 th.join(120)
             assert not any(th.is_alive() for th in threads), f"{cell}: round {rnd} did not end in 120 s"
+            assert not died, f"{cell} seed={seed} round={rnd}: a worker thread died: {died}"
             for lane in lanes:
                 total.add(lane.check(cell, seed, rnd))
     if isinstance(store, WireDamage):
         total.wire_flipped = store.flipped
+    total.timed_out, total.failed = outcomes.timed_out, outcomes.failed
     return total
 
 
-__all__ = ["DEFAULT_ROUNDS", "DEFAULT_SEED", "ROUNDS_ENV", "SEED_ENV", "Tally", "allowed",
+def _reporting(half: Callable[[], None], died: list[str]) -> Callable[[], None]:
+    """``half`` whose unexpected exception is kept for the round to fail on (a thread's own
+    exception is only printed: the run would go on without that thread's loads)."""
+
+    def run() -> None:
+        try:
+            half()
+        except BaseException as e:
+            died.append(f"{threading.current_thread().name}: {type(e).__name__}: {e}")
+            raise
+
+    return run
+
+
+__all__ = ["DEFAULT_ROUNDS", "DEFAULT_SEED", "ROUNDS_ENV", "SEED_ENV", "Outcomes", "Tally", "allowed",
            "decryption_jitter", "run_cell", "settings_from_env"]

@@ -1,0 +1,44 @@
+"""The served-bytes harness on a starved machine: store calls past their deadline.
+
+A lookup, load, damage or eviction whose store call misses its deadline is a miss (or a no-op),
+counted as timed out; it never ends the worker thread that ran it, which would leave the rest of
+its round (its loads among them) uncounted while the run went on (kvbucket.testing.served_bytes).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.local.file import FileStore
+from kvbucket.testing.served_bytes import run_cell
+
+PLAN = {"encrypted": False, "read_ahead": True, "rounds": 8, "seed": 3, "chunk_kib": 64, "damage": 0.1}
+
+
+def test_a_run_past_every_deadline_counts_timeouts_and_every_load(hub_bucket: Any, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 ms lookup and load budgets on the Hub emulator: the run ends, its misses are counted as
+    timed out, no worker thread dies, and it counts as many loads as the same plan on a directory."""
+    died: list[str] = []
+    monkeypatch.setattr(threading, "excepthook",
+                        lambda a: died.append(f"{a.thread.name if a.thread else '?'}: {a.exc_value!r}"))
+    hub = hub_bucket.hub
+    cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/starved-{uuid.uuid4().hex[:6]}",
+                       token=hub.write_token, token_env="", endpoint=hub.endpoint, retry_backoff_secs=0.01,
+                       lookup_timeout_secs=0.002, load_timeout_secs=0.002)
+    with HFBucketStore(cfg) as store:
+        tally = run_cell(store, cell="hub, 2 ms deadlines", **PLAN)
+    planned = run_cell(FileStore(tmp_path / "dir"), cell="directory", **PLAN)
+    assert died == []
+    assert tally.timed_out > 0, tally
+    assert tally.loads == planned.loads > 0
+    assert tally.found < tally.loads  # the loads past their deadline were misses
+    assert tally.wrong == [] and tally.valid_deleted == []
+    assert planned.timed_out == planned.failed == 0
