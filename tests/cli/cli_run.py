@@ -23,14 +23,26 @@ class Run:
         return [ln for ln in self.err.splitlines() if ln.strip()]
 
 
+def cli_environ(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment plus ``env``: the child keeps PYTHONPATH (so in a worktree it runs the
+    worktree's src, not the code the venv's install points at) and PATH."""
+    return {**os.environ, "COLUMNS": "100", **(env or {})}
+
+
 def run_cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120.0,
             cwd: str | Path | None = None, wrapper: Sequence[str] = ()) -> Run:
     """``kvbucket ARGS`` in a child process with this environment (plus ``env``), run through
     ``wrapper`` when given (e.g. ``setpriv ...``)."""
-    full = {**os.environ, "COLUMNS": "100", **(env or {})}
-    p = subprocess.run([*wrapper, str(KVBUCKET), *args], capture_output=True, text=True, env=full,
+    p = subprocess.run([*wrapper, str(KVBUCKET), *args], capture_output=True, text=True, env=cli_environ(env),
                        timeout=timeout, cwd=cwd)
     return Run(p.returncode, p.stdout, p.stderr)
+
+
+def start_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """``kvbucket ARGS`` started as :func:`run_cli` runs it (a server: the caller reads its
+    merged stdout and stderr, and stops it)."""
+    return subprocess.Popen([str(KVBUCKET), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=cli_environ(env))
 
 
 def assert_one_line_error(r: Run, code: int, *needles: str) -> str:

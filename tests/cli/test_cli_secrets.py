@@ -18,14 +18,13 @@ import json
 import logging
 import re
 import secrets
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
-from cli_run import KVBUCKET, Run, run_cli
+from cli_run import Run, run_cli, start_cli
 
 from kvbucket.cli import build_app
 from kvbucket.errors import ConfigError
@@ -198,9 +197,8 @@ def test_no_secret_in_the_debug_logs_of_working_commands(
 
 def test_the_emulator_banner_shows_no_token(plants: Plants, cli_env: dict[str, str], tmp_path: Path) -> None:
     secret = plants.config_tokens["cli-url-pw"]
-    proc = subprocess.Popen([str(KVBUCKET), "--debug", "emulator", "serve", "--data-dir",
-                             str(tmp_path / "hub"), "--token", f"me={secret}:write"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**cli_env, "COLUMNS": "200"})
+    proc = start_cli("--debug", "emulator", "serve", "--data-dir", str(tmp_path / "hub"), "--token",
+                     f"me={secret}:write", env={**cli_env, "COLUMNS": "200"})
     try:
         assert proc.stdout is not None
         lines: list[str] = []
