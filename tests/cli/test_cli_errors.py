@@ -7,6 +7,7 @@ installed console script in a subprocess against real servers (the Hub emulator,
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_run import Run, assert_one_line_error, run_cli
+from cli_run import KVBUCKET, Run, assert_one_line_error, cli_environ, run_cli
 
 from kvbucket.testing.s3_server import S3Server, free_port
 
@@ -279,12 +280,18 @@ def test_a_malformed_hf_endpoint_exits_2(endpoint: str, cli_env: dict[str, str],
 
 
 def test_emulator_serve_with_a_file_as_data_dir(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """Refused at once (20 s bounds each run on a loaded machine), before the emulator is imported,
+    naming the file and what to give instead; a path under a file names that file."""
     f = tmp_path / "a-file"
     f.write_text("x")
-    r = run_cli("emulator", "serve", "--data-dir", str(f), env=cli_env, timeout=60)
-    assert_one_line_error(r, 2, "is a file", "--data-dir")
-    r = run_cli("emulator", "serve", "--data-dir", str(f / "sub"), env=cli_env, timeout=60)
-    assert_one_line_error(r, 2, "not a directory", "--data-dir")
+    r = run_cli("emulator", "serve", "--data-dir", str(f), env=cli_env, timeout=20)
+    assert_one_line_error(r, 2, f"{f} is a file;", "give a directory", "--data-dir")
+    r = run_cli("emulator", "serve", "--data-dir", str(f / "sub"), env=cli_env, timeout=20)
+    assert_one_line_error(r, 2, f"{f} is a file, so {f / 'sub'} cannot be a directory", "give a directory")
+    p = subprocess.run([sys.executable, "-X", "importtime", str(KVBUCKET), "emulator", "serve", "--data-dir",
+                        str(f)], capture_output=True, text=True, timeout=20, env=cli_environ(cli_env))
+    assert p.returncode == 2 and "is a file" in p.stderr, p.stderr[-2000:]
+    assert "kvbucket.testing.hub_emulator" not in p.stderr and "aiohttp" not in p.stderr
 
 
 # ---- compile-cache: set refuses what cannot be a target; create prints a human line -----------------

@@ -17,6 +17,19 @@ TOKENS_ENV = "KVBUCKET_EMULATOR_TOKENS"
 ADMIN_ENV = "KVBUCKET_EMULATOR_ADMIN_KEY"
 
 
+def refuse_a_file(data_dir: Path) -> None:
+    """Refuse a ``--data-dir`` that is a file or lies under one (its nearest existing path is a
+    file), naming that file; a missing directory is fine (the emulator creates it)."""
+    for path in (data_dir, *data_dir.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            under = "" if path == data_dir else f", so {data_dir} cannot be a directory"
+            raise typer.BadParameter(f"{path} is a file{under}; give a directory (created if missing)",
+                                     param_hint="--data-dir")
+        return
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="A local Hugging Face Storage Buckets server (Hub REST + Xet CAS).")
     app.add_typer(group, name="emulator")
@@ -65,6 +78,7 @@ def register(app: typer.Typer) -> None:
         $KVBUCKET_EMULATOR_ADMIN_KEY and send it as the X-Emulator-Admin
         header, or use kvbucket.testing.FaultControl(endpoint, key).
         """
+        refuse_a_file(data_dir)  # at once: the emulator's import takes a second or more
         from kvbucket.testing.hub_emulator import HubEmulator, TokenSpec
         from kvbucket.testing.hub_emulator.auth import parse_org
 
@@ -82,9 +96,6 @@ def register(app: typer.Typer) -> None:
                 "organisations need users: give their tokens with --token", param_hint="--org"
             )
         admin_key = os.environ.get(ADMIN_ENV)  # enables /_emulator/faults for whoever holds it
-        if data_dir.exists() and not data_dir.is_dir():
-            raise typer.BadParameter(f"{data_dir} is a file; give a directory (created if missing)",
-                                     param_hint="--data-dir")
         try:
             emu = HubEmulator(
                 data_dir,
