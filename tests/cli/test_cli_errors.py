@@ -212,6 +212,20 @@ def test_timeout_bounds_the_whole_command(url: str, silent_port: int, cli_env: d
     assert elapsed <= 5 * 1.1, elapsed
 
 
+def test_stats_on_a_silent_endpoint_ends_within_its_timeout(silent_port: int,
+                                                            cli_env: dict[str, str]) -> None:
+    """``kvbucket stats`` on an endpoint that accepts the connection and never answers: one line
+    naming the endpoint and what to check, exit 1, within ``--timeout`` (counted from the command's
+    start, as the other commands count it) and, without it, within the documented 10 s."""
+    url = f"http://127.0.0.1:{silent_port}/metrics"
+    for args, secs in ((["--timeout", "4"], 4), ([], 10)):
+        t0 = time.monotonic()
+        r = run_cli("stats", "--url", url, *args, env=cli_env, timeout=60)
+        elapsed = time.monotonic() - t0
+        assert_one_line_error(r, 1, f"no answer from {url} within {secs} s", "--url", "--timeout")
+        assert elapsed <= secs * 1.1, (args, elapsed)
+
+
 @pytest.mark.parametrize("url", ["hf://buckets/a/b", "s3://bucket/x"])
 def test_connection_refused_is_not_retried(url: str, cli_env: dict[str, str], tmp_path: Path) -> None:
     """Issue 31 item 8: nothing listens on the port: the first refusal is the error (on main the Hub

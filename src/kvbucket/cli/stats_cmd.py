@@ -3,28 +3,61 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from kvbucket.cli import output
-from kvbucket.cli.common import fail
+from kvbucket.cli.common import MAX_TIMEOUT_S, TIMEOUT_ENV, fail, first_answer_deadline
 from kvbucket.cli.output import Format, FormatOpt, JsonOpt, wants_json
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 DEFAULT_URL = "http://127.0.0.1:9464/metrics"
+STATS_TIMEOUT_S = 10.0
+
+StatsTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout", envvar=TIMEOUT_ENV, min=0.1, max=MAX_TIMEOUT_S,
+        help=f"Seconds the command may take, counted from its start: an endpoint that accepts connections "
+        f"but does not answer (or answers too slowly) fails after this (default {STATS_TIMEOUT_S:g}; "
+        f"also ${TIMEOUT_ENV}).",
+    ),
+]
 
 
-def fetch_metrics(url: str, timeout: float = 10.0) -> str:
-    """GET an exposition text; errors say which URL failed and why, in words."""
-    import urllib.error  # here: urllib.request (http.client, ssl) is ~25 ms of every `kvbucket` start
-    import urllib.request
+def fetch_metrics(url: str, timeout: float = STATS_TIMEOUT_S, deadline: float | None = None) -> str:
+    """GET an exposition text, the whole answer by ``deadline`` (a monotonic instant; default
+    ``timeout`` from now: urllib's timeout bounds each socket read, which a server trickling its
+    answer never trips); errors say which URL failed and why, in words."""
+    from kvbucket.stores.deadline import run_abandonable
 
     if not url.startswith(("http://", "https://")):
         raise typer.BadParameter(f"{url!r} is not an http(s) URL, e.g. {DEFAULT_URL}", param_hint="--url")
+    deadline = deadline if deadline is not None else time.monotonic() + timeout
+    try:
+        # urllib's own timeout a little later than the deadline: one message for a silent server
+        return run_abandonable(lambda: _get(url, max(0.1, deadline - time.monotonic()) + 1.0), deadline,
+                               _NoAnswer)
+    except _NoAnswer:
+        raise fail(f"no answer from {url} within {timeout:g} s: something accepts connections there but "
+                   "sends no metrics; check that --url (or $KVBUCKET_METRICS_URL) is the process's metrics "
+                   f"endpoint (e.g. {DEFAULT_URL}), or raise --timeout", 1) from None
+
+
+class _NoAnswer(Exception):
+    """The endpoint's whole answer did not arrive by the deadline."""
+
+
+def _get(url: str, timeout: float) -> str:
+    """:func:`fetch_metrics`'s request, each socket read within ``timeout``."""
+    import urllib.error  # here: urllib.request (http.client, ssl) is ~25 ms of every `kvbucket` start
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.read().decode("utf-8")
@@ -147,10 +180,11 @@ def register(app: typer.Typer) -> None:
         ),
         fmt: FormatOpt = Format.table,
         as_json: JsonOpt = False,
+        timeout: StatsTimeoutOpt = STATS_TIMEOUT_S,
     ) -> None:
         """Summarise hits, misses, bytes and latency per tier and per store of a running process."""
         target = url or os.environ.get("KVBUCKET_METRICS_URL") or DEFAULT_URL
-        exposition = fetch_metrics(target)
+        exposition = fetch_metrics(target, timeout, first_answer_deadline(timeout))
         if wants_json(fmt, as_json):
             output.print_json(summary_dict(exposition, target))
             return
