@@ -27,6 +27,7 @@ from sglang.srt.mem_cache.utils import get_storage_hash_str
 from sglang.srt.observability.metrics_collector import StorageMetrics
 
 from kvbucket.integrations.sglang import KVBucketHiCacheStorage
+from kvbucket.testing.engines import target_listing
 
 TARGETS: dict[str, dict[str, Any]] = json.loads(os.environ.get("KVB_SGLANG_TARGETS", "{}"))
 PAGE = 16
@@ -364,16 +365,6 @@ def test_batch_exists_reads_ahead_for_batch_get_v1(target: dict[str, Any]) -> No
     assert _store_gets(url) == gets  # off: a lookup reads nothing
 
 
-def _listing(target: dict[str, Any]) -> dict[str, int]:
-    from kvbucket.stores import open_store
-
-    store = open_store(target["url"], **target.get("options", {}))
-    try:
-        return {i.name: i.size for i in store.list(target["prefix"] + "/")}
-    finally:
-        store.close()
-
-
 def test_one_layer_changed_in_place_misses_then_its_bytes_back_hit(tmp_path: Any) -> None:
     """Issue 38 through SGLang's own classes, each step in a fresh process: the backend's identity
     comes from the model path SGLang names (HiCacheStorageConfig.model_name); after one layer's
@@ -424,7 +415,7 @@ def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
     assert a.identity is not None and a.identity.weights.startswith("files:")
     assert a.batch_set_v1(keys, idx) == [True] * N_PAGES
     want = page_bytes(src, idx, N_PAGES)
-    before = _listing(target)
+    before = target_listing(target)
     assert any(f"~{a.identity.token}/" in k for k in before)
     assert any("/_identity/" in k for k in before), "the first writer records its identity"
     for variant in ("weights", "rope"):
@@ -433,7 +424,7 @@ def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
         assert b.identity is not None and b.identity.token != a.identity.token, variant
         hits, got, _ = read_all(b, keys)
         assert hits == 0 and got == [False] * N_PAGES, variant
-        assert _listing(target) == before, f"{variant}: nothing deleted"
+        assert target_listing(target) == before, f"{variant}: nothing deleted"
     deploy("base")
     c = backend(target, host_pool(), model=str(live))
     hits, got, data = read_all(c, keys)
@@ -447,11 +438,11 @@ def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
     d = backend(target, src, model="org/llama")
     assert d.identity is not None and d.identity.weights == f"hub:{COMMITS[0]}"
     assert d.batch_set_v1(keys, idx) == [True] * N_PAGES
-    before = _listing(target)
+    before = target_listing(target)
     (repo / "refs" / "main").write_text(COMMITS[1])  # a new revision was pulled
     e = backend(target, host_pool(), model="org/llama")
     assert read_all(e, keys)[:2] == (0, [False] * N_PAGES)
-    assert _listing(target) == before
+    assert target_listing(target) == before
     f = backend(target, host_pool(), model="org/llama", revision=COMMITS[0])
     hits, got, data = read_all(f, keys)
     assert hits == N_PAGES and got == [True] * N_PAGES and data == want

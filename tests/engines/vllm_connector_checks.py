@@ -20,8 +20,8 @@ from vllm.config.kv_transfer import KVTransferConfig
 from vllm_common import TARGETS, N, engine, kv_data, offload_keys, store_target
 
 from kvbucket.integrations import vllm_identity
-from kvbucket.stores import open_store
 from kvbucket.testing import vllm_engine
+from kvbucket.testing.engines import target_listing
 from kvbucket.testing.identity_models import write_safetensors
 
 
@@ -177,14 +177,6 @@ def test_vllms_names_the_identity_reads_are_pinned(target: dict[str, Any], tmp_p
         c.shutdown()
 
 
-def _listing(target: dict[str, Any]) -> dict[str, int]:
-    store = open_store(target["url"], **target.get("options", {}))
-    try:
-        return {i.name: i.size for i in store.list(target["prefix"] + "/")}
-    finally:
-        store.close()
-
-
 def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
         target: dict[str, Any], tmp_path: Path) -> None:
     """One model path redeployed with other weights or another rope_scaling, and one Hub repo id
@@ -213,7 +205,7 @@ def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
     a.close()
     assert a.tier.identity is not None and a.tier.identity.weights.startswith("files:")
     assert f"~{a.tier.identity.token}/" in a.tier.namespace
-    before = _listing(target)
+    before = target_listing(target)
     assert sum(1 for k in before if k.endswith("-g0")) == n
     assert any("/_identity/" in k for k in before), "the first writer records its identity"
     for variant in ("weights", "rope"):
@@ -222,7 +214,7 @@ def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
         assert b.tier.identity is not None and b.tier.identity.token != a.tier.identity.token, variant
         assert b.load(keys)[0] == 0, variant
         b.close()
-        assert _listing(target) == before, f"{variant}: nothing deleted"
+        assert target_listing(target) == before, f"{variant}: nothing deleted"
     deploy("base")
     c = engine(target, model=str(live))
     hits, got = c.load(keys)
@@ -240,12 +232,12 @@ def test_model_identity_other_weights_revision_or_rope_miss_and_delete_nothing(
     hub_kv = kv_data(d, 32)
     d.store(hub_keys, hub_kv)
     d.close()
-    before = _listing(target)
+    before = target_listing(target)
     (repo / "refs" / "main").write_text(COMMITS[1])  # a new revision was pulled
     e = engine(target, model="org/llama")
     assert e.load(hub_keys)[0] == 0
     e.close()
-    assert _listing(target) == before
+    assert target_listing(target) == before
     f = engine(target, model="org/llama", revision=COMMITS[0])  # pinned to the first revision
     hits, got = f.load(hub_keys)
     assert hits == n and torch.equal(got, hub_kv)

@@ -80,6 +80,18 @@ def assert_all_passed(proc: subprocess.CompletedProcess[str], n_checks: int, tar
     return out
 
 
+
+def target_listing(target: dict[str, Any]) -> dict[str, int]:
+    """Name -> size of every object under ``target``'s prefix (a check's before/after of a store)."""
+    from kvbucket.stores import open_store
+
+    store = open_store(target["url"], **target.get("options", {}))
+    try:
+        return {i.name: i.size for i in store.list(target["prefix"] + "/")}
+    finally:
+        store.close()
+
+
 @contextlib.contextmanager
 def store_servers(names: Iterable[str], tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Targets like :func:`store_targets` outside pytest (benchmarks): ``dir``, ``hub`` (the Hub
