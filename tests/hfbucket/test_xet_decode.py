@@ -268,7 +268,7 @@ def test_real_hf_xet_uploads_decode_alike_into_buffers_scatters_and_sealed_reads
         assert all(r.ok for r in w.put_many(list(zip(names, data, strict=True))))
         with sealed_store() as sealed:
             assert all(r.ok for r in sealed.put_many(list(zip(names, data, strict=True))))
-    real = xet_decode.decode_chunk
+    real = xet_decode.decompressed  # the pure-Python way's LZ4 step (then ungrouped in place)
     for mode in ("numba", "python"):
         monkeypatch.setenv(xet_decode.DECODER_ENV, mode)
         calls: list[int] = []
@@ -277,7 +277,7 @@ def test_real_hf_xet_uploads_decode_alike_into_buffers_scatters_and_sealed_reads
             calls.append(scheme)
             return real(scheme, payload, n)
 
-        monkeypatch.setattr(xet_decode, "decode_chunk", counting)
+        monkeypatch.setattr(xet_decode, "decompressed", counting)
         with HFBucketStore(cfg) as s:
             got = s.get_many(names)
             assert [bytes(r.data) for r in got] == data

@@ -7,10 +7,16 @@ bf16 KV data, every scheme and frame option, odd lengths and window boundaries):
 
 - **compiled** (:mod:`.kernel`, numba): one call per window of fetched bytes walks the chunk
   headers and decodes every chunk of a term straight into the destination, the GIL released;
-- **pure Python**: per chunk, ``lz4.frame.decompress`` and slice assignments, then one item write
-  ``dst[a:b] = data``. Kept as the fallback: where numba is missing, for what the compiled
-  decoder declines (a header or frame option it does not know: that chunk only, so the error a
-  user sees is the same), and selectable.
+- **pure Python**: per chunk, ``lz4.frame.decompress`` (python-lz4: the reference for which
+  frames are valid), then a byte-grouped chunk is ungrouped by four strided numpy copies straight
+  into the destination (:func:`ungroup`, in place as the compiled decoder writes; into the window
+  and item-written where several terms share the chunk or it straddles two parts of a Scatter),
+  any other chunk one item write ``dst[a:b] = data``. Both steps run without the GIL. It is what
+  a cold process's first hit of compressed chunks runs (below): 30% less CPU than ungrouping with
+  bytearray slice assignments and copying the result twice (0.15 against 0.105 s per 128 MiB of
+  bf16 KV). Kept as the fallback: where numba is missing, for what the compiled decoder declines
+  (a header or frame option it does not know: that chunk only, so the error a user sees is the
+  same), and selectable.
 
 ``KVBUCKET_XET_DECODER``: ``auto`` (default) uses the compiled decoder once it is loaded and the
 pure-Python one meanwhile: the first *compressed* chunk a process meets asks for it, and a
@@ -142,9 +148,10 @@ def kernel(*, wait: bool = False) -> Kernel | None:
         return _kernel
     if wait or mode == "numba":
         return compiled()
-    with _lock:
-        if _loading is None:
-            _loading = in_daemon_thread(_load_when_idle, "kvbucket-xet-decoder-load")
+    if _loading is None:  # asked once: every compressed chunk of a hit calls this
+        with _lock:
+            if _loading is None:
+                _loading = in_daemon_thread(_load_when_idle, "kvbucket-xet-decoder-load")
     return None
 
 
@@ -167,24 +174,41 @@ def ready() -> Kernel | None:
 
 def decode_chunk(scheme: int, payload: memoryview, n: int) -> bytes | memoryview:
     """One chunk's bytes, the pure-Python way (``n``, the announced length, is checked by the caller)."""
+    data = decompressed(scheme, payload, n)
+    if scheme == 2 and len(data) == n:
+        out = np.empty(n, np.uint8)
+        ungroup(data, out)
+        return memoryview(out)
+    return data
+
+
+def decompressed(scheme: int, payload: memoryview, n: int) -> bytes | memoryview:
+    """A chunk's payload with its LZ4 frame undone (the pure-Python way): still byte-grouped for
+    scheme 2 (:func:`ungroup` lays it out). Raises :class:`StoreError` for a frame python-lz4
+    refuses; the length is the caller's to check against ``n``."""
     if scheme == 0:
         return payload
     import lz4.frame
 
     _check_content_size(payload, n)
     try:
-        data = lz4.frame.decompress(payload)
+        return lz4.frame.decompress(payload)  # type: ignore[no-any-return]
     except (RuntimeError, ValueError, OverflowError, MemoryError) as e:
         raise StoreError(f"a fetched chunk is not a valid LZ4 frame: {type(e).__name__}: {e}") from None
-    if scheme == 2:  # byte grouping 4: lanes data[k::4] were concatenated
-        out = bytearray(len(data))
-        pos = 0
-        for k in range(4):
-            lane = (len(data) - k + 3) // 4
-            out[k::4] = data[pos : pos + lane]
-            pos += lane
-        data = bytes(out)
-    return data
+
+
+def ungroup(grouped: Any, out: np.ndarray) -> None:
+    """Undo byte grouping 4 into ``out`` (uint8, the chunk's length ``n``): lane k (``(n - k + 3)
+    // 4`` bytes, the lanes concatenated in ``grouped``) goes to ``out[k::4]``. One strided numpy
+    copy per lane, without the GIL: twice as fast as four bytearray slice assignments plus the
+    copies into bytes and then into the destination (34 against 20 us of CPU per 64 KiB chunk of
+    bf16 KV; decompressing it is 16 us), and written straight where the bytes belong."""
+    src = np.frombuffer(grouped, np.uint8)
+    n, pos = out.size, 0
+    for k in range(4):
+        lane = (n - k + 3) // 4
+        out[k::4] = src[pos : pos + lane]
+        pos += lane
 
 
 def _check_content_size(payload: memoryview, n: int) -> None:
@@ -364,15 +388,22 @@ def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], ds
         fast.run(fast.lz4, w.arr, start, end, 1, w.chunk, 0, MAX_CHUNK, w.scratch, MAX_CHUNK, w.info)
         if w.info[3] == fast.outcomes[0]:
             data = memoryview(w.chunk)[:ulen]
+    grouped = False
     if data is None:
-        data = decode_chunk(scheme, payload, ulen)
+        data = decompressed(scheme, payload, ulen)
+        grouped = scheme == 2
     if len(data) != ulen:
         raise StoreError(f"a chunk decoded to {len(data)} bytes, its header says {ulen}")
-    for k in users[c]:
+    terms = users[c]
+    if grouped and len(terms) > 1:  # a shared chunk: ungrouped once, then item-written to each
+        data, grouped = _ungrouped_in(body.w, data, ulen), False
+    for k in terms:
         off = cursor[k]
         if off + ulen > size:
             raise StoreError("the reconstruction places bytes past the end of the object")
-        if gate is None:
+        if grouped:
+            _place_grouped(body.w, data, dst, gate, off, ulen)
+        elif gate is None:
             dst[off : off + ulen] = data
         else:
             gate.write(dst, off, data)
@@ -380,6 +411,32 @@ def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], ds
     return c + 1
 
 
+def _ungrouped_in(w: Window, grouped: Any, n: int) -> memoryview:
+    """``grouped`` ungrouped into the window's chunk buffer (valid until its next use)."""
+    out = w.chunk[:n]
+    ungroup(grouped, out)
+    return memoryview(out)
+
+
+def _place_grouped(w: Window, grouped: Any, dst: Any, gate: Gate | None, off: int, n: int) -> None:
+    """A byte-grouped chunk's bytes at ``dst[off:off + n]``: ungrouped straight into the
+    destination (in place, see the module doc), or, where no one part of a Scatter holds them all,
+    ungrouped into the window first and item-written."""
+
+    def write(view: memoryview) -> int:
+        if len(view) < n:
+            return 0
+        ungroup(grouped, np.frombuffer(view, np.uint8, n))
+        return n
+
+    if _in_place(dst, gate, off, off + n, write) != n:
+        data = _ungrouped_in(w, grouped, n)
+        if gate is None:
+            dst[off : off + n] = data
+        else:
+            gate.write(dst, off, data)
+
+
 __all__ = ["DECODERS", "DECODER_ENV", "IDLE_SECS", "LOAD_WAIT_SECS", "MAX_CHUNK", "WINDOW", "Kernel",
            "Window", "XetReadUnsupported", "compiled", "copy_range", "decode_chunk", "decoder_mode",
-           "kernel", "ready"]
+           "decompressed", "kernel", "ready", "ungroup"]
