@@ -183,6 +183,22 @@ def test_both_decoders_fill_scatters_and_feed_their_hash(seed: int) -> None:
             assert dst.hasher.intdigest() == xxhash.xxh3_64_intdigest(file)
 
 
+@pytest.mark.parametrize("fast", [KERNEL, None], ids=["compiled", "python"])
+def test_a_window_smaller_than_a_chunk_grows_for_it(fast: Any) -> None:
+    """Parse windows are small (256 KiB: hf_xet's chunks are <= 128 KiB); a larger chunk, valid up
+    to MAX_CHUNK, makes the window grow with the unparsed bytes kept, in both decoders."""
+    rng, nrng = random.Random(9), np.random.default_rng(9)
+    data = [bf16_kv(n, nrng) for n in (3_001, 200_003, 5, 600_000, 70_001)]
+    body = b"".join(chunk(d, s, rng) for d, s in zip(data, (2, 2, 0, 1, 2), strict=True))
+    file = b"".join(data)
+    w = Window(4096)
+    out = bytearray(len(file))
+    copy_range(Pieces(body, random.Random(9)), len(body), (0, len(data)), ((0, len(data), 0, len(file)),),
+               memoryview(out), None, w, fast)
+    assert bytes(out) == file
+    assert len(w.mv) > 600_000  # grew for the largest chunk
+
+
 def test_an_abandoned_read_writes_nothing_through_the_compiled_decoder() -> None:
     body, chunks, targets, file = make_range(3)
     out = bytearray(len(file))
