@@ -199,14 +199,47 @@ def test_a_window_smaller_than_a_chunk_grows_for_it(fast: Any) -> None:
     assert len(w.mv) > 600_000  # grew for the largest chunk
 
 
-def test_an_abandoned_read_writes_nothing_through_the_compiled_decoder() -> None:
+@pytest.mark.parametrize("fast", [KERNEL, None], ids=["compiled", "python"])
+def test_an_abandoned_read_writes_nothing_through_either_decoder(fast: Any) -> None:
     body, chunks, targets, file = make_range(3)
     out = bytearray(len(file))
     gate = Gate()
     gate.close()
     with pytest.raises(Abandoned):
-        read(body, len(chunks), targets, memoryview(out), KERNEL, 3, xet_decode.WINDOW, gate)
+        read(body, len(chunks), targets, memoryview(out), fast, 3, xet_decode.WINDOW, gate)
     assert out == bytearray(len(file))
+
+
+class CountingScatter(Scatter):
+    """Counts in-place decodes (``fill``) and item writes."""
+
+    fills = writes = 0
+
+    def fill(self, start: int, limit: int, write: Any) -> int:
+        self.fills += 1
+        return super().fill(start, limit, write)
+
+    def __setitem__(self, key: slice, data: Any) -> None:
+        self.writes += 1
+        super().__setitem__(key, data)
+
+
+def test_the_python_decoder_ungroups_in_place() -> None:
+    """A byte-grouped chunk is ungrouped by the Python decoder straight into the part that holds
+    it (Scatter.fill: hashed, under the redirect lock), only the chunk that straddles two parts
+    goes through the window and an item write; the hash is the file's."""
+    rng, nrng = random.Random(4), np.random.default_rng(4)
+    data = [bf16_kv(n, nrng) for n in (65_536, 70_001, 9, 65_536, 131_072)]
+    body = b"".join(chunk(d, 2, rng) for d in data)
+    file = b"".join(data)
+    cut = 65_536 + 35_000  # inside the second chunk
+    parts = [np.zeros(cut, np.uint8), np.zeros(len(file) - cut, np.uint8)]
+    dst = CountingScatter(*parts, hasher=xxhash.xxh3_64())
+    dst.allow_redirect()
+    read(body, len(data), ((0, len(data), 0, len(file)),), dst, None, 4, xet_decode.WINDOW)
+    assert b"".join(p.tobytes() for p in parts) == file
+    assert (dst.fills, dst.writes) == (len(data), 1)  # every chunk tried in place; one straddled
+    assert dst.hashed == len(file) and dst.hasher.intdigest() == xxhash.xxh3_64_intdigest(file)
 
 
 def damage(body: bytes, rng: random.Random) -> bytes:
