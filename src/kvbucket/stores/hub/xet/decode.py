@@ -398,7 +398,7 @@ def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], ds
     if c not in users:
         return c + 1
     data: Any = None
-    if fast is None and lazy and scheme != 0:
+    if fast is None and lazy and scheme != 0 and _loading is None:
         fast = kernel()  # a compressed chunk asks for the compiled decoder (see the module doc)
     if fast is not None:
         w = body.w
