@@ -98,13 +98,16 @@ def _names(n: int) -> list[str]:
 
 
 def _timed_load(lookup: Any, load: Any, bufs: list[Any]) -> dict[str, Any]:
-    t0 = time.monotonic()
+    """Lookup + load timed; ``cpu_s``: the client process's CPU (every thread) over the same
+    interval, which tells client work from waiting (on loopback the server shares the cores)."""
+    c0, t0 = time.process_time(), time.monotonic()
     hits = lookup()
     t1 = time.monotonic()
     loaded = load()
-    t2 = time.monotonic()
+    t2, c2 = time.monotonic(), time.process_time()
     return {"t_start": t0, "t_lookup_end": t1, "t_end": t2, "lookup_s": t1 - t0, "load_s": t2 - t1,
-            "total_s": t2 - t0, "hits": hits, "loaded": loaded, "digests": [digest(b) for b in bufs]}
+            "total_s": t2 - t0, "cpu_s": c2 - c0, "hits": hits, "loaded": loaded,
+            "digests": [digest(b) for b in bufs]}
 
 
 def _kv_store_or_load(store: Any, spec: dict[str, Any], n: int, size: int) -> dict[str, Any]:
@@ -404,10 +407,12 @@ def setting(res: Results, args: argparse.Namespace, target: Any, sides: list[str
             ok = out["digests"] == expect and out["loaded"] == n
             times[side].append(out["total_s"] if ok else float("inf"))
             print(f"{backend:3} {shape:5} {ms:4.0f} ms{where}  {side:22} {out['total_s']:7.3f} s "
-                  f"(lookup {out['lookup_s']:.3f}, load {out['load_s']:.3f})  {reqs:4d} requests  "
+                  f"(lookup {out['lookup_s']:.3f}, load {out['load_s']:.3f}, cpu {out.get('cpu_s', 0):.2f})  "
+                  f"{reqs:4d} requests  "
                   f"{rts:3d} round trips  {_verdict(ok, out['loaded'], n)}  {routes}", flush=True)
             res.run(backend=backend, shape=shape, latency_ms=ms, round=r + 1, side=side,
-                    total_s=out["total_s"], lookup_s=out["lookup_s"], load_s=out["load_s"], requests=reqs,
+                    total_s=out["total_s"], lookup_s=out["lookup_s"], load_s=out["load_s"],
+                    cpu_s=out.get("cpu_s"), requests=reqs,
                     round_trips=rts, routes=routes, verified=ok, payloads=payloads,
                     **({} if link is None else {"link_mbps_per_conn": link.per_conn_bps / 1e6,
                                                 "link_total_mbps": (link.total_bps or 0) / 1e6,

@@ -306,6 +306,62 @@ def test_a_part_that_fails_or_is_late_leaves_the_object_right(hub_bucket: Any) -
         faults.reset()
 
 
+def test_a_small_load_is_read_in_parts_that_fill_the_budget(hub_bucket: Any) -> None:
+    """A load whose objects would be fewer fetches than read_connections reads them in smaller
+    parts, down to read_min_part_bytes, each its own reconstruction and fetch, counted at the
+    emulator: 4 x 256 KiB with a budget of 8 are 8 parts of 128 KiB; 8 of them fill it alone; one
+    is 4 parts (the floor, 64 KiB: not 8 of 32 KiB); without a floor one fetch each. Every
+    object's parts tile it exactly and each lands in its own bytes of the caller's buffer."""
+    import time
+
+    names = [f"b{i}" for i in range(8)]
+    cfg, data = stored(hub_bucket, "budget", names, [256 << 10] * len(names))
+    sized = cfg.model_copy(update={"read_connections": 8, "read_part_bytes": 1 << 20,
+                                   "read_min_part_bytes": 64 << 10})
+    for n, parts in ((4, 8), (8, 8), (1, 4)):
+        routes = load_checked(hub_bucket, sized, names[:n], data[:n])
+        assert routes.get("reconstruction") == parts and routes.get("fetch") == parts, (n, routes)
+    unfloored = sized.model_copy(update={"read_min_part_bytes": 0})
+    routes = load_checked(hub_bucket, unfloored, names[:4], data[:4])
+    assert routes.get("reconstruction") == 4 and routes.get("fetch") == 4, routes
+    with HFBucketStore(sized) as store:
+        bufs = [bytearray(b"\xab" * (256 << 10)) for _ in range(4)]
+        assert all(r.ok for r in store.get_many(names[:4], bufs))
+        assert [bytes(b) for b in bufs] == data[:4]
+        paths = [store._path(n) for n in names[:4]]
+        meta = store._client.paths_info(paths, time.monotonic() + 10)
+        for p in paths:
+            rec = store._client._reader._cache[meta[p].xet_hash]  # type: ignore[union-attr]
+            spans = sorted((o, o + k) for f in rec.fetches for _, _, o, k in f.targets if k)
+            assert spans[0][0] == 0 and spans[-1][1] == 256 << 10, spans
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))  # disjoint, tiling
+            assert len(rec.fetches) == 2  # one fetch per part
+
+
+def test_the_part_size_rule_counts_objects_read_whole() -> None:
+    """buffers.part_size, shared by the Hub and S3: objects below two parts of the floor are one
+    read each and take a connection of the budget; the rest fill what is left, never below the
+    floor and never above read_part_bytes."""
+    from kvbucket.stores.buffers import part_floor, part_ranges, part_size
+
+    mib = 1 << 20
+
+    def reads(sizes: list[int], budget: int = 64, part: int = 8 * mib, floor: int = mib) -> int:
+        p = part_size(sizes, budget, part, floor)
+        return sum(len(part_ranges(s, p)) for s in sizes)
+
+    assert reads([2 * mib] * 32) == 64 and reads([2 * mib] * 64) == 64 and reads([8 * mib] * 16) == 64
+    assert reads([2 * mib] * 32, floor=2 * mib) == 32  # below two floors: one fetch each
+    assert reads([8 * mib] * 16, floor=2 * mib) == 64 and reads([8 * mib] * 16, floor=0) == 16
+    assert reads([32 * mib] * 8, floor=0) == 32  # read_part_bytes parts whatever the floor
+    # 32 small objects take 32 connections: 4 x 8 MiB fill the other 32 with 1 MiB parts, not 2 MiB
+    assert reads([8 * mib] * 4 + [100_000] * 32) == 32 + 32
+    assert reads([2 * mib] * 4, part=0) == 4 and part_floor(8 * mib, 0) == 8 * mib
+    fields = HFBucketConfig.model_fields  # the store's defaults are the reader's
+    assert fields["read_min_part_bytes"].default == xet_reads.MIN_PART_BYTES
+    assert fields["read_part_bytes"].default == xet_reads.PART_BYTES
+
+
 def _answer(skip: int, terms: list[tuple[int, int, int]]) -> dict[str, Any]:
     """A reconstruction answer: terms (chunk start, chunk end, bytes) of one xorb, one fetch."""
     lo, hi = min(t[0] for t in terms), max(t[1] for t in terms)

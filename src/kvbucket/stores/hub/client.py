@@ -48,6 +48,7 @@ from kvbucket.stores.hub.errors import HubContext, connection_refused, hub_error
 from kvbucket.stores.hub.files import RemoteFile, remote_file
 from kvbucket.stores.hub.xet.compression import batch_policy
 from kvbucket.stores.hub.xet.reads import (
+    MIN_PART_BYTES,
     PART_BYTES,
     READ_CONNECTIONS,
     READ_SLOTS,
@@ -93,6 +94,7 @@ class HubBucketClient:
         xet_compression: str = "auto",
         read_connections: int = READ_CONNECTIONS,
         read_part_bytes: int = PART_BYTES,
+        read_min_part_bytes: int = MIN_PART_BYTES,
         read_slots: int = READ_SLOTS,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
@@ -133,7 +135,7 @@ class HubBucketClient:
         self._reader = XetReader(
             self._reader_token, lambda *a: self._requests.submit(*a), concurrency=load_concurrency,
             request_timeout_secs=request_timeout_secs, headers=self._headers, read_slots=read_slots,
-            connections=read_connections, part_bytes=read_part_bytes,
+            connections=read_connections, part_bytes=read_part_bytes, min_part_bytes=read_min_part_bytes,
         )
         if self.endpoint.startswith("https:"):
             self._reader.tls()  # the storage is HTTPS too: its reads' TLS context, made now as well

@@ -175,6 +175,11 @@ class HFBucketConfig(BaseModel):
         description="objects of at least twice this are read in parts of about this size, in parallel "
         "(one connection each); 0: one GET per object",
     )
+    read_min_part_bytes: int = Field(
+        1 << 20, ge=0, le=1 << 40, strict=True,
+        description="a load whose fetches would be fewer than read_connections reads its objects in "
+        "smaller parts, down to this size (each part a reconstruction request); 0: read_part_bytes only",
+    )
     read_slots: int = Field(
         0, ge=0, le=1024, strict=True,
         description="bodies read and parsed at once (0: each as it arrives); a small number saves CPU "

@@ -96,7 +96,8 @@ class HFBucketStore(RemoteStore):
             retry_backoff_secs=config.retry_backoff_secs, connect_timeout_secs=config.connect_timeout_secs,
             request_timeout_secs=config.request_timeout_secs, load_concurrency=config.load_concurrency,
             xet_compression=config.xet_compression, read_connections=config.read_connections,
-            read_part_bytes=config.read_part_bytes, read_slots=config.read_slots)
+            read_part_bytes=config.read_part_bytes, read_min_part_bytes=config.read_min_part_bytes,
+            read_slots=config.read_slots)
         self.endpoint = self._client.endpoint
         self._cache: MetaCache[RemoteFile] = MetaCache(config.metadata_cache_ttl_secs)
         # What this store committed is asked about again later: a racing delete's loss is added back.

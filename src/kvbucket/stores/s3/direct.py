@@ -46,7 +46,7 @@ import pycurl
 
 from kvbucket.chunks import as_view
 from kvbucket.stores.base import Scatter
-from kvbucket.stores.buffers import part_ranges
+from kvbucket.stores.buffers import part_floor, part_ranges
 from kvbucket.stores.s3.kept import OVERLONG, ConnectionWatch
 from kvbucket.stores.s3.split import MIN_PART_BYTES, part_size
 from kvbucket.stores.s3.transfers import (
@@ -198,7 +198,7 @@ class DirectReader:
         ranges, sized so that about ``max_parallel`` GETs are in flight (split.py)."""
         if self._part_bytes <= 0:
             return {}
-        smallest = min(self._min_part_bytes or self._part_bytes, self._part_bytes)  # a part's floor
+        smallest = part_floor(self._part_bytes, self._min_part_bytes)
         views: dict[int, Any] = {}
         for i, buf in enumerate(buffers):
             view = _writable_view(buf) if buf is not None and _size(buf) >= 2 * smallest else None

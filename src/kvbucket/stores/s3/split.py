@@ -15,26 +15,17 @@ each, 8 x 32 MiB in 4 MiB ranges 1.38x as fast as in 8 MiB ones, but 32 x 2 MiB 
 0.76-0.88x (slower: the extra requests cost more CPU than the shorter transfers saved, on a
 2-core machine running the relay and the server too). On loopback at 0 ms the 2 MiB ranges of
 16 x 8 MiB were within noise of one GET each. See docs/s3.md, "What bounds a hit on a real link".
+
+The rule itself (:func:`kvbucket.stores.buffers.part_size`) is shared with the Hub's reads, whose
+floor was measured on its own (``read_min_part_bytes``: stores/hub/xet/plans.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from kvbucket.stores.buffers import part_size  # the rule, shared with the Hub's reads
 
 #: Parts never get smaller than this to fill the connection budget (``s3_read_min_part_bytes``).
 MIN_PART_BYTES = 2 << 20
-
-
-def part_size(sizes: Sequence[int], budget: int, part_bytes: int, min_part_bytes: int) -> int:
-    """The part size of a load of objects of ``sizes`` (those that can be split) with ``budget``
-    GETs in flight at once: ``part_bytes`` when the load's bytes fill the budget with parts that
-    big, else ``bytes / budget`` but not below ``min_part_bytes``; 0: never split."""
-    if part_bytes <= 0:
-        return 0
-    total = sum(sizes)
-    if min_part_bytes <= 0 or min_part_bytes >= part_bytes or total <= 0:
-        return part_bytes
-    return min(part_bytes, max(min_part_bytes, -(-total // max(1, budget))))
 
 
 __all__ = ["MIN_PART_BYTES", "part_size"]

@@ -43,11 +43,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvbucket.errors import AuthError, DeadlineExceededError, StoreError, TransientStoreError
+from kvbucket.stores.buffers import part_size
 from kvbucket.stores.deadline import REAPER, Gate, left
 from kvbucket.stores.hub.xet import decode as xet_decode
 from kvbucket.stores.hub.xet.connections import Connections as _Connections
 from kvbucket.stores.hub.xet.decode import Window, XetReadUnsupported
 from kvbucket.stores.hub.xet.plans import (
+    MIN_PART_BYTES,
     RECONSTRUCTION_TTL_SECS,
     Fetch,
     Part,
@@ -83,7 +85,8 @@ READ_SLOTS = 0
 READ_CONNECTIONS = 64
 #: Objects of at least twice this are read in parts of about this many bytes, each its own
 #: reconstruction (asked at once with the others) and its own fetches, in parallel
-#: (``read_part_bytes``; 0: never split). See plans.py.
+#: (``read_part_bytes``; 0: never split). A load whose fetches would be fewer than
+#: ``read_connections`` reads in smaller parts, down to ``read_min_part_bytes`` (plans.py).
 PART_BYTES = 8 << 20
 #: Parse windows kept for reuse (more are made while more bodies are read at once, then dropped).
 KEPT_WINDOWS = 8
@@ -109,7 +112,7 @@ class XetReader:
     def __init__(self, token: Callable[[float | None, str | None], tuple[str, int, str]],
                  submit: Callable[..., Future[Any]], *, concurrency: int, request_timeout_secs: float,
                  headers: dict[str, str], read_slots: int = READ_SLOTS, connections: int = READ_CONNECTIONS,
-                 part_bytes: int = PART_BYTES) -> None:
+                 part_bytes: int = PART_BYTES, min_part_bytes: int = MIN_PART_BYTES) -> None:
         self._token = token
         self._submit = submit
         self._timeout = request_timeout_secs
@@ -118,6 +121,7 @@ class XetReader:
         self._connections = max(1, connections)
         self._budget = threading.BoundedSemaphore(self._connections)  # ranged GETs in flight
         self._part_bytes = max(0, part_bytes)
+        self._min_part_bytes = max(0, min_part_bytes)
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Reconstruction] = OrderedDict()
         # queries in flight: (future, the instant past which it is stuck and no longer joined)
@@ -139,6 +143,16 @@ class XetReader:
         With ``background``, one request thread sends them, so a lookup returns as soon as its
         own answer is in: each query runs on a thread of its own, and in a fresh process
         starting 64 of them took the lookup 20-60 ms on a 2-core machine.
+
+        **Invariant (a load's parts are sized to the budget where they are asked).** The files
+        asked for together are one load (or the lookup before it): their part size is
+        :func:`~kvbucket.stores.buffers.part_size` of all of them against ``read_connections``,
+        so a load whose fetches would be fewer than the budget reads in smaller parts, down to
+        ``read_min_part_bytes``; each part is its own reconstruction (a CAS request) tiling the
+        object (plans.join_parts). Decided here once per reconstruction, not per read: a read of
+        an object whose reconstruction is cached uses its parts, whatever the load (any tiling
+        writes the same bytes), and one asked elsewhere (expired, refused) has parts of
+        ``read_part_bytes``.
         """
         todo = [(h, size) for h, size in files if size > 0]
         until = deadline if deadline is not None else time.monotonic() + self._timeout
@@ -148,11 +162,14 @@ class XetReader:
                 return
             except RuntimeError:  # closed: ask from here
                 pass
+        part = part_size([n for _, n in todo], self._connections, self._part_bytes, self._min_part_bytes)
         for h, size in todo:
-            self._future(h, size, until)
+            self._future(h, size, until, part)
 
-    def _future(self, h: str, size: int, deadline: float | None) -> Future[Reconstruction]:
-        """The object's reconstruction: cached, the query in flight, or a new query.
+    def _future(self, h: str, size: int, deadline: float | None,
+                part: int | None = None) -> Future[Reconstruction]:
+        """The object's reconstruction: cached, the query in flight, or a new query (in parts of
+        about ``part`` bytes, default ``read_part_bytes``).
 
         A query in flight is joined only until its own deadline: past it, it is stuck (a
         server trickling its answer) and a new one is sent, so one slow answer never fails the
@@ -172,7 +189,7 @@ class XetReader:
                 return pending[0]
             fut: Future[Reconstruction] = Future()
             self._pending[h] = (fut, until)
-        ranges = part_ranges(size, self._part_bytes)
+        ranges = part_ranges(size, self._part_bytes if part is None else part)
         if len(ranges) > 1:
             self._query_parts(h, size, ranges, until, fut)
             return fut
@@ -513,5 +530,5 @@ def _status_error(status: int, what: str) -> Exception:
     return StoreError(f"the storage answered HTTP {status} to {what}")
 
 
-__all__ = ["PART_BYTES", "READ_CONNECTIONS", "READ_SLOTS", "RECONSTRUCTION_TTL_SECS", "Reconstruction",
-           "XetReadUnsupported", "XetReader", "parse_reconstruction"]
+__all__ = ["MIN_PART_BYTES", "PART_BYTES", "READ_CONNECTIONS", "READ_SLOTS", "RECONSTRUCTION_TTL_SECS",
+           "Reconstruction", "XetReadUnsupported", "XetReader", "parse_reconstruction"]
