@@ -309,15 +309,18 @@ def test_a_part_that_fails_or_is_late_leaves_the_object_right(hub_bucket: Any) -
 def test_a_small_load_is_read_in_parts_that_fill_the_budget(hub_bucket: Any) -> None:
     """A load whose objects would be fewer fetches than read_connections reads them in smaller
     parts, down to read_min_part_bytes, each its own reconstruction and fetch, counted at the
-    emulator: 4 x 256 KiB with a budget of 8 are 8 parts of 128 KiB; 8 of them fill it alone; one
-    is 4 parts (the floor, 64 KiB: not 8 of 32 KiB); without a floor one fetch each. Every
-    object's parts tile it exactly and each lands in its own bytes of the caller's buffer."""
+    emulator: 4 x 1 MiB with a budget of 8 are 8 parts of 512 KiB; 8 of them fill it alone; one
+    is 4 parts (the floor, 256 KiB: not 8 of 128 KiB); without a floor one fetch each. Every
+    object's parts tile it exactly and each lands in its own bytes of the caller's buffer. (Parts
+    are at least a Xet chunk's most, 128 KiB, so none falls inside one chunk: such a part has no
+    bytes of its own and no fetch.)"""
     import time
 
+    size = 1 << 20
     names = [f"b{i}" for i in range(8)]
-    cfg, data = stored(hub_bucket, "budget", names, [256 << 10] * len(names))
-    sized = cfg.model_copy(update={"read_connections": 8, "read_part_bytes": 1 << 20,
-                                   "read_min_part_bytes": 64 << 10})
+    cfg, data = stored(hub_bucket, "budget", names, [size] * len(names))
+    sized = cfg.model_copy(update={"read_connections": 8, "read_part_bytes": 4 << 20,
+                                   "read_min_part_bytes": 256 << 10})
     for n, parts in ((4, 8), (8, 8), (1, 4)):
         routes = load_checked(hub_bucket, sized, names[:n], data[:n])
         assert routes.get("reconstruction") == parts and routes.get("fetch") == parts, (n, routes)
@@ -325,7 +328,7 @@ def test_a_small_load_is_read_in_parts_that_fill_the_budget(hub_bucket: Any) -> 
     routes = load_checked(hub_bucket, unfloored, names[:4], data[:4])
     assert routes.get("reconstruction") == 4 and routes.get("fetch") == 4, routes
     with HFBucketStore(sized) as store:
-        bufs = [bytearray(b"\xab" * (256 << 10)) for _ in range(4)]
+        bufs = [bytearray(b"\xab" * size) for _ in range(4)]
         assert all(r.ok for r in store.get_many(names[:4], bufs))
         assert [bytes(b) for b in bufs] == data[:4]
         paths = [store._path(n) for n in names[:4]]
@@ -333,7 +336,7 @@ def test_a_small_load_is_read_in_parts_that_fill_the_budget(hub_bucket: Any) -> 
         for p in paths:
             rec = store._client._reader._cache[meta[p].xet_hash]  # type: ignore[union-attr]
             spans = sorted((o, o + k) for f in rec.fetches for _, _, o, k in f.targets if k)
-            assert spans[0][0] == 0 and spans[-1][1] == 256 << 10, spans
+            assert spans[0][0] == 0 and spans[-1][1] == size, spans
             assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))  # disjoint, tiling
             assert len(rec.fetches) == 2  # one fetch per part
 

@@ -176,9 +176,10 @@ class HFBucketConfig(BaseModel):
         "(one connection each); 0: one GET per object",
     )
     read_min_part_bytes: int = Field(
-        1 << 20, ge=0, le=1 << 40, strict=True,
+        0, ge=0, le=1 << 40, strict=True,
         description="a load whose fetches would be fewer than read_connections reads its objects in "
-        "smaller parts, down to this size (each part a reconstruction request); 0: read_part_bytes only",
+        "smaller parts, down to this size (each part a reconstruction request); 0: read_part_bytes only. "
+        "Pays only on a link capping each connection far below what the client decodes (2 MiB there)",
     )
     read_slots: int = Field(
         0, ge=0, le=1024, strict=True,

@@ -17,7 +17,19 @@ its objects, in parts of ``read_part_bytes``, would be fewer fetches than ``read
 they are read in parts of ``bytes / read_connections``, but not below ``read_min_part_bytes``
 (:data:`MIN_PART_BYTES`; the rule is :func:`kvbucket.stores.buffers.part_size`, shared with S3).
 Why a floor: each part is a reconstruction request to the CAS server and a fetch, and two parts
-share the chunk their boundary falls in (fetched by both). MEASURED-HERE
+share the chunk their boundary falls in (fetched by both).
+
+Why off (0) by default: smaller parts pay only while the link's per-connection cap, not the
+client, bounds the load. Measured (bench_latency, fresh processes, kvbucket against itself with
+the floor off in the same runs, rounds alternated, a 2-core machine shared at load 2-19; medians
+of per-round ratios, > 1: the floor faster): through a link capping each connection at 8 MB/s,
+16 x 8 MiB in 64 parts of 2 MiB 1.21-1.71x (floors 2 and 1 MiB, 0 and 20 ms), but 32 x 2 MiB in
+1 MiB parts 0.88-0.98x (10 rounds); at 32 MB/s per connection (20 ms) 0.72x and 0.75x; on
+loopback 0.66-0.88x and 0.75-0.80x. Each part costs the client ~3 ms of CPU (a request, a
+reconstruction, a body read by one more thread: 0.35-0.41 s against 0.23-0.24 s per 16 x 8 MiB
+load), so once connections x cap exceed what the client decodes, more of them only cost; object
+stores cap a connection at ~100 MB/s. Set it (2 MiB measured best) where connections are capped
+far lower. See docs/hfbucket.md, "What bounds a hit on a real link".
 """
 
 from __future__ import annotations
@@ -30,9 +42,9 @@ from kvbucket.errors import StoreError
 from kvbucket.stores.buffers import part_ranges
 from kvbucket.stores.hub.xet.decode import XetReadUnsupported
 
-#: Parts never get smaller than this to fill the read budget (``read_min_part_bytes``; 0: parts
-#: of ``read_part_bytes`` only). Measured: the module's docstring.
-MIN_PART_BYTES = 1 << 20
+#: Parts never get smaller than this to fill the read budget (``read_min_part_bytes``; 0, the
+#: default: parts of ``read_part_bytes`` only). Measured: the module's docstring.
+MIN_PART_BYTES = 0
 
 #: Fetch URLs are presigned and expire (an hour on the Hub today); a reconstruction is reused
 #: for at most this long, and one whose fetch is refused is asked for again once.
