@@ -41,7 +41,12 @@ class Fault:
     an idle keep-alive connection; ``TRICKLE`` forwards it and sends the answer's headers at
     once, then its body one byte every ``delay`` seconds (a slow transfer, not a hung server);
     ``FLIP`` forwards it and flips one bit in the middle of the answer's body (damage on the
-    wire: what the server stores stays intact).
+    wire: what the server stores stays intact); ``NEW_VERSION`` answers a ranged GET from
+    "another version" of the object, of the same size (every body byte inverted, another ETag: a
+    writer replaced it between two ranges); ``IGNORE_RANGE`` forwards a GET without its Range
+    header (the whole object, 200, as a server or proxy ignoring Range does), its body sent in
+    64 KiB pieces ``delay`` seconds apart (a slow link). ``ranged``: only GETs with a Range header
+    match; ``skip``: that many matching requests pass unharmed first.
     """
 
     status: int
@@ -50,12 +55,18 @@ class Fault:
     methods: frozenset[str] | None = None
     delay: float = 0.0
     path_contains: str | None = None
+    ranged: bool = False
+    skip: int = 0
 
 
 CUT = -1
 HANG_UP = -2
 TRICKLE = -3
 FLIP = -4
+NEW_VERSION = -5
+IGNORE_RANGE = -6
+_PIECE = 64 * 1024
+_INVERT = bytes(255 - i for i in range(256))  # another version: every byte inverted
 
 
 class FaultProxy:
@@ -85,6 +96,8 @@ class FaultProxy:
         #: request whose upstream failed has none: the client (libcurl) may send it again on a
         #: fresh connection, so counting ``targets`` would count that request twice.
         self.answered: list[tuple[str, str]] = []
+        #: Body bytes of answers written to clients (a cut connection's unsent rest not counted).
+        self.body_bytes = 0
         #: Seconds added to every request before it is forwarded (a wide-area round trip).
         self.latency = 0.0
         #: (method, request target, arrived, answered) of every request, monotonic seconds.
@@ -139,6 +152,16 @@ class FaultProxy:
             self.faults.append(Fault(TRICKLE, "", times, frozenset(methods) if methods else None,
                                      per_byte_secs, path_contains))
 
+    def new_version(self, times: int = 1, skip: int = 0) -> None:
+        """Answer ``times`` ranged GETs, after ``skip`` more, from another version of the object."""
+        with self._lock:
+            self.faults.append(Fault(NEW_VERSION, "", times, frozenset({"GET"}), ranged=True, skip=skip))
+
+    def ignore_range(self, times: int = 1, per_piece_secs: float = 0.0) -> None:
+        """Forward the next ``times`` GETs without their Range header (a 200 with every byte)."""
+        with self._lock:
+            self.faults.append(Fault(IGNORE_RANGE, "", times, frozenset({"GET"}), per_piece_secs))
+
     def clear(self) -> None:
         with self._lock:
             self.faults.clear()
@@ -155,7 +178,7 @@ class FaultProxy:
             order = self.order[since:]
         return causal_round_trips([{"conn": str(c), "seq": [a, b]} for c, a, b in order])
 
-    def _take(self, method: str, path: str) -> Fault | None:
+    def _take(self, method: str, path: str, ranged: bool = False) -> Fault | None:
         with self._lock:
             self.requests += 1
             for f in self.faults:
@@ -163,7 +186,11 @@ class FaultProxy:
                     f.times > 0
                     and (f.methods is None or method in f.methods)
                     and (f.path_contains is None or f.path_contains in path)
+                    and (ranged or not f.ranged)
                 ):
+                    if f.skip > 0:
+                        f.skip -= 1
+                        return None
                     f.times -= 1
                     self.injected += 1
                     return f
@@ -226,8 +253,9 @@ class FaultProxy:
                     proxy.targets.append((self.command, self.path))
                 if proxy.latency:
                     time.sleep(proxy.latency)
-                fault = proxy._take(self.command, self.path)
-                if fault is not None and fault.status not in (CUT, HANG_UP, TRICKLE, FLIP):
+                fault = proxy._take(self.command, self.path, "Range" in self.headers)
+                if fault is not None and fault.status not in (CUT, HANG_UP, TRICKLE, FLIP, NEW_VERSION,
+                                                              IGNORE_RANGE):
                     if fault.delay:
                         time.sleep(fault.delay)
                     if fault.status == 0:
@@ -255,6 +283,8 @@ class FaultProxy:
                 headers["Content-Length"] = str(len(body))
                 if self.command in ("GET", "HEAD", "DELETE") and not body:
                     headers.pop("Content-Length")
+                if fault is not None and fault.status == IGNORE_RANGE:
+                    headers = {k: v for k, v in headers.items() if k.lower() != "range"}
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.target_port, timeout=60)
                 try:
                     conn.putrequest(self.command, path, skip_host=True, skip_accept_encoding=True)
@@ -267,9 +297,12 @@ class FaultProxy:
                     conn.close()
                 self.send_response(resp.status, resp.reason)
                 length_sent = False
+                other = fault is not None and fault.status == NEW_VERSION and resp.status == 206
                 for k, v in resp.getheaders():
                     if k.lower() in _HOP_BY_HOP:
                         continue
+                    if other and k.lower() == "etag":
+                        v = '"0123456789abcdef0123456789abcdef"'  # another version's
                     if k.lower() == "content-length":
                         if self.command != "HEAD":
                             continue
@@ -297,8 +330,20 @@ class FaultProxy:
                     flipped = bytearray(data)
                     flipped[len(flipped) // 2] ^= 0x01
                     data = bytes(flipped)
+                if other and data:
+                    data = data.translate(_INVERT)
+                if fault is not None and fault.status == IGNORE_RANGE and data:
+                    for i in range(0, len(data), _PIECE):
+                        self.wfile.write(data[i : i + _PIECE])
+                        self.wfile.flush()
+                        with proxy._lock:
+                            proxy.body_bytes += len(data[i : i + _PIECE])
+                        time.sleep(fault.delay)
+                    return
                 if self.command != "HEAD" and data:
                     self.wfile.write(data)
+                    with proxy._lock:
+                        proxy.body_bytes += len(data)
                 if fault is not None and fault.status == HANG_UP:
                     self.wfile.flush()
                     self.close_connection = True
@@ -340,4 +385,4 @@ class FaultProxy:
         self.stop()
 
 
-__all__ = ["CUT", "FLIP", "HANG_UP", "TRICKLE", "Fault", "FaultProxy"]
+__all__ = ["CUT", "FLIP", "HANG_UP", "IGNORE_RANGE", "NEW_VERSION", "TRICKLE", "Fault", "FaultProxy"]

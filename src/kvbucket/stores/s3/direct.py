@@ -33,6 +33,7 @@ the GIL for it) instead of once per frame.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -60,6 +61,8 @@ from kvbucket.stores.s3.transfers import (
     WrongSize,
     _Transfer,
 )
+
+_log = logging.getLogger(__name__)
 
 # A batch is signed right before its requests go out; the URLs only need to outlive the batch.
 URL_LIFETIME = timedelta(minutes=15)
@@ -148,6 +151,8 @@ class DirectReader:
         self._lock = threading.Lock()
         self._idle: list[_Session] = []
         self._closed = False
+        #: Objects whose ranges carried different ETags (written during the load): read again whole.
+        self.mixed_versions = 0
 
     def sign(self, names: Sequence[str], method: str = "GET") -> list[str] | None:
         """Presigned URLs for ``names`` (relative to the store's prefix); None if the store can't."""
@@ -168,6 +173,14 @@ class DirectReader:
         that range of an object of that size (anything else: its bytes are never written, and the
         object is :data:`WrongSize` or repeated whole by obstore, which rewrites every byte). The
         object counts as read only when every range did (``_join``).
+
+        **Invariant (the ranges of an object are one version of it).** Ranges go out in parallel,
+        so ``If-Match`` cannot tie the later ones to the first; instead every 206 names its
+        version (ETag), and the object counts as read only when every range of it carries the same
+        non-empty ETag (``_join``). A writer replacing a same-size object between two ranges
+        otherwise made a hit of two versions' bytes (raw reads have no checksum to catch it);
+        ranges of different versions make the object :data:`RETRY`: one GET through obstore, one
+        version, every byte rewritten (counted in ``mixed_versions``).
         """
         plan = self._ranges(buffers)
         if not plan:
@@ -191,7 +204,13 @@ class DirectReader:
                 r2.append((a, b, view.nbytes))
                 owner.append(i)
         got = self._fetch(u2, b2, deadline, answer_by, r2, owner, buffers)
-        return _join(got, owner, buffers, plan)
+        out, mixed = _join(got, owner, buffers, plan)
+        if mixed:
+            with self._lock:
+                self.mixed_versions += mixed
+            _log.debug("%d object(s) read in ranges of different versions (overwritten during the "
+                       "load): read again whole", mixed)
+        return out
 
     def _ranges(self, buffers: Sequence[Any | None]) -> dict[int, tuple[Any, list[tuple[int, int]]]]:
         """Items to read in ranges: their writable buffer (a flat view or a Scatter) and ``[a, b)``
@@ -458,23 +477,30 @@ def _size(buf: Any | None) -> int:
 
 
 def _join(got: Sequence[Outcome], owner: Sequence[int], buffers: Sequence[Any | None],
-          split: Any) -> list[Outcome]:
-    """One outcome per object (see DirectReader.fetch): an object read in ranges is read when
-    every range was; otherwise it is the wrong size, missing, or repeated whole by obstore."""
+          split: Any) -> tuple[list[Outcome], int]:
+    """One outcome per object (see DirectReader.fetch) and how many were of mixed versions: an
+    object read in ranges is read when every range was, all of one ETag; otherwise it is the
+    wrong size, missing, or repeated whole by obstore."""
     parts: list[list[Outcome]] = [[] for _ in buffers]
     for i, o in zip(owner, got, strict=True):
         parts[i].append(o)
     out: list[Outcome] = []
+    mixed = 0
     for i, ps in enumerate(parts):
         if i not in split:
             out.append(ps[0])  # one GET
         elif all(isinstance(p, Body) for p in ps):
+            tags = {p.etag for p in ps if isinstance(p, Body)}
+            if len(tags) != 1 or None in tags:  # not provably one version: one GET, one version
+                mixed += 1
+                out.append(RETRY)
+                continue
             out.append(Body(sum(p.size for p in ps if isinstance(p, Body)), buffers[i]))
         else:  # the wrong size, missing, out of time (no obstore retry then), or repeated whole
             sized = [p for p in ps if isinstance(p, WrongSize)]
             why = [w for w in (OVERLONG, MISSING, UNANSWERED, EXPIRED) if w in ps]
             out.append(sized[0] if sized else why[0] if why else RETRY)
-    return out
+    return out, mixed
 
 
 def _discard(_data: bytes) -> None:

@@ -55,7 +55,7 @@ class _Transfer:
     data: Any = None
     wrong_size: bool = False
     error_body: bytearray = field(default_factory=bytearray)
-    etag: str | None = None  # a HEAD's: the version eviction deletes (S3Store.delete_versions)
+    etag: str | None = None  # a HEAD's (the version eviction deletes) or a range's (its version)
     # Into a sealed object's payload once the header has landed: (payload view, header size,
     # hasher, the Scatter, the payload's address); see _fast_path.
     fast: tuple[memoryview, int, Any, Scatter, int] | None = None
@@ -75,7 +75,7 @@ class _Transfer:
         elif line[:15].lower() == b"content-length:":
             value = line[15:].strip()
             self.announced = int(value) if value.isdigit() else -1
-        elif self.head and line[:5].lower() == b"etag:":
+        elif (self.head or self.rng is not None) and line[:5].lower() == b"etag:":
             self.etag = line[5:].strip().decode("latin-1") or None
         elif self.rng is not None and line[:14].lower() == b"content-range:":
             self.total = content_range(line[14:], self.rng)
@@ -144,8 +144,8 @@ class _Transfer:
             if self.status == 404 and curl_ok and b"<Code>NoSuchKey</Code>" in self.error_body:
                 return MISSING
             ok = curl_ok and self.status == 206 and self.total == self.whole
-            return Body(self.pos, None) if ok and self.pos == self.announced == self.rng[1] - self.rng[0] \
-                else RETRY
+            whole = ok and self.pos == self.announced == self.rng[1] - self.rng[0]
+            return Body(self.pos, None, self.etag) if whole else RETRY  # etag: one version (_join)
         if self.head:  # a HEAD 404 has no body; the bucket itself was checked by S3Store._ready
             if curl_ok and self.status == 200 and self.announced >= 0:
                 return Body(self.announced, None, self.etag)
