@@ -44,3 +44,24 @@ def test_a_range_of_another_version_is_never_a_hit(seaweedfs: S3Server, s3_bucke
         assert store._direct.mixed_versions == 1
         after = gets(fault_proxy)
         assert (after[0] - before[0], after[1] - before[1]) == (4, 1)  # 4 ranges, then 1 whole GET
+
+
+def test_a_server_ignoring_range_costs_one_object_not_one_per_range(seaweedfs: S3Server, s3_bucket: str,
+                                                                      fault_proxy: FaultProxy) -> None:
+    """(case_ignore_link) A server or proxy that ignores Range answers every ranged GET 200 with
+    the whole object: each such transfer stops at its first bytes and the object is read whole
+    once through obstore. Before, every range downloaded the whole object (16 ranges: 17x)."""
+    size = 4 << 20
+    data = np.random.default_rng(43).integers(0, 256, size, dtype=np.uint8)
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=16,
+                    s3_read_part_bytes=256 * _KiB) as store:
+        store.put("big", data)
+        before = gets(fault_proxy)
+        fault_proxy.ignore_range(times=1000, per_piece_secs=0.002)  # 64 KiB pieces: a slow link
+        sent = fault_proxy.body_bytes
+        out = np.zeros_like(data)
+        (r,) = store.get_many(["big"], [out])
+        sent = fault_proxy.body_bytes - sent
+        assert r.ok and np.array_equal(out, data)
+        assert gets(fault_proxy)[1] - before[1] == 1  # read whole once, through obstore
+        assert sent < 2.5 * size, sent / size  # about the object once, not once per range

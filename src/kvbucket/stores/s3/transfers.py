@@ -104,6 +104,8 @@ class _Transfer:
                 dst.hashed = at + end
             return None
         if self.status != (200 if self.rng is None else 206):
+            if 200 <= self.status < 300:  # e.g. a range answered 200 (Range ignored: every byte of
+                return 0  # the object, once per range): stop now, the object is read whole once
             if len(self.error_body) < _ERROR_BODY_MAX:
                 self.error_body += chunk[: _ERROR_BODY_MAX - len(self.error_body)]
             return None
