@@ -52,7 +52,7 @@ def _parts_seen(reader: Any) -> set[int]:
 
 def _budget_varied(reader: Any, rng: random.Random) -> None:
     """Each load (or lookup) of the cell asks for one chunk, so the budget the rule sizes it by
-    is drawn anew at each: parts of 8-128 KiB, 2 to 32 of them, some inside one Xet chunk (no
+    is drawn anew at each: parts of 64-128 KiB or more, up to 32 of them, some inside one Xet chunk (no
     bytes of their own). Only the rule's input varies: the GETs in flight stay bounded as set."""
     real = reader.prefetch
 
@@ -74,9 +74,9 @@ def test_hub_ranged_reads_serve_only_stored_bytes(hub_bucket: Any, encrypted: bo
     share of the parts' reconstructions fail too."""
     rounds, seed, chunk_kib = settings_from_env()
     hub = hub_bucket.hub
-    sizes = ({"read_part_bytes": max(16 << 10, chunk_kib * 1024 // 4), "read_min_part_bytes": 0}
-             if sizing == "part" else
-             {"read_part_bytes": chunk_kib << 10, "read_min_part_bytes": 8 << 10})
+    sizes = ({"read_part_bytes": max(64 << 10, chunk_kib * 1024 // 4), "read_min_part_bytes": 0}
+             if sizing == "part" else  # 64 KiB: the floor of both settings
+             {"read_part_bytes": max(64 << 10, chunk_kib << 10), "read_min_part_bytes": 64 << 10})
     cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/rng-{uuid.uuid4().hex[:6]}",
                        token=hub.write_token, token_env="", endpoint=hub.endpoint, retry_backoff_secs=0.01,
                        **sizes)
@@ -116,9 +116,9 @@ def test_s3_ranged_reads_serve_only_stored_bytes(seaweedfs: S3Server, s3_bucket:
     because a load's ranges would not fill ``s3_num_io_threads`` (s3/split.py), down to
     ``s3_read_min_part_bytes``, so the parts' sizes vary with each load's objects."""
     rounds, seed, chunk_kib = settings_from_env()
-    part = max(16 << 10, chunk_kib * 1024 // 4)
+    part = max(64 << 10, chunk_kib * 1024 // 4)  # parts are 0 or at least 64 KiB (stores/part_floor.py)
     sizes = ({"s3_read_part_bytes": part, "s3_read_min_part_bytes": 0} if sizing == "part" else
-             {"s3_read_part_bytes": chunk_kib << 10, "s3_read_min_part_bytes": 8 << 10,
+             {"s3_read_part_bytes": max(chunk_kib, 128) << 10, "s3_read_min_part_bytes": 64 << 10,
               "s3_num_io_threads": 24})
     cfg = S3Config.parse(seaweedfs.config(s3_bucket, f"rng-{uuid.uuid4().hex[:6]}",
                                           s3_endpoint_url=fault_proxy.url, **sizes))

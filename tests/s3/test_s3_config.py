@@ -246,3 +246,23 @@ def test_an_endpoint_url_with_a_query_is_refused_without_echoing_it(url: str) ->
     with pytest.raises(ConfigError, match="must not carry a query") as e:
         S3Config.parse({"s3_endpoint": "s3://b", "s3_endpoint_url": url})
     assert "SECRETX" not in str(e.value)
+
+
+@pytest.mark.parametrize("key", ["s3_read_part_bytes", "s3_read_min_part_bytes"])
+@pytest.mark.parametrize("value", [1, True, 4096, (64 << 10) - 1, -1, (1 << 40) + 1, 8.5, None, "8MB"])
+def test_part_sizes_are_off_or_at_least_64_kib(key: str, value: object) -> None:
+    """(tester case_config, case_part1) 1 byte (or True, which the lax model made 1) built 8
+    million ranges for one 8 MiB load and ran 14 s past its budget; 4096 sent 534 GETs for 2 MiB.
+    A part size is 0 or 64 KiB..1 TiB, the error naming the key, the value and the range."""
+    with pytest.raises(ConfigError) as e:
+        S3Config.parse({"s3_endpoint": "s3://b", key: value})
+    assert key in str(e.value) and repr(value) in str(e.value) and "65536 (64 KiB)" in str(e.value)
+    assert "Value error" not in str(e.value)
+
+
+def test_part_sizes_that_stay_valid() -> None:
+    base = {"s3_endpoint": "s3://b"}
+    for value, expected in ((0, 0), (64 << 10, 64 << 10), ("8388608", 8 << 20), (float(1 << 20), 1 << 20),
+                            (1 << 40, 1 << 40)):
+        cfg = S3Config.parse({**base, "s3_read_part_bytes": value, "s3_read_min_part_bytes": value})
+        assert cfg.s3_read_part_bytes == cfg.s3_read_min_part_bytes == expected

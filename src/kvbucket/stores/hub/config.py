@@ -23,6 +23,7 @@ from pydantic import (
     SecretStr,
     StrictBool,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -31,6 +32,7 @@ from kvbucket.did_you_mean import closest, did_you_mean, unknown_key_hint, value
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.secrets import reveal
 from kvbucket.stores.base import check_prefix
+from kvbucket.stores.part_floor import check_part_bytes
 from kvbucket.stores.urls import HANDLE_SCHEME, is_hub_name
 
 DEFAULT_TMP_DIR_NAME = "kvbucket-hfbucket"
@@ -173,12 +175,13 @@ class HFBucketConfig(BaseModel):
     read_part_bytes: int = Field(
         8 << 20, ge=0, le=1 << 40, strict=True,
         description="objects of at least twice this are read in parts of about this size, in parallel "
-        "(one connection each); 0: one GET per object",
+        "(one connection each); 0: one GET per object (else at least 65536)",
     )
     read_min_part_bytes: int = Field(
         0, ge=0, le=1 << 40, strict=True,
         description="a load whose fetches would be fewer than read_connections reads its objects in "
-        "smaller parts, down to this size (each part a reconstruction request); 0: read_part_bytes only. "
+        "smaller parts, down to this size (each part a reconstruction request); 0: read_part_bytes only "
+        "(else at least 65536). "
         "Pays only on a link capping each connection far below what the client decodes (2 MiB there)",
     )
     read_slots: int = Field(
@@ -261,6 +264,11 @@ class HFBucketConfig(BaseModel):
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ValueError(f"must be a number, got {v!r}")
         return v
+
+    @field_validator("read_part_bytes", "read_min_part_bytes")
+    @classmethod
+    def _part_floor(cls, v: int, info: ValidationInfo) -> int:
+        return check_part_bytes(str(info.field_name), v, echo=False)  # 0 or >= 64 KiB: a part is a request
 
     @model_validator(mode="after")
     def _recheck_after_window(self) -> HFBucketConfig:

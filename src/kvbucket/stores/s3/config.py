@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from kvbucket.did_you_mean import unknown_key_hint
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import check_prefix
+from kvbucket.stores.part_floor import check_part_bytes
 
 MiB = 1024 * 1024
 # S3 refuses parts below 5 MiB (except the last one) and allows at most 10,000 parts.
@@ -89,15 +90,16 @@ class S3Config(BaseModel):
         10.0, ge=0, le=3600, description="open breaker: seconds before one call probes the store"
     )
     s3_read_part_bytes: int = Field(
-        8 * MiB, ge=0, le=1 << 40,
+        8 * MiB,
         description="objects of at least twice this, loaded into a caller's buffer, are read with ranged "
-        "GETs of about this size in parallel (one connection each, as awscrt does); 0: one GET each",
+        "GETs of about this size in parallel (one connection each, as awscrt does); 0: one GET each "
+        "(else at least 65536)",
     )
     s3_read_min_part_bytes: int = Field(
-        2 * MiB, ge=0, le=1 << 40,
+        2 * MiB,
         description="a load with fewer parts than s3_num_io_threads reads its objects in smaller parts, "
         "down to this size, until about s3_num_io_threads GETs are in flight; 0: parts of "
-        "s3_read_part_bytes only",
+        "s3_read_part_bytes only (else at least 65536)",
     )
     s3_direct_reads: bool = Field(
         True,
@@ -112,6 +114,15 @@ class S3Config(BaseModel):
         if not v:
             raise ValueError("s3_endpoint is empty; use s3://bucket[/prefix]")
         return v
+
+    @field_validator("s3_read_part_bytes", "s3_read_min_part_bytes", mode="before")
+    @classmethod
+    def _part_floor(cls, v: object, info: ValidationInfo) -> int:
+        """0 or 64 KiB..1 TiB, never a boolean (``True`` was 1: 8 million ranges for 8 MiB)."""
+        # the lax model took "8388608" and 8388608.0; keep taking them
+        if (isinstance(v, str) and v.strip().isdigit()) or (isinstance(v, float) and v.is_integer()):
+            v = int(v)
+        return check_part_bytes(str(info.field_name), v)
 
     @field_validator("s3_region")
     @classmethod
@@ -163,7 +174,7 @@ def _describe(e: object, what: str) -> str:
             hint = unknown_key_hint(S3Config, err["loc"]).strip()
             problems.append(f"unknown key {loc!r}" + (f" ({hint})" if hint else ""))
         else:  # never echo input values: they may be secrets
-            problems.append(f"{loc}: {err['msg']}")
+            problems.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     return f"invalid {what}: " + "; ".join(problems)
 
 
