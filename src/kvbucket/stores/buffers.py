@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
+from kvbucket.chunks import as_view
 from kvbucket.errors import InvalidKeyError, SizeMismatchError
 from kvbucket.stores.deadline import Abandoned
 
@@ -335,10 +336,12 @@ def check_buffer_size(name: str, size: int, buffer: Buffer) -> Any:
                 f"object {name!r} has {size} bytes but the buffer given for it has {buffer.nbytes}"
             )
         return buffer
-    view = memoryview(buffer)
+    try:  # numpy, CPU torch tensors (memoryview() refuses them) and any C-contiguous buffer
+        view = as_view(buffer)
+    except (TypeError, ValueError) as e:  # not contiguous, a GPU tensor, not a buffer: this item's error
+        raise InvalidKeyError(f"the buffer given for {name!r} cannot be read into: {e}") from None
     if view.readonly:
         raise InvalidKeyError(f"the buffer given for {name!r} is read-only")
-    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
     if view.nbytes != size:
         raise SizeMismatchError(
             f"object {name!r} has {size} bytes but the buffer given for it has {view.nbytes}"
