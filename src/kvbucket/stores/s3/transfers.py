@@ -33,7 +33,9 @@ class Body:
 
 @dataclass(frozen=True)
 class WrongSize:
-    """The object has ``size`` bytes but the caller's buffer another size; the buffer is untouched."""
+    """The object has ``size`` bytes but the caller's buffer another size. One GET leaves the
+    buffer untouched; in ranges, those answered before the size changed (the object replaced
+    during the load) may have written theirs: its contents are then undefined (docs/s3.md)."""
 
     size: int
 
