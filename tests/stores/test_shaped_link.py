@@ -98,3 +98,21 @@ def test_bounded_and_stops_by_itself(source: int) -> None:
     assert not link._thread.is_alive()  # its lifetime ended: stopped without close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", link.port), timeout=1).close()
+
+
+def test_closes_quietly_with_connections_open(source: int, caplog: pytest.LogCaptureFixture) -> None:
+    """(issue 41's tester, case_drop_link) Closing the link while clients are connected printed
+    one asyncio "Exception in callback ... CancelledError" traceback per open connection."""
+    link = ShapedLink(source, per_conn_bps=1e9).start()
+    conns = [socket.create_connection(("127.0.0.1", link.port), timeout=5) for _ in range(3)]
+    try:
+        for c in conns:
+            c.sendall(b"3\n")
+            assert c.recv(3) == b"xxx"
+        link.close()
+        assert link._thread is not None and not link._thread.is_alive()
+    finally:
+        for c in conns:
+            c.close()
+    said = [(r.getMessage(), r.exc_info) for r in caplog.records if r.name == "asyncio"]
+    assert said == [], said  # asyncio's loop logs through logging (stderr outside pytest)

@@ -131,6 +131,12 @@ class ShapedLink:
 
     # ---- one connection -------------------------------------------------------------------
     async def _client(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        """One connection; cancelled when the link closes, which ends it quietly (asyncio's
+        stream callback logs a cancelled client task as an error with a traceback)."""
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._relay(cr, cw)
+
+    async def _relay(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         if self._open >= self.max_conns:
             self.stats.refused += 1
             cw.close()
