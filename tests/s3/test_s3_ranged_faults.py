@@ -65,3 +65,71 @@ def test_a_server_ignoring_range_costs_one_object_not_one_per_range(seaweedfs: S
         assert r.ok and np.array_equal(out, data)
         assert gets(fault_proxy)[1] - before[1] == 1  # read whole once, through obstore
         assert sent < 2.5 * size, sent / size  # about the object once, not once per range
+
+
+def test_concurrent_loads_share_the_stores_connection_budget(seaweedfs: S3Server, s3_bucket: str,
+                                                              fault_proxy: FaultProxy) -> None:
+    """(case_threads) s3_num_io_threads bounds the store's GETs in flight, not each call's: four
+    threads loading at once on one store with a budget of 4 never have more than 4 requests at
+    the server (each call had its own 4 before: up to 16), and every byte is right."""
+    import threading
+
+    rng = np.random.default_rng(44)
+    data = [rng.integers(0, 256, 512 * _KiB, dtype=np.uint8) for _ in range(16)]
+    names = [f"c{i}" for i in range(16)]
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=4,
+                    s3_read_part_bytes=128 * _KiB, s3_read_min_part_bytes=64 * _KiB) as store:
+        assert all(r.ok for r in store.put_many(list(zip(names, data, strict=True))))
+        fault_proxy.latency = 0.05  # every request held a while: overlaps show
+        fault_proxy.peak_in_flight = 0
+        wrong: list[str] = []
+
+        def load(k: int) -> None:
+            mine = names[4 * k : 4 * k + 4]
+            outs = [np.zeros_like(d) for d in data[4 * k : 4 * k + 4]]
+            got = store.get_many(mine, outs)
+            wrong.extend(n for n, r, o, d in zip(mine, got, outs, data[4 * k :], strict=False)
+                         if not (r.ok and np.array_equal(o, d)))
+
+        threads = [threading.Thread(target=load, args=(k,)) for k in range(4)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        finally:
+            fault_proxy.latency = 0.0
+        assert wrong == []
+        assert 2 <= fault_proxy.peak_in_flight <= 4, fault_proxy.peak_in_flight
+        assert gets(fault_proxy)[1] == 0  # no fallback through obstore
+
+
+def test_a_load_waiting_for_the_budget_stops_at_its_deadline(seaweedfs: S3Server, s3_bucket: str,
+                                                              fault_proxy: FaultProxy) -> None:
+    """Every slot of the store's budget held by other calls: a load waits for one, but never
+    past its deadline (its items EXPIRED, nothing sent), and loads again once slots free up."""
+    import time
+
+    from kvbucket.stores.s3.direct import EXPIRED
+
+    data = np.random.default_rng(45).integers(0, 256, 100_000, dtype=np.uint8)
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=2) as store:
+        store.put("w", data)
+        direct = store._direct
+        assert direct is not None
+        urls = direct.sign(["w"])
+        assert urls is not None
+        for _ in range(2):
+            assert direct._slots.acquire(timeout=5)  # what two transfers of other calls hold
+        before = gets(fault_proxy)
+        t = time.monotonic()
+        try:
+            assert direct.fetch(urls, [np.zeros_like(data)], t + 0.3) == [EXPIRED]
+            assert 0.25 <= time.monotonic() - t < 1.0
+            assert gets(fault_proxy) == before  # nothing sent
+        finally:
+            direct._slots.release()
+            direct._slots.release()
+        out = np.zeros_like(data)
+        (r,) = store.get_many(["w"], [out])
+        assert r.ok and np.array_equal(out, data)

@@ -98,6 +98,9 @@ class FaultProxy:
         self.answered: list[tuple[str, str]] = []
         #: Body bytes of answers written to clients (a cut connection's unsent rest not counted).
         self.body_bytes = 0
+        #: Requests being handled now, and the most there were at once.
+        self.in_flight = 0
+        self.peak_in_flight = 0
         #: Seconds added to every request before it is forwarded (a wide-area round trip).
         self.latency = 0.0
         #: (method, request target, arrived, answered) of every request, monotonic seconds.
@@ -226,10 +229,15 @@ class FaultProxy:
             def _handle(self) -> None:
                 self._arrived, self._logged = time.monotonic(), False
                 self._seq_in = next(proxy._seq)
+                with proxy._lock:
+                    proxy.in_flight += 1
+                    proxy.peak_in_flight = max(proxy.peak_in_flight, proxy.in_flight)
                 try:
                     self._relay()
                 finally:
                     self._record()
+                    with proxy._lock:
+                        proxy.in_flight -= 1
 
             def _record(self) -> None:
                 """Log the request once, before its answer leaves: a client that has its bytes

@@ -46,7 +46,11 @@ class S3Config(BaseModel):
 
     s3_endpoint: str = Field(description="s3://bucket[/prefix] or a bare bucket host")
     s3_region: str | None = Field(None, description="SigV4 region; required for AWS")
-    s3_num_io_threads: int = Field(64, ge=1, le=1024, description="concurrent requests (worker threads)")
+    s3_num_io_threads: int = Field(
+        64, ge=1, le=1024,
+        description="requests in flight per store: direct reads across all its calls; "
+        "obstore's worker threads",
+    )
     s3_prefer_http2: bool = Field(False, description="offer h2 via ALPN on TLS connections")
     s3_enable_s3express: bool = Field(False, description="S3 Express One Zone session auth and endpoints")
     disable_tls: bool = Field(False, description="plain http:// to the endpoint (non-AWS services)")
