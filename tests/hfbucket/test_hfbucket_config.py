@@ -180,7 +180,7 @@ def test_plugin_options_take_every_number_quoted() -> None:
     assert {"recheck_delay_secs", "delete_window_secs", "load_timeout_secs"} <= set(numbers)
     for k in numbers:
         v = 3 if k == "delete_window_secs" else 7  # shorter than the default recheck_delay_secs
-        v = 65536 if k == "read_part_bytes" else v  # 0 or at least 64 KiB
+        v = 65536 if k in ("read_part_bytes", "read_min_part_bytes") else v  # 0 or at least 64 KiB
         c = config_from_plugin_options("hfbucket", {"bucket_handle": "hf://buckets/o/b", k: str(v)})
         assert getattr(c, k) == v, k
     c = config_from_plugin_options("hfbucket", {"bucket_handle": "hf://buckets/o/b",
@@ -188,11 +188,13 @@ def test_plugin_options_take_every_number_quoted() -> None:
     assert (c.recheck_delay_secs, c.delete_window_secs) == (10.0, 3.0)
 
 
-def test_read_part_bytes_is_off_or_at_least_64_kib() -> None:
-    """(tester case_hubcfg) read_part_bytes 1 read one object in a range per byte, past 40 s."""
+@pytest.mark.parametrize("key", ["read_part_bytes", "read_min_part_bytes"])
+def test_read_part_bytes_is_off_or_at_least_64_kib(key: str) -> None:
+    """(tester case_hubcfg) read_part_bytes 1 read one object in a range per byte, past 40 s; the
+    budget's floor (read_min_part_bytes) is held to the same range."""
     for value in (1, 4096, (64 << 10) - 1, True):
-        with pytest.raises(ConfigError, match="read_part_bytes") as e:
-            build_config(bucket_handle="hf://buckets/o/b", read_part_bytes=value)
+        with pytest.raises(ConfigError, match=key) as e:
+            build_config(bucket_handle="hf://buckets/o/b", **{key: value})
         assert repr(value) in str(e.value) and ("65536 (64 KiB)" in str(e.value) or value is True)
     for value in (0, 64 << 10, 8 << 20):
-        assert build_config(bucket_handle="hf://buckets/o/b", read_part_bytes=value).read_part_bytes == value
+        assert getattr(build_config(bucket_handle="hf://buckets/o/b", **{key: value}), key) == value

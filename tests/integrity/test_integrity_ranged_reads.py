@@ -116,7 +116,7 @@ def test_s3_ranged_reads_serve_only_stored_bytes(seaweedfs: S3Server, s3_bucket:
     because a load's ranges would not fill ``s3_num_io_threads`` (s3/split.py), down to
     ``s3_read_min_part_bytes``, so the parts' sizes vary with each load's objects."""
     rounds, seed, chunk_kib = settings_from_env()
-    part = max(64 << 10, chunk_kib * 1024 // 4)  # parts are 0 or at least 64 KiB (stores/part_floor.py)
+    part = max(64 << 10, chunk_kib * 1024 // 4)  # parts are 0 or at least 64 KiB (stores/part_sizes.py)
     sizes = ({"s3_read_part_bytes": part, "s3_read_min_part_bytes": 0} if sizing == "part" else
              {"s3_read_part_bytes": max(chunk_kib, 128) << 10, "s3_read_min_part_bytes": 64 << 10,
               "s3_num_io_threads": 24})

@@ -32,7 +32,7 @@ from kvbucket.did_you_mean import closest, did_you_mean, unknown_key_hint, value
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.secrets import reveal
 from kvbucket.stores.base import check_prefix
-from kvbucket.stores.part_floor import check_part_bytes
+from kvbucket.stores.part_sizes import check_part_bytes
 from kvbucket.stores.urls import HANDLE_SCHEME, is_hub_name
 
 DEFAULT_TMP_DIR_NAME = "kvbucket-hfbucket"

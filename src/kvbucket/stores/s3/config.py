@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, fi
 from kvbucket.did_you_mean import unknown_key_hint
 from kvbucket.errors import ConfigError
 from kvbucket.stores.base import check_prefix
-from kvbucket.stores.part_floor import check_part_bytes
+from kvbucket.stores.part_sizes import check_part_bytes
 
 MiB = 1024 * 1024
 # S3 refuses parts below 5 MiB (except the last one) and allows at most 10,000 parts.
