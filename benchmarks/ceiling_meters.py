@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,8 @@ from typing import Any
 
 GIB = float(1 << 30)
 PYSPY_RATE = 250
+#: How long ``py-spy record`` may take to attach before the phase runs without a GIL meter.
+ATTACH_TIMEOUT_S = 10.0
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 #: A thread is listed when it ran at least this share of the phase's thread CPU.
 LISTED_SHARE = 0.02
@@ -57,9 +60,10 @@ class GilMeter:
         os.close(fd)
         self._proc = subprocess.Popen(
             [exe, "record", "--pid", str(os.getpid()), "--gil", "--nonblocking", "--rate", str(self.rate),
-             "--format", "raw", "-o", self._out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(0.6)  # attached and sampling (idle threads hold no GIL: nothing is counted)
-        if self._proc.poll() is not None:
+             "--format", "raw", "-o", self._out], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if not _sampling(self._proc, ATTACH_TIMEOUT_S):
+            self._proc.kill()
+            self._proc.communicate()
             self._proc = None
         return self
 
@@ -83,6 +87,24 @@ class GilMeter:
                     samples += int(n)
         os.unlink(self._out)
         self.seconds = samples / self.rate
+
+
+def _sampling(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Whether ``py-spy record`` attached: it prints its "Sampling process ..." line once it has
+    read the interpreter's state, right before its first sample (a fixed sleep of 0.6 s waited
+    here before; the line comes within ~40 ms on an idle box). False if it ended or stayed silent."""
+    assert proc.stdout is not None
+    fd, seen, end = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    while b"\n" not in seen:
+        left = end - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return False
+        chunk = os.read(fd, 4096)  # the raw pipe: nothing left in a Python buffer for communicate()
+        if not chunk:
+            return False  # py-spy ended (no ptrace rights, ...)
+        seen += chunk
+    time.sleep(2 / PYSPY_RATE)  # its first sample taken
+    return proc.poll() is None
 
 
 def _read(path: str) -> str | None:
