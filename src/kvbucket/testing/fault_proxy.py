@@ -371,8 +371,11 @@ class FaultProxy:
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ctx.load_cert_chain(*self.tls)
             self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True)
+        # serve_forever polls for shutdown() every poll_interval: 0.5 s by default, which each
+        # test's teardown waited for (~0.5 s x every test on the fault_proxy fixture)
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="kvbucket-fault-proxy", daemon=True
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="kvbucket-fault-proxy",
+            daemon=True,
         )
         self._thread.start()
         return self
