@@ -78,6 +78,9 @@ def test_doctor_model_errors(args: list[str], needle: str, cli_env: dict[str, st
 
 @pytest.mark.slow(12)
 def test_demo_latency_ms_delays_machine_b_on_the_emulator(cli_env: dict[str, str]) -> None:
+    """Also the real-model demo's smoke test on the in-process emulator (it was a second run of the
+    same demo in tests/transformers/test_transformers_demo.py: --latency-ms only adds the emulator's
+    latency rule and the two table rows checked here)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     r = run_cli("demo", "--prompt-tokens", "512", "--new-tokens", "4", "--latency-ms", "50",
@@ -86,4 +89,11 @@ def test_demo_latency_ms_delays_machine_b_on_the_emulator(cli_env: dict[str, str
     delayed = re.search(r"added latency \(Hub emulator\)\s*│\s*50 ms on each of (\d+) requests", r.out)
     assert delayed and int(delayed.group(1)) >= 3, r.out  # B's lookup and load, at least
     assert "TTFT with cache (cross-machine hit at 50 ms)" in r.out
-    assert "512 of 544" in r.out  # every document chunk was a hit on machine B
+    out = " ".join(r.out.split(" "))
+    assert "private bucket demo/kvbucket-demo on the in-process Hub emulator" in out
+    assert "512 of 544" in out  # every document chunk hit on machine B; the question is computed
+    assert "machine B: remote" in out and "read 256.0 KiB" in out
+    assert "outputs identical" in out and "yes" in out.split("outputs identical")[1].split("\n")[0]
+    integrity = out.split("integrity: chunks verified on load")[1].split("\n")[0]
+    verified = int(integrity.strip(" │").split(",")[0])
+    assert verified >= 2 and "0 refused" in integrity  # B loaded 2 remote chunks (256 KiB), none refused
