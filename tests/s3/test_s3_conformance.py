@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -15,31 +13,15 @@ from kvbucket.testing.s3_server import S3Server
 from kvbucket.testing.store_tests import StoreTests
 
 
-@pytest.fixture(scope="module")
-def conformance_bucket(seaweedfs: S3Server) -> Iterator[str]:
-    """One bucket for the module; each test's store is a fresh prefix in it. A bucket per test
-    (``s3_bucket``) cost SeaweedFS new volumes and ~0.2 s of setup for each of ~150 tests."""
-    name = seaweedfs.create_bucket()
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(Exception):
-            seaweedfs.delete_bucket(name)
-
-
-def fresh_prefix(kind: str) -> str:
-    """A prefix no other test uses: the store on it starts empty (test_store_starts_empty)."""
-    return f"conformance/{kind}-{uuid.uuid4().hex}"
-
-
 class TestS3StoreOnSeaweedFS(StoreTests):
     supports_reopen = True
     checks_served_bytes = True  # a persistent store the KV tiers load from
     lists_sorted = False  # SeaweedFS lists its directory tree ("a/b" before "a%2F"), not byte order
 
     @pytest.fixture
-    def store(self, seaweedfs: S3Server, conformance_bucket: str) -> Iterator[S3Store]:
-        cfg = seaweedfs.config(conformance_bucket, fresh_prefix("run"))
+    def store(self, seaweedfs: S3Server, module_bucket: str, fresh_prefix: str) -> Iterator[S3Store]:
+        # a fresh prefix in the module's bucket, not a bucket per test (tests/s3/conftest.py)
+        cfg = seaweedfs.config(module_bucket, f"conformance/{fresh_prefix}")
         with S3Store.from_config(S3Config.parse(cfg)) as s:
             yield s
 
@@ -52,8 +34,8 @@ class TestS3StoreObstoreReadsOnSeaweedFS(TestS3StoreOnSeaweedFS):
     every direct read that fails over (the default runs GETs through s3_direct)."""
 
     @pytest.fixture
-    def store(self, seaweedfs: S3Server, conformance_bucket: str) -> Iterator[S3Store]:
-        cfg = seaweedfs.config(conformance_bucket, fresh_prefix("obstore"), s3_direct_reads=False)
+    def store(self, seaweedfs: S3Server, module_bucket: str, fresh_prefix: str) -> Iterator[S3Store]:
+        cfg = seaweedfs.config(module_bucket, f"conformance/{fresh_prefix}", s3_direct_reads=False)
         with S3Store.from_config(S3Config.parse(cfg)) as s:
             assert s._direct is None
             yield s
