@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from kvbucket.testing.silent_server import SilentServer
 
 
 @pytest.fixture
@@ -22,26 +22,8 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def silent_port() -> Iterator[int]:
-    """A port that accepts connections and never answers a byte."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join(5)
-    for c in held:
-        c.close()
-    srv.close()
+    """A port that accepts connections and never answers a byte (kvbucket.testing.silent_server:
+    its close() wakes the accept at once, where a loop of 0.2 s accept timeouts made each test's
+    teardown wait up to 0.2 s)."""
+    with SilentServer() as srv:
+        yield srv.port
