@@ -3,13 +3,9 @@ AWS_* variables can neither change what a config resolves to nor reach a real ac
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import Iterator
 
 import pytest
-
-from kvbucket.testing.s3_server import S3Server
 
 AWS_VARS = (
     "AWS_ENDPOINT_URL",
@@ -32,20 +28,7 @@ def _no_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.fixture(scope="module")
-def module_bucket(seaweedfs: S3Server) -> Iterator[str]:
-    """One SeaweedFS bucket for a module whose tests each use a fresh prefix in it
-    (:func:`fresh_prefix`). A bucket per test (``s3_bucket``) costs SeaweedFS new volumes: ~0.2 s of
-    setup and its deletion each, for suites of ~100 tests that never look past their prefix."""
-    name = seaweedfs.create_bucket()
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(Exception):
-            seaweedfs.delete_bucket(name)
-
-
 @pytest.fixture
 def fresh_prefix() -> str:
-    """A prefix no other test uses: a store on it starts empty."""
+    """A prefix no other test uses: a store on it in ``s3_module_bucket`` starts empty."""
     return f"t-{uuid.uuid4().hex}"

@@ -29,9 +29,10 @@ class TestRemoteBackendOverS3(BackendTests):
     supports_reopen = True
 
     @pytest.fixture
-    def backend(self, seaweedfs: S3Server, module_bucket: str, fresh_prefix: str) -> Iterator[StorageBackend]:
-        # a fresh prefix in the module's bucket, not a bucket per test (tests/s3/conftest.py)
-        store = S3Store(S3Config.parse(seaweedfs.config(module_bucket, fresh_prefix)))
+    def backend(self, seaweedfs: S3Server, s3_module_bucket: str,
+                fresh_prefix: str) -> Iterator[StorageBackend]:
+        # a fresh prefix in the module's bucket, not a bucket per test (s3_module_bucket)
+        store = S3Store(S3Config.parse(seaweedfs.config(s3_module_bucket, fresh_prefix)))
         with RemoteBackend(store, self.layout, prefix="kv/llama") as b:
             yield b
 

@@ -19,9 +19,9 @@ class TestS3StoreOnSeaweedFS(StoreTests):
     lists_sorted = False  # SeaweedFS lists its directory tree ("a/b" before "a%2F"), not byte order
 
     @pytest.fixture
-    def store(self, seaweedfs: S3Server, module_bucket: str, fresh_prefix: str) -> Iterator[S3Store]:
-        # a fresh prefix in the module's bucket, not a bucket per test (tests/s3/conftest.py)
-        cfg = seaweedfs.config(module_bucket, f"conformance/{fresh_prefix}")
+    def store(self, seaweedfs: S3Server, s3_module_bucket: str, fresh_prefix: str) -> Iterator[S3Store]:
+        # a fresh prefix in the module's bucket, not a bucket per test (s3_module_bucket)
+        cfg = seaweedfs.config(s3_module_bucket, f"conformance/{fresh_prefix}")
         with S3Store.from_config(S3Config.parse(cfg)) as s:
             yield s
 
@@ -34,8 +34,8 @@ class TestS3StoreObstoreReadsOnSeaweedFS(TestS3StoreOnSeaweedFS):
     every direct read that fails over (the default runs GETs through s3_direct)."""
 
     @pytest.fixture
-    def store(self, seaweedfs: S3Server, module_bucket: str, fresh_prefix: str) -> Iterator[S3Store]:
-        cfg = seaweedfs.config(module_bucket, f"conformance/{fresh_prefix}", s3_direct_reads=False)
+    def store(self, seaweedfs: S3Server, s3_module_bucket: str, fresh_prefix: str) -> Iterator[S3Store]:
+        cfg = seaweedfs.config(s3_module_bucket, f"conformance/{fresh_prefix}", s3_direct_reads=False)
         with S3Store.from_config(S3Config.parse(cfg)) as s:
             assert s._direct is None
             yield s
