@@ -153,6 +153,13 @@ def _torch_view(t: Any) -> memoryview:
         raise ValueError(
             f"the chunk is a {t.device.type} tensor; kvbucket tiers take CPU tensors (call .cpu())"
         )
+    if t.layout != torch.strided:
+        raise ValueError(f"the chunk tensor is {t.layout} (not dense); call .to_dense() first")
+    if t.is_conj() or t.is_neg():
+        # Its memory does not hold the values it shows (torch applies the conjugation or negation
+        # lazily): reading into it or storing it as bytes would be silently wrong.
+        raise ValueError("the chunk tensor is a lazy conjugate/negative view; call .resolve_conj() "
+                         "and .resolve_neg() first")
     if not t.is_contiguous():
         raise ValueError("the chunk tensor is not contiguous; call .contiguous() first")
     flat = t.detach().reshape(-1)

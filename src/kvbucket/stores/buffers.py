@@ -14,8 +14,8 @@ from kvbucket.chunks import as_view
 from kvbucket.errors import InvalidKeyError, SizeMismatchError
 from kvbucket.stores.deadline import Abandoned
 
-# Anything exposing the buffer protocol: bytes, bytearray, memoryview, numpy arrays,
-# contiguous CPU torch tensors viewed through ``memoryview(t.numpy())``.
+# Anything exposing the buffer protocol (bytes, bytearray, memoryview, numpy arrays) and contiguous
+# CPU torch tensors: read through :func:`kvbucket.chunks.as_view`.
 Buffer: TypeAlias = Any
 
 
@@ -43,12 +43,12 @@ class Scatter:
     def __init__(self, *parts: Buffer, hasher: Any = None, hash_from: int = 0) -> None:
         views = []
         for p in parts:
-            v = p if type(p) is memoryview else memoryview(p)
+            # as_view: bytes-likes, numpy arrays and CPU torch tensors of any dtype and shape (which
+            # memoryview() refuses) as flat bytes; a non-contiguous buffer is its ValueError.
+            v = as_view(p)
             if v.readonly:
                 raise InvalidKeyError("a scatter-read part is read-only")
-            if not v.c_contiguous:
-                raise ValueError("a scatter-read part is not a contiguous buffer")
-            views.append(v.cast("B") if v.format != "B" or v.ndim != 1 else v)
+            views.append(v)
         self.parts: tuple[memoryview, ...] = tuple(views)
         spans, total = [], 0
         for v in views:

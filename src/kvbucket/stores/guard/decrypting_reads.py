@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from kvbucket import envelope as env
+from kvbucket.chunks import as_view
 from kvbucket.encryption import HANDOFF_MIN, Handoff, scratch, spare_cores
 from kvbucket.errors import SizeMismatchError, StoreError
 from kvbucket.stores.base import Buffer, ItemResult, Scatter
@@ -52,10 +53,10 @@ def get_decrypting(store: SealedReads, names: list[str], out: Sequence[Buffer | 
             views.append(None)
             continue
         try:
-            v = memoryview(b)
-            if v.readonly or not v.c_contiguous:
-                raise ValueError("read-only" if v.readonly else "not contiguous")
-            views.append(v.cast("B") if v.format != "B" or v.ndim != 1 else v)
+            v = as_view(b)  # numpy arrays and CPU torch tensors too (memoryview() refuses tensors)
+            if v.readonly:
+                raise ValueError("it is read-only")
+            views.append(v)
         except (ValueError, TypeError) as e:
             raise StoreError(f"the buffer given for {name!r} cannot be read into: {e}") from None
     largest = max((v.nbytes for v in views if v is not None), default=0)
