@@ -136,6 +136,7 @@ class HubBucketClient:
             self._reader_token, lambda *a: self._requests.submit(*a), concurrency=load_concurrency,
             request_timeout_secs=request_timeout_secs, headers=self._headers, read_slots=read_slots,
             connections=read_connections, part_bytes=read_part_bytes, min_part_bytes=read_min_part_bytes,
+            retries=max_retries, retry_backoff_secs=retry_backoff_secs,
         )
         if self.endpoint.startswith("https:"):
             self._reader.tls()  # the storage is HTTPS too: its reads' TLS context, made now as well

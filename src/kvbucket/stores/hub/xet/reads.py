@@ -59,6 +59,7 @@ from kvbucket.stores.hub.xet.plans import (
     parse_reconstruction,
     part_ranges,
 )
+from kvbucket.stores.hub.xet.retries import BACKOFF_SECS, RETRIES, retried
 
 _Fetch = Fetch  # the name tests and older callers know
 
@@ -112,8 +113,12 @@ class XetReader:
     def __init__(self, token: Callable[[float | None, str | None], tuple[str, int, str]],
                  submit: Callable[..., Future[Any]], *, concurrency: int, request_timeout_secs: float,
                  headers: dict[str, str], read_slots: int = READ_SLOTS, connections: int = READ_CONNECTIONS,
-                 part_bytes: int = PART_BYTES, min_part_bytes: int = MIN_PART_BYTES) -> None:
+                 part_bytes: int = PART_BYTES, min_part_bytes: int = MIN_PART_BYTES,
+                 retries: int = RETRIES, retry_backoff_secs: float = BACKOFF_SECS) -> None:
         self._token = token
+        # each reconstruction and fetch retried on its own (retries.py): the first wait is short
+        self._retries = max(0, retries)
+        self._backoff = min(BACKOFF_SECS, max(0.0, retry_backoff_secs))
         self._submit = submit
         self._timeout = request_timeout_secs
         self._headers = {k: v for k, v in headers.items() if k.lower() == "user-agent"}
@@ -225,6 +230,11 @@ class XetReader:
             raise _status_error(status, "ask for an object's reconstruction")
         raise AssertionError("unreachable")
 
+    def _asked(self, h: str, deadline: float, rng: tuple[int, int] | None = None) -> Any:
+        """:meth:`_ask`, sent again on its own when it fails transiently (retries.py)."""
+        return retried(lambda: self._ask(h, deadline, rng), "a reconstruction", retries=self._retries,
+                       backoff=self._backoff, deadline=deadline)
+
     def _keep(self, h: str, rec: Reconstruction) -> None:
         with self._lock:
             self._cache[h] = rec
@@ -243,7 +253,7 @@ class XetReader:
             self._drop_pending(h, fut)
 
     def _query(self, h: str, size: int, deadline: float, fut: Future[Reconstruction]) -> None:
-        self._resolve(h, fut, lambda: parse_reconstruction(self._ask(h, deadline), size, time.monotonic()))
+        self._resolve(h, fut, lambda: parse_reconstruction(self._asked(h, deadline), size, time.monotonic()))
 
     def _query_parts(self, h: str, size: int, ranges: list[tuple[int, int]], deadline: float,
                      fut: Future[Reconstruction]) -> None:
@@ -256,7 +266,7 @@ class XetReader:
 
         def one(i: int) -> None:
             try:
-                parts[i] = parse_part(self._ask(h, deadline, ranges[i]), ranges[i][0])
+                parts[i] = parse_part(self._asked(h, deadline, ranges[i]), ranges[i][0])
             except BaseException as e:
                 errors.append(e)
             with lock:
@@ -336,14 +346,19 @@ class XetReader:
                     raise StoreError("the storage refused the fetch URLs of a fresh reconstruction") from None
 
     def _fetch(self, f: Fetch, view: memoryview, gate: Gate | None, deadline: float) -> None:
-        self._fetch_run([(f, view, gate)], deadline, [0])
+        """One fetch of an object, sent again on its own when it fails transiently (retries.py:
+        it writes its own bytes again, through the same gate)."""
+        retried(lambda: self._fetch_run([(f, view, gate)], deadline, [0]), "a fetch", retries=self._retries,
+                backoff=self._backoff, deadline=deadline)
 
     def _fetch_all(self, fetches: tuple[Fetch, ...], view: memoryview, gate: Gate | None,
                    deadline: float) -> None:
         """Every fetch of an object at once (its parts, or its xorbs' ranges): one on this thread,
         the others on request threads. Returns once every one has ended (no fetch of it writes
         into ``view`` after that, unless the deadline passed: then the gate, closed by the
-        store, stops it); the first error is raised, a refused URL first of all."""
+        store, stops it); the first error is raised, a refused URL first of all. Each fetch is
+        retried on its own first (:meth:`_fetch`), so a transient failure of one part costs that
+        part again, not the object."""
         if len(fetches) == 1:
             self._fetch(fetches[0], view, gate, deadline)
             return
