@@ -116,3 +116,21 @@ def test_closes_quietly_with_connections_open(source: int, caplog: pytest.LogCap
             c.close()
     said = [(r.getMessage(), r.exc_info) for r in caplog.records if r.name == "asyncio"]
     assert said == [], said  # asyncio's loop logs through logging (stderr outside pytest)
+
+
+def test_bytes_nobody_received_are_not_counted(source: int) -> None:
+    """(issue 41's second tester, c_shaped_count) A client that read 16 KiB of a 16 MiB answer and
+    hung up: the relay kept reading from the target for up to a second more and counted those
+    bytes as carried down (and charged them to the caps). It stops reading once delivery fails."""
+    n = 16 << 20
+    with ShapedLink(source, per_conn_bps=32e6) as link:
+        with socket.create_connection(("127.0.0.1", link.port), timeout=5) as s:
+            s.sendall(f"{n}\n".encode())
+            got = 0
+            while got < 16384:
+                chunk = s.recv(16384 - got)
+                assert chunk
+                got += len(chunk)
+        time.sleep(1.5)  # the relay's grace after one side closed is max(1 s, 2 x rtt)
+        down = link.stats.bytes_down
+    assert got <= down <= 2 << 20, down  # before: ~16 MiB (32 MB/s for the second of grace)

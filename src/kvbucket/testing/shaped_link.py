@@ -28,6 +28,7 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
 
 @dataclass
@@ -168,16 +169,20 @@ class ShapedLink:
 
     async def _pump(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, direction: str,
                     k: int | None) -> None:
-        """Read, pace on the connection's cap and the total one, deliver half a round trip later."""
+        """Read, pace on the connection's cap and the total one, deliver half a round trip later.
+
+        Stops reading as soon as delivery ended (the peer hung up, a write failed): bytes nobody
+        will receive are neither read from the source nor charged to the caps, and the stats
+        count only bytes handed to the peer (:meth:`_deliver`)."""
         pace = _Pace(self.per_conn_bps)
         total = self._total[direction] if self._total else None
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=1024)
-        writer = asyncio.ensure_future(self._deliver(queue, w))
+        writer = asyncio.ensure_future(self._deliver(queue, w, direction, k))
         loop = asyncio.get_running_loop()
         try:
-            while True:
-                data = await r.read(self._slice)
-                if not data:
+            while not writer.done():
+                data = await _unless(r.read(self._slice), writer)
+                if not data:  # the source closed, or delivery ended meanwhile
                     break
                 now = loop.time()
                 start = pace.reserve(now, len(data))
@@ -185,21 +190,18 @@ class ShapedLink:
                     start = max(start, total.reserve(now, len(data)))
                     pace.next = max(pace.next, start + len(data) / self.per_conn_bps)
                 if start > now:
-                    await asyncio.sleep(start - now)
-                if direction == "down":
-                    self.stats.bytes_down += len(data)
-                    if k is not None:
-                        self.stats.conn_bytes_down[k] += len(data)
-                else:
-                    self.stats.bytes_up += len(data)
-                await queue.put((loop.time() + self.rtt_s / 2, data))
+                    await _unless(asyncio.sleep(start - now), writer)
+                await _unless(queue.put((loop.time() + self.rtt_s / 2, data)), writer)
         finally:
-            await queue.put((0.0, b""))
+            if not writer.done():
+                await _unless(queue.put((0.0, b"")), writer)
             with contextlib.suppress(Exception):
                 await writer
 
-    @staticmethod
-    async def _deliver(queue: asyncio.Queue[tuple[float, bytes]], w: asyncio.StreamWriter) -> None:
+    async def _deliver(self, queue: asyncio.Queue[tuple[float, bytes]], w: asyncio.StreamWriter,
+                       direction: str, k: int | None) -> None:
+        """Write what the pump paced, when due; count each slice once the peer took it. Returns
+        (or raises) when the pump is done or the peer is gone: the pump then stops reading."""
         loop = asyncio.get_running_loop()
         while True:
             at, data = await queue.get()
@@ -211,8 +213,33 @@ class ShapedLink:
             wait = at - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
+            if w.is_closing():  # the peer is gone (reset, closed): nothing more is delivered
+                return
+            # counted as handed over (before the write, so a peer that got the bytes never sees
+            # a count short of them); at most the slice in flight when the peer left is counted
+            if direction == "down":
+                self.stats.bytes_down += len(data)
+                if k is not None:
+                    self.stats.conn_bytes_down[k] += len(data)
+            else:
+                self.stats.bytes_up += len(data)
             w.write(data)
-            await w.drain()
+            await w.drain()  # raises once the peer is gone: the pump then stops reading
+
+
+async def _unless(aw: Any, stop: asyncio.Future[Any]) -> Any:
+    """``aw``'s result, or None once ``stop`` is done first (``aw`` is then cancelled)."""
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    return task.result()
 
 
 __all__ = ["LinkStats", "ShapedLink"]
