@@ -133,3 +133,38 @@ def test_a_load_waiting_for_the_budget_stops_at_its_deadline(seaweedfs: S3Server
         out = np.zeros_like(data)
         (r,) = store.get_many(["w"], [out])
         assert r.ok and np.array_equal(out, data)
+
+
+def test_closing_the_store_ends_a_load_waiting_for_the_budget(seaweedfs: S3Server, s3_bucket: str,
+                                                              fault_proxy: FaultProxy) -> None:
+    """(issue 41's second tester, d_slots) A load waiting for a transfer slot when the store is
+    closed waited to its deadline and could then send a request on a closed store. Closing wakes
+    it: it ends at once, its item a StoreError saying the store was closed, and nothing is sent
+    (neither a presigned GET nor obstore's)."""
+    import threading
+    import time
+
+    data = np.random.default_rng(46).integers(0, 256, 100_000, dtype=np.uint8)
+    store = open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=2, s3_load_timeout_secs=20)
+    store.put("w", data)
+    direct = store._direct
+    assert direct is not None
+    for _ in range(2):
+        assert direct._slots.acquire(timeout=5)  # what two transfers of other calls hold
+    before = gets(fault_proxy)
+    got: list[object] = []
+    loading = threading.Thread(target=lambda: got.extend(store.get_many(["w"], [np.zeros_like(data)])))
+    loading.start()
+    try:
+        time.sleep(0.5)
+        assert loading.is_alive()  # waiting for a slot
+        t = time.monotonic()
+        store.close()
+        loading.join(10)
+        assert not loading.is_alive() and time.monotonic() - t < 2.0
+    finally:
+        direct._slots.release()
+        direct._slots.release()
+    (r,) = got
+    assert not r.ok and r.error is not None and "closed" in str(r.error), r  # type: ignore[attr-defined]
+    assert gets(fault_proxy) == before  # nothing sent

@@ -51,6 +51,7 @@ from kvbucket.stores.buffers import part_floor, part_ranges
 from kvbucket.stores.s3.kept import OVERLONG, ConnectionWatch
 from kvbucket.stores.s3.split import MIN_PART_BYTES, part_size
 from kvbucket.stores.s3.transfers import (
+    CLOSED,
     EXPIRED,
     HASH_STEP,
     MISSING,
@@ -58,6 +59,7 @@ from kvbucket.stores.s3.transfers import (
     UNANSWERED,
     Body,
     Outcome,
+    Slots,
     WrongSize,
     _Transfer,
 )
@@ -127,7 +129,8 @@ class DirectReader:
         #: Transfers in flight across every call on this reader (``s3_num_io_threads``): each
         #: holds a slot from start to end, so concurrent loads share the budget instead of each
         #: having it (4 threads loading at once had 35 GETs at the server with a budget of 16).
-        self._slots = threading.BoundedSemaphore(self._max_parallel)
+        #: close() wakes the calls waiting for one (they end with CLOSED, sending nothing).
+        self._slots = Slots(self._max_parallel)
         self._part_bytes = max(0, part_bytes)
         self._min_part_bytes = max(0, min_part_bytes)
         self._threads = max(1, threads)
@@ -188,7 +191,7 @@ class DirectReader:
         """
         plan = self._ranges(buffers)
         if not plan:
-            return self._fetch(urls, buffers, deadline, answer_by)
+            return self._closing(self._fetch(urls, buffers, deadline, answer_by))
         u2: list[str] = []
         b2: list[Any] = []
         r2: list[tuple[int, int, int] | None] = []
@@ -214,7 +217,12 @@ class DirectReader:
                 self.mixed_versions += mixed
             _log.debug("%d object(s) read in ranges of different versions (overwritten during the "
                        "load): read again whole", mixed)
-        return out
+        return self._closing(out)
+
+    def _closing(self, out: list[Outcome]) -> list[Outcome]:
+        """``out``, where the reader was closed meanwhile with every item not read :data:`CLOSED`
+        (``S3Store`` then reports it closed, never repeating it through obstore)."""
+        return [CLOSED if o == RETRY else o for o in out] if self._closed else out
 
     def _ranges(self, buffers: Sequence[Any | None]) -> dict[int, tuple[Any, list[tuple[int, int]]]]:
         """Items to read in ranges: their writable buffer (a flat view or a Scatter) and ``[a, b)``
@@ -306,7 +314,7 @@ class DirectReader:
 
     def head(self, urls: Sequence[str], deadline: float | None = None) -> list[Outcome]:
         """HEAD every URL: :class:`Body` (size, no data), :data:`MISSING` on 404, else :data:`RETRY`."""
-        return self._batch(urls, [None] * len(urls), True, deadline)
+        return self._closing(self._batch(urls, [None] * len(urls), True, deadline))
 
     def _batch(
         self, urls: Sequence[str], buffers: Sequence[Any | None], head: bool, deadline: float | None,
@@ -344,6 +352,7 @@ class DirectReader:
             self._closed = True
             sessions, self._idle = self._idle, []
             pool, self._pool = self._pool, None
+        self._slots.close()  # calls waiting for a transfer slot end now, sending nothing
         if pool is not None:
             pool.shutdown(wait=False)
         for s in sessions:
@@ -371,7 +380,7 @@ class DirectReader:
             already taken for the first)."""
             nonlocal held_slot, sent
             held_slot = held
-            while pending and len(transfers) < max_parallel:
+            while pending and len(transfers) < max_parallel and not self._closed:
                 view = _writable_view(buffers[pending[-1]])
                 if view is False:
                     pending.pop()
@@ -473,8 +482,8 @@ class DirectReader:
 
     def _wait_slot(self, pending: list[int], deadline: float | None) -> bool:
         """True once a slot of the reader's budget is held for this call's next transfer; False
-        when nothing is left to start, or at the deadline."""
-        while pending:
+        when nothing is left to start, at the deadline, or once the reader is closed."""
+        while pending and not self._closed:
             wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
             if wait <= 0:
                 return False
@@ -536,7 +545,7 @@ def _join(got: Sequence[Outcome], owner: Sequence[int], buffers: Sequence[Any | 
             out.append(Body(sum(p.size for p in ps if isinstance(p, Body)), buffers[i]))
         else:  # the wrong size, missing, out of time (no obstore retry then), or repeated whole
             sized = [p for p in ps if isinstance(p, WrongSize)]
-            why = [w for w in (OVERLONG, MISSING, UNANSWERED, EXPIRED) if w in ps]
+            why = [w for w in (OVERLONG, MISSING, UNANSWERED, EXPIRED, CLOSED) if w in ps]
             out.append(sized[0] if sized else why[0] if why else RETRY)
     return out, mixed
 
@@ -558,5 +567,5 @@ def _writable_view(buf: Any | None) -> memoryview | bool | None:
     return False if view.readonly else view
 
 
-__all__ = ["EXPIRED", "HASH_STEP", "MISSING", "PART_BYTES", "RETRY", "UNANSWERED", "Body", "DirectReader",
-           "Outcome", "WrongSize", "_Transfer"]
+__all__ = ["CLOSED", "EXPIRED", "HASH_STEP", "MISSING", "PART_BYTES", "RETRY", "UNANSWERED", "Body",
+           "DirectReader", "Outcome", "WrongSize", "_Transfer"]

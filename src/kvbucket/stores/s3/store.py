@@ -60,7 +60,7 @@ from kvbucket.stores.guard.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.s3 import versions as s3_versions
 from kvbucket.stores.s3.client import build_client, claim_runtime, direct_reader
 from kvbucket.stores.s3.config import S3Config, S3Target, resolve_target
-from kvbucket.stores.s3.direct import EXPIRED, MISSING, UNANSWERED, Body, Outcome, WrongSize
+from kvbucket.stores.s3.direct import CLOSED, EXPIRED, MISSING, UNANSWERED, Body, Outcome, WrongSize
 from kvbucket.stores.s3.env import fill_from_env
 from kvbucket.stores.s3.kept import OVERLONG, overlong_error
 from kvbucket.threads import DaemonThreadPool, in_daemon_thread
@@ -207,9 +207,9 @@ class S3Store(RemoteStore):
         if not self._closed:
             self._closed = True
             self.breaker.close()
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            if self._direct is not None:
+            if self._direct is not None:  # first: its calls waiting for a slot end at once
                 self._direct.close()
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- one item -----------------------------------------------------------------------
     def _put_one(self, name: str, view: memoryview) -> ItemResult:
@@ -384,6 +384,9 @@ class S3Store(RemoteStore):
         for i, got in enumerate(outcomes):
             if got == EXPIRED:
                 results[i] = ItemResult(args[i][0], error=self._late(op))
+            elif got == CLOSED:  # closed while the call waited: nothing more is sent for it
+                closed = StoreError(f"{self.url} was closed during this call")
+                results[i] = ItemResult(args[i][0], error=closed)
             elif got == UNANSWERED:  # the endpoint is not answering: no fallback try
                 results[i] = ItemResult(args[i][0], error=self._unanswered())
             elif got == OVERLONG:  # obstore would read the same answer and could not tell

@@ -4,6 +4,7 @@ and the outcome it comes to."""
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ MISSING = "missing"  # 404 NoSuchKey: the object is not there
 RETRY = "retry"  # let obstore do this one
 EXPIRED = "expired"  # the batch's deadline passed before this item finished
 UNANSWERED = "unanswered"  # ``answer_by`` passed without an answer to any request of the batch
+CLOSED = "closed"  # the reader was closed before this item finished: nothing more is sent for it
 _ERROR_BODY_MAX = 64 * 1024
 #: A sealed payload's checksum is fed this many bytes at a time (from the caller's buffer, still
 #: in cache): one GIL-releasing call per 256 KiB instead of a call per 16 KiB frame.
@@ -195,5 +197,40 @@ def content_range(value: bytes, rng: tuple[int, int]) -> int:
     return int(total) if (int(first), int(last) + 1) == rng else -1
 
 
-__all__ = ["EXPIRED", "HASH_STEP", "MISSING", "RETRY", "UNANSWERED", "Body", "Outcome", "WrongSize",
-           "content_range"]
+class Slots:
+    """The transfer budget shared by every call on a reader (``s3_num_io_threads``): a counting
+    semaphore that :meth:`close` ends. Why not ``threading.BoundedSemaphore``: a call waiting for
+    a slot when the store is closed would wait to its deadline and could then send a request;
+    here every waiter wakes at once with False (and no later acquire succeeds)."""
+
+    def __init__(self, n: int) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._n = n
+        self._free = n
+        self.closed = False
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        with self._cond:
+            if not blocking:
+                ok = not self.closed and self._free > 0
+            else:
+                ok = self._cond.wait_for(lambda: self.closed or self._free > 0, timeout) and not self.closed
+            if ok:
+                self._free -= 1
+            return ok
+
+    def release(self) -> None:
+        with self._cond:
+            if self._free >= self._n:
+                raise ValueError("a transfer slot was released more times than it was taken")
+            self._free += 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+__all__ = ["CLOSED", "EXPIRED", "HASH_STEP", "MISSING", "RETRY", "UNANSWERED", "Body", "Outcome", "Slots",
+           "WrongSize", "content_range"]
