@@ -431,3 +431,23 @@ def test_a_part_failing_transiently_is_retried_on_its_own(hub_bucket: Any, route
     other = "fetch" if route == "reconstruction" else "reconstruction"
     assert routes.get(route) == base[route] + fired, (routes, fired)
     assert routes.get(other) == base[other], routes
+
+
+def test_a_part_whose_fetch_url_is_refused_is_asked_for_again_alone(hub_bucket: Any) -> None:
+    """A part's fetch URL refused (403: expired) in an object read in parts: that part's range
+    alone is asked for again and fetched from the fresh answer; the other parts are kept (before:
+    every part of the object was asked for and fetched again)."""
+    names = ["e0", "e1"]
+    cfg, data = stored(hub_bucket, "refused", names, [(2 << 20) + 5, (2 << 20) + 11])
+    ranged = cfg.model_copy(update={"read_part_bytes": 256 << 10, "retry_backoff_secs": 0.01})
+    base = load_checked(hub_bucket, ranged, names, data)
+    faults = hub_bucket.hub.faults
+    faults.add("fetch", status=403, nth=5)
+    faults.add("fetch", status=403, nth=12)
+    try:
+        routes = load_checked(hub_bucket, ranged, names, data)  # every byte right
+        assert sum(r["fired"] for r in faults.rules()) == 2
+    finally:
+        faults.reset()
+    assert routes.get("reconstruction") == base["reconstruction"] + 2, (routes, base)
+    assert routes.get("fetch") == base["fetch"] + 2, (routes, base)

@@ -67,6 +67,10 @@ class Reconstruction:
     fetches: tuple[Fetch, ...]
     size: int
     expires: float
+    #: Of an object read in parts: the part of each fetch, and per part ``(a, b, begin, end)``: the
+    #: range asked for and the bytes it writes (after the cut, join_parts). Empty otherwise.
+    owners: tuple[int, ...] = ()
+    parts: tuple[tuple[int, int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +140,8 @@ def parse_reconstruction(body: dict[str, Any], size: int, now: float) -> Reconst
     return join_parts([parse_part(body, 0)], size, now)
 
 
-def join_parts(parts: list[Part], size: int, now: float) -> Reconstruction:
+def join_parts(parts: list[Part], size: int, now: float,
+               asked: list[tuple[int, int]] | None = None) -> Reconstruction:
     """The fetches of a file read in ``parts`` (in file order), each writing its own bytes.
 
     **Invariant (the parts of an object write disjoint ranges that tile it).** The first part
@@ -151,33 +156,63 @@ def join_parts(parts: list[Part], size: int, now: float) -> Reconstruction:
         got = f"{parts[0].begin}-{parts[-1].end}" if parts else "nothing"
         raise StoreError(f"the reconstruction describes bytes {got} of a file of {size}")
     for a, b in itertools.pairwise(parts):
-        over = a.end - b.begin
-        last = a.terms[-1] if a.terms else None
-        if over < 0 or (over and (last is None or over > last.length)):
-            raise StoreError(f"the parts of a reconstruction do not meet (bytes {a.end} and {b.begin})")
-        if over:
-            assert last is not None
-            a.terms[-1] = replace(last, ce=last.ce - 1, length=last.length - over)
-            a.end = b.begin
-    fetches = []
-    for p in parts:
-        plan: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
-        for t in p.terms:
-            if t.length or t.ce > t.cs:
-                plan.setdefault(t.key, []).append((t.cs, t.ce, t.offset, t.length))
-        try:
-            for (xorb, k), targets in plan.items():
-                fi = p.infos[xorb][k]
-                first, last = _count(fi["url_range"]["start"]), _count(fi["url_range"]["end"])
-                if last < first:
-                    raise StoreError(f"the reconstruction's byte range {first}-{last} of xorb {xorb} "
-                                     "is reversed")
-                fetches.append(Fetch(str(fi["url"]), first, last, _count(fi["range"]["start"]),
-                                     _count(fi["range"]["end"]), tuple(targets)))
-        except (KeyError, TypeError, IndexError, AttributeError) as e:
-            raise XetReadUnsupported(f"unexpected reconstruction answer: {e!r}") from None
-    return Reconstruction(tuple(fetches), size, now + RECONSTRUCTION_TTL_SECS)
+        _cut(a, b.begin)
+    fetches: list[Fetch] = []
+    owners: list[int] = []
+    for k, p in enumerate(parts):
+        mine = _fetches(p)
+        fetches += mine
+        owners += [k] * len(mine)
+    if asked is None or len(parts) < 2 or len(asked) != len(parts):
+        return Reconstruction(tuple(fetches), size, now + RECONSTRUCTION_TTL_SECS)
+    spans = tuple((a, b, p.begin, p.end) for (a, b), p in zip(asked, parts, strict=True))
+    return Reconstruction(tuple(fetches), size, now + RECONSTRUCTION_TTL_SECS, tuple(owners), spans)
+
+
+def replan_part(rec: Reconstruction, k: int, part: Part) -> tuple[Fetch, ...]:
+    """The fetches of part ``k`` of ``rec`` from a fresh answer for its range (its fetch URLs were
+    refused: expired). Same invariant as :func:`join_parts`: the fresh part must begin where the
+    old one did and is cut where it ended, so it writes exactly the bytes the old one wrote."""
+    _, _, begin, end = rec.parts[k]
+    if part.begin != begin:
+        raise StoreError(f"a part's fresh reconstruction starts at byte {part.begin}, not {begin}")
+    _cut(part, end)
+    if part.end != end:
+        raise StoreError(f"a part's fresh reconstruction ends at byte {part.end}, not {end}")
+    return tuple(_fetches(part))
+
+
+def _cut(a: Part, end: int) -> None:
+    """Cut part ``a`` to end at ``end`` (the next part's begin: inside ``a``'s last chunk)."""
+    over = a.end - end
+    last = a.terms[-1] if a.terms else None
+    if over < 0 or (over and (last is None or over > last.length)):
+        raise StoreError(f"the parts of a reconstruction do not meet (bytes {a.end} and {end})")
+    if over:
+        assert last is not None
+        a.terms[-1] = replace(last, ce=last.ce - 1, length=last.length - over)
+        a.end = end
+
+
+def _fetches(p: Part) -> list[Fetch]:
+    """The ranged GETs of one part: one per xorb fetch range its terms use."""
+    plan: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+    for t in p.terms:
+        if t.length or t.ce > t.cs:
+            plan.setdefault(t.key, []).append((t.cs, t.ce, t.offset, t.length))
+    out = []
+    try:
+        for (xorb, k), targets in plan.items():
+            fi = p.infos[xorb][k]
+            first, last = _count(fi["url_range"]["start"]), _count(fi["url_range"]["end"])
+            if last < first:
+                raise StoreError(f"the reconstruction's byte range {first}-{last} of xorb {xorb} is reversed")
+            out.append(Fetch(str(fi["url"]), first, last, _count(fi["range"]["start"]),
+                             _count(fi["range"]["end"]), tuple(targets)))
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        raise XetReadUnsupported(f"unexpected reconstruction answer: {e!r}") from None
+    return out
 
 
 __all__ = ["MIN_PART_BYTES", "RECONSTRUCTION_TTL_SECS", "Fetch", "Part", "Reconstruction", "join_parts",
-           "parse_part", "parse_reconstruction", "part_ranges"]
+           "parse_part", "parse_reconstruction", "part_ranges", "replan_part"]

@@ -58,6 +58,7 @@ from kvbucket.stores.hub.xet.plans import (
     parse_part,
     parse_reconstruction,
     part_ranges,
+    replan_part,
 )
 from kvbucket.stores.hub.xet.retries import BACKOFF_SECS, RETRIES, retried
 
@@ -278,7 +279,7 @@ class XetReader:
         def joined() -> Reconstruction:
             if errors:
                 raise errors[0]
-            return join_parts([p for p in parts if p is not None], size, time.monotonic())
+            return join_parts([p for p in parts if p is not None], size, time.monotonic(), ranges)
 
         for i in range(len(ranges)):
             try:
@@ -338,7 +339,7 @@ class XetReader:
                 self._drop_pending(h, fut)  # stuck past a load's budget: later loads ask again
                 raise
             try:
-                self._fetch_all(rec.fetches, view, gate, deadline)
+                self._fetch_all(rec, h, view, gate, deadline)
                 return
             except _Refused:
                 self.forget(h)  # presigned URLs expired: ask again, once
@@ -351,7 +352,27 @@ class XetReader:
         retried(lambda: self._fetch_run([(f, view, gate)], deadline, [0]), "a fetch", retries=self._retries,
                 backoff=self._backoff, deadline=deadline)
 
-    def _fetch_all(self, fetches: tuple[Fetch, ...], view: memoryview, gate: Gate | None,
+    def _fetch_owned(self, h: str, rec: Reconstruction, j: int, view: memoryview, gate: Gate | None,
+                     deadline: float) -> None:
+        """Fetch ``j`` of ``rec``. Its URL refused (expired) in an object read in parts: its part
+        alone is asked for again and fetched from the fresh answer (plans.replan_part: the same
+        bytes), the other parts kept; elsewhere the refusal is raised (the object is asked again)."""
+        try:
+            self._fetch(rec.fetches[j], view, gate, deadline)
+            return
+        except _Refused:
+            if not rec.parts:
+                raise
+        self.forget(h)  # its other URLs are as old: the next load asks for the object again
+        k = rec.owners[j]
+        a, b = rec.parts[k][:2]
+        for f in replan_part(rec, k, parse_part(self._asked(h, deadline, (a, b)), a)):
+            try:
+                self._fetch(f, view, gate, deadline)
+            except _Refused:
+                raise StoreError("the storage refused the fetch URLs of a fresh reconstruction") from None
+
+    def _fetch_all(self, rec: Reconstruction, h: str, view: memoryview, gate: Gate | None,
                    deadline: float) -> None:
         """Every fetch of an object at once (its parts, or its xorbs' ranges): one on this thread,
         the others on request threads. Returns once every one has ended (no fetch of it writes
@@ -359,8 +380,9 @@ class XetReader:
         store, stops it); the first error is raised, a refused URL first of all. Each fetch is
         retried on its own first (:meth:`_fetch`), so a transient failure of one part costs that
         part again, not the object."""
+        fetches = rec.fetches
         if len(fetches) == 1:
-            self._fetch(fetches[0], view, gate, deadline)
+            self._fetch_owned(h, rec, 0, view, gate, deadline)
             return
         # **Invariant (an object's parallel fetches write one at a time).** Each writes only its
         # own bytes (plans.join_parts), and every write of a read goes through its one Gate,
@@ -369,19 +391,19 @@ class XetReader:
         gate = gate if gate is not None else Gate()
         futs: list[Future[Any]] = []
         errors: list[BaseException] = []
-        for f in fetches[1:]:
+        for j in range(1, len(fetches)):
             try:
-                futs.append(self._submit(self._fetch, f, view, gate, deadline))
+                futs.append(self._submit(self._fetch_owned, h, rec, j, view, gate, deadline))
             except RuntimeError:  # closed: fetched here, after the first
                 futs.append(Future())
                 futs[-1].set_running_or_notify_cancel()
                 try:
-                    self._fetch(f, view, gate, deadline)
+                    self._fetch_owned(h, rec, j, view, gate, deadline)
                     futs[-1].set_result(None)
                 except BaseException as e:
                     futs[-1].set_exception(e)
         try:
-            self._fetch(fetches[0], view, gate, deadline)
+            self._fetch_owned(h, rec, 0, view, gate, deadline)
         except BaseException as e:
             errors.append(e)
         done, late = wait_futures(futs, timeout=max(0.001, left(deadline)))
