@@ -519,6 +519,7 @@ def main() -> int:
     parts = [args.backends.replace(",", "+")] if args.backends != "hub,s3" else []
     parts += [args.payloads] if args.payloads != "kv" else []
     parts += [f"link{args.link_mbps.replace(',', '+')}"] if args.link_mbps else []
+    parts += [f"total{args.link_total_mbps:g}"] if args.link_mbps and args.link_total_mbps else []
     res = Results("bench_latency", variant="-".join(parts) or None, params=vars(args),
                   title="Lookup + load at wide-area latency, fresh processes",
                   notes=f"{payloads} payloads; requests and round trips counted at the server")
