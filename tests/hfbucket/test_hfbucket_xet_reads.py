@@ -342,10 +342,10 @@ def test_a_small_load_is_read_in_parts_that_fill_the_budget(hub_bucket: Any) -> 
 
 
 def test_the_part_size_rule_counts_objects_read_whole() -> None:
-    """buffers.part_size, shared by the Hub and S3: objects below two parts of the floor are one
+    """part_sizes.part_size, shared by the Hub and S3: objects below two parts of the floor are one
     read each and take a connection of the budget; the rest fill what is left, never below the
     floor and never above read_part_bytes."""
-    from kvbucket.stores.buffers import part_floor, part_ranges, part_size
+    from kvbucket.stores.part_sizes import part_floor, part_ranges, part_size
 
     mib = 1 << 20
 

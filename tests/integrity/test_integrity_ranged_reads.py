@@ -69,7 +69,7 @@ def _budget_varied(reader: Any, rng: random.Random) -> None:
 def test_hub_ranged_reads_serve_only_stored_bytes(hub_bucket: Any, encrypted: bool, read_ahead: bool,
                                                   sizing: str) -> None:
     """``part``: every chunk read in about four parts of ``read_part_bytes``; ``budget``: parts
-    only because a load's fetches would not fill ``read_connections`` (buffers.part_size), down
+    only because a load's fetches would not fill ``read_connections`` (part_sizes.part_size), down
     to ``read_min_part_bytes``, their number varying with each load (_budget_varied); there a
     share of the parts' reconstructions fail too."""
     rounds, seed, chunk_kib = settings_from_env()

@@ -18,8 +18,8 @@ import xxhash
 from kvbucket.errors import AuthError, SizeMismatchError
 from kvbucket.metrics import integrity_failures
 from kvbucket.stores.base import Scatter
-from kvbucket.stores.buffers import part_ranges as spans
 from kvbucket.stores.guard.sealed import seal_store
+from kvbucket.stores.part_sizes import part_ranges as spans
 from kvbucket.stores.s3.config import S3Config
 from kvbucket.stores.s3.direct import _Transfer
 from kvbucket.stores.s3.split import part_size

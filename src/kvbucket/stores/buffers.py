@@ -7,7 +7,7 @@ Split from :mod:`kvbucket.stores.base` (which re-exports them) to keep the proto
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 from kvbucket.chunks import as_view
@@ -364,43 +364,4 @@ def put_view(name: str, data: Any) -> memoryview | Gather:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def part_ranges(size: int, part_bytes: int) -> list[tuple[int, int]]:
-    """``[a, b)`` ranges of about ``part_bytes`` tiling an object of ``size`` bytes, for a read of
-    one object into its buffer in parallel parts; one range for an object below two parts (or
-    ``part_bytes`` 0: never split). Shared by the Hub's and S3's ranged reads."""
-    k = size // part_bytes if part_bytes > 0 else 1
-    if k < 2:
-        return [(0, size)]
-    return [(i * size // k, (i + 1) * size // k) for i in range(k)]
-
-
-def part_floor(part_bytes: int, min_part_bytes: int) -> int:
-    """The smallest part a load may read (``min_part_bytes``, or ``part_bytes`` without a floor):
-    an object below twice this is always one read."""
-    return min(min_part_bytes or part_bytes, part_bytes)
-
-
-def part_size(sizes: Sequence[int], budget: int, part_bytes: int, min_part_bytes: int) -> int:
-    """The part size of a load of objects of ``sizes`` with ``budget`` ranged reads in flight at
-    once (for :func:`part_ranges`); 0: never split. Shared by the Hub's and S3's reads (the
-    measurements behind each family's floor: ``s3/split.py``, ``hub/xet/plans.py``).
-
-    **Invariant (a load's reads fill the budget, none below the floor).** An object below twice
-    :func:`part_floor` is one read and takes one connection of the budget; the others are read in
-    parts of ``part_bytes`` when those fill what is left of the budget, else of ``bytes / budget``
-    but never below ``min_part_bytes``: so a load of few objects keeps about ``budget`` reads in
-    flight (a real link caps each connection), and no part is so small that its request costs more
-    than its transfer. ``min_part_bytes`` 0: parts of ``part_bytes`` only."""
-    if part_bytes <= 0:
-        return 0
-    floor = part_floor(part_bytes, min_part_bytes)
-    split = [s for s in sizes if s >= 2 * floor]
-    total = sum(split)
-    if min_part_bytes <= 0 or min_part_bytes >= part_bytes or total <= 0:
-        return part_bytes
-    budget -= len(sizes) - len(split)  # the objects read whole
-    return min(part_bytes, max(min_part_bytes, -(-total // max(1, budget))))
-
-
-__all__ = ["Buffer", "Gather", "Scatter", "check_buffer_size", "part_floor", "part_ranges", "part_size",
-           "put_view"]
+__all__ = ["Buffer", "Gather", "Scatter", "check_buffer_size", "put_view"]

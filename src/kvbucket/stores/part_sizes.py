@@ -1,5 +1,7 @@
-"""The smallest part a store reads an object in (``s3_read_part_bytes``, ``s3_read_min_part_bytes``,
-the Hub's ``read_part_bytes``).
+"""How a store cuts an object into parts read in parallel: the ranges (:func:`part_ranges`), the
+part size a load's connection budget asks for (:func:`part_size`), and the sizes a setting may
+name (``s3_read_part_bytes``, ``s3_read_min_part_bytes``, the Hub's ``read_part_bytes`` and
+``read_min_part_bytes``: :func:`check_part_bytes`). Shared by the Hub's and S3's ranged reads.
 
 Why a floor: every part is a request, and the plan of an object's parts is built before the
 first one is sent. Parts of 1 byte made one 8 MiB load build 8 million ranges (~3 GB, 14 s past
@@ -9,6 +11,7 @@ keeps a 32 MiB chunk at 512 requests at most; real settings are MiBs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 #: A part size is 0 (off) or at least this (64 KiB).
@@ -28,4 +31,42 @@ def check_part_bytes(key: str, value: Any, echo: bool = True) -> int:
                      f"to {MAX_PART_BYTES} (1 TiB)" + (f", got {value!r}" if echo else ""))
 
 
-__all__ = ["MAX_PART_BYTES", "MIN_PART_FLOOR", "check_part_bytes"]
+def part_ranges(size: int, part_bytes: int) -> list[tuple[int, int]]:
+    """``[a, b)`` ranges of about ``part_bytes`` tiling an object of ``size`` bytes, for a read of
+    one object into its buffer in parallel parts; one range for an object below two parts (or
+    ``part_bytes`` 0: never split). Shared by the Hub's and S3's ranged reads."""
+    k = size // part_bytes if part_bytes > 0 else 1
+    if k < 2:
+        return [(0, size)]
+    return [(i * size // k, (i + 1) * size // k) for i in range(k)]
+
+
+def part_floor(part_bytes: int, min_part_bytes: int) -> int:
+    """The smallest part a load may read (``min_part_bytes``, or ``part_bytes`` without a floor):
+    an object below twice this is always one read."""
+    return min(min_part_bytes or part_bytes, part_bytes)
+
+
+def part_size(sizes: Sequence[int], budget: int, part_bytes: int, min_part_bytes: int) -> int:
+    """The part size of a load of objects of ``sizes`` with ``budget`` ranged reads in flight at
+    once (for :func:`part_ranges`); 0: never split. Shared by the Hub's and S3's reads (the
+    measurements behind each family's floor: ``s3/split.py``, ``hub/xet/plans.py``).
+
+    **Invariant (a load's reads fill the budget, none below the floor).** An object below twice
+    :func:`part_floor` is one read and takes one connection of the budget; the others are read in
+    parts of ``part_bytes`` when those fill what is left of the budget, else of ``bytes / budget``
+    but never below ``min_part_bytes``: so a load of few objects keeps about ``budget`` reads in
+    flight (a real link caps each connection), and no part is so small that its request costs more
+    than its transfer. ``min_part_bytes`` 0: parts of ``part_bytes`` only."""
+    if part_bytes <= 0:
+        return 0
+    floor = part_floor(part_bytes, min_part_bytes)
+    split = [s for s in sizes if s >= 2 * floor]
+    total = sum(split)
+    if min_part_bytes <= 0 or min_part_bytes >= part_bytes or total <= 0:
+        return part_bytes
+    budget -= len(sizes) - len(split)  # the objects read whole
+    return min(part_bytes, max(min_part_bytes, -(-total // max(1, budget))))
+
+
+__all__ = ["MAX_PART_BYTES", "MIN_PART_FLOOR", "check_part_bytes", "part_floor", "part_ranges", "part_size"]

@@ -47,7 +47,7 @@ import pycurl
 
 from kvbucket.chunks import as_view
 from kvbucket.stores.base import Scatter
-from kvbucket.stores.buffers import part_floor, part_ranges
+from kvbucket.stores.part_sizes import part_floor, part_ranges
 from kvbucket.stores.s3.kept import OVERLONG, ConnectionWatch
 from kvbucket.stores.s3.split import MIN_PART_BYTES, part_size
 from kvbucket.stores.s3.transfers import (

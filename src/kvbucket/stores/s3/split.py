@@ -16,13 +16,13 @@ each, 8 x 32 MiB in 4 MiB ranges 1.38x as fast as in 8 MiB ones, but 32 x 2 MiB 
 2-core machine running the relay and the server too). On loopback at 0 ms the 2 MiB ranges of
 16 x 8 MiB were within noise of one GET each. See docs/s3.md, "What bounds a hit on a real link".
 
-The rule itself (:func:`kvbucket.stores.buffers.part_size`) is shared with the Hub's reads, whose
+The rule itself (:func:`kvbucket.stores.part_sizes.part_size`) is shared with the Hub's reads, whose
 floor was measured on its own (``read_min_part_bytes``: stores/hub/xet/plans.py).
 """
 
 from __future__ import annotations
 
-from kvbucket.stores.buffers import part_size  # the rule, shared with the Hub's reads
+from kvbucket.stores.part_sizes import part_size  # the rule, shared with the Hub's reads
 
 #: Parts never get smaller than this to fill the connection budget (``s3_read_min_part_bytes``).
 MIN_PART_BYTES = 2 << 20

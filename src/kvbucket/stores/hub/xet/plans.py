@@ -15,7 +15,7 @@ connection's cap however fast the link. Read in parts, each a reconstruction of 
 Why smaller parts for a small load: a load is as fast as the fetches it keeps in flight, so when
 its objects, in parts of ``read_part_bytes``, would be fewer fetches than ``read_connections``,
 they are read in parts of ``bytes / read_connections``, but not below ``read_min_part_bytes``
-(:data:`MIN_PART_BYTES`; the rule is :func:`kvbucket.stores.buffers.part_size`, shared with S3).
+(:data:`MIN_PART_BYTES`; the rule is :func:`kvbucket.stores.part_sizes.part_size`, shared with S3).
 Why a floor: each part is a reconstruction request to the CAS server and a fetch, and two parts
 share the chunk their boundary falls in (fetched by both).
 
@@ -39,8 +39,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbucket.errors import StoreError
-from kvbucket.stores.buffers import part_ranges
 from kvbucket.stores.hub.xet.decode import XetReadUnsupported
+from kvbucket.stores.part_sizes import part_ranges
 
 #: Parts never get smaller than this to fill the read budget (``read_min_part_bytes``; 0, the
 #: default: parts of ``read_part_bytes`` only). Measured: the module's docstring.

@@ -43,7 +43,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvbucket.errors import AuthError, DeadlineExceededError, StoreError, TransientStoreError
-from kvbucket.stores.buffers import part_size
 from kvbucket.stores.deadline import REAPER, Gate, left
 from kvbucket.stores.hub.xet import decode as xet_decode
 from kvbucket.stores.hub.xet.connections import Connections as _Connections
@@ -61,6 +60,7 @@ from kvbucket.stores.hub.xet.plans import (
     replan_part,
 )
 from kvbucket.stores.hub.xet.retries import BACKOFF_SECS, RETRIES, retried
+from kvbucket.stores.part_sizes import part_size
 
 _Fetch = Fetch  # the name tests and older callers know
 
@@ -152,7 +152,7 @@ class XetReader:
 
         **Invariant (a load's parts are sized to the budget where they are asked).** The files
         asked for together are one load (or the lookup before it): their part size is
-        :func:`~kvbucket.stores.buffers.part_size` of all of them against ``read_connections``,
+        :func:`~kvbucket.stores.part_sizes.part_size` of all of them against ``read_connections``,
         so a load whose fetches would be fewer than the budget reads in smaller parts, down to
         ``read_min_part_bytes``; each part is its own reconstruction (a CAS request) tiling the
         object (plans.join_parts). Decided here once per reconstruction, not per read: a read of
