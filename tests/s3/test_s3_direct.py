@@ -406,7 +406,10 @@ def test_a_load_of_few_objects_is_read_in_enough_ranges(seaweedfs: S3Server, s3_
     with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=8, s3_read_part_bytes=_MiB,
                     s3_read_min_part_bytes=64 << 10) as store:
         assert all(r.ok for r in store.put_many(list(zip(names, data, strict=True))))
-        for n, expect in ((4, 8), (16, 16), (1, 4)):
+        # 16 x (16 objects): libcurl hands a finished GET's connection to the next one within a
+        # perform call now and then; judged after, its answer looked like excess and the next GET
+        # was sent twice (17 GETs, 1 batch in ~50 under load: stores/s3/kept.py)
+        for n, expect in ((4, 8), *[(16, 16)] * 16, (1, 4)):
             outs = [np.zeros_like(d) for d in data[:n]]
             before = gets(fault_proxy)
             got = store.get_many(names[:n], outs)

@@ -40,6 +40,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import obstore
@@ -374,6 +375,10 @@ class DirectReader:
         pending.reverse()  # pop() from the end keeps request order
         multi = session.multi
         slots = self._slots
+        watch = session.watch
+
+        def prereq(t: _Transfer, _ip: str, _local_ip: str, _port: int, local_port: int) -> int:
+            return watch.prereq(t, local_port)
 
         def start_next(held: bool = False) -> None:
             """Start transfers while this call has room and the reader a slot (``held``: one
@@ -409,6 +414,8 @@ class DirectReader:
                 c.setopt(pycurl.URL, t.url)
                 c.setopt(pycurl.HEADERFUNCTION, t.header)
                 c.setopt(pycurl.WRITEFUNCTION, t.write)
+                c.setopt(pycurl.SOCKOPTFUNCTION, t.opened)
+                c.setopt(pycurl.PREREQFUNCTION, partial(prereq, t))
                 transfers[id(c)] = (i, t, c)  # holds the slot now (released by finish or finally)
                 held_slot = False
                 multi.add_handle(c)
@@ -419,10 +426,11 @@ class DirectReader:
         def finish(c: pycurl.Curl, ok: bool) -> None:
             i, t, _ = transfers.pop(id(c))
             slots.release()
+            watch.release(t)  # its connection's record keeps no transfer past here (kept.py)
             if t.headed:
                 progress.answered = True
             out[i] = t.outcome(ok, buffers[i])
-            if ok and session.watch.finished(c, t.url, t.status, t.closing, transfers.values()):
+            if ok and session.watch.finished(c, t, transfers.values()):
                 out[i] = OVERLONG  # more bytes than announced: refused, the connection given up
             elif t.suspect and isinstance(out[i], Body):
                 out[i] = RETRY  # its connection may have held another answer's excess (kept.py)
@@ -430,6 +438,8 @@ class DirectReader:
             # Drop references to the caller's buffer before the handle is reused.
             c.setopt(pycurl.WRITEFUNCTION, _discard)
             c.setopt(pycurl.HEADERFUNCTION, _discard)
+            c.setopt(pycurl.SOCKOPTFUNCTION, _sockopt_ok)
+            c.setopt(pycurl.PREREQFUNCTION, _prereq_ok)
             session.free[head].append(c)
 
         held_slot = False
@@ -466,7 +476,8 @@ class DirectReader:
                     multi.select(max(0.0, min(0.5, min(bounds, default=now + 0.5) - time.monotonic())))
         finally:
             # After an exception or at the deadline: drop what is still running (never reused).
-            for i, _t, c in list(transfers.values()):
+            for i, t, c in list(transfers.values()):
+                watch.release(t)
                 multi.remove_handle(c)
                 c.close()
                 out[i] = RETRY
@@ -548,6 +559,14 @@ def _join(got: Sequence[Outcome], owner: Sequence[int], buffers: Sequence[Any | 
             why = [w for w in (OVERLONG, MISSING, UNANSWERED, EXPIRED, CLOSED) if w in ps]
             out.append(sized[0] if sized else why[0] if why else RETRY)
     return out, mixed
+
+
+def _sockopt_ok(_fd: int, _purpose: int) -> int:
+    return 0  # CURL_SOCKOPT_OK
+
+
+def _prereq_ok(*_conn: object) -> int:
+    return 0  # CURL_PREREQFUNC_OK
 
 
 def _discard(_data: bytes) -> None:

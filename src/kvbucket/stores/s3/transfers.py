@@ -54,6 +54,13 @@ class _Transfer:
     headed: bool = False  # a whole header block arrived: the server answers
     closing: bool = False  # the server said it closes the connection after this answer
     suspect: bool = False  # sent on a connection found holding unasked bytes (kept.py): not trusted
+    # What kept.ConnectionWatch learns of this transfer's connection: the socket libcurl opened
+    # for it (until its first request), its local port, whether a later request took it after a
+    # clean check (``handed``) or found the excess of this answer waiting on it (``excess``).
+    fd: int = -1
+    port: int = -1
+    handed: bool = False
+    excess: bool = False
     announced: int = -1
     pos: int = 0
     data: Any = None
@@ -88,6 +95,11 @@ class _Transfer:
             self.closing = b"close" in value or (self.closing and b"keep-alive" not in value)
         elif line in (b"\r\n", b"\n"):
             self.headed = True
+
+    def opened(self, fd: int, _purpose: int) -> int:
+        """libcurl's socket-options callback: ``fd`` is a new connection's socket for this transfer."""
+        self.fd = fd
+        return 0  # CURL_SOCKOPT_OK
 
     def write(self, chunk: bytes) -> int | None:
         """libcurl's write callback; returning 0 aborts the transfer (CURLE_WRITE_ERROR)."""
