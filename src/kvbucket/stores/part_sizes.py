@@ -1,7 +1,8 @@
 """How a store cuts an object into parts read in parallel: the ranges (:func:`part_ranges`), the
 part size a load's connection budget asks for (:func:`part_size`), and the sizes a setting may
 name (``s3_read_part_bytes``, ``s3_read_min_part_bytes``, the Hub's ``read_part_bytes`` and
-``read_min_part_bytes``: :func:`check_part_bytes`). Shared by the Hub's and S3's ranged reads.
+``read_min_part_bytes``: :func:`check_part_bytes`, the one parser of all four, wherever they are
+set). Shared by the Hub's and S3's ranged reads.
 
 Why a floor: every part is a request, and the plan of an object's parts is built before the
 first one is sent. Parts of 1 byte made one 8 MiB load build 8 million ranges (~3 GB, 14 s past
@@ -18,15 +19,41 @@ from typing import Any
 MIN_PART_FLOOR = 64 << 10
 #: ... and at most this (1 TiB).
 MAX_PART_BYTES = 1 << 40
+#: Every part-size setting: parsed by :func:`check_part_bytes` alone (the lenient number parsing of
+#: plugin options leaves them to it, so each is spelt and refused in the same words everywhere).
+PART_SIZE_KEYS = frozenset({"s3_read_part_bytes", "s3_read_min_part_bytes", "read_part_bytes",
+                            "read_min_part_bytes"})
+
+
+def _whole(value: Any) -> int | None:
+    """``value`` as LMCache 0.5.6 reads an int setting (``int(value)``: its config's
+    ``env_converter`` and ``int(extra_config.get(...))``): an int, a string Python's ``int``
+    parses (``"1_048_576"``, ``" 8388608 "``) or a float; None for anything else. Stricter than
+    ``int()`` where it would silently change the value: a fractional float (``8388608.5``) and a
+    boolean (``True`` was 1 byte: 8 million ranges for 8 MiB) are refused."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
 
 
 def check_part_bytes(key: str, value: Any, echo: bool = True) -> int:
-    """``value`` if it is 0 or an int from :data:`MIN_PART_FLOOR` to :data:`MAX_PART_BYTES`,
-    else a ValueError naming ``key``, the value (``echo``: where the caller's message does not
-    already) and the allowed range (booleans refused)."""
-    ok = isinstance(value, int) and not isinstance(value, bool)
-    if ok and (value == 0 or MIN_PART_FLOOR <= value <= MAX_PART_BYTES):
-        return int(value)
+    """``value`` (any spelling :func:`_whole` takes) if it is 0 or from :data:`MIN_PART_FLOOR` to
+    :data:`MAX_PART_BYTES`, else a ValueError naming ``key``, the value (``echo``: where the
+    caller's message does not already) and the allowed range. The one parser of every part-size
+    setting (:data:`PART_SIZE_KEYS`): an outside tester found the S3 ones taking ``8388608.0`` and
+    refusing ``"1_048_576"``, the Hub plugin's the opposite."""
+    n = _whole(value)
+    if n is not None and (n == 0 or MIN_PART_FLOOR <= n <= MAX_PART_BYTES):
+        return n
     raise ValueError(f"{key} must be 0 (off) or a whole number of bytes from {MIN_PART_FLOOR} (64 KiB) "
                      f"to {MAX_PART_BYTES} (1 TiB)" + (f", got {value!r}" if echo else ""))
 
@@ -69,4 +96,5 @@ def part_size(sizes: Sequence[int], budget: int, part_bytes: int, min_part_bytes
     return min(part_bytes, max(min_part_bytes, -(-total // max(1, budget))))
 
 
-__all__ = ["MAX_PART_BYTES", "MIN_PART_FLOOR", "check_part_bytes", "part_floor", "part_ranges", "part_size"]
+__all__ = ["MAX_PART_BYTES", "MIN_PART_FLOOR", "PART_SIZE_KEYS", "check_part_bytes", "part_floor",
+           "part_ranges", "part_size"]

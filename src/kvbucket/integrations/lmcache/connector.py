@@ -34,6 +34,7 @@ from kvbucket.stores.base import ItemResult, ObjectStore
 from kvbucket.stores.guard.read_ahead import read_ahead, with_read_ahead
 from kvbucket.stores.guard.sealed import seal_store
 from kvbucket.stores.hub.config import lenient_bool
+from kvbucket.stores.part_sizes import PART_SIZE_KEYS
 
 if TYPE_CHECKING:
     from kvbucket.fleet.member import StoreFleet
@@ -90,8 +91,8 @@ def _lenient(cls: type[L2CommonConfig], full_key: str, key: str, value: Any) -> 
     """LMCache reads plugin options leniently (YAML/env strings "30", "yes", "off"); do the same for
     booleans and numbers, and let the strict model reject anything else by name."""
     field = cls.model_fields.get(key)
-    if field is None:
-        return value  # unknown: the model names it
+    if field is None or key in PART_SIZE_KEYS:
+        return value  # unknown: the model names it; a part size: its own parser (part_sizes.py)
     kinds = {field.annotation} | set(getattr(field.annotation, "__args__", ()))
     if bool in kinds:
         return lenient_bool(full_key, value)

@@ -32,7 +32,7 @@ from kvbucket.did_you_mean import closest, did_you_mean, unknown_key_hint, value
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.secrets import reveal
 from kvbucket.stores.base import check_prefix
-from kvbucket.stores.part_sizes import check_part_bytes
+from kvbucket.stores.part_sizes import PART_SIZE_KEYS, check_part_bytes
 from kvbucket.stores.urls import HANDLE_SCHEME, is_hub_name
 
 DEFAULT_TMP_DIR_NAME = "kvbucket-hfbucket"
@@ -265,10 +265,11 @@ class HFBucketConfig(BaseModel):
             raise ValueError(f"must be a number, got {v!r}")
         return v
 
-    @field_validator("read_part_bytes", "read_min_part_bytes")
+    @field_validator("read_part_bytes", "read_min_part_bytes", mode="before")
     @classmethod
-    def _part_floor(cls, v: int, info: ValidationInfo) -> int:
-        return check_part_bytes(str(info.field_name), v, echo=False)  # 0 or >= 64 KiB: a part is a request
+    def _part_floor(cls, v: object, info: ValidationInfo) -> int:
+        """0 or 64 KiB..1 TiB (a part is a request), spelt as every part-size setting is."""
+        return check_part_bytes(str(info.field_name), v, echo=False)
 
     @model_validator(mode="after")
     def _recheck_after_window(self) -> HFBucketConfig:
@@ -367,8 +368,9 @@ _FALSE = {"0", "false", "no", "off", ""}
 _LENIENT_BOOLS = ("create_bucket_if_missing", "prefetch_reconstructions")
 #: Every number setting, derived from the model: LMCache hands plugin options as strings, and a
 #: hand-kept list missed settings added later (issue 39: recheck_delay_secs, delete_window_secs).
+#: The part sizes are left to the model's own parser (part_sizes.check_part_bytes), as for S3.
 _LENIENT_NUMBERS: dict[str, type] = {k: f.annotation for k, f in HFBucketConfig.model_fields.items()
-                                     if f.annotation in (int, float)}
+                                     if f.annotation in (int, float) and k not in PART_SIZE_KEYS}
 
 
 def lenient_bool(key: str, value: Any) -> bool:

@@ -122,10 +122,7 @@ class S3Config(BaseModel):
     @field_validator("s3_read_part_bytes", "s3_read_min_part_bytes", mode="before")
     @classmethod
     def _part_floor(cls, v: object, info: ValidationInfo) -> int:
-        """0 or 64 KiB..1 TiB, never a boolean (``True`` was 1: 8 million ranges for 8 MiB)."""
-        # the lax model took "8388608" and 8388608.0; keep taking them
-        if (isinstance(v, str) and v.strip().isdigit()) or (isinstance(v, float) and v.is_integer()):
-            v = int(v)
+        """0 or 64 KiB..1 TiB, spelt as every part-size setting is (part_sizes.check_part_bytes)."""
         return check_part_bytes(str(info.field_name), v)
 
     @field_validator("s3_region")
