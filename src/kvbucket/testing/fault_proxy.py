@@ -45,8 +45,9 @@ class Fault:
     "another version" of the object, of the same size (every body byte inverted, another ETag: a
     writer replaced it between two ranges); ``IGNORE_RANGE`` forwards a GET without its Range
     header (the whole object, 200, as a server or proxy ignoring Range does), its body sent in
-    64 KiB pieces ``delay`` seconds apart (a slow link). ``ranged``: only GETs with a Range header
-    match; ``skip``: that many matching requests pass unharmed first.
+    64 KiB pieces ``delay`` seconds apart (a slow link); ``NO_ETAG`` forwards it and drops the
+    answer's ETag header (some S3-compatible servers, or a proxy stripping it). ``ranged``: only
+    GETs with a Range header match; ``skip``: that many matching requests pass unharmed first.
     """
 
     status: int
@@ -65,6 +66,7 @@ TRICKLE = -3
 FLIP = -4
 NEW_VERSION = -5
 IGNORE_RANGE = -6
+NO_ETAG = -7
 _PIECE = 64 * 1024
 _INVERT = bytes(255 - i for i in range(256))  # another version: every byte inverted
 
@@ -165,6 +167,11 @@ class FaultProxy:
         with self._lock:
             self.faults.append(Fault(IGNORE_RANGE, "", times, frozenset({"GET"}), per_piece_secs))
 
+    def strip_etags(self, times: int = 1, ranged: bool = True) -> None:
+        """Answer the next ``times`` GETs (``ranged``: only those with a Range header) without an ETag."""
+        with self._lock:
+            self.faults.append(Fault(NO_ETAG, "", times, frozenset({"GET"}), ranged=ranged))
+
     def clear(self) -> None:
         with self._lock:
             self.faults.clear()
@@ -263,7 +270,7 @@ class FaultProxy:
                     time.sleep(proxy.latency)
                 fault = proxy._take(self.command, self.path, "Range" in self.headers)
                 if fault is not None and fault.status not in (CUT, HANG_UP, TRICKLE, FLIP, NEW_VERSION,
-                                                              IGNORE_RANGE):
+                                                              IGNORE_RANGE, NO_ETAG):
                     if fault.delay:
                         time.sleep(fault.delay)
                     if fault.status == 0:
@@ -308,6 +315,8 @@ class FaultProxy:
                 other = fault is not None and fault.status == NEW_VERSION and resp.status == 206
                 for k, v in resp.getheaders():
                     if k.lower() in _HOP_BY_HOP:
+                        continue
+                    if fault is not None and fault.status == NO_ETAG and k.lower() == "etag":
                         continue
                     if other and k.lower() == "etag":
                         v = '"0123456789abcdef0123456789abcdef"'  # another version's
@@ -396,4 +405,5 @@ class FaultProxy:
         self.stop()
 
 
-__all__ = ["CUT", "FLIP", "HANG_UP", "IGNORE_RANGE", "NEW_VERSION", "TRICKLE", "Fault", "FaultProxy"]
+__all__ = ["CUT", "FLIP", "HANG_UP", "IGNORE_RANGE", "NEW_VERSION", "NO_ETAG", "TRICKLE", "Fault",
+           "FaultProxy"]

@@ -50,7 +50,7 @@ from kvbucket.chunks import as_view
 from kvbucket.stores.base import Scatter
 from kvbucket.stores.part_sizes import part_floor, part_ranges
 from kvbucket.stores.s3.kept import OVERLONG, ConnectionWatch
-from kvbucket.stores.s3.split import MIN_PART_BYTES, part_size
+from kvbucket.stores.s3.split import MIN_PART_BYTES, join_ranges, part_size, where
 from kvbucket.stores.s3.transfers import (
     CLOSED,
     EXPIRED,
@@ -161,6 +161,10 @@ class DirectReader:
         self._closed = False
         #: Objects whose ranges carried different ETags (written during the load): read again whole.
         self.mixed_versions = 0
+        #: Set once a split object's ranges all came without an ETag (some S3-compatible servers, a
+        #: proxy stripping it): one version cannot be proven, so every split load read it twice
+        #: (ranges, then whole); this reader's loads then read objects whole, one GET each.
+        self.whole_only = False
 
     def sign(self, names: Sequence[str], method: str = "GET") -> list[str] | None:
         """Presigned URLs for ``names`` (relative to the store's prefix); None if the store can't."""
@@ -180,15 +184,16 @@ class DirectReader:
         transfer writes into its own slice of it, and only a 206 whose Content-Range names exactly
         that range of an object of that size (anything else: its bytes are never written, and the
         object is :data:`WrongSize` or repeated whole by obstore, which rewrites every byte). The
-        object counts as read only when every range did (``_join``).
+        object counts as read only when every range did (``split.join_ranges``).
 
         **Invariant (the ranges of an object are one version of it).** Ranges go out in parallel,
         so ``If-Match`` cannot tie the later ones to the first; instead every 206 names its
         version (ETag), and the object counts as read only when every range of it carries the same
-        non-empty ETag (``_join``). A writer replacing a same-size object between two ranges
-        otherwise made a hit of two versions' bytes (raw reads have no checksum to catch it);
-        ranges of different versions make the object :data:`RETRY`: one GET through obstore, one
-        version, every byte rewritten (counted in ``mixed_versions``).
+        non-empty ETag (``split.join_ranges``). A writer replacing a same-size object between two
+        ranges otherwise made a hit of two versions' bytes (raw reads have no checksum to catch
+        it); ranges of different versions make the object :data:`RETRY`: one GET through obstore,
+        one version, every byte rewritten (counted in ``mixed_versions``). Ranges without any
+        ETag (the server's or a proxy's way) do the same once, then ``whole_only``.
         """
         plan = self._ranges(buffers)
         if not plan:
@@ -212,7 +217,12 @@ class DirectReader:
                 r2.append((a, b, view.nbytes))
                 owner.append(i)
         got = self._fetch(u2, b2, deadline, answer_by, r2, owner, buffers)
-        out, mixed = _join(got, owner, buffers, plan)
+        out, mixed, untagged = join_ranges(got, owner, buffers, plan)
+        if untagged and not self.whole_only:
+            self.whole_only = True
+            _log.warning("%s answers ranged GETs without an ETag, so an object read in ranges cannot be "
+                         "proven one version and is read again whole: this store now reads objects whole "
+                         "(one GET each, s3_read_part_bytes unused)", where(urls[0]))
         if mixed:
             with self._lock:
                 self.mixed_versions += mixed
@@ -228,7 +238,7 @@ class DirectReader:
     def _ranges(self, buffers: Sequence[Any | None]) -> dict[int, tuple[Any, list[tuple[int, int]]]]:
         """Items to read in ranges: their writable buffer (a flat view or a Scatter) and ``[a, b)``
         ranges, sized so that about ``max_parallel`` GETs are in flight (split.py)."""
-        if self._part_bytes <= 0:
+        if self._part_bytes <= 0 or self.whole_only:
             return {}
         smallest = part_floor(self._part_bytes, self._min_part_bytes)
         views: dict[int, Any] = {}
@@ -532,33 +542,6 @@ def _size(buf: Any | None) -> int:
         return 0
     n = getattr(buf, "nbytes", None)
     return int(n) if isinstance(n, int) else len(buf)
-
-
-def _join(got: Sequence[Outcome], owner: Sequence[int], buffers: Sequence[Any | None],
-          split: Any) -> tuple[list[Outcome], int]:
-    """One outcome per object (see DirectReader.fetch) and how many were of mixed versions: an
-    object read in ranges is read when every range was, all of one ETag; otherwise it is the
-    wrong size, missing, or repeated whole by obstore."""
-    parts: list[list[Outcome]] = [[] for _ in buffers]
-    for i, o in zip(owner, got, strict=True):
-        parts[i].append(o)
-    out: list[Outcome] = []
-    mixed = 0
-    for i, ps in enumerate(parts):
-        if i not in split:
-            out.append(ps[0])  # one GET
-        elif all(isinstance(p, Body) for p in ps):
-            tags = {p.etag for p in ps if isinstance(p, Body)}
-            if len(tags) != 1 or None in tags:  # not provably one version: one GET, one version
-                mixed += 1
-                out.append(RETRY)
-                continue
-            out.append(Body(sum(p.size for p in ps if isinstance(p, Body)), buffers[i]))
-        else:  # the wrong size, missing, out of time (no obstore retry then), or repeated whole
-            sized = [p for p in ps if isinstance(p, WrongSize)]
-            why = [w for w in (OVERLONG, MISSING, UNANSWERED, EXPIRED, CLOSED) if w in ps]
-            out.append(sized[0] if sized else why[0] if why else RETRY)
-    return out, mixed
 
 
 def _sockopt_ok(_fd: int, _purpose: int) -> int:

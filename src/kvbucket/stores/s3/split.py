@@ -16,16 +16,59 @@ each, 8 x 32 MiB in 4 MiB ranges 1.38x as fast as in 8 MiB ones, but 32 x 2 MiB 
 2-core machine running the relay and the server too). On loopback at 0 ms the 2 MiB ranges of
 16 x 8 MiB were within noise of one GET each. See docs/s3.md, "What bounds a hit on a real link".
 
+Ranges joined (:func:`join_ranges`) only when all carry one ETag: a server (or proxy) giving
+ranges none makes each split object a second, whole GET, so the reader stops splitting then.
+
 The rule itself (:func:`kvbucket.stores.part_sizes.part_size`) is shared with the Hub's reads, whose
 floor was measured on its own (``read_min_part_bytes``: stores/hub/xet/plans.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
 from kvbucket.stores.part_sizes import part_size  # the rule, shared with the Hub's reads
+from kvbucket.stores.s3.kept import OVERLONG
+from kvbucket.stores.s3.transfers import CLOSED, EXPIRED, MISSING, RETRY, UNANSWERED, Body, Outcome, WrongSize
 
 #: Parts never get smaller than this to fill the connection budget (``s3_read_min_part_bytes``).
 MIN_PART_BYTES = 2 << 20
 
 
-__all__ = ["MIN_PART_BYTES", "part_size"]
+def join_ranges(got: Sequence[Outcome], owner: Sequence[int], buffers: Sequence[Any | None],
+                split: Any) -> tuple[list[Outcome], int, int]:
+    """One outcome per object (see DirectReader.fetch), how many were of mixed versions and how
+    many had no ETag on any range: an object read in ranges is read when every range was, all of
+    one ETag; otherwise it is the wrong size, missing, or repeated whole by obstore."""
+    parts: list[list[Outcome]] = [[] for _ in buffers]
+    for i, o in zip(owner, got, strict=True):
+        parts[i].append(o)
+    out: list[Outcome] = []
+    mixed = untagged = 0
+    for i, ps in enumerate(parts):
+        if i not in split:
+            out.append(ps[0])  # one GET
+        elif all(isinstance(p, Body) for p in ps):
+            tags = {p.etag for p in ps if isinstance(p, Body)}
+            if len(tags) != 1 or None in tags:  # not provably one version: one GET, one version
+                untagged += tags == {None}  # the server (or a proxy) gives ranges no ETag
+                mixed += tags != {None}
+                out.append(RETRY)
+                continue
+            out.append(Body(sum(p.size for p in ps if isinstance(p, Body)), buffers[i]))
+        else:  # the wrong size, missing, out of time (no obstore retry then), or repeated whole
+            sized = [p for p in ps if isinstance(p, WrongSize)]
+            why = [w for w in (OVERLONG, MISSING, UNANSWERED, EXPIRED, CLOSED) if w in ps]
+            out.append(sized[0] if sized else why[0] if why else RETRY)
+    return out, mixed, untagged
+
+
+def where(url: str) -> str:
+    """The scheme, host and port of a presigned URL: never its path or query (signature, key id)."""
+    u = urlsplit(url)
+    return f"{u.scheme}://{u.hostname}" + (f":{u.port}" if u.port else "")
+
+
+__all__ = ["MIN_PART_BYTES", "join_ranges", "part_size", "where"]

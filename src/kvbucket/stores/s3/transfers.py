@@ -156,14 +156,14 @@ class _Transfer:
         return None
 
     def outcome(self, curl_ok: bool, original: Any) -> Outcome:
-        if self.rng is not None:  # one range of an object: joined by _join
+        if self.rng is not None:  # one range of an object: joined by split.join_ranges
             if self.wrong_size:
                 return WrongSize(self.total)
             if self.status == 404 and curl_ok and b"<Code>NoSuchKey</Code>" in self.error_body:
                 return MISSING
             ok = curl_ok and self.status == 206 and self.total == self.whole
             whole = ok and self.pos == self.announced == self.rng[1] - self.rng[0]
-            return Body(self.pos, None, self.etag) if whole else RETRY  # etag: one version (_join)
+            return Body(self.pos, None, self.etag) if whole else RETRY  # etag: its version (join_ranges)
         if self.head:  # a HEAD 404 has no body; the bucket itself was checked by S3Store._ready
             if curl_ok and self.status == 200 and self.announced >= 0:
                 return Body(self.announced, None, self.etag)

@@ -1,0 +1,76 @@
+"""Ranged S3 reads, the outside tester's smaller findings after issue 41: a server whose ranged
+answers carry no ETag, whole-object fallbacks beside the connection budget, and a close racing a
+load's fallback. Through a FaultProxy in front of SeaweedFS."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from kvbucket.stores.s3.config import S3Config
+from kvbucket.stores.s3.store import S3Store
+from kvbucket.testing.s3_server import ACCESS_KEY, SECRET_KEY, FaultProxy, S3Server
+
+_KiB = 1 << 10
+
+
+def open_store(server: S3Server, bucket: str, url: str, **overrides: object) -> S3Store:
+    return S3Store(S3Config.parse(server.config(bucket, "leftovers", s3_endpoint_url=url, **overrides)))
+
+
+def gets(proxy: FaultProxy) -> tuple[int, int]:
+    """(presigned GETs, header-signed GETs: obstore's whole re-reads) the proxy answered."""
+    targets = [t for m, t in proxy.answered if m == "GET" and "list-type" not in t]
+    presigned = sum("X-Amz-Signature=" in t for t in targets)
+    return presigned, len(targets) - presigned
+
+
+def test_a_server_giving_ranges_no_etag_makes_the_store_read_whole(
+        seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Ranges without an ETag cannot be proven one version, so a split object is read again
+    whole: every split load read it twice. The store learns it from one load: later loads read
+    such objects whole (one GET, the object's bytes once), said once in the log, no secret in it."""
+    size = 1 << 20
+    rng = np.random.default_rng(51)
+    data = {n: rng.integers(0, 256, size, dtype=np.uint8) for n in ("a", "b", "c")}
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=16,
+                    s3_read_part_bytes=256 * _KiB) as store:
+        assert all(r.ok for r in store.put_many(list(data.items())))
+        fault_proxy.strip_etags(times=10_000)
+        caplog.set_level(logging.WARNING, logger="kvbucket")
+        seen: list[tuple[int, int, int]] = []
+        for name in ("a", "b", "c", "a"):
+            before, sent = gets(fault_proxy), fault_proxy.body_bytes
+            out = np.zeros(size, dtype=np.uint8)
+            (r,) = store.get_many([name], [out])
+            assert r.ok and np.array_equal(out, data[name]), name
+            after = gets(fault_proxy)
+            seen.append((after[0] - before[0], after[1] - before[1], fault_proxy.body_bytes - sent))
+        assert seen[0] == (4, 1, 2 * size)  # 4 ranges, none with an ETag, then one whole re-read
+        assert seen[1:] == [(1, 0, size)] * 3  # learnt: one GET each, the bytes once
+        assert fault_proxy.injected >= 4
+        said = [rec.getMessage() for rec in caplog.records if "without an ETag" in rec.getMessage()]
+        assert len(said) == 1, said
+        assert f"127.0.0.1:{fault_proxy.port}" in said[0]
+        for secret in ("X-Amz-Signature", "X-Amz-Credential", ACCESS_KEY, SECRET_KEY):
+            assert secret not in said[0]
+
+
+def test_ranges_with_an_etag_keep_the_store_splitting(seaweedfs: S3Server, s3_bucket: str,
+                                                      fault_proxy: FaultProxy) -> None:
+    """The learning is for ETag-less ranges only: a range of another version (another ETag) is
+    re-read whole once and later loads still split."""
+    size = 1 << 20
+    data = np.random.default_rng(52).integers(0, 256, size, dtype=np.uint8)
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=16,
+                    s3_read_part_bytes=256 * _KiB) as store:
+        store.put("big", data)
+        fault_proxy.new_version(times=1, skip=1)
+        for _ in range(2):
+            out = np.zeros_like(data)
+            assert store.get_many(["big"], [out])[0].ok and np.array_equal(out, data)
+        assert store._direct is not None and not store._direct.whole_only
+        assert gets(fault_proxy) == (8, 1)
