@@ -5,6 +5,7 @@ load's fallback. Through a FaultProxy in front of SeaweedFS."""
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -21,7 +22,11 @@ def open_store(server: S3Server, bucket: str, url: str, **overrides: object) -> 
 
 
 def gets(proxy: FaultProxy) -> tuple[int, int]:
-    """(presigned GETs, header-signed GETs: obstore's whole re-reads) the proxy answered."""
+    """(presigned GETs, header-signed GETs: obstore's whole re-reads) the proxy answered, once
+    every request has been handled (a client can hold its bytes before the proxy counts them)."""
+    settled = time.monotonic() + 5
+    while proxy.in_flight and time.monotonic() < settled:
+        time.sleep(0.005)
     targets = [t for m, t in proxy.answered if m == "GET" and "list-type" not in t]
     presigned = sum("X-Amz-Signature=" in t for t in targets)
     return presigned, len(targets) - presigned
@@ -43,11 +48,12 @@ def test_a_server_giving_ranges_no_etag_makes_the_store_read_whole(
         caplog.set_level(logging.WARNING, logger="kvbucket")
         seen: list[tuple[int, int, int]] = []
         for name in ("a", "b", "c", "a"):
-            before, sent = gets(fault_proxy), fault_proxy.body_bytes
+            before = gets(fault_proxy)
+            sent = fault_proxy.body_bytes
             out = np.zeros(size, dtype=np.uint8)
             (r,) = store.get_many([name], [out])
             assert r.ok and np.array_equal(out, data[name]), name
-            after = gets(fault_proxy)
+            after = gets(fault_proxy)  # first: it waits for the proxy's counts
             seen.append((after[0] - before[0], after[1] - before[1], fault_proxy.body_bytes - sent))
         assert seen[0] == (4, 1, 2 * size)  # 4 ranges, none with an ETag, then one whole re-read
         assert seen[1:] == [(1, 0, size)] * 3  # learnt: one GET each, the bytes once
@@ -74,3 +80,42 @@ def test_ranges_with_an_etag_keep_the_store_splitting(seaweedfs: S3Server, s3_bu
             assert store.get_many(["big"], [out])[0].ok and np.array_equal(out, data)
         assert store._direct is not None and not store._direct.whole_only
         assert gets(fault_proxy) == (8, 1)
+
+
+def test_whole_object_fallbacks_share_the_stores_connection_budget(seaweedfs: S3Server, s3_bucket: str,
+                                                                    fault_proxy: FaultProxy) -> None:
+    """An item the direct read could not settle (here a 503 to its presigned GET) is read again
+    through obstore on the store's pool: those GETs take slots of s3_num_io_threads as the direct
+    reads do. A load whose 4 items all fall back beside a load of 16 direct reads, budget 4: at
+    most 4 requests at the server (before: the fallbacks came on top, up to 8)."""
+    import threading
+
+    rng = np.random.default_rng(53)
+    data = {f"d{i:02d}": rng.integers(0, 256, 64 * _KiB, dtype=np.uint8) for i in range(16)}
+    data |= {f"f{i}": rng.integers(0, 256, 64 * _KiB, dtype=np.uint8) for i in range(4)}
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=4, s3_load_timeout_secs=30,
+                    s3_lookup_timeout_secs=10) as store:  # a loaded machine: no first-answer cut
+        assert all(r.ok for r in store.put_many(list(data.items())))
+        for i in range(4):  # the presigned GET of f<i> only (obstore's path has no query)
+            fault_proxy.fail(503, "SlowDown", times=1, methods={"GET"}, path_contains=f"f{i}?X-Amz-")
+        fault_proxy.latency = 0.25  # every request held a while: overlaps show
+        fault_proxy.peak_in_flight = 0
+        wrong: list[str] = []
+
+        def load(names: list[str]) -> None:
+            outs = [np.zeros_like(data[n]) for n in names]
+            got = store.get_many(names, outs)
+            wrong.extend(f"{n}: {r.error}" for n, r, o in zip(names, got, outs, strict=True)
+                         if not (r.ok and np.array_equal(o, data[n])))
+
+        threads = [threading.Thread(target=load, args=([n for n in data if n[0] == k],)) for k in "fd"]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        finally:
+            fault_proxy.latency = 0.0
+        assert wrong == []
+        assert fault_proxy.injected == 4 and gets(fault_proxy)[1] == 4  # four fallbacks through obstore
+        assert 3 <= fault_proxy.peak_in_flight <= 4, fault_proxy.peak_in_flight

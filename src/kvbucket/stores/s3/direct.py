@@ -166,6 +166,11 @@ class DirectReader:
         #: (ranges, then whole); this reader's loads then read objects whole, one GET each.
         self.whole_only = False
 
+    @property
+    def slots(self) -> Slots:
+        """The store's transfer budget, also taken by its fallbacks through obstore (fallbacks.py)."""
+        return self._slots
+
     def sign(self, names: Sequence[str], method: str = "GET") -> list[str] | None:
         """Presigned URLs for ``names`` (relative to the store's prefix); None if the store can't."""
         try:

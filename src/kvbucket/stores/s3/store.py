@@ -62,6 +62,7 @@ from kvbucket.stores.s3.client import build_client, claim_runtime, direct_reader
 from kvbucket.stores.s3.config import S3Config, S3Target, resolve_target
 from kvbucket.stores.s3.direct import CLOSED, EXPIRED, MISSING, UNANSWERED, Body, Outcome, WrongSize
 from kvbucket.stores.s3.env import fill_from_env
+from kvbucket.stores.s3.fallbacks import within_budget
 from kvbucket.stores.s3.kept import OVERLONG, overlong_error
 from kvbucket.threads import DaemonThreadPool, in_daemon_thread
 
@@ -358,6 +359,9 @@ class S3Store(RemoteStore):
             out.append(ItemResult(a[0], error=late))
         return out
 
+    def _closed_during(self) -> StoreError:
+        return StoreError(f"{self.url} was closed during this call")
+
     def _unanswered(self) -> StoreError:
         return exceeded("the first answer to a load", self.url, "s3_lookup_timeout_secs",
                         self.config.s3_lookup_timeout_secs)
@@ -385,8 +389,7 @@ class S3Store(RemoteStore):
             if got == EXPIRED:
                 results[i] = ItemResult(args[i][0], error=self._late(op))
             elif got == CLOSED:  # closed while the call waited: nothing more is sent for it
-                closed = StoreError(f"{self.url} was closed during this call")
-                results[i] = ItemResult(args[i][0], error=closed)
+                results[i] = ItemResult(args[i][0], error=self._closed_during())
             elif got == UNANSWERED:  # the endpoint is not answering: no fallback try
                 results[i] = ItemResult(args[i][0], error=self._unanswered())
             elif got == OVERLONG:  # obstore would read the same answer and could not tell
@@ -394,6 +397,9 @@ class S3Store(RemoteStore):
                     f"S3 {op} of {self._where(args[i][0])}", self.target.endpoint or "AWS"))
             elif results[i] is None:
                 again.append(i)
+        if again and self._direct is not None:  # obstore's GETs take the budget's slots too
+            fallback = within_budget(fallback, self._direct.slots, deadline, lambda: self._late(op),
+                                     self._closed_during)
         for i, r in zip(again, self._run(fallback, [args[i] for i in again], deadline, op), strict=True):
             results[i] = r
         return cast(list[ItemResult], results)

@@ -1,0 +1,39 @@
+"""Whole-object fallbacks of ``S3Store`` (an item its direct read did not settle, repeated through
+obstore on the store's pool) held to the store's transfer budget.
+
+Why: ``s3_num_io_threads`` bounds a store's requests in flight, and direct reads take a slot of
+it (:class:`~kvbucket.stores.s3.transfers.Slots`) per transfer; obstore's calls ran on the pool
+without one, so a load's fallbacks came on top of other loads' direct reads (measured through a
+FaultProxy, budget 4: 6 requests at the server; tests/s3/test_s3_ranged_leftovers.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvbucket.errors import StoreError
+from kvbucket.stores.base import ItemResult
+from kvbucket.stores.deadline import left
+from kvbucket.stores.s3.transfers import Slots
+
+
+def within_budget(fn: Callable[..., ItemResult], slots: Slots, deadline: float,
+                  late: Callable[[], StoreError],
+                  closed: Callable[[], StoreError]) -> Callable[..., ItemResult]:
+    """``fn`` (one obstore call for one item) run once a slot of ``slots`` is held, released when
+    it returns; an item that gets none by ``deadline`` fails with ``late()``, and with ``closed()``
+    once the store is closed (nothing sent for it)."""
+
+    def run(name: str, *rest: Any, **kw: Any) -> ItemResult:
+        if not slots.acquire(timeout=left(deadline)):
+            return ItemResult(name, error=closed() if slots.closed else late())
+        try:
+            return fn(name, *rest, **kw)
+        finally:
+            slots.release()
+
+    return run
+
+
+__all__ = ["within_budget"]
