@@ -119,3 +119,72 @@ def test_whole_object_fallbacks_share_the_stores_connection_budget(seaweedfs: S3
         assert wrong == []
         assert fault_proxy.injected == 4 and gets(fault_proxy)[1] == 4  # four fallbacks through obstore
         assert 3 <= fault_proxy.peak_in_flight <= 4, fault_proxy.peak_in_flight
+
+
+def _closing_after_direct(store: S3Store) -> None:
+    """Close ``store`` right after its direct reads return, before their fallbacks are sent: the
+    window a concurrent close() hits."""
+    direct = store._direct
+    assert direct is not None
+    fetch = direct.fetch
+
+    def fetch_then_close(*args: object, **kw: object) -> object:
+        got = fetch(*args, **kw)  # type: ignore[arg-type]
+        store.close()
+        return got
+
+    direct.fetch = fetch_then_close  # type: ignore[method-assign]
+
+
+def test_a_close_between_a_loads_direct_reads_and_its_fallbacks_says_closed(
+        seaweedfs: S3Server, s3_bucket: str, fault_proxy: FaultProxy) -> None:
+    """The store closed after a load's direct reads, before its whole-object re-reads went to the
+    (then shut down) pool: the load raised RuntimeError ("cannot schedule new futures after
+    shutdown"). Each item that was not read ends with the store-was-closed error instead."""
+    data = np.random.default_rng(54).integers(0, 256, 64 * _KiB, dtype=np.uint8)
+    store = open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=4)
+    store.put_many([("x", data), ("y", data)])
+    fault_proxy.fail(503, "SlowDown", times=1, methods={"GET"}, path_contains="x?X-Amz-")
+    _closing_after_direct(store)
+    outs = [np.zeros_like(data), np.zeros_like(data)]
+    rx, ry = store.get_many(["x", "y"], outs)
+    assert ry.ok and np.array_equal(outs[1], data)  # read before the close
+    assert rx.error is not None and "was closed during this call" in str(rx.error), rx.error
+    assert gets(fault_proxy) == (2, 0)  # nothing sent after the close
+
+
+def test_closes_racing_loads_with_fallbacks_never_raise(seaweedfs: S3Server, s3_bucket: str,
+                                                        fault_proxy: FaultProxy) -> None:
+    """A close from another thread at any moment of loads whose items fall back to obstore: every
+    item read right or failed with a closed-store error, never a RuntimeError."""
+    import random
+    import threading
+
+    data = np.random.default_rng(55).integers(0, 256, 64 * _KiB, dtype=np.uint8)
+    names = [f"r{i}" for i in range(8)]
+    with open_store(seaweedfs, s3_bucket, fault_proxy.url) as first:
+        assert all(r.ok for r in first.put_many([(n, data) for n in names]))
+    fault_proxy.latency = 0.01
+    chance = random.Random(56)
+    errors: list[str] = []
+    for _ in range(12):
+        store = open_store(seaweedfs, s3_bucket, fault_proxy.url, s3_num_io_threads=4)
+        for n in names[::2]:  # half the items: their presigned GET fails, obstore's repeats it
+            fault_proxy.fail(503, "SlowDown", times=1, methods={"GET"}, path_contains=f"{n}?X-Amz-")
+        closer = threading.Timer(chance.uniform(0.0, 0.08), store.close)
+        closer.start()
+        try:
+            for _ in range(4):
+                outs = [np.zeros_like(data) for _ in names]
+                for n, r, o in zip(names, store.get_many(names, outs), outs, strict=True):
+                    if not (r.ok and np.array_equal(o, data)) and "closed" not in str(r.error):
+                        errors.append(f"{n}: {r.error!r}")
+        except Exception as e:
+            if "is closed" not in str(e):  # a call that starts after close() is refused at once
+                errors.append(repr(e))
+        finally:
+            closer.join()
+            store.close()
+            fault_proxy.clear()
+    fault_proxy.latency = 0.0
+    assert errors == []

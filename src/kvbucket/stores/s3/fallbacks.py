@@ -1,5 +1,6 @@
-"""Whole-object fallbacks of ``S3Store`` (an item its direct read did not settle, repeated through
-obstore on the store's pool) held to the store's transfer budget.
+"""obstore calls of ``S3Store`` on its pool: whole-object fallbacks (an item its direct read did not
+settle, repeated through obstore) held to the store's transfer budget, and submissions that meet
+a pool shut down by a concurrent close().
 
 Why: ``s3_num_io_threads`` bounds a store's requests in flight, and direct reads take a slot of
 it (:class:`~kvbucket.stores.s3.transfers.Slots`) per transfer; obstore's calls ran on the pool
@@ -9,7 +10,8 @@ FaultProxy, budget 4: 6 requests at the server; tests/s3/test_s3_ranged_leftover
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 from typing import Any
 
 from kvbucket.errors import StoreError
@@ -36,4 +38,23 @@ def within_budget(fn: Callable[..., ItemResult], slots: Slots, deadline: float,
     return run
 
 
-__all__ = ["within_budget"]
+def submit_all(pool: Executor, fn: Callable[..., ItemResult], args: Sequence[tuple[Any, ...]],
+               extra: Sequence[tuple[Any, ...]], closed: Callable[[], bool],
+               kw: dict[str, Any]) -> list[Future[ItemResult] | None]:
+    """``fn(*args[i], *extra[i], **kw)`` submitted to ``pool`` for each item; None for the items
+    left when the pool refuses work because the store was closed meanwhile (``closed()``: close()
+    shuts the pool down, and a load between its direct reads and their fallbacks raised
+    "cannot schedule new futures after shutdown"). Another refusal is raised as it is."""
+    futures: list[Future[ItemResult] | None] = []
+    for a, e in zip(args, extra, strict=True):
+        try:
+            futures.append(pool.submit(fn, *a, *e, **kw))
+        except RuntimeError:
+            if not closed():
+                raise
+            futures.extend([None] * (len(args) - len(futures)))
+            break
+    return futures
+
+
+__all__ = ["submit_all", "within_budget"]

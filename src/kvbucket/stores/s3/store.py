@@ -62,7 +62,7 @@ from kvbucket.stores.s3.client import build_client, claim_runtime, direct_reader
 from kvbucket.stores.s3.config import S3Config, S3Target, resolve_target
 from kvbucket.stores.s3.direct import CLOSED, EXPIRED, MISSING, UNANSWERED, Body, Outcome, WrongSize
 from kvbucket.stores.s3.env import fill_from_env
-from kvbucket.stores.s3.fallbacks import within_budget
+from kvbucket.stores.s3.fallbacks import submit_all, within_budget
 from kvbucket.stores.s3.kept import OVERLONG, overlong_error
 from kvbucket.threads import DaemonThreadPool, in_daemon_thread
 
@@ -210,7 +210,9 @@ class S3Store(RemoteStore):
             self.breaker.close()
             if self._direct is not None:  # first: its calls waiting for a slot end at once
                 self._direct.close()
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            with self._pool_lock:  # after _closed: _abandon_pool swaps no pool in past here
+                pool = self._pool
+            pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- one item -----------------------------------------------------------------------
     def _put_one(self, name: str, view: memoryview) -> ItemResult:
@@ -316,7 +318,12 @@ class S3Store(RemoteStore):
 
     def _bounded(self, fn: Callable[[], Any], deadline: float) -> Any:
         """``fn()`` on the pool; FutureTimeout when it has not finished by ``deadline`` (abandoned)."""
-        fut = self._pool.submit(fn)
+        try:
+            fut = self._pool.submit(fn)
+        except RuntimeError:  # shut down by a concurrent close()
+            if not self._closed:
+                raise
+            raise self._closed_during() from None
         try:
             return fut.result(timeout=left(deadline))
         except FutureTimeout:
@@ -339,24 +346,26 @@ class S3Store(RemoteStore):
         gates = [Gate() for _ in args] if reads else []
         answered = threading.Event() if reads and answer_by is not None else None
         extra = {} if answered is None else {"answered": answered}
-        pool = self._pool
-        futures = [pool.submit(fn, *a, *gates[i : i + 1], **extra) for i, a in enumerate(args)]
+        futures = submit_all(self._pool, fn, args, [tuple(gates[i : i + 1]) for i in range(len(args))],
+                             lambda: self._closed, extra)  # None: refused, the store was closed
+        sent = [f for f in futures if f is not None]
         late = self._late(op)
-        if answered is not None and answer_by is not None and not wait_all(futures, answer_by) \
+        if answered is not None and answer_by is not None and not wait_all(sent, answer_by) \
                 and not answered.is_set():
             late = self._unanswered()  # not one answer within the lookup budget: hung
             self._abandon_pool()
-        elif not wait_all(futures, deadline):
+        elif not wait_all(sent, deadline):
             self._abandon_pool()
         out = []
         for i, (a, f) in enumerate(zip(args, futures, strict=True)):
-            if f.done() and not f.cancelled():
+            if f is not None and f.done() and not f.cancelled():
                 out.append(f.result())
                 continue
             if reads:
                 gates[i].close()
-            f.cancel()
-            out.append(ItemResult(a[0], error=late))
+            if f is not None:
+                f.cancel()
+            out.append(ItemResult(a[0], error=self._closed_during() if self._closed else late))
         return out
 
     def _closed_during(self) -> StoreError:
