@@ -48,8 +48,8 @@ class S3Config(BaseModel):
     s3_region: str | None = Field(None, description="SigV4 region; required for AWS")
     s3_num_io_threads: int = Field(
         64, ge=1, le=1024,
-        description="requests in flight per store: direct reads across all its calls; "
-        "obstore's worker threads",
+        description="requests in flight per store: direct reads (and obstore's re-reads of them) across "
+        "all its calls; obstore's worker threads",
     )
     s3_prefer_http2: bool = Field(False, description="offer h2 via ALPN on TLS connections")
     s3_enable_s3express: bool = Field(False, description="S3 Express One Zone session auth and endpoints")
