@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -88,8 +89,6 @@ def test_whole_object_fallbacks_share_the_stores_connection_budget(seaweedfs: S3
     through obstore on the store's pool: those GETs take slots of s3_num_io_threads as the direct
     reads do. A load whose 4 items all fall back beside a load of 16 direct reads, budget 4: at
     most 4 requests at the server (before: the fallbacks came on top, up to 8)."""
-    import threading
-
     rng = np.random.default_rng(53)
     data = {f"d{i:02d}": rng.integers(0, 256, 64 * _KiB, dtype=np.uint8) for i in range(16)}
     data |= {f"f{i}": rng.integers(0, 256, 64 * _KiB, dtype=np.uint8) for i in range(4)}
@@ -108,12 +107,9 @@ def test_whole_object_fallbacks_share_the_stores_connection_budget(seaweedfs: S3
             wrong.extend(f"{n}: {r.error}" for n, r, o in zip(names, got, outs, strict=True)
                          if not (r.ok and np.array_equal(o, data[n])))
 
-        threads = [threading.Thread(target=load, args=([n for n in data if n[0] == k],)) for k in "fd"]
-        try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
+        try:  # the two loads at once
+            with ThreadPoolExecutor(2) as both:
+                list(both.map(load, [[n for n in data if n[0] == k] for k in "fd"]))
         finally:
             fault_proxy.latency = 0.0
         assert wrong == []
