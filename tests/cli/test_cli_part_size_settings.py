@@ -75,6 +75,7 @@ def test_every_part_size_setting_refuses_in_the_same_words(
     with pytest.raises(ConfigError) as e:
         build(key, value)
     assert key in str(e.value) and WORDS in str(e.value), str(e.value)
+    assert str(e.value).count(key) == 1, str(e.value)  # named once (was "k: k must be ...")
     assert "must be a number" not in str(e.value) and "valid integer" not in str(e.value)
 
 

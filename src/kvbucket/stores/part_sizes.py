@@ -47,14 +47,16 @@ def _whole(value: Any) -> int | None:
 
 def check_part_bytes(key: str, value: Any, echo: bool = True) -> int:
     """``value`` (any spelling :func:`_whole` takes) if it is 0 or from :data:`MIN_PART_FLOOR` to
-    :data:`MAX_PART_BYTES`, else a ValueError naming ``key``, the value (``echo``: where the
+    :data:`MAX_PART_BYTES`, else a ValueError naming ``key`` (empty where the caller's message
+    names the setting already, as a config model's errors do), the value (``echo``: where the
     caller's message does not already) and the allowed range. The one parser of every part-size
     setting (:data:`PART_SIZE_KEYS`): an outside tester found the S3 ones taking ``8388608.0`` and
     refusing ``"1_048_576"``, the Hub plugin's the opposite."""
     n = _whole(value)
     if n is not None and (n == 0 or MIN_PART_FLOOR <= n <= MAX_PART_BYTES):
         return n
-    raise ValueError(f"{key} must be 0 (off) or a whole number of bytes from {MIN_PART_FLOOR} (64 KiB) "
+    named = f"{key} " if key else ""
+    raise ValueError(f"{named}must be 0 (off) or a whole number of bytes from {MIN_PART_FLOOR} (64 KiB) "
                      f"to {MAX_PART_BYTES} (1 TiB)" + (f", got {value!r}" if echo else ""))
 
 

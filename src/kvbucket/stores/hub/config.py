@@ -269,7 +269,7 @@ class HFBucketConfig(BaseModel):
     @classmethod
     def _part_floor(cls, v: object, info: ValidationInfo) -> int:
         """0 or 64 KiB..1 TiB (a part is a request), spelt as every part-size setting is."""
-        return check_part_bytes(str(info.field_name), v, echo=False)
+        return check_part_bytes("", v, echo=False)  # the model's error names the field
 
     @model_validator(mode="after")
     def _recheck_after_window(self) -> HFBucketConfig:

@@ -123,7 +123,7 @@ class S3Config(BaseModel):
     @classmethod
     def _part_floor(cls, v: object, info: ValidationInfo) -> int:
         """0 or 64 KiB..1 TiB, spelt as every part-size setting is (part_sizes.check_part_bytes)."""
-        return check_part_bytes(str(info.field_name), v)
+        return check_part_bytes("", v)  # the model's error names the field
 
     @field_validator("s3_region")
     @classmethod
