@@ -36,7 +36,10 @@ served, and the over-long one is refused, across many batches.
 A connection found so is cut at once (:func:`_cut`: its descriptor is pointed at a closed
 socket, so libcurl's next use of it fails and libcurl drops it), never reused. What no client
 can tell apart is excess that arrives after the next request was sent: it reads as that
-request's answer (the envelope of sealed formats catches it, as a miss).
+request's answer (the envelope of sealed formats catches it, as a miss). Over TLS the checks
+see only what the TLS library has not read: libcurl reads a body no further than its
+Content-Length, so excess sharing a TLS record with the body's last bytes waits decrypted in
+the library's buffer, not on the socket (docs/s3.md says what that means for unsealed formats).
 """
 
 from __future__ import annotations
