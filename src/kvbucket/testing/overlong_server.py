@@ -8,7 +8,8 @@ body: in the same write (``pause=None``), or ``pause`` seconds later; it then se
 once the client's kernel has acknowledged them, so a test can send its next request only when
 those bytes wait on the client's socket. ``requests``
 records (connection number, method, key) of every request, so a test can tell a reused
-connection from a new one.
+connection from a new one. ``tls=(certificate, key)`` answers over TLS, where excess that shares
+a TLS record with the body waits decrypted in the client's TLS library (docs/s3.md).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import socket
+import ssl
 import struct
 import termios
 import threading
@@ -52,11 +54,15 @@ class OverlongServer:
     """``with OverlongServer(objects, overlong={"a"}) as s: ...`` then ``s.url`` as the S3 endpoint."""
 
     def __init__(self, objects: dict[str, bytes], overlong: set[str], *, pause: float | None = None,
-                 head_body: bool = False) -> None:
+                 head_body: bool = False, tls: tuple[str, str] | None = None) -> None:
         self.objects = objects
         self.overlong = overlong
         self.pause = pause
         self.head_body = head_body  # a HEAD answered with its body too (more than a HEAD announces)
+        self._tls: ssl.SSLContext | None = None  # (certificate, key): answer over TLS
+        if tls is not None:
+            self._tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._tls.load_cert_chain(*tls)
         self.requests: list[tuple[int, str, str]] = []
         self.sent = threading.Event()  # set once an over-long answer's extra bytes are all sent
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -69,7 +75,7 @@ class OverlongServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        return f"{'https' if self._tls else 'http'}://127.0.0.1:{self._sock.getsockname()[1]}"
 
     def connections_of(self, method: str = "GET") -> list[int]:
         """The connection number of every request of ``method``, in order."""
@@ -97,6 +103,8 @@ class OverlongServer:
     def _serve(self, conn: socket.socket, number: int) -> None:
         pending = b""
         try:
+            if self._tls is not None:
+                conn = self._tls.wrap_socket(conn, server_side=True)
             while True:
                 while b"\r\n\r\n" not in pending:
                     got = conn.recv(65536)
