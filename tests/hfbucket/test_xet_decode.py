@@ -362,28 +362,40 @@ def test_a_closed_redirectable_scatter_takes_no_late_decode(fast: Any) -> None:
 
 
 _COLD_LOAD = r"""
-import hashlib, sys, json
+import hashlib, sys, json, time
 from kvbucket.stores.hub.config import build_config
 from kvbucket.stores.hub.store import HFBucketStore
-bucket, prefix, token, endpoint, expect = sys.argv[1:6]
+from kvbucket.stores.hub.xet import decode
+bucket, prefix, token, endpoint, expect, opts = sys.argv[1:7]
+opts = json.loads(opts)
+for k, v in opts.pop("decode", {}).items():
+    setattr(decode, k, v)
+started = []
+load = decode.compiled
+def compiled():
+    started.append(time.monotonic())  # the compiled decoder's load begins
+    return load()
+decode.compiled = compiled
 cfg = build_config(bucket_handle=f"hf://buckets/{bucket}/{prefix}", token=token, token_env="",
-                   endpoint=endpoint)
+                   endpoint=endpoint, **opts)
 with HFBucketStore(cfg) as s:
     got = s.get_many([f"o{i}" for i in range(4)])
-    ok = [hashlib.sha256(bytes(r.data)).hexdigest() for r in got] == json.loads(expect)
-    from kvbucket.stores.hub.xet import decode
+    ended = time.monotonic()
     during = "numba" in sys.modules
+    ok = [hashlib.sha256(bytes(r.data)).hexdigest() for r in got] == json.loads(expect)
     asked = decode._loading is not None
     if asked:
         decode._loading.result(timeout=60)  # loads once the reads are idle
-print(json.dumps({"ok": ok, "during": during, "numba": asked and "numba" in sys.modules}))
+print(json.dumps({"ok": ok, "during": during, "numba": "numba" in sys.modules,
+                  "began_in_hit": bool(started) and started[0] < ended}))
 """
 
 
-def test_uncompressed_loads_never_import_numba(hub_bucket: Any) -> None:
-    """A fresh process's first hit of objects stored uncompressed loads no decoder (numba's import
-    alone holds the GIL for 0.3 s); one of compressed objects asks for it, and it loads after the
-    hit (numba not imported while the hit runs); both give the right bytes."""
+def _store_and_cold_load(hub_bucket: Any, prefix: str, compression: str,
+                         opts: dict[str, Any]) -> dict[str, Any]:
+    """Store four bf16 KV objects (``compression``), then load them in a fresh process (``auto``
+    decoder, store options and decode.py constants from ``opts``): what it saw. Each prefix has its
+    own bytes (the same bytes would be deduplicated against chunks stored another way)."""
     import hashlib
     import json
     import subprocess
@@ -392,22 +404,53 @@ def test_uncompressed_loads_never_import_numba(hub_bucket: Any) -> None:
     from kvbucket.stores.hub.config import build_config
     from kvbucket.stores.hub.store import HFBucketStore
 
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(list(prefix.encode()))
+    data = [bf16_kv(n, rng) for n in (70_001, 1 << 20, 2 << 20, 3)]
+    cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/{prefix}",
+                       token=hub_bucket.hub.write_token, token_env="", endpoint=hub_bucket.hub.endpoint,
+                       xet_compression=compression)
+    with HFBucketStore(cfg) as w:
+        assert all(r.ok for r in w.put_many([(f"o{i}", d) for i, d in enumerate(data)]))
+    env = {**os.environ, xet_decode.DECODER_ENV: "auto"}
+    out = subprocess.run(
+        [sys.executable, "-c", _COLD_LOAD, hub_bucket.bucket_id, prefix, hub_bucket.hub.write_token,
+         hub_bucket.hub.endpoint, json.dumps([hashlib.sha256(d).hexdigest() for d in data]),
+         json.dumps(opts)],
+        env=env, capture_output=True, text=True, timeout=120, check=True)
+    got: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["ok"], out.stderr[-2000:]
+    return got
+
+
+def test_uncompressed_loads_never_import_numba(hub_bucket: Any) -> None:
+    """A fresh process's first hit of objects stored uncompressed loads no decoder (numba's import
+    alone holds the GIL for 0.3 s); one of compressed objects asks for it, and it loads after the
+    hit (numba not imported while the hit runs); both give the right bytes."""
     seen: dict[str, bool] = {}
     for prefix, compression in (("raw", "none"), ("packed", "bg4-lz4")):
-        data = [bf16_kv(n, rng) for n in (70_001, 1 << 20, 2 << 20, 3)]
-        cfg = build_config(bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/{prefix}",
-                           token=hub_bucket.hub.write_token, token_env="", endpoint=hub_bucket.hub.endpoint,
-                           xet_compression=compression)
-        with HFBucketStore(cfg) as w:
-            assert all(r.ok for r in w.put_many([(f"o{i}", d) for i, d in enumerate(data)]))
-        env = {**os.environ, xet_decode.DECODER_ENV: "auto"}
-        out = subprocess.run(
-            [sys.executable, "-c", _COLD_LOAD, hub_bucket.bucket_id, prefix, hub_bucket.hub.write_token,
-             hub_bucket.hub.endpoint, json.dumps([hashlib.sha256(d).hexdigest() for d in data])],
-            env=env, capture_output=True, text=True, timeout=120, check=True)
-        got = json.loads(out.stdout.strip().splitlines()[-1])
-        assert got["ok"], out.stderr[-2000:]
+        got = _store_and_cold_load(hub_bucket, prefix, compression, {})
         assert not got["during"], compression
+        assert not got["began_in_hit"], compression
         seen[compression] = got["numba"]
     assert seen == {"none": False, "bg4-lz4": True}
+
+
+def test_a_big_compressed_hit_waits_for_the_compiled_decoder(hub_bucket: Any) -> None:
+    """decode.py's big-hit invariant: with the fetches in progress at BIG_HIT_BYTES or more, the
+    first compressed chunk loads the compiled decoder then and there, while the hit runs (numba
+    imported before it ends); below it the load waits for the reads to be idle (after the hit),
+    and a big hit of raw chunks loads nothing. The hit is made long (1 MiB parts fetched one at a
+    time, 0.3 s each) and the idle rule slow (IDLE_SECS 5 s), so a load begun during the hit is the
+    big-hit rule's and nothing else's."""
+    hub_bucket.hub.faults.add("fetch", latency_s=0.3)
+
+    def opts(big_hit_bytes: int) -> dict[str, Any]:
+        return {"read_connections": 1, "read_part_bytes": 1 << 20, "load_timeout_secs": 60.0,
+                "decode": {"IDLE_SECS": 5.0, "LOAD_WAIT_SECS": 10.0, "BIG_HIT_BYTES": big_hit_bytes}}
+
+    big = _store_and_cold_load(hub_bucket, "big", "bg4-lz4", opts(1 << 20))  # the hit fetches ~3 MiB
+    small = _store_and_cold_load(hub_bucket, "small", "bg4-lz4", opts(64 << 20))
+    raw = _store_and_cold_load(hub_bucket, "raw", "none", opts(1 << 20))
+    assert big["began_in_hit"] and big["during"] and big["numba"]
+    assert not small["began_in_hit"] and small["numba"]
+    assert not raw["began_in_hit"] and not raw["numba"] and not raw["during"]

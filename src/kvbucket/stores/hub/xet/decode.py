@@ -22,19 +22,36 @@ bf16 KV data, every scheme and frame option, odd lengths and window boundaries):
 pure-Python one meanwhile: the first *compressed* chunk a process meets asks for it, and a
 background thread loads it (0.3-0.5 s of CPU from numba's cache, ~2 s the first time on a
 machine, when it is compiled) once no fetched range has been decoded for ``IDLE_SECS`` (the hit
-that asked is over), or ``LOAD_WAIT_SECS`` after it was asked for in a process that never idles;
-``numba`` waits for it at that chunk; ``python`` never uses it (the whole test suite runs once so).
-Why after the hit: the load (numba's import and the kernel from its cache) is CPU under the GIL
-that a fresh process's first hit would share; measured against the load beside the hit, cold
-hits of bf16 KV were as fast or faster (medians 1.01-1.42x over 64 x 2, 16 x 8 and 16 x 32 MiB
-at 0, 20 and 50 ms; issue 41, docs/hfbucket.md).
+that asked is over), or ``LOAD_WAIT_SECS`` after it was asked for in a process that never idles,
+except in a big hit (``BIG_HIT_BYTES``, below), whose compressed chunks wait for it as ``numba``'s
+do; ``numba`` waits for it at that chunk; ``python`` never uses it (the whole test suite runs once
+so). Why after a small hit: the load (numba's import and the kernel from its cache) is CPU under
+the GIL that a fresh process's first hit would share; measured against the load beside the hit,
+cold hits of bf16 KV were as fast or faster (medians 1.01-1.42x over 64 x 2, 16 x 8 and 16 x 32
+MiB at 0, 20 and 50 ms; issue 41, docs/hfbucket.md). Why a big hit waits instead: loaded beside
+a hit, the load never ends before it (64 threads decoding the Python way hand the GIL around, and
+the loading thread, whose imports release it at every file read, waits its turn each time: begun
+0.2 s into a cold 64 x 32 MiB hit it ended 4-7 s later, after the hit), while waiting costs the
+load once (0.4-0.7 s) and decodes the rest compiled: a cold 64 x 32 MiB hit on loopback took
+2.56-3.25 s waiting against 5.56-7.11 s after it, but a 16 x 32 MiB one 1.10-1.85 against
+0.94-1.36 s (load 6-7, 2 cores; cold41 branch, issue 41).
 
 **Invariant (a hit pays nothing for a decoder it does not use).** Nothing but :func:`_one`
 meeting a compressed chunk (and :func:`kernel` called by a user who asks for it) starts the
 load: a raw chunk is one item write either way, and ``import numba`` alone holds the GIL for
 0.3 s, which a fresh process's first hit of objects stored uncompressed would otherwise pay
 (tests/hfbucket/test_xet_decode.py::test_uncompressed_loads_never_import_numba). A hit of
-compressed chunks does not pay for it either: the load waits until the reads are idle.
+compressed chunks smaller than ``BIG_HIT_BYTES`` does not pay for it either: the load waits
+until the reads are idle.
+
+**Invariant (a big hit waits for the compiled decoder).** Every ranged GET counts its bytes in
+:func:`fetching` from before it waits for a connection until it ends. A compressed chunk met while
+the fetches counted add up to ``BIG_HIT_BYTES`` or more loads the compiled decoder then and there
+and waits for it (:func:`_one` asks, :func:`kernel` decides), as ``numba`` does; the other ranges
+switch to it at their next chunk. Smaller hits keep the idle rule. A big hit of raw chunks still
+loads nothing: only a compressed chunk asks (tests/hfbucket/test_xet_decode.py::
+test_a_big_compressed_hit_waits_for_the_compiled_decoder). The wait is numba's cache load, or
+the first compile on a machine (~2 s) once.
 
 **Invariant (where decoded bytes land).** A byte reaches the caller's destination in one of two
 ways, both of which keep the rules item writes keep: an item write ``dst[a:b] = data``, or an
@@ -47,13 +64,14 @@ between two writes, never under one.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +93,10 @@ WINDOW = 256 << 10
 IDLE_SECS = 0.1
 #: ... or this long after it was asked for, whatever the reads do (a process that never idles)
 LOAD_WAIT_SECS = 5.0
+#: A compressed chunk met while fetches of at least this many bytes are in progress (a big hit)
+#: waits for the compiled decoder (see the module doc): measured against waiting, 16 x 32 MiB of
+#: bf16 KV (~470 MiB fetched) was faster decoded the Python way, 64 x 32 MiB (~1.85 GiB) slower
+BIG_HIT_BYTES = 768 << 20
 
 
 class XetReadUnsupported(Exception):
@@ -98,13 +120,14 @@ _failed: str | None = None
 _loading: Any = None  # the background load's future
 _busy = 0  # fetched ranges being decoded now (copy_range calls running)
 _idle_since = 0.0  # when the last one ended
+_fetching = 0  # bytes of the ranged GETs in progress (:func:`fetching`)
 
 
 def _after_fork() -> None:
     """A forked child starts with fresh locks (the parent's may have been held by its loading
     thread, which the child does not have) and loads again unless the parent had loaded."""
-    global _lock, _load_lock, _loading, _busy
-    _lock, _load_lock, _loading, _busy = threading.Lock(), threading.Lock(), None, 0
+    global _lock, _load_lock, _loading, _busy, _fetching
+    _lock, _load_lock, _loading, _busy, _fetching = threading.Lock(), threading.Lock(), None, 0, 0
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -147,7 +170,7 @@ def kernel(*, wait: bool = False) -> Kernel | None:
         return None
     if _kernel is not None or _failed is not None:
         return _kernel
-    if wait or mode == "numba":
+    if wait or mode == "numba" or _fetching >= BIG_HIT_BYTES:  # a big hit waits (see the module doc)
         return compiled()
     if _loading is None:  # asked once: every compressed chunk of a hit calls this
         with _lock:
@@ -166,6 +189,21 @@ def _load_when_idle() -> Kernel | None:
         if idle or now >= give_up:
             return compiled()
         time.sleep(IDLE_SECS / 2)
+
+
+@contextlib.contextmanager
+def fetching(nbytes: int) -> Iterator[None]:
+    """Count a ranged GET's ``nbytes`` while it runs: what tells a big hit (``BIG_HIT_BYTES``)
+    from the plan, before its chunks arrive. Entered before the GET waits for a connection, so a
+    hit's fetches count together even where the budget holds some back."""
+    global _fetching
+    with _lock:
+        _fetching += nbytes
+    try:
+        yield
+    finally:
+        with _lock:
+            _fetching -= nbytes
 
 
 def ready() -> Kernel | None:
@@ -398,8 +436,8 @@ def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], ds
     if c not in users:
         return c + 1
     data: Any = None
-    if fast is None and lazy and scheme != 0 and _loading is None:
-        fast = kernel()  # a compressed chunk asks for the compiled decoder (see the module doc)
+    if fast is None and lazy and scheme != 0 and (_loading is None or _fetching >= BIG_HIT_BYTES):
+        fast = kernel()  # a compressed chunk asks for the compiled decoder; a big hit's waits (module doc)
     if fast is not None:
         w = body.w
         end = start + 8 + clen
@@ -455,6 +493,6 @@ def _place_grouped(w: Window, grouped: Any, dst: Any, gate: Gate | None, off: in
             gate.write(dst, off, data)
 
 
-__all__ = ["DECODERS", "DECODER_ENV", "IDLE_SECS", "LOAD_WAIT_SECS", "MAX_CHUNK", "WINDOW", "Kernel",
-           "Window", "XetReadUnsupported", "compiled", "copy_range", "decode_chunk", "decoder_mode",
-           "decompressed", "kernel", "ready", "ungroup"]
+__all__ = ["BIG_HIT_BYTES", "DECODERS", "DECODER_ENV", "IDLE_SECS", "LOAD_WAIT_SECS", "MAX_CHUNK", "WINDOW",
+           "Kernel", "Window", "XetReadUnsupported", "compiled", "copy_range", "decode_chunk", "decoder_mode",
+           "decompressed", "fetching", "kernel", "ready", "ungroup"]

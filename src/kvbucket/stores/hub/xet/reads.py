@@ -416,6 +416,13 @@ class XetReader:
 
     def _fetch_run(self, reads: list[tuple[Fetch, Any, Gate | None]], deadline: float,
                    done: list[int]) -> None:
+        """:meth:`_send_and_read`, its bytes counted while it runs (decode.fetching: a big hit
+        waits for the compiled decoder)."""
+        with xet_decode.fetching(reads[-1][0].last - reads[0][0].first + 1):
+            self._send_and_read(reads, deadline, done)
+
+    def _send_and_read(self, reads: list[tuple[Fetch, Any, Gate | None]], deadline: float,
+                       done: list[int]) -> None:
         """One ranged GET for ``reads``, fetch ranges back to back in one xorb (one read: its own
         fetch), each laid out into its destination through its gate in turn; ``done[0]`` counts
         the reads finished whole, in order (so a caller that catches an error knows which)."""
