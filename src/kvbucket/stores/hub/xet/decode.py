@@ -44,9 +44,10 @@ load: a raw chunk is one item write either way, and ``import numba`` alone holds
 compressed chunks smaller than ``BIG_HIT_BYTES`` does not pay for it either: the load waits
 until the reads are idle.
 
-**Invariant (a big hit waits for the compiled decoder).** Every ranged GET counts its bytes in
-:func:`fetching` from before it waits for a connection until it ends. A compressed chunk met while
-the fetches counted add up to ``BIG_HIT_BYTES`` or more loads the compiled decoder then and there
+**Invariant (a big hit waits for the compiled decoder).** Every object read (``XetReader.read_into``,
+a run of objects in ``read_run``) counts its bytes in :func:`reading` from before it waits for its
+reconstruction until it ends. A compressed chunk met while the reads counted add up to
+``BIG_HIT_BYTES`` or more loads the compiled decoder then and there
 and waits for it (:func:`_one` asks, :func:`kernel` decides), as ``numba`` does; the other ranges
 switch to it at their next chunk. Smaller hits keep the idle rule. A big hit of raw chunks still
 loads nothing: only a compressed chunk asks (tests/hfbucket/test_xet_decode.py::
@@ -93,9 +94,9 @@ WINDOW = 256 << 10
 IDLE_SECS = 0.1
 #: ... or this long after it was asked for, whatever the reads do (a process that never idles)
 LOAD_WAIT_SECS = 5.0
-#: A compressed chunk met while fetches of at least this many bytes are in progress (a big hit)
-#: waits for the compiled decoder (see the module doc): measured against waiting, 16 x 32 MiB of
-#: bf16 KV (~470 MiB fetched) was faster decoded the Python way, 64 x 32 MiB (~1.85 GiB) slower
+#: A compressed chunk met while object reads of at least this many bytes are in progress (a big
+#: hit) waits for the compiled decoder (see the module doc): measured against waiting, 16 x 32 MiB
+#: of bf16 KV was faster decoded the Python way, 64 x 32 MiB slower
 BIG_HIT_BYTES = 768 << 20
 
 
@@ -120,14 +121,14 @@ _failed: str | None = None
 _loading: Any = None  # the background load's future
 _busy = 0  # fetched ranges being decoded now (copy_range calls running)
 _idle_since = 0.0  # when the last one ended
-_fetching = 0  # bytes of the ranged GETs in progress (:func:`fetching`)
+_reading = 0  # bytes of the object reads in progress (:func:`reading`)
 
 
 def _after_fork() -> None:
     """A forked child starts with fresh locks (the parent's may have been held by its loading
     thread, which the child does not have) and loads again unless the parent had loaded."""
-    global _lock, _load_lock, _loading, _busy, _fetching
-    _lock, _load_lock, _loading, _busy, _fetching = threading.Lock(), threading.Lock(), None, 0, 0
+    global _lock, _load_lock, _loading, _busy, _reading
+    _lock, _load_lock, _loading, _busy, _reading = threading.Lock(), threading.Lock(), None, 0, 0
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -170,7 +171,7 @@ def kernel(*, wait: bool = False) -> Kernel | None:
         return None
     if _kernel is not None or _failed is not None:
         return _kernel
-    if wait or mode == "numba" or _fetching >= BIG_HIT_BYTES:  # a big hit waits (see the module doc)
+    if wait or mode == "numba" or _reading >= BIG_HIT_BYTES:  # a big hit waits (see the module doc)
         return compiled()
     if _loading is None:  # asked once: every compressed chunk of a hit calls this
         with _lock:
@@ -192,18 +193,19 @@ def _load_when_idle() -> Kernel | None:
 
 
 @contextlib.contextmanager
-def fetching(nbytes: int) -> Iterator[None]:
-    """Count a ranged GET's ``nbytes`` while it runs: what tells a big hit (``BIG_HIT_BYTES``)
-    from the plan, before its chunks arrive. Entered before the GET waits for a connection, so a
-    hit's fetches count together even where the budget holds some back."""
-    global _fetching
+def reading(nbytes: int) -> Iterator[None]:
+    """Count an object read's ``nbytes`` while it runs: what tells a big hit (``BIG_HIT_BYTES``)
+    before its chunks arrive. Counted per object, not per ranged GET: a load's objects are read at
+    once (``load_concurrency``) while their GETs start in waves, so the GETs in flight of a 1 GiB
+    hit did not always add up to its size."""
+    global _reading
     with _lock:
-        _fetching += nbytes
+        _reading += nbytes
     try:
         yield
     finally:
         with _lock:
-            _fetching -= nbytes
+            _reading -= nbytes
 
 
 def ready() -> Kernel | None:
@@ -436,7 +438,7 @@ def _one(body: _Body, c: int, users: dict[int, list[int]], cursor: list[int], ds
     if c not in users:
         return c + 1
     data: Any = None
-    if fast is None and lazy and scheme != 0 and (_loading is None or _fetching >= BIG_HIT_BYTES):
+    if fast is None and lazy and scheme != 0 and (_loading is None or _reading >= BIG_HIT_BYTES):
         fast = kernel()  # a compressed chunk asks for the compiled decoder; a big hit's waits (module doc)
     if fast is not None:
         w = body.w
@@ -495,4 +497,4 @@ def _place_grouped(w: Window, grouped: Any, dst: Any, gate: Gate | None, off: in
 
 __all__ = ["BIG_HIT_BYTES", "DECODERS", "DECODER_ENV", "IDLE_SECS", "LOAD_WAIT_SECS", "MAX_CHUNK", "WINDOW",
            "Kernel", "Window", "XetReadUnsupported", "compiled", "copy_range", "decode_chunk", "decoder_mode",
-           "decompressed", "fetching", "kernel", "ready", "ungroup"]
+           "decompressed", "kernel", "reading", "ready", "ungroup"]

@@ -320,9 +320,11 @@ class XetReader:
 
     # ---- reads ---------------------------------------------------------------------------
     def read_into(self, h: str, view: memoryview, gate: Gate | None, deadline: float) -> None:
-        """Fill ``view`` (the whole object) with the object's bytes, by ``deadline``."""
+        """Fill ``view`` (the whole object) with the object's bytes, by ``deadline`` (counted in
+        decode.reading while it runs: a big hit waits for the compiled decoder)."""
         try:
-            self._read_into(h, view, gate, deadline)
+            with xet_decode.reading(view.nbytes):
+                self._read_into(h, view, gate, deadline)
         except (TimeoutError, TransientStoreError) as e:
             if left(deadline) > 0 and not isinstance(e, TimeoutError):
                 raise
@@ -416,13 +418,6 @@ class XetReader:
 
     def _fetch_run(self, reads: list[tuple[Fetch, Any, Gate | None]], deadline: float,
                    done: list[int]) -> None:
-        """:meth:`_send_and_read`, its bytes counted while it runs (decode.fetching: a big hit
-        waits for the compiled decoder)."""
-        with xet_decode.fetching(reads[-1][0].last - reads[0][0].first + 1):
-            self._send_and_read(reads, deadline, done)
-
-    def _send_and_read(self, reads: list[tuple[Fetch, Any, Gate | None]], deadline: float,
-                       done: list[int]) -> None:
         """One ranged GET for ``reads``, fetch ranges back to back in one xorb (one read: its own
         fetch), each laid out into its destination through its gate in turn; ``done[0]`` counts
         the reads finished whole, in order (so a caller that catches an error knows which)."""
@@ -527,19 +522,25 @@ class XetReader:
         are the reconstructions' own, so the run's request asks for nothing else."""
         done = [0]
         try:
-            reads = []
-            for h, size, view, gate in files:
-                rec = self._future(h, size, deadline).result(timeout=max(0.001, left(deadline)))
-                if len(rec.fetches) != 1:
-                    break
-                reads.append((rec.fetches[0], view, gate))
-            if any(a[0].last + 1 != b[0].first for a, b in itertools.pairwise(reads)):
-                return 0  # planned from other reconstructions (expired and asked again meanwhile)
-            if reads:
-                self._fetch_run(reads, deadline, done)
+            with xet_decode.reading(sum(size for _, size, _, _ in files)):
+                self._read_run(files, deadline, done)
         except Exception as e:  # the objects not read whole are read on their own
             log.debug("a run of %d objects stopped after %d: %s", len(files), done[0], e)
         return done[0]
+
+    def _read_run(self, files: list[tuple[str, int, Any, Gate | None]], deadline: float,
+                  done: list[int]) -> None:
+        """:meth:`read_run`'s work: ``done[0]`` counts the objects read whole, in order."""
+        reads = []
+        for h, size, view, gate in files:
+            rec = self._future(h, size, deadline).result(timeout=max(0.001, left(deadline)))
+            if len(rec.fetches) != 1:
+                break
+            reads.append((rec.fetches[0], view, gate))
+        if any(a[0].last + 1 != b[0].first for a, b in itertools.pairwise(reads)):
+            return  # planned from other reconstructions (expired and asked again meanwhile)
+        if reads:
+            self._fetch_run(reads, deadline, done)
 
     def _take_window(self) -> Window:
         """A parse window, reused (one per body being read; with read slots, at most one per
