@@ -454,3 +454,14 @@ def test_a_big_compressed_hit_waits_for_the_compiled_decoder(hub_bucket: Any) ->
     assert big["began_in_hit"] and big["during"] and big["numba"]
     assert not small["began_in_hit"] and small["numba"]
     assert not raw["began_in_hit"] and not raw["numba"] and not raw["during"]
+
+
+def test_a_late_object_keeps_the_decoder_load_after_the_hit(hub_bucket: Any) -> None:
+    """A small hit's load waits until no object is being read: with one of its four fetches
+    answered 0.6 s late, the others decoded meanwhile leave no range decoding for longer than
+    IDLE_SECS, and the load (0.3-0.5 s of CPU holding the GIL) began inside the hit before."""
+    hub_bucket.hub.faults.add("fetch", nth=1, latency_s=0.6)
+    got = _store_and_cold_load(hub_bucket, "late", "bg4-lz4", {})
+    assert hub_bucket.hub.faults.rules()[0]["fired"] == 1
+    assert not got["began_in_hit"] and not got["during"] and got["numba"]
+

@@ -21,8 +21,8 @@ bf16 KV data, every scheme and frame option, odd lengths and window boundaries):
 ``KVBUCKET_XET_DECODER``: ``auto`` (default) uses the compiled decoder once it is loaded and the
 pure-Python one meanwhile: the first *compressed* chunk a process meets asks for it, and a
 background thread loads it (0.3-0.5 s of CPU from numba's cache, ~2 s the first time on a
-machine, when it is compiled) once no fetched range has been decoded for ``IDLE_SECS`` (the hit
-that asked is over), or ``LOAD_WAIT_SECS`` after it was asked for in a process that never idles,
+machine, when it is compiled) once no object is being read and none was for ``IDLE_SECS`` (the
+hit that asked is over), or ``LOAD_WAIT_SECS`` after it was asked for in a process that never idles,
 except in a big hit (``BIG_HIT_BYTES``, below), whose compressed chunks wait for it as ``numba``'s
 do; ``numba`` waits for it at that chunk; ``python`` never uses it (the whole test suite runs once
 so). Why after a small hit: the load (numba's import and the kernel from its cache) is CPU under
@@ -42,7 +42,9 @@ load: a raw chunk is one item write either way, and ``import numba`` alone holds
 0.3 s, which a fresh process's first hit of objects stored uncompressed would otherwise pay
 (tests/hfbucket/test_xet_decode.py::test_uncompressed_loads_never_import_numba). A hit of
 compressed chunks smaller than ``BIG_HIT_BYTES`` does not pay for it either: the load waits
-until the reads are idle.
+until the reads are idle, and a read waiting for its bytes is not idle (the rule was "no range
+decoded for IDLE_SECS": one object's fetch arriving late let the load start inside the hit,
+tests/hfbucket/test_xet_decode.py::test_a_late_object_keeps_the_decoder_load_after_the_hit).
 
 **Invariant (a big hit waits for the compiled decoder).** Every object read (``XetReader.read_into``,
 a run of objects in ``read_run``) counts its bytes in :func:`reading` from before it waits for its
@@ -90,7 +92,7 @@ DECODERS = ("auto", "numba", "python")
 MAX_CHUNK = 1 << 20  # chunks are ~64 KiB (at most 128 KiB); a header beyond this is garbage
 #: A body's parse window: holds any chunk hf_xet writes (<= 128 KiB, + 8) with room; grows for a larger one
 WINDOW = 256 << 10
-#: The compiled decoder, once asked for, loads after no fetched range was decoded for this long
+#: The compiled decoder, once asked for, loads after no object was being read for this long
 IDLE_SECS = 0.1
 #: ... or this long after it was asked for, whatever the reads do (a process that never idles)
 LOAD_WAIT_SECS = 5.0
@@ -120,7 +122,7 @@ _kernel: Kernel | None = None
 _failed: str | None = None
 _loading: Any = None  # the background load's future
 _busy = 0  # fetched ranges being decoded now (copy_range calls running)
-_idle_since = 0.0  # when the last one ended
+_idle_since = 0.0  # when the last range decoded or object read ended
 _reading = 0  # bytes of the object reads in progress (:func:`reading`)
 
 
@@ -186,7 +188,7 @@ def _load_when_idle() -> Kernel | None:
     while True:
         now = time.monotonic()
         with _lock:
-            idle = _busy == 0 and now - _idle_since >= IDLE_SECS
+            idle = _busy == 0 and _reading == 0 and now - _idle_since >= IDLE_SECS
         if idle or now >= give_up:
             return compiled()
         time.sleep(IDLE_SECS / 2)
@@ -198,7 +200,7 @@ def reading(nbytes: int) -> Iterator[None]:
     before its chunks arrive. Counted per object, not per ranged GET: a load's objects are read at
     once (``load_concurrency``) while their GETs start in waves, so the GETs in flight of a 1 GiB
     hit did not always add up to its size."""
-    global _reading
+    global _reading, _idle_since
     with _lock:
         _reading += nbytes
     try:
@@ -206,6 +208,7 @@ def reading(nbytes: int) -> Iterator[None]:
     finally:
         with _lock:
             _reading -= nbytes
+            _idle_since = time.monotonic()
 
 
 def ready() -> Kernel | None:
