@@ -31,6 +31,7 @@ FLEET = {"sync_secs": 0.3, "heartbeat_secs": 0.5, "node_timeout_secs": 5.0, "com
          # eviction (and no cross-node eviction) to show; the cap has its own tests
          "write_cap": 3.0}
 SETTLE = 5.0
+HUB_RECHECK_DELAY = 2.5
 HOT = list(range(1_000_000, 1_000_004))
 
 
@@ -76,12 +77,15 @@ def test_fleet_on_s3(seaweedfs: S3Server, s3_bucket: str) -> None:
     fleet_round({"type": "s3", **cfg}, lambda: chunks_of(S3Store.from_config(S3Config(**cfg))))
 
 
-@pytest.mark.slow(20)
+@pytest.mark.slow(17)
 def test_fleet_on_the_hub_emulator(hub_bucket: HubBucket) -> None:
     handle = f"hf://buckets/{hub_bucket.bucket_id}/kv"
+    # recheck_delay_secs 2.5, not the default 5 (the delete window stays at its default 2, as in
+    # tests/integrity): the same rechecks, with 5 s less of the nodes' linger below.
     base = {"type": "hfbucket", "bucket_handle": handle, "token": hub_bucket.hub.write_token,
-            "endpoint": hub_bucket.hub.endpoint}
-    cfg = HFBucketConfig(bucket_handle=handle, token=base["token"], endpoint=base["endpoint"])
+            "endpoint": hub_bucket.hub.endpoint, "recheck_delay_secs": HUB_RECHECK_DELAY}
+    cfg = HFBucketConfig(bucket_handle=handle, token=base["token"], endpoint=base["endpoint"],
+                         recheck_delay_secs=HUB_RECHECK_DELAY)
     # On the Hub no chunk younger than twice recheck_delay_secs is evicted (its writer would add
     # it back: stores/hub/rechecks.py), whatever grace_secs says: the last writes settle later.
     fleet_round(base, lambda: chunks_of(HFBucketStore(cfg)), settle=SETTLE + 2 * cfg.recheck_delay_secs)
