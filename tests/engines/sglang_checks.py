@@ -27,7 +27,7 @@ from sglang.srt.mem_cache.utils import get_storage_hash_str
 from sglang.srt.observability.metrics_collector import StorageMetrics
 
 from kvbucket.integrations.sglang import KVBucketHiCacheStorage
-from kvbucket.testing.engines import target_listing
+from kvbucket.testing.engines import fleet_target, target_listing
 
 TARGETS: dict[str, dict[str, Any]] = json.loads(os.environ.get("KVB_SGLANG_TARGETS", "{}"))
 PAGE = 16
@@ -298,7 +298,7 @@ def test_fleet_refuses_over_capacity_and_evicts_what_was_not_read(target: dict[s
     """The fleet keys through SGLang's factory: a page past the shared capacity is a failed set;
     eviction (down to 60%) takes the pages not read since; the worker forgets what it deleted;
     closing publishes the fleet's journal."""
-    sub = {**target, "url": f"{target['url']}/fleet-{uuid.uuid4().hex[:8]}"}  # a fleet of its own
+    sub = fleet_target(target)  # a fleet of its own
     pool = host_pool()
     idx = fill(pool, N_PAGES, seed=11)
     keys = page_keys(11)

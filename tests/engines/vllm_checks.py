@@ -19,7 +19,6 @@ import json
 import os
 import re
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from vllm_common import BLOCK_BYTES, TARGETS, N, count_heads, engine, kv_data, o
 from kvbucket.integrations.vllm import KVBucketSecondaryTier
 from kvbucket.stores import open_store
 from kvbucket.testing import vllm_engine
+from kvbucket.testing.engines import fleet_target
 from kvbucket.testing.vllm_engine import Engine
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
@@ -305,7 +305,7 @@ def test_fleet_deletions_emit_removed_events(target: dict[str, Any], monkeypatch
 def fleet_engine(target: dict[str, Any], **tier: Any) -> tuple[Engine, dict[str, Any]]:
     """An engine in a fleet of its own (a fresh sub-store), capacity 4 chunks, write cap 1.0 (the
     5th chunk is refused; main's default cap is 2.0); returns it and its target."""
-    sub = {**target, "url": f"{target['url']}/fleet-{uuid.uuid4().hex[:8]}"}
+    sub = fleet_target(target)  # a fleet of its own
     fleet = {"sync_secs": 0.1, "heartbeat_secs": 0.5, "node_timeout_secs": 3.0, "grace_secs": 1.0,
              "write_cap": 1.0}
     e = engine(sub, fleet=fleet, max_capacity_gb=4 * BLOCK_BYTES / 1024**3, **tier)

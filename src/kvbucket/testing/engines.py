@@ -46,6 +46,23 @@ def store_targets(tmp_path: Path, hub_bucket: Any, seaweedfs: Any, s3_bucket: st
     }
 
 
+#: A Hub fleet evicts no chunk younger than twice ``recheck_delay_secs`` (stores/hub/rechecks.py):
+#: the engine checks' fleets on the Hub use 2.5 s, not the default 5 (the delete window stays at its
+#: default 2, as in tests/integrity), so their evictions come 5 s sooner.
+FLEET_HUB_RECHECK_DELAY = 2.5
+
+
+def fleet_target(target: dict[str, Any]) -> dict[str, Any]:
+    """``target`` in a fleet of its own (a fresh sub-store of it); on the Hub with
+    :data:`FLEET_HUB_RECHECK_DELAY`."""
+    import uuid
+
+    sub = {**target, "url": f"{target['url']}/fleet-{uuid.uuid4().hex[:8]}"}
+    if sub["url"].startswith("hf://"):
+        sub["options"] = {**sub.get("options", {}), "recheck_delay_secs": FLEET_HUB_RECHECK_DELAY}
+    return sub
+
+
 def run_checks(venv: Path, root: Path, checks: Path, env_var: str, targets: dict[str, Any], tmp_path: Path,
                *args: str) -> subprocess.CompletedProcess[str]:
     """Run the pytest file ``checks`` with the engine venv's Python; ``targets`` go in ``env_var``."""
