@@ -29,6 +29,16 @@ def cli_environ(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "COLUMNS": "100", **(env or {})}
 
 
+def clean_env(config_dir: Path) -> dict[str, str]:
+    """A private config dir and no cloud credentials or endpoints from the developer's shell (the
+    ``cli_env`` fixture; module-scoped fixtures call it themselves)."""
+    env = {"KVBUCKET_CONFIG_DIR": str(config_dir), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    for name in ("HF_TOKEN", "HF_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                 "AWS_SESSION_TOKEN", "AWS_PROFILE", "KVBUCKET_COMPILE_CACHE", "KVBUCKET_LOG_LEVEL"):
+        env[name] = ""
+    return env
+
+
 def run_cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120.0,
             cwd: str | Path | None = None, wrapper: Sequence[str] = ()) -> Run:
     """``kvbucket ARGS`` in a child process with this environment (plus ``env``), run through

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_run import clean_env
 
 from kvbucket.testing.silent_server import SilentServer
 
@@ -13,11 +14,7 @@ from kvbucket.testing.silent_server import SilentServer
 @pytest.fixture
 def cli_env(tmp_path: Path) -> dict[str, str]:
     """A private config dir and no cloud credentials or endpoints from the developer's shell."""
-    env = {"KVBUCKET_CONFIG_DIR": str(tmp_path / "kvbucket-config"), "HF_HUB_DISABLE_TELEMETRY": "1"}
-    for name in ("HF_TOKEN", "HF_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
-                 "AWS_SESSION_TOKEN", "AWS_PROFILE", "KVBUCKET_COMPILE_CACHE", "KVBUCKET_LOG_LEVEL"):
-        env[name] = ""
-    return env
+    return clean_env(tmp_path / "kvbucket-config")
 
 
 @pytest.fixture

@@ -11,14 +11,16 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_run import KVBUCKET, Run, assert_one_line_error, cli_environ, run_cli
+from cli_run import KVBUCKET, Run, assert_one_line_error, clean_env, cli_environ, run_cli
 
 from kvbucket.testing.s3_server import S3Server, free_port
+from kvbucket.testing.silent_server import SilentServer
 
 
 @pytest.fixture
@@ -172,7 +174,7 @@ def test_unreachable_metrics_endpoint(cli_env: dict[str, str]) -> None:
 # ---- an endpoint that accepts and never answers: exit 1 within --timeout ----------------------------
 
 
-@pytest.mark.parametrize("cmd", [
+SILENT_CMDS = [
     ["ls", "hf://buckets/a/b"],
     ["demo", "--synthetic", "--chunks", "1", "--target", "hf://buckets/a/b"],
     ["compile-cache", "create", "hf://buckets/a/b", "--no-set"],
@@ -182,16 +184,37 @@ def test_unreachable_metrics_endpoint(cli_env: dict[str, str]) -> None:
     ["compile-cache", "sync", "--layout", "torch", "--target", "hf://buckets/a/b"],
     ["compile-cache", "lookup", "org/model", "--layout", "torch", "--target", "s3://bucket/x"],
     ["verify", "hf://buckets/a/b"],
-])
-def test_silent_endpoint_fails_within_the_timeout(cmd: list[str], silent_port: int, cli_env: dict[str, str],
-                                                  tmp_path: Path) -> None:
-    endpoint = f"http://127.0.0.1:{silent_port}"
-    env = {**cli_env, "HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_x", "HF_HOME": str(tmp_path / "hf"),
-           "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b",
-           "AWS_REGION": "us-east-1"}
-    t0 = time.monotonic()
-    r = run_cli(*cmd, "--timeout", "2", env=env, timeout=120)
-    elapsed = time.monotonic() - t0
+]
+SilentRuns = dict[str, tuple[Run, float]]  # command line -> (its run, its seconds)
+
+
+@pytest.fixture(scope="module")
+def silent_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, SilentRuns]]:
+    """Every command of SILENT_CMDS, ``--timeout 2``, against one endpoint that never answers:
+    (endpoint, {command: (run, seconds)}). Three run at once (each mostly waits its 2 s), not one
+    after another; each command has its own config dir and HF_HOME, and its own test below."""
+    with SilentServer() as srv:
+        endpoint = f"http://127.0.0.1:{srv.port}"
+
+        def timed(cmd: list[str]) -> tuple[Run, float]:
+            home = tmp_path_factory.mktemp("silent")
+            env = {**clean_env(home / "kvbucket-config"), "HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_x",
+                   "HF_HOME": str(home / "hf"), "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "a",
+                   "AWS_SECRET_ACCESS_KEY": "b", "AWS_REGION": "us-east-1"}
+            t0 = time.monotonic()
+            r = run_cli(*cmd, "--timeout", "2", env=env, timeout=120)
+            return r, time.monotonic() - t0
+
+        with ThreadPoolExecutor(3) as pool:
+            runs = list(pool.map(timed, SILENT_CMDS))
+        yield endpoint, {" ".join(c): r for c, r in zip(SILENT_CMDS, runs, strict=True)}
+
+
+@pytest.mark.parametrize("cmd", SILENT_CMDS)
+def test_silent_endpoint_fails_within_the_timeout(
+        cmd: list[str], silent_runs: tuple[str, SilentRuns]) -> None:
+    endpoint, runs = silent_runs
+    r, elapsed = runs[" ".join(cmd)]
     assert_one_line_error(r, 1, "no answer", endpoint, "within 2 s", "--timeout")
     assert elapsed < 60  # bounded: 2 s of waiting plus interpreter start-up, far from the 60 s limit
 
