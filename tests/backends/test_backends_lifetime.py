@@ -152,23 +152,39 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_a_stuck_store_call_never_keeps_the_process_alive(tmp_path: Path, scenario: str) -> None:
+#: a scenario's run: its process (None: it did not exit in time), its seconds, its output
+Ran = tuple[subprocess.CompletedProcess[str] | None, float, str]
+
+
+def _run_scenario(tmp: Path, scenario: str) -> Ran:
     script = _PRELUDE + textwrap.dedent(SCENARIOS[scenario]) + "\nprint('end of script', flush=True)\n"
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", script],
-            env={**os.environ, "PYTHONPATH": SRC},
-            capture_output=True,
-            text=True,
-            timeout=EXIT_BOUND_SECS,
-            cwd=tmp_path,
-        )
+        proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": SRC},
+                              capture_output=True, text=True, timeout=EXIT_BOUND_SECS, cwd=tmp)
     except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, time.monotonic() - t0, out
+    return proc, time.monotonic() - t0, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def scenario_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
+    """Every scenario's subprocess, three at once (each mostly waits on its hung store and its
+    bounds), not one after another; each scenario has its own test below."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(3) as pool:
+        runs = pool.map(lambda sc: _run_scenario(tmp_path_factory.mktemp(sc), sc), SCENARIOS)
+        return dict(zip(SCENARIOS, runs, strict=True))
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_a_stuck_store_call_never_keeps_the_process_alive(scenario_runs: dict[str, Ran],
+                                                          scenario: str) -> None:
+    proc, elapsed, out = scenario_runs[scenario]
+    if proc is None:
         pytest.fail(f"the process did not exit within {EXIT_BOUND_SECS}s after its script ended: {out!r}")
-    elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[-1] == "end of script"
