@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from kvbucket.testing.bucket_pool import BucketPool
 from kvbucket.testing.children import dies_with_parent
 from kvbucket.testing.fault_proxy import CUT, HANG_UP, TRICKLE, Fault, FaultProxy
 
@@ -326,8 +327,13 @@ def moto_s3() -> Iterator[S3Server]:
         server.stop()
 
 
-def _fresh_bucket(server: S3Server) -> Iterator[str]:
-    name = server.create_bucket(f"t{next(_bucket_ids)}-{uuid.uuid4().hex[:16]}")
+def _bucket_name() -> str:
+    return f"t{next(_bucket_ids)}-{uuid.uuid4().hex[:16]}"
+
+
+def _fresh_bucket(server: S3Server, name: str | None = None) -> Iterator[str]:
+    """``name`` (a bucket already made for the caller alone) or a new one; deleted afterwards."""
+    name = name or server.create_bucket(_bucket_name())
     try:
         yield name
     finally:
@@ -335,10 +341,17 @@ def _fresh_bucket(server: S3Server) -> Iterator[str]:
             server.delete_bucket(name)
 
 
+@pytest.fixture(scope="session")
+def s3_bucket_pool(seaweedfs: S3Server) -> Iterator[BucketPool]:
+    """Fresh SeaweedFS buckets made ahead in a thread (kvbucket.testing.bucket_pool)."""
+    with BucketPool(seaweedfs, _bucket_name) as pool:
+        yield pool
+
+
 @pytest.fixture
-def s3_bucket(seaweedfs: S3Server) -> Iterator[str]:
-    """A fresh, empty bucket on SeaweedFS, removed afterwards."""
-    yield from _fresh_bucket(seaweedfs)
+def s3_bucket(seaweedfs: S3Server, s3_bucket_pool: BucketPool) -> Iterator[str]:
+    """A fresh, empty bucket on SeaweedFS (made ahead, for this test alone), removed afterwards."""
+    yield from _fresh_bucket(seaweedfs, s3_bucket_pool.take())
 
 
 @pytest.fixture(scope="module")
