@@ -105,8 +105,10 @@ class DaemonThreadPool(Executor):
                     item = self._q.get_nowait()
                 except queue.Empty:
                     break
-                if item is not _STOP:
-                    item[0].cancel()
+                if item is not _STOP and item[0].cancel():
+                    # notified too: concurrent.futures.wait() counts a future cancelled but not
+                    # notified as pending, so a caller waiting on it waited to its own timeout
+                    item[0].set_running_or_notify_cancel()
         self._q.put(_STOP)
         if wait:
             join_all(threads, DEFAULT_CLOSE_TIMEOUT_SECS if timeout is None else timeout)

@@ -221,6 +221,27 @@ def test_daemon_pool_runs_work_and_bounds_shutdown() -> None:
         DaemonThreadPool(0)
 
 
+def test_work_cancelled_by_shutdown_wakes_its_waiters_at_once() -> None:
+    """concurrent.futures.wait() counts a future cancelled but not notified as pending: a Hub load
+    whose queued work a close() cancelled waited out its whole load_timeout_secs (5-30 s)."""
+    from concurrent.futures import wait
+
+    pool = DaemonThreadPool(1, "kvbucket-test")
+    release = threading.Event()
+    stuck = pool.submit(release.wait)
+    queued = [pool.submit(release.wait) for _ in range(3)]
+    waiter = threading.Thread(target=lambda: pool.shutdown(wait=False, cancel_futures=True))
+    t0 = time.monotonic()
+    waiter.start()
+    done, pending = wait(queued, timeout=10)
+    took = time.monotonic() - t0
+    waiter.join(5)
+    release.set()
+    assert stuck.result(timeout=5) is True
+    assert not pending and all(f.cancelled() for f in done), (done, pending)
+    assert took < 2.0, f"wait() on cancelled work returned after {took:.2f}s"
+
+
 def test_put_queue_close_drops_what_cannot_land_in_time() -> None:
     release = threading.Event()
     applied: list[str] = []
