@@ -275,6 +275,12 @@ class ObjectStore(abc.ABC):
         return [check_name(n) for n in names]
 
 
+def closed_during(url: str) -> StoreError:
+    """The error of an item a store's close() ended while its call was in flight (every family
+    says it in the same words: nothing of the item was read or counted)."""
+    return StoreError(f"{url} was closed during this call")
+
+
 def raise_first_error(results: Sequence[ItemResult]) -> None:
     """Raise the first per-item error of a batch (for callers that want all-or-nothing)."""
     for r in results:
@@ -295,5 +301,6 @@ __all__ = [
     "check_buffer_size",
     "check_name",
     "check_prefix",
+    "closed_during",
     "raise_first_error",
 ]

@@ -57,6 +57,7 @@ from kvbucket.stores.base import (
     VersionedDelete,
     check_buffer_size,
     check_name,
+    closed_during,
 )
 from kvbucket.stores.buffers import put_view
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
@@ -64,6 +65,7 @@ from kvbucket.stores.guard.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.hub import versions as hub_versions
 from kvbucket.stores.hub.client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
 from kvbucket.stores.hub.config import HFBucketConfig
+from kvbucket.stores.hub.loads import Load, Loads, fetch_jobs, settled
 from kvbucket.stores.hub.meta_cache import MetaCache
 from kvbucket.stores.hub.rechecks import Rechecks
 from kvbucket.stores.hub.whoami import as_caller
@@ -119,6 +121,7 @@ class HFBucketStore(RemoteStore):
         self._create_lock = threading.Lock()
         self._bucket_ready = False
         self._closed = False
+        self._live_loads = Loads()
 
     @classmethod
     def from_config(cls, config: HFBucketConfig) -> HFBucketStore:
@@ -150,15 +153,16 @@ class HFBucketStore(RemoteStore):
         pool = self._loads if loads else self._pool
         return [pool.submit(fn, it) for it in items]
 
-    def _gather(self, futures: list[Future[Any]], deadline: float, on_late: Callable[[int], Any]
-                ) -> list[Any]:
-        """Results of ``futures`` in order; a future not done at ``deadline`` gives ``on_late(i)``.
+    def _gather(self, futures: list[Future[Any]], deadline: float, on_late: Callable[[int], Any],
+                load: Load | None = None) -> list[Any]:
+        """Results of ``futures`` in order; a future not done at ``deadline`` (or when close() ends
+        the ``load``) gives ``on_late(i)``.
 
         Workers still busy then are stuck in calls hf_xet cannot cancel: the pool is replaced so
         that later calls do not queue behind them (their daemon threads end with the call).
         """
-        if not wait_all(futures, deadline + 0.05):
-            self._abandon_pool()
+        if not (wait_all(futures, deadline + 0.05) if load is None else load.wait(futures, deadline + 0.05)):
+            self._abandon_pool()  # not when closed
         out = []
         for i, fut in enumerate(futures):
             if not fut.done():
@@ -401,30 +405,17 @@ class HFBucketStore(RemoteStore):
 
         if not jobs:
             return [r for r in results if r is not None]
-        # all at once, whatever the pool, each by the load's deadline
-        self._client.prefetch_reconstructions([j[1] for j in jobs], deadline=deadline)
         gates = [Gate() for _ in jobs]
-        groups = self._client.plan_runs([j[1] for j in jobs], deadline)  # neighbours: one fetch
-
-        def fetch(ks: list[int]) -> list[ItemResult]:
-            run = [(jobs[k][1], jobs[k][2], gates[k]) for k in ks]
-            whole = self._client.read_run(run, deadline) if len(ks) > 1 else 0
-            return [ItemResult(names[jobs[k][0]], size=jobs[k][1].size, data=jobs[k][3]) if n < whole
-                    else self._download(names[jobs[k][0]], jobs[k][1], jobs[k][2], jobs[k][3],
-                                        out is not None and out[jobs[k][0]] is not None, gates[k], deadline)
-                    for n, k in enumerate(ks)]
-
-        def late(k: int) -> ItemResult:
-            gates[k].close()  # the abandoned read can no longer write into the caller's buffer
-            self._cache.invalidate([jobs[k][1].path])
-            return ItemResult(names[jobs[k][0]], error=exceeded(
-                "a load", self.url, "load_timeout_secs", self.config.load_timeout_secs))
-
-        # Always on the pool (hf_xet reads cannot be cancelled): the caller waits until the deadline.
-        fetched = self._gather(self._map(fetch, groups, inline=False, loads=True), deadline,
-                               lambda g: [late(k) for k in groups[g]])
-        for ks, rs in zip(groups, fetched, strict=True):
-            for k, r in zip(ks, rs, strict=True):
+        load = self._live_loads.start(gates)  # close() closes the gates and wakes this call
+        try:
+            fetched = None if load.ended else fetch_jobs(self, names, out, jobs, gates, load, deadline)
+        finally:
+            self._live_loads.finish(load)
+        if fetched is None:  # closed before a fetch was sent
+            fetched = [(list(range(len(jobs))), [ItemResult(names[j[0]], error=closed_during(self.url))
+                                                 for j in jobs])]
+        for ks, rs in fetched:
+            for k, r in zip(ks, settled(rs, load, self.url), strict=True):
                 results[jobs[k][0]] = r
         return [r for r in results if r is not None]
 
@@ -588,6 +579,7 @@ class HFBucketStore(RemoteStore):
             return
         self.rechecks.close()  # the pending checks, at once
         self._closed = True
+        self._live_loads.close()  # loads in flight end now: their gates closed, their callers woken
         self.breaker.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._loads.shutdown(wait=True, cancel_futures=True)

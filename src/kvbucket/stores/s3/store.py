@@ -54,6 +54,7 @@ from kvbucket.stores.base import (
     VersionedDelete,
     check_buffer_size,
     check_name,
+    closed_during,
 )
 from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.guard.breaker import CircuitBreaker, RemoteStore
@@ -369,7 +370,7 @@ class S3Store(RemoteStore):
         return out
 
     def _closed_during(self) -> StoreError:
-        return StoreError(f"{self.url} was closed during this call")
+        return closed_during(self.url)
 
     def _unanswered(self) -> StoreError:
         return exceeded("the first answer to a load", self.url, "s3_lookup_timeout_secs",
