@@ -144,3 +144,24 @@ def test_threads_loading_while_the_store_closes_get_whole_objects_or_closed(hub_
         assert not problems, f"round {rnd}: {problems[:5]}"
         assert max(returns, default=0.0) < RETURN_BOUND_SECS, f"round {rnd}: calls returned {sorted(returns)}"
     assert outcomes["ok"] > 0 and outcomes["closed"] > 0, outcomes  # both paths ran
+
+
+def test_close_during_a_loads_lookup_ends_it_with_the_lookup(hub_bucket: Any, hub_faults: Any) -> None:
+    """The lookup part of a load (paths-info, answered after 1.5 s here) is not cut short by
+    close(): the load ends when it answers, sending no fetch, its items closed, nothing raised."""
+    objs = _put(hub_bucket, 256 << 10, 2)
+    store = _store(hub_bucket, breaker_failures=0)
+    hub_faults.add("paths_info", latency_s=1.5)
+    bufs = [bytearray([SENTINEL]) * (256 << 10) for _ in objs]
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(store.get_many(sorted(objs), bufs)))
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    store.close()
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - t0 < 1.5 + RETURN_BOUND_SECS
+    (results,) = got
+    assert [r.error is not None and CLOSED in str(r.error) for r in results] == [True, True], results
+    time.sleep(0.3)
+    assert all(b == bytearray([SENTINEL]) * (256 << 10) for b in bufs)

@@ -378,6 +378,8 @@ class HFBucketStore(RemoteStore):
         try:  # the metadata is a lookup: a Hub that does not answer it in time is not answering
             meta = self._lookup(paths, min(deadline, deadline_in(self.config.lookup_timeout_secs)))
         except StoreError as e:
+            if self._closed:  # e.g. its client closed under it
+                return [ItemResult(n, error=closed_during(self.url)) for n in names]
             if isinstance(e, DeadlineExceededError):  # name the budget that ran out
                 base = exceeded("the lookup part of a load", self.url, "lookup_timeout_secs",
                                 self.config.lookup_timeout_secs)
