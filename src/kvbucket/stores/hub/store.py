@@ -583,8 +583,10 @@ class HFBucketStore(RemoteStore):
         self._closed = True
         self._live_loads.close()  # loads in flight end now: their gates closed, their callers woken
         self.breaker.close()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._loads.shutdown(wait=True, cancel_futures=True)
+        with self._pool_lock:  # after _closed: _abandon_pool swaps no pool in past here
+            pool, loads = self._pool, self._loads
+        pool.shutdown(wait=True, cancel_futures=True)
+        loads.shutdown(wait=True, cancel_futures=True)
         self._client.close()
         self._cache.clear()
 
