@@ -465,3 +465,37 @@ def test_a_late_object_keeps_the_decoder_load_after_the_hit(hub_bucket: Any) -> 
     assert hub_bucket.hub.faults.rules()[0]["fired"] == 1
     assert not got["began_in_hit"] and not got["during"] and got["numba"]
 
+
+
+_FORK_DURING_LOAD = r"""
+import os, sys, threading, time
+from kvbucket.stores.hub.xet import decode
+threading.Thread(target=decode.compiled, daemon=True).start()
+time.sleep(float(sys.argv[1]))  # inside the load: numba's import and the kernel take 0.3 s or more
+pid = os.fork()
+if pid == 0:
+    k = decode.compiled()  # before the fix: waited forever on the kernel module's import lock
+    os._exit(0 if k is not None else 3)
+t = time.monotonic()
+while time.monotonic() - t < 60:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        sys.exit(os.waitstatus_to_exitcode(status))
+    time.sleep(0.05)
+os.kill(pid, 9)
+sys.exit(4)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.02, 0.15])
+def test_a_fork_during_the_decoders_load_gets_the_decoder_in_the_child(delay: float) -> None:
+    """An outside tester forked 0.15-0.45 s after a hit started the background load: the child
+    waited forever on the kernel module's import lock (held by the parent's loading thread, which
+    the child does not have) or decoded the Python way for its life. A fork now waits for the
+    load to end, and the child has the compiled decoder."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _FORK_DURING_LOAD, str(delay)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "KVBUCKET_XET_DECODER": "auto"})
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])

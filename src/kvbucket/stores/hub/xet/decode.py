@@ -126,14 +126,41 @@ _idle_since = 0.0  # when the last range decoded or object read ended
 _reading = 0  # bytes of the object reads in progress (:func:`reading`)
 
 
+#: A fork waits this long for a load in progress to end (see _before_fork)
+FORK_WAIT_SECS = 60.0
+_fork_held = False
+
+
+def _before_fork() -> None:
+    """A fork waits for a load in progress: the loading thread holds Python's import lock of
+    the kernel module, and a child forked then inherits that lock held by a thread it does not
+    have. Its first load then waited forever (the outside tester's child: every item at its
+    load deadline) or met a half-imported module (Python decoding for the child's life)."""
+    global _fork_held
+    _fork_held = _load_lock.acquire(timeout=FORK_WAIT_SECS)
+
+
+def _after_fork_in_parent() -> None:
+    global _fork_held
+    if _fork_held:
+        _fork_held = False
+        _load_lock.release()
+
+
 def _after_fork() -> None:
-    """A forked child starts with fresh locks (the parent's may have been held by its loading
-    thread, which the child does not have) and loads again unless the parent had loaded."""
-    global _lock, _load_lock, _loading, _busy, _reading
+    """A forked child starts with fresh locks and loads again unless the parent had loaded; if
+    the fork could not wait for the parent's load, the child never imports the kernel (its
+    import lock may be held by a thread the child does not have) and decodes the Python way."""
+    global _lock, _load_lock, _loading, _busy, _reading, _failed, _fork_held
     _lock, _load_lock, _loading, _busy, _reading = threading.Lock(), threading.Lock(), None, 0, 0
+    if not _fork_held and _kernel is None and _failed is None:
+        _failed = f"the process forked while its parent loaded it for more than {FORK_WAIT_SECS:.0f} s"
+        log.warning("the compiled Xet decoder is not available in this forked process (%s); Hub reads "
+                    "decode in Python", _failed)
+    _fork_held = False
 
 
-os.register_at_fork(after_in_child=_after_fork)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork)
 
 
 def decoder_mode() -> str:
