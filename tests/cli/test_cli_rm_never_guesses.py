@@ -92,7 +92,11 @@ def test_ctrl_c_during_a_prefix_removal_says_how_many_were_removed(
                 break
             seen.append(line.rstrip("\n"))
             if ": 1,000 objects," in line:  # the first batch is gone; the second listed, then sent
-                time.sleep(1.0)  # most often now inside the second (delayed) delete
+                # SIGINT once the emulator holds the second batch in its 4 s delay (its rule has seen
+                # it): a fixed 1 s sleep here raced the second batch under -n 2 (exit 0 in two runs)
+                while time.monotonic() < deadline and sum(r.get("seen", 0) for r in hub_faults.rules()) < 2:
+                    time.sleep(0.05)
+                time.sleep(0.3)
                 proc.send_signal(signal.SIGINT)
                 break
         out, rest = proc.communicate(timeout=60)
