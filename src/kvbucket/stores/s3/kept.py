@@ -44,12 +44,9 @@ the library's buffer, not on the socket (docs/s3.md says what that means for uns
 
 from __future__ import annotations
 
-import array
-import fcntl
 import os
 import select
 import socket
-import termios
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -57,6 +54,7 @@ from typing import Any
 import pycurl
 
 from kvbucket.errors import TransientStoreError
+from kvbucket.stores.sockets import bytes_waiting as waiting
 
 #: A direct read whose connection delivered more than the answer's Content-Length: the item is
 #: refused (an error, never served), its connection never reused.
@@ -69,16 +67,6 @@ def overlong_error(what: str, endpoint: str) -> TransientStoreError:
         f"{what}: {endpoint} sent more bytes than the Content-Length it announced, so the answer "
         "cannot be trusted to be this object's; it was not used and its connection was closed (a "
         "broken server or a proxy between)")
-
-
-def waiting(fd: int) -> bool:
-    """Bytes are waiting to be read on socket ``fd`` (FIONREAD: one system call, never blocks)."""
-    count = array.array("i", [0])
-    try:
-        fcntl.ioctl(fd, termios.FIONREAD, count, True)
-    except OSError:  # not a socket any more, or one in error: libcurl sees to it
-        return False
-    return count[0] > 0
 
 
 _closed: socket.socket | None = None  # one end of a socket pair whose other end is closed

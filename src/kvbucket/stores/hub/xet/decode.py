@@ -83,6 +83,7 @@ import numpy as np
 from kvbucket.errors import StoreError, TransientStoreError
 from kvbucket.stores.base import Scatter
 from kvbucket.stores.deadline import Gate
+from kvbucket.stores.hub.xet.turns import Turn
 from kvbucket.threads import in_daemon_thread
 
 log = logging.getLogger(__name__)
@@ -323,11 +324,14 @@ class Window:
 class _Body:
     """The unparsed bytes of a response in ``window[start:end]``; ``left`` still on the socket."""
 
-    __slots__ = ("end", "left", "resp", "size", "start", "w")
+    __slots__ = ("end", "fd", "left", "resp", "size", "start", "turn", "w")
 
-    def __init__(self, resp: http.client.HTTPResponse, w: Window, nbytes: int) -> None:
+    def __init__(self, resp: http.client.HTTPResponse, w: Window, nbytes: int,
+                 turn: Turn | None = None) -> None:
         self.resp, self.w, self.left, self.size = resp, w, nbytes, len(w.mv)
         self.start = self.end = 0
+        self.turn = turn  # read_slots: given up before a read that would wait (turns.py)
+        self.fd = resp.fileno() if turn is not None else -1
 
     def ensure(self, n: int) -> None:
         """At least ``n`` unparsed bytes in the window (reading more from the socket)."""
@@ -344,8 +348,13 @@ class _Body:
             mv[: end - start] = mv[start:end]
             end, start = end - start, 0
         want = min(self.size - end, self.left)
+        turn = self.turn
         while end - start < n:
+            if turn is not None:
+                turn.before_read(self.fd)
             k = self.resp.readinto(mv[end : end + want])
+            if turn is not None:
+                turn.take()
             if not k:
                 raise TransientStoreError("the storage closed the connection in the middle of an object")
             end, self.left, want = end + k, self.left - k, want - k
@@ -354,17 +363,18 @@ class _Body:
 
 def copy_range(resp: http.client.HTTPResponse, nbytes: int, chunks: tuple[int, int],
                targets: tuple[tuple[int, int, int, int], ...], dst: Any, gate: Gate | None, w: Window,
-               fast: Kernel | None, lazy: bool = False) -> None:
+               fast: Kernel | None, lazy: bool = False, turn: Turn | None = None) -> None:
     """Read a fetched range of ``nbytes`` (chunks ``[chunks[0], chunks[1])`` of a xorb) from
     ``resp`` and lay each term of ``targets`` (first chunk, end chunk, offset, length) out at its
     offset in ``dst`` (a memoryview or a :class:`Scatter`), through ``gate``. ``lazy``: ``fast``
     is None only because the compiled decoder is not loaded yet (``ready()``); a compressed chunk
-    then asks for its load (after the reads, see the module doc), and it is used once there."""
+    then asks for its load (after the reads, see the module doc), and it is used once there.
+    ``turn``: the fetch's parse turn (``read_slots``, turns.py), held while parsing."""
     global _busy, _idle_since
     with _lock:
         _busy += 1
     try:
-        _copy_range(resp, nbytes, chunks, targets, dst, gate, w, fast, lazy)
+        _copy_range(resp, nbytes, chunks, targets, dst, gate, w, fast, lazy, turn)
     finally:
         with _lock:
             _busy -= 1
@@ -373,13 +383,13 @@ def copy_range(resp: http.client.HTTPResponse, nbytes: int, chunks: tuple[int, i
 
 def _copy_range(resp: http.client.HTTPResponse, nbytes: int, chunks: tuple[int, int],
                 targets: tuple[tuple[int, int, int, int], ...], dst: Any, gate: Gate | None, w: Window,
-                fast: Kernel | None, lazy: bool) -> None:
+                fast: Kernel | None, lazy: bool, turn: Turn | None) -> None:
     cursor = [off for _, _, off, _ in targets]
     users: dict[int, list[int]] = {}  # chunk index -> the terms that hold it
     for k, (cs, ce, _, _) in enumerate(targets):
         for c in range(cs, ce):
             users.setdefault(c, []).append(k)
-    body = _Body(resp, w, nbytes)
+    body = _Body(resp, w, nbytes, turn)
     c, last = chunks
     size = len(dst)
     run_end = c  # chunks [c, run_end) all belong to one term only (decoded in place)

@@ -60,6 +60,7 @@ from kvbucket.stores.hub.xet.plans import (
     replan_part,
 )
 from kvbucket.stores.hub.xet.retries import BACKOFF_SECS, RETRIES, retried
+from kvbucket.stores.hub.xet.turns import Turns
 from kvbucket.stores.part_sizes import part_size
 
 _Fetch = Fetch  # the name tests and older callers know
@@ -133,7 +134,7 @@ class XetReader:
         # queries in flight: (future, the instant past which it is stuck and no longer joined)
         self._pending: dict[str, tuple[Future[Reconstruction], float]] = {}
         # bodies read at once (None: no bound, see READ_SLOTS)
-        self._slots = threading.BoundedSemaphore(read_slots) if read_slots > 0 else None
+        self._turns = Turns(read_slots) if read_slots > 0 else None  # parse turns (turns.py)
         self._windows: list[Window] = []  # reused (LIFO: warm in cache), up to KEPT_WINDOWS
 
     def tls(self) -> ssl.SSLContext:
@@ -442,21 +443,22 @@ class XetReader:
             asked = last.last - first.first + 1
             if resp.length is not None and resp.length != asked:
                 raise StoreError(f"a fetch answered {resp.length} bytes for {asked} asked")
-            slots = self._slots
-            if slots is not None and not slots.acquire(timeout=max(0.001, left(deadline))):
-                raise TimeoutError("no read slot before the deadline")
+            turn = self._turns.turn(deadline) if self._turns is not None else None
             try:
+                if turn is not None:
+                    turn.take()
                 window = self._take_window()
                 try:
                     for f, view, gate in reads:
                         xet_decode.copy_range(resp, f.last - f.first + 1, (f.chunk_start, f.chunk_end),
-                                              f.targets, view, gate, window, xet_decode.ready(), lazy=True)
+                                              f.targets, view, gate, window, xet_decode.ready(), lazy=True,
+                                              turn=turn)
                         done[0] += 1
                 finally:
                     self._give_window(window)
             finally:
-                if slots is not None:
-                    slots.release()
+                if turn is not None:
+                    turn.end()
             reusable = not resp.will_close and resp.isclosed() and not watch.fired
         except (OSError, http.client.HTTPException) as e:
             raise TransientStoreError(f"fetching an object's bytes failed: {type(e).__name__}: {e}") from None
