@@ -133,13 +133,13 @@ def test_opening_a_store_starts_its_load_and_request_threads() -> None:
         store.close()
 
 
-def test_a_load_reads_at_most_read_slots_bodies_at_once(
+def test_a_load_parses_at_most_read_slots_bodies_at_once(
     hub_bucket: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every object is requested at once, but only ``read_slots`` bodies are read and parsed at
-    once (the others wait in their sockets): each fetch takes a slot, never more than two at a
-    time here, and the load still makes one reconstruction query and one fetch per object (runs
-    off: a run is one body). The parse windows are kept per slot: at most two were made."""
+    """Every object is requested at once, but only ``read_slots`` bodies are parsed at once (the
+    others wait in their sockets or for a turn): each fetch takes a turn, never more than two at
+    a time here, and the load still makes one reconstruction query and one fetch per object (runs
+    off: a run is one body). turns.py keeps the rest (no turn held across a network wait)."""
     import threading
     import time
 
@@ -151,6 +151,8 @@ def test_a_load_reads_at_most_read_slots_bodies_at_once(
     cfg, data = stored(hub_bucket, "slots", names, [300_000 + i for i in range(8)])
 
     class Recording:
+        """One semaphore for both decoders' turns, counting holders."""
+
         def __init__(self, n: int) -> None:
             self.sem, self.lock = threading.BoundedSemaphore(n), threading.Lock()
             self.held = self.most = self.taken = 0
@@ -169,37 +171,41 @@ def test_a_load_reads_at_most_read_slots_bodies_at_once(
                 self.held -= 1
             self.sem.release()
 
-    with HFBucketStore(cfg) as store:
-        slots = store._client._reader._slots = Recording(2)  # type: ignore[assignment]
+    with HFBucketStore(cfg.model_copy(update={"read_slots": 2})) as store:
+        turns = store._client._reader._turns
+        assert turns is not None and turns.n == 2
+        sem = turns._compiled = turns._python = Recording(2)  # type: ignore[assignment]
         hub_bucket.hub.emulator.requests(clear=True)
         got = store.get_many(names)
         assert [bytes(r.data) for r in got if r.data is not None] == data
         routes = count_routes(hub_bucket.hub.emulator.requests(clear=True))
-        windows = len(store._client._reader._windows)
     assert routes.get("reconstruction") == 8 and routes.get("fetch") == 8, routes
-    assert slots.taken == 8 and slots.most <= 2
-    assert 1 <= windows <= 2  # parse windows: one per slot in use, not one per load thread
+    assert sem.taken >= 8 and sem.most <= 2 and sem.held == 0
 
 
-def test_by_default_every_body_is_read_as_it_arrives_whoever_the_peer(hub_bucket: Any) -> None:
-    """No read slots by default, and nothing depends on the peer being this machine: over a
-    network a body left unread keeps its TCP window small and stalls its sender, so what a
-    benchmark on loopback measures is the path users run. The bytes are the same."""
+def test_parse_turns_are_on_by_default_whoever_the_peer(hub_bucket: Any) -> None:
+    """Parse turns by default (one per core, at least 4; 4 while the Python decoder is in use),
+    and nothing depends on the peer being this machine, so what a benchmark on loopback measures
+    is the path users run; ``read_slots: 0`` parses every body as it arrives. The bytes are the
+    same either way."""
     import inspect
+
+    from kvbucket.stores.hub.xet import turns as xet_turns
 
     names = [f"n{i}" for i in range(6)]
     cfg, data = stored(hub_bucket, "remote", names, [200_000 + i for i in range(6)])
-    with HFBucketStore(cfg) as store:
-        assert store._client._reader._slots is None
-        got = store.get_many(names)
-    assert [bytes(r.data) for r in got if r.data is not None] == data
+    assert cfg.read_slots == xet_turns.default_slots() >= xet_turns.PYTHON_TURNS == 4
+    for slots in (None, 0, 3):
+        c = cfg if slots is None else cfg.model_copy(update={"read_slots": slots})
+        with HFBucketStore(c) as store:
+            turns = store._client._reader._turns
+            assert (turns is None) if slots == 0 else (turns is not None and turns.n == c.read_slots)
+            got = store.get_many(names)
+        assert [bytes(r.data) for r in got if r.data is not None] == data
     from kvbucket.stores.hub.xet import connections
 
-    for mod in (xet_reads, connections):  # who the peer is is never asked
+    for mod in (xet_reads, connections, xet_turns):  # who the peer is is never asked
         assert "getpeername" not in inspect.getsource(mod) and "is_loopback" not in inspect.getsource(mod)
-    with HFBucketStore(cfg.model_copy(update={"read_slots": 3})) as store:
-        slots = store._client._reader._slots
-        assert slots is not None and slots._initial_value == 3  # type: ignore[attr-defined]
 
 
 def load_checked(hub_bucket: Any, cfg: HFBucketConfig, names: list[str], data: list[bytes]) -> dict[str, int]:

@@ -10,14 +10,20 @@ import fcntl
 import termios
 
 
-def bytes_waiting(fd: int) -> bool:
-    """Bytes are waiting to be read on socket ``fd`` (FIONREAD: one system call, never blocks)."""
+def waiting_count(fd: int) -> int:
+    """Bytes waiting to be read on socket ``fd`` (FIONREAD: one system call, never blocks); 0
+    for a socket in error or no longer one (its reader sees to it)."""
     count = array.array("i", [0])
     try:
         fcntl.ioctl(fd, termios.FIONREAD, count, True)
-    except OSError:  # not a socket any more, or one in error: its reader sees to it
-        return False
-    return count[0] > 0
+    except OSError:
+        return 0
+    return count[0]
 
 
-__all__ = ["bytes_waiting"]
+def bytes_waiting(fd: int) -> bool:
+    """Bytes are waiting to be read on socket ``fd``."""
+    return waiting_count(fd) > 0
+
+
+__all__ = ["bytes_waiting", "waiting_count"]

@@ -32,6 +32,7 @@ from kvbucket.did_you_mean import closest, did_you_mean, unknown_key_hint, value
 from kvbucket.errors import ConfigError, InvalidKeyError
 from kvbucket.secrets import reveal
 from kvbucket.stores.base import check_prefix
+from kvbucket.stores.hub.xet.turns import default_slots
 from kvbucket.stores.part_sizes import PART_SIZE_KEYS, check_part_bytes
 from kvbucket.stores.urls import HANDLE_SCHEME, is_hub_name
 
@@ -185,9 +186,9 @@ class HFBucketConfig(BaseModel):
         "Pays only on a link capping each connection far below what the client decodes (2 MiB there)",
     )
     read_slots: int = Field(
-        0, ge=0, le=1024, strict=True,
-        description="bodies read and parsed at once (0: each as it arrives); a small number saves CPU "
-        "only where the server shares this machine's cores",
+        default_factory=default_slots, ge=0, le=1024, strict=True,
+        description="bodies parsed at once, a turn taken only while a body's bytes are already here "
+        "(0: no bound); default one per core, at least 4 (at most 4 while the Python decoder is in use)",
     )
     prefetch_reconstructions: StrictBool = Field(
         True, description="a lookup hit also asks for its Xet reconstruction, so its load is the fetch alone"

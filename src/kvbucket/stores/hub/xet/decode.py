@@ -324,14 +324,13 @@ class Window:
 class _Body:
     """The unparsed bytes of a response in ``window[start:end]``; ``left`` still on the socket."""
 
-    __slots__ = ("end", "fd", "left", "resp", "size", "start", "turn", "w")
+    __slots__ = ("end", "left", "resp", "size", "start", "turn", "w")
 
     def __init__(self, resp: http.client.HTTPResponse, w: Window, nbytes: int,
                  turn: Turn | None = None) -> None:
         self.resp, self.w, self.left, self.size = resp, w, nbytes, len(w.mv)
         self.start = self.end = 0
-        self.turn = turn  # read_slots: given up before a read that would wait (turns.py)
-        self.fd = resp.fileno() if turn is not None else -1
+        self.turn = turn  # read_slots: held only while bytes are here (turns.py)
 
     def ensure(self, n: int) -> None:
         """At least ``n`` unparsed bytes in the window (reading more from the socket)."""
@@ -350,11 +349,8 @@ class _Body:
         want = min(self.size - end, self.left)
         turn = self.turn
         while end - start < n:
-            if turn is not None:
-                turn.before_read(self.fd)
-            k = self.resp.readinto(mv[end : end + want])
-            if turn is not None:
-                turn.take()
+            into = mv[end : end + want]
+            k = self.resp.readinto(into) if turn is None else turn.read_into(into, n - (end - start))
             if not k:
                 raise TransientStoreError("the storage closed the connection in the middle of an object")
             end, self.left, want = end + k, self.left - k, want - k

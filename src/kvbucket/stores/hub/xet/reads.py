@@ -60,7 +60,7 @@ from kvbucket.stores.hub.xet.plans import (
     replan_part,
 )
 from kvbucket.stores.hub.xet.retries import BACKOFF_SECS, RETRIES, retried
-from kvbucket.stores.hub.xet.turns import Turns
+from kvbucket.stores.hub.xet.turns import Turns, default_slots
 from kvbucket.stores.part_sizes import part_size
 
 _Fetch = Fetch  # the name tests and older callers know
@@ -69,17 +69,13 @@ log = logging.getLogger(__name__)
 
 #: Reconstructions kept at most (a few KiB each): several prompts' worth of chunks.
 RECONSTRUCTION_CACHE_ENTRIES = 8192
-#: Fetched bodies read and parsed at once, per reader (``read_slots``; 0: no bound, every body
-#: read as it arrives). Why a bound can help: reading a body is CPU work under the GIL (socket
-#: reads, chunk parsing, copies), and with the server on the same 2 cores, 64 threads doing it
-#: at once spent their time handing the GIL around (a 64 x 2 MiB load on the emulator took
-#: 0.80-0.91x the time with two slots). Why it is off by default: over a network a socket nobody
-#: reads keeps its TCP receive window at its initial size (Linux grows it as the application
-#: reads), so the sender stalls after a few hundred KiB and each waiting body later costs several
-#: round trips to ramp up (at 50 ms, 64 bodies read four at a time took seconds). It applies
-#: whoever the peer is: no behaviour of the read path depends on the peer being this machine, so
-#: what a benchmark on loopback or through testing/shaped_link.py measures is what users run.
-READ_SLOTS = 0
+#: Fetched bodies parsed at once, per reader (``read_slots``; 0: no bound, each as it arrives):
+#: turns taken only while a body's bytes are already here (turns.py says why and what it keeps).
+#: The default is one per core, at least 4 (at most 4 while the Python decoder is in use). It
+#: applies whoever the peer is: no behaviour of the read path depends on the peer being this
+#: machine, so what a benchmark on loopback or through testing/shaped_link.py measures is what
+#: users run (docs/hfbucket.md, "Parse turns", has both).
+READ_SLOTS = default_slots()
 #: Ranged GETs in flight at once per reader (``read_connections``): a load's fetches, its runs'
 #: and its big objects' parts. A real link caps each connection (object stores and CDNs at ~100
 #: MB/s), so a load fills a link only with many at once; objects are grouped in runs only when
@@ -133,7 +129,6 @@ class XetReader:
         self._cache: OrderedDict[str, Reconstruction] = OrderedDict()
         # queries in flight: (future, the instant past which it is stuck and no longer joined)
         self._pending: dict[str, tuple[Future[Reconstruction], float]] = {}
-        # bodies read at once (None: no bound, see READ_SLOTS)
         self._turns = Turns(read_slots) if read_slots > 0 else None  # parse turns (turns.py)
         self._windows: list[Window] = []  # reused (LIFO: warm in cache), up to KEPT_WINDOWS
 
@@ -443,7 +438,9 @@ class XetReader:
             asked = last.last - first.first + 1
             if resp.length is not None and resp.length != asked:
                 raise StoreError(f"a fetch answered {resp.length} bytes for {asked} asked")
-            turn = self._turns.turn(deadline) if self._turns is not None else None
+            fast = xet_decode.ready()
+            turns = self._turns
+            turn = turns.turn(deadline, resp, conn.sock, fast is not None) if turns is not None else None
             try:
                 if turn is not None:
                     turn.take()
@@ -451,7 +448,7 @@ class XetReader:
                 try:
                     for f, view, gate in reads:
                         xet_decode.copy_range(resp, f.last - f.first + 1, (f.chunk_start, f.chunk_end),
-                                              f.targets, view, gate, window, xet_decode.ready(), lazy=True,
+                                              f.targets, view, gate, window, fast, lazy=True,
                                               turn=turn)
                         done[0] += 1
                 finally:

@@ -1,45 +1,84 @@
-"""Parse turns (``read_slots``): at most n fetched bodies parsed at once, and a turn is held only
-while its body's next bytes are already here.
+"""Parse turns (``read_slots``): at most n fetched bodies parsed at once, a turn held only while
+its body's bytes are already here.
 
-Why: parsing a body (socket reads into the window, chunk decoding, copies) is CPU work under the
-GIL; 64 threads doing it at once hand the GIL around more than they work (a cold 64 x 2 MiB hit
-on loopback: 38,000 voluntary context switches and 0.8 s of CPU, against 0.27 s for the same
-hit parsed a few at a time). The turn used to be held for a whole body, so over a link that
-caps each connection a holder waited on its slow socket while other bodies sat unread (their
-TCP windows do not grow while nobody reads), which is why ``read_slots`` was off by default.
+Why: parsing a body (socket reads into the window, chunk decoding, copies) is CPU work, under
+the GIL while the pure-Python decoder is in use (a fresh process's first hits). 64 threads doing
+it at once hand the GIL around more than they work: a cold 64 x 2 MiB hit on loopback made
+38,000 voluntary context switches and took 0.8 s of CPU, against 0.3 s parsed four at a time
+(docs/hfbucket.md, "Parse turns"). A turn held for a whole body (what ``read_slots`` was until
+issue 41) cost 13-32% over a link that caps each connection: a holder waited on its slow
+socket while the other bodies sat unread, which is why it was off by default.
 
-**Invariant (no turn is held across a wait for the network).** :meth:`Turn.before_read` gives
-the turn up when the socket has nothing waiting, so the read that follows may block without
-holding one; :meth:`Turn.take` takes it back before the bytes are parsed. A turn only ever
-bounds CPU work on bytes already received (tests/hfbucket/test_hfbucket_xet_reads.py checks a
-body trickling on one connection does not hold up the others).
+**Invariant (no turn is held across a wait for the network).** :meth:`Turn.read_into` is the one
+place a body's reader reads while it may hold a turn. With enough bytes already received (by
+the socket's count, less what TLS framing may hide) it keeps the turn and reads at most those,
+so the read returns at once; otherwise it gives the turn up, reads (and waits) without it, and
+takes a turn again before the bytes are parsed. Threads without a turn so either wait for the
+network or park on the semaphore, never parse. tests/hfbucket/test_hfbucket_xet_turns.py checks
+that a body trickling on one connection does not hold up the others, and counts the turns.
 """
 
 from __future__ import annotations
 
+import http.client
+import os
+import socket
+import ssl
 import threading
 
 from kvbucket.stores.deadline import left
-from kvbucket.stores.sockets import bytes_waiting
+from kvbucket.stores.sockets import waiting_count
+
+#: Turns while chunks are decoded by the pure-Python decoder (GIL-bound: more parse no faster).
+PYTHON_TURNS = 4
+#: A turn-holder reads on only when at least this much is here (or all its chunk needs, or the
+#: window's room): a smaller read parses no more per turn taken (half the 256 KiB window;
+#: measured: on an 8 MB/s link every read was a few KiB and the load took 0.2 s more CPU).
+MIN_READ = 128 << 10
+#: Over TLS the socket holds records, not the body's bytes: a partial record (up to 16 KiB of
+#: text plus its header and tag) may sit at its end, and each record carries up to 29 bytes
+#: more than it decrypts to. What is surely readable is counted down by that much.
+_TLS_RECORD = 16 * 1024 + 64
+
+
+def default_slots() -> int:
+    """``read_slots``' default: one turn per core this process may run on, at least 4 (the
+    compiled decoder runs without the GIL, so each core can parse one body)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(PYTHON_TURNS, cores)
 
 
 class Turns:
-    """The reader's ``read_slots`` turns (a semaphore); :meth:`turn` is one fetch's."""
+    """The reader's ``read_slots`` turns: ``n`` while the compiled decoder is used, at most
+    :data:`PYTHON_TURNS` of them while the Python one is; :meth:`turn` is one fetch's."""
 
     def __init__(self, n: int) -> None:
-        self._sem = threading.Semaphore(n)
+        self.n = n
+        self._compiled = threading.Semaphore(n)
+        self._python = threading.Semaphore(min(n, PYTHON_TURNS))
 
-    def turn(self, deadline: float) -> Turn:
-        return Turn(self._sem, deadline)
+    def turn(self, deadline: float, resp: http.client.HTTPResponse, sock: socket.socket | None,
+             compiled: bool) -> Turn:
+        """The turn (not yet held) of one fetch answered by ``resp`` on ``sock``; ``compiled``:
+        its chunks are decoded by the compiled decoder."""
+        return Turn(self._compiled if compiled else self._python, deadline, resp, sock)
 
 
 class Turn:
     """One fetch's turn to parse: taken before parsing, given up before a read that would wait."""
 
-    __slots__ = ("deadline", "held", "sem")
+    __slots__ = ("deadline", "fd", "held", "resp", "sem", "tls")
 
-    def __init__(self, sem: threading.Semaphore, deadline: float) -> None:
-        self.sem, self.deadline, self.held = sem, deadline, False
+    def __init__(self, sem: threading.Semaphore, deadline: float, resp: http.client.HTTPResponse,
+                 sock: socket.socket | None) -> None:
+        self.sem, self.deadline, self.held, self.resp = sem, deadline, False, resp
+        # A body sent in chunks carries framing the socket's count does not tell apart: nothing
+        # is counted as here, every read is made without the turn.
+        self.fd = sock.fileno() if sock is not None and not resp.chunked else -1
+        self.tls = sock if isinstance(sock, ssl.SSLSocket) else None
 
     def take(self) -> None:
         """Hold the turn (waiting for one, never past the deadline)."""
@@ -48,16 +87,33 @@ class Turn:
                 raise TimeoutError("no read slot before the deadline")
             self.held = True
 
-    def before_read(self, fd: int) -> None:
-        """Give the turn up before the next read on ``fd`` (it may wait for the network)."""
+    def read_into(self, mv: memoryview, need: int) -> int:
+        """Read body bytes into ``mv`` as ``resp.readinto`` does (``need``: what the chunk being
+        parsed still lacks), the turn held when this returns (the invariant above)."""
+        here = self._here()
+        if here < min(len(mv), max(need, MIN_READ)):
+            self.give_up()
+            k = self.resp.readinto(mv)  # may wait for the network: without the turn
+            self.take()
+            return k
+        return self.resp.readinto(mv[:here])  # all here already: returns at once
+
+    def _here(self) -> int:
+        """Body bytes surely readable without waiting, by the socket's count (0: unknown)."""
+        if self.fd < 0:
+            return 0
+        here = waiting_count(self.fd)
+        if self.tls is not None:
+            here = self.tls.pending() + here - here // 512 - _TLS_RECORD
+        return here
+
+    def give_up(self) -> None:
+        """Let another body parse (kept by nobody until :meth:`take`)."""
         if self.held:
             self.held = False
             self.sem.release()
 
-    def end(self) -> None:
-        if self.held:
-            self.held = False
-            self.sem.release()
+    end = give_up
 
 
-__all__ = ["Turn", "Turns"]
+__all__ = ["MIN_READ", "PYTHON_TURNS", "Turn", "Turns", "default_slots"]
