@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import queue
 import threading
 import time
@@ -49,8 +50,19 @@ class DaemonThreadPool(Executor):
         self._lock = threading.Lock()
         self._shutdown = False
         # A pool dropped without shutdown() (a store never closed) ends its idle workers.
-        weakref.finalize(self, self._q.put, _STOP)
+        self._finalizer = weakref.finalize(self, self._q.put, _STOP)
         _live.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child has none of the parent's workers, but the pool counted them (idle, so
+        a submit started none and its work waited forever: a child loading through a store its
+        parent had used timed out on every item). The child starts with no workers and a new
+        queue; work queued in the parent at the fork is the parent's (its submitters are not in
+        the child)."""
+        self._finalizer.detach()
+        self._q, self._idle = queue.SimpleQueue(), threading.Semaphore(0)
+        self._threads, self._lock = [], threading.Lock()
+        self._finalizer = weakref.finalize(self, self._q.put, _STOP)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         with self._lock:
@@ -120,6 +132,7 @@ class DaemonThreadPool(Executor):
 
 
 _live: weakref.WeakSet[DaemonThreadPool] = weakref.WeakSet()
+os.register_at_fork(after_in_child=lambda: [p._after_fork_in_child() for p in list(_live)])
 
 
 @atexit.register
@@ -175,6 +188,39 @@ def in_daemon_thread(fn: Callable[[], T], name: str) -> Future[T]:
 
     threading.Thread(target=target, name=name, daemon=True).start()
     return fut
+
+
+class ForkSafeSemaphore:
+    """A bounded semaphore of ``n`` that a forked child gets back whole.
+
+    Why: a child inherits a semaphore as its parent's threads held it at the fork, but not those
+    threads, so what they held is never released there. A Hub reader's parse turns and ranged-GET
+    budget are held for a whole fetch: a process forking beside a load (a server starting its
+    workers) left each child's loads waiting for turns until their deadline."""
+
+    __slots__ = ("__weakref__", "_n", "_sem")
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._sem = threading.BoundedSemaphore(n)
+        _renewed_in_child.add(self)
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        return self._sem.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        self._sem.release()
+
+    def free(self) -> int:
+        """How many are not held (for tests and metrics)."""
+        return self._sem._value  # type: ignore[attr-defined]
+
+    def _renew(self) -> None:
+        self._sem = threading.BoundedSemaphore(self._n)
+
+
+_renewed_in_child: weakref.WeakSet[ForkSafeSemaphore] = weakref.WeakSet()
+os.register_at_fork(after_in_child=lambda: [s._renew() for s in list(_renewed_in_child)])
 
 
 def join_all(threads: list[threading.Thread], timeout: float) -> bool:

@@ -313,3 +313,36 @@ def test_prestarted_workers_take_a_batch_without_starting_any() -> None:
     finally:
         pool.shutdown()
     assert pool.prestart() == 0  # a pool shut down starts nothing
+
+
+_POOL_FORK = r"""
+import os, sys, time
+from kvbucket.threads import DaemonThreadPool, ForkSafeSemaphore
+pool = DaemonThreadPool(2)
+pool.prestart()  # idle workers, counted idle: a submit starts none
+assert pool.submit(lambda: 1).result(5) == 1
+sem = ForkSafeSemaphore(2)
+assert sem.acquire(timeout=0) and sem.acquire(timeout=0)  # held by this process's "threads"
+pid = os.fork()
+if pid == 0:
+    try:
+        ok = pool.submit(lambda: 2).result(5) == 2 and sem.free() == 2
+    except Exception:
+        ok = False
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_runs_pool_work_and_has_every_permit() -> None:
+    """A child forked from a process whose pool had idle workers has none of them, yet the pool
+    counted them idle and started none: its work waited forever (a Hub load in the child timed
+    out on every item). A fork-safe semaphore held in the parent is whole in the child."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _POOL_FORK], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ))
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])

@@ -16,6 +16,7 @@ import pytest
 from kvbucket.stores.hub.xet import decode as xet_decode
 from kvbucket.stores.hub.xet import turns as xet_turns
 from kvbucket.stores.hub.xet.turns import Turn, Turns
+from kvbucket.threads import ForkSafeSemaphore
 
 
 def tcp_pair() -> tuple[socket.socket, socket.socket]:
@@ -188,7 +189,7 @@ def test_tls_counts_down_what_its_records_may_hide() -> None:
 
     a, b = tcp_pair()
     try:
-        turn = Turn(threading.Semaphore(1), time.monotonic() + 5, _head_only(), a)
+        turn = Turn(ForkSafeSemaphore(1), time.monotonic() + 5, _head_only(), a)
         b.sendall(b"x" * 20_000)
         time.sleep(0.05)
         assert turn._here() == 20_000
@@ -214,4 +215,68 @@ def test_the_default_is_one_turn_per_core_at_least_four(monkeypatch: pytest.Monk
     monkeypatch.setattr(xet_turns.os, "sched_getaffinity", lambda pid: set(range(48)))
     assert xet_turns.default_slots() == 48
     turns = Turns(48)  # the Python decoder parses under the GIL: at most four at once there
-    assert turns._python._value == 4 and turns._compiled._value == 48  # type: ignore[attr-defined]
+    assert turns._python.free() == 4 and turns._compiled.free() == 48
+
+
+_FORK_WHILE_HELD = r"""
+import json, os, sys, time
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
+spec = json.loads(open(sys.argv[1]).read())
+cfg = build_config(bucket_handle=spec["handle"], token_env="KVB_TEST_TOKEN", endpoint=spec["endpoint"],
+                   read_slots=2, load_timeout_secs=8.0)
+store = HFBucketStore(cfg)
+names = spec["names"]
+assert all(r.ok for r in store.get_many(names))  # connections kept in the reader's pool
+reader = store._client._reader
+assert reader._conns._idle and any(q.qsize() for q in reader._conns._idle.values())
+held = 0
+for sem in (reader._turns._python, reader._turns._compiled, reader._budget):
+    while sem.acquire(timeout=0):  # as threads of a load in flight hold them at the fork
+        held += 1
+pid = os.fork()
+if pid == 0:
+    fresh = not any(q.qsize() for q in reader._conns._idle.values())
+    t = time.monotonic()
+    got = store.get_many(names)
+    ok = all(r.ok for r in got) and [bytes(r.data) for r in got] == [bytes.fromhex(h) for h in spec["data"]]
+    os._exit(0 if ok and fresh and time.monotonic() - t < 4 else 3)
+t = time.monotonic()
+while time.monotonic() - t < 60:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        sys.exit(os.waitstatus_to_exitcode(status))
+    time.sleep(0.05)
+os.kill(pid, 9)
+sys.exit(4)
+"""
+
+
+def test_a_child_forked_while_turns_are_held_loads_with_its_own(hub_bucket: Any, tmp_path: Any) -> None:
+    """A process forking beside a load (a server starting its workers): the child inherits the
+    reader's turns and ranged-GET budget as the parent's threads held them, but not those
+    threads, so they were never released there and every load of the child waited for a turn
+    until its deadline. The child now starts with all of them, and with none of the parent's
+    kept connections (two processes reading one socket read each other's answers)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from kvbucket.stores.hub.config import build_config
+    from kvbucket.stores.hub.store import HFBucketStore
+
+    names = [f"fork{i}" for i in range(4)]
+    data = [os.urandom(300_000 + i) for i in range(4)]
+    handle = f"hf://buckets/{hub_bucket.bucket_id}/forked"
+    cfg = build_config(bucket_handle=handle, token=hub_bucket.hub.write_token, token_env="",
+                       endpoint=hub_bucket.hub.endpoint)
+    with HFBucketStore(cfg) as writer:
+        assert all(r.ok for r in writer.put_many(list(zip(names, data, strict=True))))
+    spec = {"handle": handle, "endpoint": hub_bucket.hub.endpoint, "names": names,
+            "data": [d.hex() for d in data]}
+    env = {**os.environ, "KVB_TEST_TOKEN": hub_bucket.hub.write_token}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    r = subprocess.run([sys.executable, "-c", _FORK_WHILE_HELD, str(tmp_path / "spec.json")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])

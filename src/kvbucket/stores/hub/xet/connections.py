@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import http.client
+import os
 import queue
 import ssl
 import threading
+import weakref
 
 from kvbucket.stores.deadline import REAPER, Watch
 
@@ -18,6 +20,18 @@ class Connections:
         self._lock = threading.Lock()
         self._size = size
         self._tls: ssl.SSLContext | None = None
+        _pools.add(self)
+
+    def _forget(self) -> None:
+        """In a forked child: the idle connections are the parent's sockets too (two processes
+        reading one socket read each other's answers). The child closes its copies of them, which
+        leaves the parent's open (no shutdown), and makes its own."""
+        idle, self._idle, self._lock = self._idle, {}, threading.Lock()
+        for q in idle.values():
+            while not q.empty():
+                sock = q.get_nowait().sock
+                if sock is not None:
+                    sock.close()
 
     def tls(self) -> ssl.SSLContext:
         """One TLS context for every connection: ``http.client`` makes a new one per connection
@@ -91,5 +105,8 @@ class Connections:
             while not q.empty():
                 q.get_nowait().close()
 
+
+_pools: weakref.WeakSet[Connections] = weakref.WeakSet()
+os.register_at_fork(after_in_child=lambda: [p._forget() for p in list(_pools)])
 
 __all__ = ["Connections"]

@@ -62,6 +62,7 @@ from kvbucket.stores.hub.xet.plans import (
 from kvbucket.stores.hub.xet.retries import BACKOFF_SECS, RETRIES, retried
 from kvbucket.stores.hub.xet.turns import Turns, default_slots
 from kvbucket.stores.part_sizes import part_size
+from kvbucket.threads import ForkSafeSemaphore
 
 _Fetch = Fetch  # the name tests and older callers know
 
@@ -122,7 +123,7 @@ class XetReader:
         self._headers = {k: v for k, v in headers.items() if k.lower() == "user-agent"}
         self._conns = _Connections(max(concurrency, connections, 16))
         self._connections = max(1, connections)
-        self._budget = threading.BoundedSemaphore(self._connections)  # ranged GETs in flight
+        self._budget = ForkSafeSemaphore(self._connections)  # ranged GETs in flight (whole in a fork)
         self._part_bytes = max(0, part_bytes)
         self._min_part_bytes = max(0, min_part_bytes)
         self._lock = threading.Lock()

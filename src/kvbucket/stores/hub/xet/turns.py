@@ -24,10 +24,10 @@ import http.client
 import os
 import socket
 import ssl
-import threading
 
 from kvbucket.stores.deadline import left
 from kvbucket.stores.sockets import waiting_count
+from kvbucket.threads import ForkSafeSemaphore
 
 #: Turns while chunks are decoded by the pure-Python decoder (GIL-bound: more parse no faster).
 PYTHON_TURNS = 4
@@ -57,8 +57,8 @@ class Turns:
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self._compiled = threading.Semaphore(n)
-        self._python = threading.Semaphore(min(n, PYTHON_TURNS))
+        self._compiled = ForkSafeSemaphore(n)  # a child forked while turns are held gets them all
+        self._python = ForkSafeSemaphore(min(n, PYTHON_TURNS))
 
     def turn(self, deadline: float, resp: http.client.HTTPResponse, sock: socket.socket | None,
              compiled: bool) -> Turn:
@@ -72,7 +72,7 @@ class Turn:
 
     __slots__ = ("deadline", "fd", "held", "resp", "sem", "tls")
 
-    def __init__(self, sem: threading.Semaphore, deadline: float, resp: http.client.HTTPResponse,
+    def __init__(self, sem: ForkSafeSemaphore, deadline: float, resp: http.client.HTTPResponse,
                  sock: socket.socket | None) -> None:
         self.sem, self.deadline, self.held, self.resp = sem, deadline, False, resp
         # A body sent in chunks carries framing the socket's count does not tell apart: nothing
