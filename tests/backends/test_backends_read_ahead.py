@@ -441,7 +441,9 @@ def test_s3_lookup_and_load_with_read_ahead_in_two_round_trips(s3_backend: Any, 
     with make(None) as b:
         assert b.batched_put(list(zip(keys, chunks, strict=True))) == 16
     proxy.latency = 0.8  # longer than the spread of a batch's arrivals on a machine busy with other tests
-    with make(ON) as b:
+    # (a lookup's budget well past the latency: at the default 1 s, a loaded machine made the 0.8 s
+    # HEADs a timeout, and the test was about round trips)
+    with make(ON, s3_lookup_timeout_secs=10.0) as b:
         start = len(proxy.log)
         assert b.batched_contains(keys) == [True] * 16
         if settled:
