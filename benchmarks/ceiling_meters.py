@@ -95,9 +95,11 @@ def _sampling(proc: subprocess.Popen[bytes], timeout: float) -> bool:
     here before; the line comes within ~40 ms on an idle box). False if it ended or stayed silent."""
     assert proc.stdout is not None
     fd, seen, end = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    poll = select.poll()  # not select(): a process with over 1,024 descriptors open (the peers'
+    poll.register(fd, select.POLLIN)  # runtimes, one per thread) failed with "fd out of range"
     while b"\n" not in seen:
         left = end - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not poll.poll(left * 1000):
             return False
         chunk = os.read(fd, 4096)  # the raw pipe: nothing left in a Python buffer for communicate()
         if not chunk:
