@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,6 +14,8 @@ import pytest
 from huggingface_hub.errors import BucketBatchError, HfHubHTTPError
 
 from kvbucket.testing import FaultControl
+from kvbucket.testing.hub_emulator import HubEmulator
+from kvbucket.testing.hub_emulator.wire import STOP_GRACE_S
 from kvbucket.testing.hub_fixtures import HubBucket
 
 
@@ -115,3 +119,43 @@ def test_dropped_resolve_read_is_retried_by_hffilesystem(
     fs = HfFileSystem(endpoint=hub_bucket.hub.endpoint, token=hub_bucket.hub.write_token)
     assert fs.cat_file(f"buckets/{hub_bucket.bucket_id}/d.bin", start=1000, end=150_000) == data[1000:150_000]
     assert _fired(hub_faults) == [1]
+
+
+def test_a_stop_ends_a_request_held_in_a_fault_delay_within_its_grace() -> None:
+    """A request in flight (held in a 600 s delay) holds a stop up twice STOP_GRACE_S at most (aiohttp
+    waits that long for it, then as long for its cancellation); its client sees the connection close
+    and the server's thread ends. Before, the stop waited for it
+    until stop() gave up on the thread at 30 s (the session fixture's stop at each worker's end)."""
+    secret = "hf_stopgrace_" + os.urandom(6).hex()
+    with HubEmulator(tokens={"me": (secret, "write")}) as emu:
+        emu.faults.add("whoami", latency_s=600)
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            req = urllib.request.Request(f"{emu.endpoint}/api/whoami-v2",
+                                         headers={"Authorization": f"Bearer {secret}"})
+            try:
+                urllib.request.urlopen(req, timeout=60)
+            except BaseException as e:  # what the client saw is the result
+                errors.append(e)
+
+        client = threading.Thread(target=call, daemon=True)
+        client.start()
+        end = time.monotonic() + 10
+        while time.monotonic() < end and emu.faults.rules()[0]["seen"] < 1:
+            time.sleep(0.02)
+        assert emu.faults.rules()[0]["seen"] == 1
+        server = emu._server._thread  # type: ignore[union-attr]
+        t0 = time.monotonic()
+        emu.stop()
+        took = time.monotonic() - t0
+        client.join(10)
+        assert took < 2 * STOP_GRACE_S + 2.0, took
+        assert server is not None and not server.is_alive()
+        assert not client.is_alive() and len(errors) == 1, errors
+        assert not isinstance(errors[0], urllib.error.HTTPError), errors  # closed, not answered
+        emu.start()  # and it starts again on the same data
+        again = urllib.request.Request(f"{emu.endpoint}/api/whoami-v2",
+                                       headers={"Authorization": f"Bearer {secret}"})
+        with urllib.request.urlopen(again, timeout=10) as r:
+            assert json.loads(r.read())["name"] == "me"

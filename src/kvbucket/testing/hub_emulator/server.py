@@ -36,7 +36,7 @@ from .auth import Auth, TokenSpec, parse_org
 from .core import Emulator
 from .faults import FaultPlan, FaultRule
 from .state import State
-from .wire import BODY_TIMEOUT_S, LINGER_S
+from .wire import BODY_TIMEOUT_S, LINGER_S, STOP_GRACE_S
 from .xorb_gc import DEFAULT_XORB_GRACE_S, collect_now
 
 log = logging.getLogger("kvbucket.emulator")
@@ -85,6 +85,16 @@ class ServerConfig:
         )
 
 
+def _end_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what a stop left on ``loop`` (handlers aiohttp cancelled past STOP_GRACE_S without
+    waiting for them) and give them STOP_GRACE_S to end, as ``asyncio.run`` does at its end."""
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.wait(tasks, timeout=STOP_GRACE_S))
+
+
 class ThreadServer:
     """The emulator on an asyncio loop in a daemon thread of this process."""
 
@@ -115,6 +125,7 @@ class ThreadServer:
             ready.set()
             loop.run_forever()
             loop.run_until_complete(self._stop_async())
+            _end_tasks(loop)
             loop.close()
 
         self._thread = threading.Thread(target=run, name="kvbucket-hub-emulator", daemon=True)
@@ -137,8 +148,13 @@ class ThreadServer:
         # lingering_time: after a reply to a body it did not read (a 413 or 408), aiohttp reads
         # and drops the rest so the client sees the reply rather than a reset; 1 s, not the
         # default 10 s, so an oversized or stalled body is not consumed for long
+        # shutdown_timeout: a stop waits STOP_GRACE_S (not aiohttp's 60 s) for requests in flight,
+        # then cancels them (as long again) and their clients see the connection close, as when a
+        # server goes away. One request held in a fault's delay or an unfinished body kept every stop (the
+        # session fixture's at a worker's end) waiting until stop() gave up on the thread at 30 s.
         self._runner = web.AppRunner(
-            build_app(self._emu), access_log=None, handle_signals=False, lingering_time=LINGER_S
+            build_app(self._emu), access_log=None, handle_signals=False, lingering_time=LINGER_S,
+            shutdown_timeout=STOP_GRACE_S,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.host, cfg.port, reuse_address=True)

@@ -30,6 +30,7 @@ ZERO_COPY_MIN = 1024 * 1024  # smaller xorb bodies take the ordinary path
 BODY_TIMEOUT_S = 30.0  # the longest a request body may go without a byte
 MIN_BODY_RATE = 256 * 1024  # bytes/s: a body must also keep this pace, after its first BODY_TIMEOUT_S
 LINGER_S = 1.0  # how long the rest of a refused body is read and dropped before the connection closes
+STOP_GRACE_S = 1.0  # a stop waits this long for requests in flight, then as long for their cancelling
 MAX_SMALL_BODY = 1024 * 1024  # routes that take no body worth keeping (telemetry)
 
 FAULT = web.RequestKey("fault", Fault)
