@@ -20,6 +20,7 @@ import yaml
 
 from kvbucket.config import build_backend, load_engine_config
 from kvbucket.keys import key_to_name
+from kvbucket.testing.engines import FLEET_HUB_RECHECK_DELAY
 from kvbucket.testing.fleet_backend_node import (
     LAYOUT,
     backend_chunk,
@@ -139,9 +140,13 @@ def test_backends_in_three_processes_share_a_hub_bucket_prefix(hub_bucket: HubBu
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVB_FLEET_TEST_TOKEN", hub_bucket.hub.write_token)  # the seed and reader, here
     p = "remote_storage_plugin.hfbucket."
+    # recheck_delay_secs 2.5, not the default 5 (the delete window stays at its default 2), as in
+    # the other Hub fleet tests: a Hub fleet evicts no chunk younger than twice it, so the nodes'
+    # last writes settled 5 s later with the same asserts and bound.
     base = {"remote_storage_plugins": ["hfbucket"], "extra_config": {
         f"{p}bucket_handle": f"hf://buckets/{hub_bucket.bucket_id}/kv",
-        f"{p}endpoint": hub_bucket.hub.endpoint, f"{p}token_env": "KVB_FLEET_TEST_TOKEN"}}
+        f"{p}endpoint": hub_bucket.hub.endpoint, f"{p}token_env": "KVB_FLEET_TEST_TOKEN",
+        f"{p}recheck_delay_secs": FLEET_HUB_RECHECK_DELAY}}
     fleet_round(tmp_path, base, {"KVB_FLEET_TEST_TOKEN": hub_bucket.hub.write_token})
 
 
