@@ -62,12 +62,13 @@ def test_the_local_s3_recipe_runs(tmp_path: Path) -> None:
     finally:
         if pid_file.exists():
             pid = int(pid_file.read_text())
+            # SIGKILL, as SeaweedFS.stop does: weed's graceful stop (SIGTERM) took 2-10 s and
+            # kept nothing this test reads (its directory goes with tmp_path)
             try:
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGKILL)
                 for _ in range(100):
                     os.kill(pid, 0)  # ProcessLookupError once it has gone
                     time.sleep(0.1)
-                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         for sock in Path("/tmp").glob("seaweedfs-*.sock"):
