@@ -29,11 +29,12 @@ from kvbucket.testing.store_tests import StoreTests, payload
 FAST = {"retry_backoff_secs": 0.01}
 
 
-def make_store(hub: Any, bucket_id: str, prefix: str = "", **options: Any) -> HFBucketStore:
+def make_store(hub: Any, bucket_id: str, prefix: str = "", *, prestart: bool = True,
+               **options: Any) -> HFBucketStore:
     handle = f"hf://buckets/{bucket_id}" + (f"/{prefix}" if prefix else "")
     opts: dict[str, Any] = {"token": hub.write_token, "endpoint": hub.endpoint, "token_env": "", **FAST}
     opts.update(options)
-    return HFBucketStore(build_config(bucket_handle=handle, **opts))
+    return HFBucketStore(build_config(bucket_handle=handle, **opts), prestart=prestart)
 
 
 def requests(hub: Any, route: str) -> int:
@@ -52,7 +53,11 @@ class TestHFBucketStoreOnEmulator(StoreTests):
     @pytest.fixture
     def store(self, hub_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[HFBucketStore]:
         monkeypatch.setenv("KVBUCKET_XET_DECODER", self.decoder)
-        with make_store(hub_bucket.hub, hub_bucket.bucket_id, prefix=f"p-{uuid.uuid4().hex[:6]}") as s:
+        # prestart=False (as the CLI opens stores): threads start as the calls need them, not 128
+        # at every test's open (0.1-0.3 s of setup each, more on a loaded machine); the prestart
+        # has its own tests (test_the_library_still_prestarts, test_opening_a_store_starts_...)
+        with make_store(hub_bucket.hub, hub_bucket.bucket_id, prefix=f"p-{uuid.uuid4().hex[:6]}",
+                        prestart=False) as s:
             yield s
 
     def reopen(self, store: HFBucketStore) -> HFBucketStore:
@@ -73,7 +78,7 @@ class TestHFBucketStoreAtBucketRoot(StoreTests):
 
     @pytest.fixture
     def store(self, hub_bucket: Any) -> Iterator[HFBucketStore]:
-        with make_store(hub_bucket.hub, hub_bucket.bucket_id) as s:
+        with make_store(hub_bucket.hub, hub_bucket.bucket_id, prestart=False) as s:  # as above
             yield s
 
     def reopen(self, store: HFBucketStore) -> HFBucketStore:
