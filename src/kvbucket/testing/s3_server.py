@@ -82,8 +82,8 @@ def _s3_client(endpoint_url: str) -> Any:
     )
 
 
-#: The volumes ``weed mini`` may hold. Its default is the disk's free space / 128 MiB, read at
-#: start; each bucket holds a volume of its own from its first write, and a write past the limit
+#: The volumes ``weed mini`` may hold. Its default is sized by the disk's free space (/ 128 MiB):
+#: each bucket holds a volume of its own from its first write, and a write past the limit
 #: fails with ``InternalError`` (a server started with ``-volume.max=2`` fails the third live
 #: bucket's warm write so; a CI run failed a bucket pool's warm write so at 91% of the suite).
 #: Volumes are sparse files: the limit reserves no disk.
