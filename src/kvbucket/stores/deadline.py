@@ -195,8 +195,15 @@ class SocketReaper:
 
 
 def _shut(sock: socket.socket) -> None:
+    """End the socket's blocked calls: its reads return the end of the stream (or an error).
+
+    A TLS socket's connection is shut under it, not through ``SSLSocket.shutdown``, which also
+    drops the TLS state: its later reads then returned the raw records still queued on the
+    socket (Linux hands queued bytes out after a shutdown), and the Xet reader parsed them as
+    chunks ("a fetched chunk is not a valid LZ4 frame": an outside tester's loads through a TLS
+    relay, cut at their deadline). Shut under it, the reads decrypt what was queued, then end."""
     with contextlib.suppress(OSError):  # already closed
-        sock.shutdown(socket.SHUT_RDWR)
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 #: The process's reaper (its thread starts with the first watched request).
