@@ -424,6 +424,7 @@ class XetReader:
         timeout = max(0.001, min(self._timeout, left(deadline)))
         reusable = False
         conn: http.client.HTTPConnection | None = None
+        resp: http.client.HTTPResponse | None = None
         if not self._budget.acquire(timeout=max(0.001, left(deadline))):
             raise TimeoutError("no connection of the read budget (read_connections) before the deadline")
         watch = REAPER.watch(deadline)  # the fetch ends at the load's deadline, however slow the body
@@ -458,7 +459,11 @@ class XetReader:
                 if turn is not None:
                     turn.end()
             reusable = not resp.will_close and resp.isclosed() and not watch.fired
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, http.client.HTTPException, TransientStoreError) as e:
+            if watch.fired and not isinstance(e, TimeoutError):  # shut by the reaper: an early end
+                raise _cut(resp, first, last) from None
+            if isinstance(e, TransientStoreError):
+                raise
             raise TransientStoreError(f"fetching an object's bytes failed: {type(e).__name__}: {e}") from None
         finally:
             REAPER.release(watch)
@@ -559,6 +564,15 @@ class XetReader:
 
     def close(self) -> None:
         self._conns.close()
+
+
+def _cut(resp: http.client.HTTPResponse | None, first: Fetch, last: Fetch) -> TransientStoreError:
+    """The error of a fetch whose connection the reaper shut at the load's deadline: late (a
+    transient error, retried while time is left), never reported as bad bytes."""
+    asked = last.last - first.first + 1
+    n = None if resp is None else resp.length  # what http.client has still to read
+    got = "" if n is None else f"; {asked - n} of its {asked} bytes had arrived"
+    return TransientStoreError(f"fetching an object's bytes was cut at the load's deadline{got}")
 
 
 class _Refused(Exception):
