@@ -212,7 +212,7 @@ def test_put_many_returns_when_the_hub_is_killed_mid_upload_and_stays_down(hub_b
         finally:
             other.close()
     finally:
-        emu.stop()
+        emu.close()  # stop() keeps its temp data dir; close() removes it too
 
 
 def test_reading_a_truncated_xorb_fails_within_the_load_deadline(hub_bucket: Any, hub_faults: Any) -> None:
