@@ -164,15 +164,24 @@ class SocketReaper:
         if late and sock is not None:
             _shut(sock)
 
-    def release(self, w: Watch) -> None:
-        """The request is over (answered or failed): its socket is no longer watched."""
+    def release(self, w: Watch) -> bool:
+        """The request is over (answered or failed): its socket is no longer watched. True when
+        the reaper took it first (it may shut the socket after this returns).
+
+        **Invariant (a kept connection is never shut under its next request).** A caller puts a
+        connection back for reuse only when this returns False: the answer is read under the
+        lock that the reaper takes to pick due sockets, and a watch released first is never
+        picked. A ``fired`` read before this call is not enough: the reaper may pick the watch in
+        between and shut the socket once another request has it."""
         with self._cv:
+            fired = w.fired
             w.done = True
             self._done_in_heap += 1
             if self._done_in_heap > 4096 and 2 * self._done_in_heap > len(self._heap):
                 self._heap = [e for e in self._heap if not e[2].done]  # drop the finished ones
                 heapq.heapify(self._heap)
                 self._done_in_heap = 0
+        return fired
 
     def _run(self) -> None:
         while True:

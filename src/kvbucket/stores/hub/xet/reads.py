@@ -305,7 +305,7 @@ class XetReader:
                 why = f"no whole answer by the deadline ({why})"
             raise TransientStoreError(f"asking the storage for a reconstruction failed: {why}") from None
         finally:
-            REAPER.release(watch)
+            reusable = not REAPER.release(watch) and reusable  # the reaper's answer, not fired's
             if conn is not None and reusable:
                 self._conns.put(parts.scheme, parts.netloc, conn)
             elif conn is not None:
@@ -466,7 +466,7 @@ class XetReader:
                 raise
             raise TransientStoreError(f"fetching an object's bytes failed: {type(e).__name__}: {e}") from None
         finally:
-            REAPER.release(watch)
+            reusable = not REAPER.release(watch) and reusable  # the reaper's answer, not fired's
             self._budget.release()
             if conn is not None and reusable:
                 self._conns.put(parts.scheme, parts.netloc, conn)
