@@ -11,6 +11,9 @@
 - ``hub_bucket`` (function): a fresh private bucket with a unique name; faults are reset before
   and after the test.
 - ``hub_faults`` (function): the fault control, reset before and after the test.
+- ``hub_tls_emulator`` (session) and ``hub_tls_bucket`` (function): the same over HTTPS with a
+  throwaway CA, as the Hub serves it (TLS changes what a client's sockets do at a cut). Only
+  while a ``hub_tls_bucket`` test runs does the process trust that CA (``trust_ca``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from typing import Any
 import pytest
 
 from .hub_emulator import FaultControl, HubEmulator
+from .tls import make_test_certificates
 
 WRITE_USER = "kvtest"
 MEMBER_USER = "kvmember"
@@ -61,6 +66,11 @@ class RunningHub:
     @property
     def data_dir(self) -> Path:
         return self.emulator.data_dir
+
+    @property
+    def ca(self) -> Path | None:
+        """The CA file a TLS emulator's certificate chains to (None over plain HTTP)."""
+        return self.emulator.ca
 
     @property
     def faults(self) -> FaultControl:
@@ -149,15 +159,17 @@ def hub_orgs() -> dict[str, list[str]]:
     return {ORG: [WRITE_USER, MEMBER_USER]}
 
 
-@pytest.fixture(scope="session")
-def hub_emulator(hub_orgs: dict[str, list[str]]) -> Iterator[RunningHub]:
+def _running_hub(hub_orgs: dict[str, list[str]], *, tls: bool = False) -> Iterator[RunningHub]:
+    """The session emulators' body: a private HF home, the users and tokens, the server (over
+    HTTPS with certificates made in that home when ``tls``)."""
     home = Path(tempfile.mkdtemp(prefix="kvbucket-hfhome-"))
     saved = isolate_hf_env(home)
     users = dict.fromkeys([WRITE_USER, MEMBER_USER, OTHER_USER, *(u for m in hub_orgs.values() for u in m)])
     tokens = {(u, sc): f"hf_{sc[0]}{secrets.token_hex(12)}" for u in users for sc in SCOPES}
     specs = [f"{u}={secret}:{sc}" for (u, sc), secret in tokens.items()]
     try:
-        with HubEmulator(tokens=specs, orgs=hub_orgs) as emu:
+        certs = make_test_certificates(home) if tls else None
+        with HubEmulator(tokens=specs, orgs=hub_orgs, tls=certs) as emu:
             yield RunningHub(
                 emu, tokens[(WRITE_USER, "write")], tokens[(WRITE_USER, "read")], tokens=tokens,
                 orgs={o: list(m) for o, m in hub_orgs.items()},
@@ -165,6 +177,36 @@ def hub_emulator(hub_orgs: dict[str, list[str]]) -> Iterator[RunningHub]:
     finally:
         restore_env(saved)
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def hub_emulator(hub_orgs: dict[str, list[str]]) -> Iterator[RunningHub]:
+    yield from _running_hub(hub_orgs)
+
+
+@contextmanager
+def trust_ca(ca: Path) -> Iterator[None]:
+    """Make every Hub client this process starts trust only ``ca`` until the block ends.
+
+    ``SSL_CERT_FILE`` is the one setting all three read: huggingface_hub's httpx2 client (when
+    it is made: httpcore2's default context), hf_xet's reqwest/rustls (rustls-native-certs, when
+    an upload or download session is made), and kvbucket's Xet reader (``ssl.create_default_context``,
+    OpenSSL's default paths, when a store first fetches over TLS). huggingface_hub keeps one
+    shared client, so it is closed on entry and exit: the next one is made with the trust in force.
+    """
+    from huggingface_hub import close_session
+
+    saved = os.environ.get("SSL_CERT_FILE")
+    os.environ["SSL_CERT_FILE"] = str(ca)
+    close_session()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("SSL_CERT_FILE", None)
+        else:
+            os.environ["SSL_CERT_FILE"] = saved
+        close_session()
 
 
 @pytest.fixture
@@ -175,10 +217,44 @@ def hub_faults(hub_emulator: RunningHub) -> Iterator[FaultControl]:
     faults.reset()
 
 
+def _fresh_bucket(hub: RunningHub) -> Iterator[HubBucket]:
+    """A new private bucket of ``hub``'s write user, with the faults reset around the test."""
+    hub.faults.reset()
+    bucket_id = f"{hub.namespace}/t-{uuid.uuid4().hex[:16]}"
+    hub.api().create_bucket(bucket_id, private=True)
+    yield HubBucket(hub, bucket_id)
+    hub.faults.reset()
+
+
 @pytest.fixture
 def hub_bucket(hub_emulator: RunningHub) -> Iterator[HubBucket]:
-    hub_emulator.faults.reset()
-    bucket_id = f"{hub_emulator.namespace}/t-{uuid.uuid4().hex[:16]}"
-    hub_emulator.api().create_bucket(bucket_id, private=True)
-    yield HubBucket(hub_emulator, bucket_id)
-    hub_emulator.faults.reset()
+    yield from _fresh_bucket(hub_emulator)
+
+
+@pytest.fixture(scope="session")
+def hub_tls_emulator(hub_orgs: dict[str, list[str]]) -> Iterator[RunningHub]:
+    """``hub_emulator`` over HTTPS: ``.endpoint`` is ``https://``, ``.ca`` the CA to trust."""
+    yield from _running_hub(hub_orgs, tls=True)
+
+
+@pytest.fixture
+def hub_tls_bucket(hub_tls_emulator: RunningHub) -> Iterator[HubBucket]:
+    """A fresh private bucket on ``hub_tls_emulator``; the process trusts its CA during the test."""
+    assert hub_tls_emulator.ca is not None
+    with trust_ca(hub_tls_emulator.ca):
+        yield from _fresh_bucket(hub_tls_emulator)
+
+
+def assert_all_tls(before: dict[str, Any], after: dict[str, Any], *routes: str) -> dict[str, int]:
+    """Between two ``stats()["routes"]`` snapshots of a TLS emulator: every request came over
+    TLS, and each of ``routes`` was asked at least once (a cell whose fetches went elsewhere,
+    or never happened, proves nothing about TLS). Returns the requests per route in between."""
+    def delta(name: str, key: str) -> int:
+        return int(after.get(name, {}).get(key, 0)) - int(before.get(name, {}).get(key, 0))
+
+    made = {name: delta(name, "requests") for name in after if delta(name, "requests")}
+    plain = {name: n - delta(name, "tls") for name, n in made.items() if n != delta(name, "tls")}
+    assert not plain, f"requests that did not come over TLS, per route: {plain}"
+    missing = [r for r in routes if not made.get(r)]
+    assert not missing, f"no {missing} request in between (requests per route: {made})"
+    return made

@@ -100,6 +100,8 @@ def make_middleware(emu: Emulator) -> Any:
         st = emu.stats[name]
         st.requests += 1
         st.bytes_in += request.content_length or 0
+        if request.transport is not None and request.transport.get_extra_info("sslcontext") is not None:
+            st.tls += 1
         fault: Fault | None = emu.faults.check(name) if name != "control" else None
         request[FAULT] = fault
         try:

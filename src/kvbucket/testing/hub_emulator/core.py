@@ -38,6 +38,7 @@ class RouteStats:
     requests: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    tls: int = 0  # requests that came over TLS: a test's proof that its fetches did (TLS mode)
 
 
 class Emulator:

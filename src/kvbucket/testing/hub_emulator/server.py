@@ -30,11 +30,13 @@ from aiohttp import web
 
 from kvbucket.errors import ConfigError
 from kvbucket.testing.children import dies_with_parent
+from kvbucket.testing.tls import TestCertificates
 
 from .app import build_app
 from .auth import Auth, TokenSpec, parse_org
 from .core import Emulator
 from .faults import FaultPlan, FaultRule
+from .https import admin_open, server_context
 from .state import State
 from .wire import BODY_TIMEOUT_S, LINGER_S, STOP_GRACE_S
 from .xorb_gc import DEFAULT_XORB_GRACE_S, collect_now
@@ -55,6 +57,8 @@ class ServerConfig:
     orgs: dict[str, list[str]] = field(default_factory=dict)
     body_timeout_s: float = BODY_TIMEOUT_S
     xorb_grace_s: float = DEFAULT_XORB_GRACE_S
+    tls_cert: str | None = None  # serve HTTPS with this certificate (PEM) and key; None: plain HTTP
+    tls_key: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -64,6 +68,7 @@ class ServerConfig:
                 "xet_token_ttl_s": self.xet_token_ttl_s, "admin_key": self.admin_key,
                 "fault_seed": self.fault_seed, "zero_copy": self.zero_copy, "orgs": self.orgs,
                 "body_timeout_s": self.body_timeout_s, "xorb_grace_s": self.xorb_grace_s,
+                "tls_cert": self.tls_cert, "tls_key": self.tls_key,
             }
         )  # fmt: skip
 
@@ -82,6 +87,8 @@ class ServerConfig:
             orgs={str(k): [str(u) for u in v] for k, v in d.get("orgs", {}).items()},
             body_timeout_s=float(d.get("body_timeout_s", BODY_TIMEOUT_S)),
             xorb_grace_s=float(d.get("xorb_grace_s", DEFAULT_XORB_GRACE_S)),
+            tls_cert=d.get("tls_cert"),
+            tls_key=d.get("tls_key"),
         )
 
 
@@ -157,7 +164,8 @@ class ThreadServer:
             shutdown_timeout=STOP_GRACE_S,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, cfg.host, cfg.port, reuse_address=True)
+        tls = server_context(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
+        site = web.TCPSite(self._runner, cfg.host, cfg.port, reuse_address=True, ssl_context=tls)
         await site.start()
         server = site._server
         assert server is not None and server.sockets  # type: ignore[union-attr]
@@ -226,18 +234,22 @@ class SubprocessServer:
 
 
 class FaultControl:
-    """Add and reset fault rules on a running emulator (thread or subprocess alike)."""
+    """Add and reset fault rules on a running emulator (thread or subprocess alike).
 
-    def __init__(self, endpoint: str, admin_key: str) -> None:
+    ``ca``: the CA file an ``https://`` emulator's certificate chains to (``HubEmulator.ca``).
+    """
+
+    def __init__(self, endpoint: str, admin_key: str, ca: str | os.PathLike[str] | None = None) -> None:
         self._url = f"{endpoint}/_emulator/faults"
         self._key = admin_key
+        self._ca = ca
 
     def _call(self, method: str, body: Any = None) -> list[dict[str, Any]]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self._url, data=data, method=method)
         req.add_header("X-Emulator-Admin", self._key)
         req.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with admin_open(req, 30, self._ca) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 
     def add(self, route: str, **kwargs: Any) -> None:
@@ -282,6 +294,8 @@ class HubEmulator:
     ``body_timeout_s``: a request body that goes this long without a byte is answered 408.
     ``xorb_grace_s``: how long an unreferenced xorb is kept before it is collected (default 22
     days, longer than hf_xet's 3-week shard cache; see docs/emulator.md "Xorb collection").
+    ``tls``: serve HTTPS with these certificates (``kvbucket.testing.tls.make_test_certificates``),
+    as the Hub does; clients must trust ``tls.ca`` (docs/emulator.md, "TLS").
     """
 
     def __init__(
@@ -299,6 +313,7 @@ class HubEmulator:
         zero_copy: bool = True,
         body_timeout_s: float = BODY_TIMEOUT_S,
         xorb_grace_s: float = DEFAULT_XORB_GRACE_S,
+        tls: TestCertificates | None = None,
     ) -> None:
         specs = token_specs(tokens)
         org_map = {str(o): [str(u) for u in members] for o, members in (orgs or {}).items()}
@@ -324,6 +339,9 @@ class HubEmulator:
         self.config.body_timeout_s = body_timeout_s
         self.config.xorb_grace_s = float(xorb_grace_s)
         self.config.orgs = org_map
+        self.tls = tls
+        if tls is not None:
+            self.config.tls_cert, self.config.tls_key = str(tls.cert), str(tls.key)
         self.use_subprocess = subprocess
         self._server: ThreadServer | SubprocessServer | None = None
 
@@ -341,11 +359,16 @@ class HubEmulator:
     def endpoint(self) -> str:
         """The value for ``HF_ENDPOINT`` / ``HfApi(endpoint=...)``."""
         host = self.config.host if self.config.host not in ("0.0.0.0", "::") else "127.0.0.1"
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls is not None else 'http'}://{host}:{self.port}"
+
+    @property
+    def ca(self) -> Path | None:
+        """The CA file clients must trust in TLS mode (None over plain HTTP)."""
+        return self.tls.ca if self.tls is not None else None
 
     @property
     def faults(self) -> FaultControl:
-        return FaultControl(self.endpoint, self.config.admin_key)
+        return FaultControl(self.endpoint, self.config.admin_key, self.ca)
 
     @property
     def pid(self) -> int:
@@ -357,13 +380,13 @@ class HubEmulator:
         """Request counts and bytes per route, plus the server's CPU time (see docs/emulator.md)."""
         req = urllib.request.Request(f"{self.endpoint}/_emulator/stats")
         req.add_header("X-Emulator-Admin", self.config.admin_key)  # needed when tokens are configured
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with admin_open(req, 30, self.ca) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 
     def collect_xorbs(self, grace_s: float | None = None) -> dict[str, int]:
         """Drop unreferenced xorbs now (``grace_s`` overrides the server's grace; 0: all of them);
         what was collected (see docs/emulator.md, "Xorb collection")."""
-        return collect_now(self.endpoint, self.config.admin_key, grace_s)
+        return collect_now(self.endpoint, self.config.admin_key, grace_s, self.ca)
 
     def requests(self, *, clear: bool = False) -> list[dict[str, Any]]:
         """The request log: ``{route, start, end}`` per request served (server's monotonic clock),
@@ -371,7 +394,7 @@ class HubEmulator:
         url = f"{self.endpoint}/_emulator/requests"
         req = urllib.request.Request(url, method="DELETE" if clear else "GET")
         req.add_header("X-Emulator-Admin", self.config.admin_key)
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with admin_open(req, 30, self.ca) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 
     def start(self) -> HubEmulator:

@@ -27,6 +27,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
+from .https import admin_open
 from .state import State
 
 log = logging.getLogger("kvbucket.emulator")
@@ -178,10 +179,13 @@ class XorbCollector:
         return doomed
 
 
-def collect_now(endpoint: str, admin_key: str, grace_s: float | None = None) -> dict[str, int]:
-    """Ask a running emulator to collect now (``POST /_emulator/gc``); what it collected."""
+def collect_now(
+    endpoint: str, admin_key: str, grace_s: float | None = None, ca: str | os.PathLike[str] | None = None
+) -> dict[str, int]:
+    """Ask a running emulator to collect now (``POST /_emulator/gc``); what it collected.
+    ``ca``: the CA an ``https://`` emulator's certificate chains to."""
     query = "" if grace_s is None else f"?grace={grace_s:g}"
     req = urllib.request.Request(f"{endpoint}/_emulator/gc{query}", data=b"", method="POST")
     req.add_header("X-Emulator-Admin", admin_key)
-    with urllib.request.urlopen(req, timeout=660) as r:
+    with admin_open(req, 660, ca) as r:
         return json.loads(r.read())  # type: ignore[no-any-return]
