@@ -20,6 +20,7 @@ from kvbucket.stores.hub.config import build_config
 from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.stores.s3.config import S3Config
 from kvbucket.stores.s3.store import S3Store
+from kvbucket.testing.hub_fixtures import assert_all_tls
 from kvbucket.testing.s3_server import FaultProxy, S3Server
 from kvbucket.testing.served_bytes import run_cell, settings_from_env
 
@@ -63,15 +64,8 @@ def _budget_varied(reader: Any, rng: random.Random) -> None:
     reader.prefetch = wrapped
 
 
-@pytest.mark.parametrize("sizing", ["part", "budget"])
-@pytest.mark.parametrize("read_ahead", [False, True], ids=["direct", "read_ahead"])
-@pytest.mark.parametrize("encrypted", [False, True], ids=["sealed", "encrypted"])
-def test_hub_ranged_reads_serve_only_stored_bytes(hub_bucket: Any, encrypted: bool, read_ahead: bool,
-                                                  sizing: str) -> None:
-    """``part``: every chunk read in about four parts of ``read_part_bytes``; ``budget``: parts
-    only because a load's fetches would not fill ``read_connections`` (part_sizes.part_size), down
-    to ``read_min_part_bytes``, their number varying with each load (_budget_varied); there a
-    share of the parts' reconstructions fail too."""
+def _hub_ranged_cell(hub_bucket: Any, encrypted: bool, read_ahead: bool, sizing: str, transport: str) -> None:
+    """One Hub ranged-reads cell on ``hub_bucket``'s emulator (plain HTTP or TLS), asserted."""
     rounds, seed, chunk_kib = settings_from_env()
     hub = hub_bucket.hub
     sizes = ({"read_part_bytes": max(64 << 10, chunk_kib * 1024 // 4), "read_min_part_bytes": 0}
@@ -85,24 +79,51 @@ def test_hub_ranged_reads_serve_only_stored_bytes(hub_bucket: Any, encrypted: bo
     hub.faults.add("fetch", latency_s=0.02, probability=0.15)  # a range late
     if sizing == "budget":
         hub.faults.add("reconstruction", status=503, probability=0.02)  # a part's reconstruction failing
+    cell = f"hub{transport} ranged {sizing} encrypted={encrypted} read_ahead={read_ahead}"
     try:
         with HFBucketStore(cfg) as store:
             split = _parts_seen(store._client._reader)
             if sizing == "budget":
                 _budget_varied(store._client._reader, random.Random(seed))
             tally = run_cell(store, encrypted=encrypted, read_ahead=read_ahead, rounds=rounds, seed=seed,
-                             chunk_kib=chunk_kib,
-                             cell=f"hub ranged {sizing} encrypted={encrypted} read_ahead={read_ahead}")
+                             chunk_kib=chunk_kib, cell=cell)
         fired = sum(r["fired"] for r in hub.faults.rules())
     finally:
         hub.faults.reset()
-    print(f"served-bytes hub ranged {sizing} encrypted={encrypted} read_ahead={read_ahead}: {tally.loads} "
-          f"loads, {tally.found} found, {len(tally.wrong)} wrong, {fired} faults, parts {sorted(split)}")
+    print(f"served-bytes {cell}: {tally.loads} loads, {tally.found} found, {len(tally.wrong)} wrong, "
+          f"{fired} faults, parts {sorted(split)}")
     assert tally.wrong == [], "\n".join(tally.wrong[:10])
     assert tally.found > 0 and fired > 0
     assert split  # objects were read in parts
     if sizing == "budget":
         assert len(split) > 1, split  # the parts' sizes followed the loads
+
+
+@pytest.mark.parametrize("sizing", ["part", "budget"])
+@pytest.mark.parametrize("read_ahead", [False, True], ids=["direct", "read_ahead"])
+@pytest.mark.parametrize("encrypted", [False, True], ids=["sealed", "encrypted"])
+def test_hub_ranged_reads_serve_only_stored_bytes(hub_bucket: Any, encrypted: bool, read_ahead: bool,
+                                                  sizing: str) -> None:
+    """``part``: every chunk read in about four parts of ``read_part_bytes``; ``budget``: parts
+    only because a load's fetches would not fill ``read_connections`` (part_sizes.part_size), down
+    to ``read_min_part_bytes``, their number varying with each load (_budget_varied); there a
+    share of the parts' reconstructions fail too."""
+    _hub_ranged_cell(hub_bucket, encrypted, read_ahead, sizing, "")
+
+
+@pytest.mark.parametrize(("sizing", "read_ahead", "encrypted"),
+                         [("part", True, False), ("budget", False, True)],
+                         ids=["part-read_ahead-sealed", "budget-direct-encrypted"])
+def test_hub_ranged_reads_over_tls_serve_only_stored_bytes(hub_tls_bucket: Any, encrypted: bool,
+                                                           read_ahead: bool, sizing: str) -> None:
+    """Two of the cells above over HTTPS, the Hub's only transport: a fetch cut, failed or late
+    then ends on a TLS socket (whose cut once gave its encrypted records as chunk bytes,
+    tests/hfbucket/test_hfbucket_xet_tls_cuts.py). Every request of the cell, its CAS fetches
+    among them, came over TLS (the emulator counts them)."""
+    hub = hub_tls_bucket.hub
+    before = hub.stats()["routes"]
+    _hub_ranged_cell(hub_tls_bucket, encrypted, read_ahead, sizing, " over TLS")
+    assert_all_tls(before, hub.stats()["routes"], "fetch", "reconstruction", "xorb_upload")
 
 
 @pytest.mark.parametrize("sizing", ["part", "budget"])
