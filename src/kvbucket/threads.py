@@ -65,18 +65,8 @@ class DaemonThreadPool(Executor):
         self._finalizer = weakref.finalize(self, self._q.put, _STOP)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        with self._lock:
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
-            fut: Future[T] = Future()
-            self._q.put((fut, fn, args, kwargs))
-            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max:
-                t = threading.Thread(  # the workers hold the queue, not the pool (see __init__)
-                    target=_work, args=(self._q, self._idle), name=f"{self._prefix}_{next(_counter)}",
-                    daemon=True,
-                )
-                t.start()
-                self._threads.append(t)
+        fut: Future[T] = Future()
+        self._enqueue((fut, fn, args, kwargs))
         return fut
 
     def prestart(self, n: int | None = None) -> int:
@@ -100,6 +90,46 @@ class DaemonThreadPool(Executor):
                 self._threads.append(t)
                 started += 1
         return started
+
+    def hand_over(self, to: DaemonThreadPool) -> int:
+        """Stop taking work and move the work still queued to ``to`` (the same futures); returns
+        how many items moved. The workers leave once their current call ends.
+
+        Why: a store replaces its pool when a call's deadline passes with workers stuck in calls
+        that cannot be cancelled. Shutting the old pool with its queue cancelled failed the work
+        other calls had queued there long before their own deadlines (an outside tester: loads at
+        1.4 s of a 3 s budget), and a call submitting meanwhile was refused ("cannot schedule new
+        futures after shutdown"); the Hub store then returned a load as closed while fetches it
+        had already submitted still wrote into the caller's buffers. Queued work moved runs on
+        ``to``; a caller refused here submits to the store's new pool (see the stores' ``_map``
+        and ``submit_all``)."""
+        with self._lock:
+            self._shutdown = True
+        moved = 0
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                to._enqueue(item)
+                moved += 1
+        self._q.put(_STOP)
+        return moved
+
+    def _enqueue(self, item: tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> None:
+        """Queue ``item`` (a future and its call), starting a worker if none is idle."""
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._q.put(item)
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max:
+                t = threading.Thread(  # the workers hold the queue, not the pool (see __init__)
+                    target=_work, args=(self._q, self._idle), name=f"{self._prefix}_{next(_counter)}",
+                    daemon=True,
+                )
+                t.start()
+                self._threads.append(t)
 
     def shutdown(
         self, wait: bool = True, *, cancel_futures: bool = False, timeout: float | None = None
@@ -168,6 +198,22 @@ def _work(q: queue.SimpleQueue[Any], idle: threading.Semaphore, start_idle: bool
                 fut.set_result(result)
         del fut, fn, args, kwargs, item  # drop references to results while idle
         idle.release()
+
+
+def submit_current(pool: Callable[[], Executor], closed: Callable[[], bool], fn: Callable[..., T],
+                   *args: Any, **kwargs: Any) -> Future[T]:
+    """``fn(*args, **kwargs)`` submitted to the pool ``pool()`` names; one that refuses it because
+    it was handed over meanwhile (:meth:`DaemonThreadPool.hand_over`) is replaced by the pool
+    ``pool()`` names then. The refusal is raised once ``closed()``, or when no new pool came."""
+    tried = None
+    while True:
+        p = pool()
+        try:
+            return p.submit(fn, *args, **kwargs)
+        except RuntimeError:
+            if closed() or p is tried:
+                raise
+            tried = p
 
 
 def in_daemon_thread(fn: Callable[[], T], name: str) -> Future[T]:

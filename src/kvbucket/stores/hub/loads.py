@@ -128,7 +128,11 @@ def fetch_jobs(store: HFBucketStore, names: list[str], out: Sequence[Buffer | No
 
     try:  # always on the pool (hf_xet reads cannot be cancelled): waited for until the deadline
         futures = store._map(fetch, groups, inline=False, loads=True)
-    except RuntimeError:  # the pool was shut down: closed (and load.end() closed every gate)
+    except RuntimeError:  # the store was closed (its pool refuses work) part way through the submits
+        # Invariant: a load returns only once no fetch of an item it fails can write into the
+        # caller's buffer. The groups submitted before the refusal may still run: close their
+        # gates here (close() ends the loads it knows of, but this one may have left by then).
+        load.end()
         return None
     return list(zip(groups, store._gather(futures, deadline, lambda g: [late(k) for k in groups[g]], load),
                     strict=True))

@@ -69,7 +69,7 @@ from kvbucket.stores.hub.loads import Load, Loads, fetch_jobs, settled
 from kvbucket.stores.hub.meta_cache import MetaCache
 from kvbucket.stores.hub.rechecks import Rechecks
 from kvbucket.stores.hub.whoami import as_caller
-from kvbucket.threads import DaemonThreadPool
+from kvbucket.threads import DaemonThreadPool, submit_current
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +150,10 @@ class HFBucketStore(RemoteStore):
             except BaseException as e:  # delivered through the future
                 f.set_exception(e)
             return [f]
-        pool = self._loads if loads else self._pool
-        return [pool.submit(fn, it) for it in items]
+        def pool() -> DaemonThreadPool:  # the current one: _abandon_pool may swap it meanwhile
+            return self._loads if loads else self._pool
+
+        return [submit_current(pool, lambda: self._closed, fn, it) for it in items]
 
     def _gather(self, futures: list[Future[Any]], deadline: float, on_late: Callable[[int], Any],
                 load: Load | None = None) -> list[Any]:
@@ -194,8 +196,9 @@ class HFBucketStore(RemoteStore):
                 return
             self._pool = DaemonThreadPool(self.config.num_workers, "kvbucket-hfbucket")
             self._loads = DaemonThreadPool(self.config.load_concurrency, "kvbucket-hfbucket-load")
-        old.shutdown(wait=False, cancel_futures=True)
-        old_loads.shutdown(wait=False, cancel_futures=True)
+            # Other calls' queued work moves with it, never cancelled (threads.DaemonThreadPool.hand_over).
+            old.hand_over(self._pool)
+            old_loads.hand_over(self._loads)
         log.warning("calls to %s passed their deadline and were abandoned", self.url)
 
     def _ensure_bucket(self, deadline: float | None = None) -> None:

@@ -18,6 +18,7 @@ from kvbucket.errors import StoreError
 from kvbucket.stores.base import ItemResult
 from kvbucket.stores.deadline import left
 from kvbucket.stores.s3.transfers import Slots
+from kvbucket.threads import submit_current
 
 
 def within_budget(fn: Callable[..., ItemResult], slots: Slots, deadline: float,
@@ -38,17 +39,18 @@ def within_budget(fn: Callable[..., ItemResult], slots: Slots, deadline: float,
     return run
 
 
-def submit_all(pool: Executor, fn: Callable[..., ItemResult], args: Sequence[tuple[Any, ...]],
+def submit_all(pool: Callable[[], Executor], fn: Callable[..., ItemResult], args: Sequence[tuple[Any, ...]],
                extra: Sequence[tuple[Any, ...]], closed: Callable[[], bool],
                kw: dict[str, Any]) -> list[Future[ItemResult] | None]:
-    """``fn(*args[i], *extra[i], **kw)`` submitted to ``pool`` for each item; None for the items
-    left when the pool refuses work because the store was closed meanwhile (``closed()``: close()
-    shuts the pool down, and a load between its direct reads and their fallbacks raised
-    "cannot schedule new futures after shutdown"). Another refusal is raised as it is."""
+    """``fn(*args[i], *extra[i], **kw)`` submitted to the store's current pool (``pool()``: one
+    handed over by a concurrent call's deadline is followed to its successor) for each item; None
+    for the items left when the pool refuses work because the store was closed meanwhile
+    (``closed()``: close() shuts the pool down, and a load between its direct reads and their
+    fallbacks raised "cannot schedule new futures after shutdown"). Another refusal is raised."""
     futures: list[Future[ItemResult] | None] = []
     for a, e in zip(args, extra, strict=True):
         try:
-            futures.append(pool.submit(fn, *a, *e, **kw))
+            futures.append(submit_current(pool, closed, fn, *a, *e, **kw))
         except RuntimeError:
             if not closed():
                 raise

@@ -65,7 +65,7 @@ from kvbucket.stores.s3.direct import CLOSED, EXPIRED, MISSING, UNANSWERED, Body
 from kvbucket.stores.s3.env import fill_from_env
 from kvbucket.stores.s3.fallbacks import submit_all, within_budget
 from kvbucket.stores.s3.kept import OVERLONG, overlong_error
-from kvbucket.threads import DaemonThreadPool, in_daemon_thread
+from kvbucket.threads import DaemonThreadPool, in_daemon_thread, submit_current
 
 _XML_CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -320,7 +320,7 @@ class S3Store(RemoteStore):
     def _bounded(self, fn: Callable[[], Any], deadline: float) -> Any:
         """``fn()`` on the pool; FutureTimeout when it has not finished by ``deadline`` (abandoned)."""
         try:
-            fut = self._pool.submit(fn)
+            fut = submit_current(lambda: self._pool, lambda: self._closed, fn)
         except RuntimeError:  # shut down by a concurrent close()
             if not self._closed:
                 raise
@@ -347,7 +347,8 @@ class S3Store(RemoteStore):
         gates = [Gate() for _ in args] if reads else []
         answered = threading.Event() if reads and answer_by is not None else None
         extra = {} if answered is None else {"answered": answered}
-        futures = submit_all(self._pool, fn, args, [tuple(gates[i : i + 1]) for i in range(len(args))],
+        one_gate = [tuple(gates[i : i + 1]) for i in range(len(args))]
+        futures = submit_all(lambda: self._pool, fn, args, one_gate,
                              lambda: self._closed, extra)  # None: refused, the store was closed
         sent = [f for f in futures if f is not None]
         late = self._late(op)
@@ -383,7 +384,7 @@ class S3Store(RemoteStore):
                 return
             old = self._pool
             self._pool = DaemonThreadPool(self.config.s3_num_io_threads, "kvbucket-s3")
-        old.shutdown(wait=False, cancel_futures=True)
+            old.hand_over(self._pool)  # other calls' queued work moves, never cancelled
 
     def _settle(
         self, args: list[tuple[Any, ...]], outcomes: Sequence[Outcome], fallback: Callable[..., ItemResult],
