@@ -120,15 +120,18 @@ def test_doctor_checks_the_token(hub_emulator: Any, cli_env: dict[str, str], tmp
     """Issue 40 item 2: doctor says whom the token belongs to (as `hf auth whoami`), and a refused
     one is a FAIL line worded as invalid or expired, with exit 1 (on main: the same ok line)."""
     env = {**cli_env, "HF_ENDPOINT": hub_emulator.endpoint, "HF_HOME": str(tmp_path / "hf")}
-    good = run_cli("doctor", "--timeout", "5", env={**env, "HF_TOKEN": hub_emulator.write_token})
+    # --timeout 30: the wording is checked here, not the bound (a CI run at load 10 saw the
+    # emulator miss the default 5 s).
+    good = run_cli("doctor", "--timeout", "30", env={**env, "HF_TOKEN": hub_emulator.write_token})
     assert good.code == 0, good.out + good.err
     assert f"  ok    token ($HF_TOKEN): belongs to '{hub_emulator.namespace}'" in good.out, good.out
-    bad = run_cli("doctor", "--timeout", "5", env={**env, "HF_TOKEN": "hf_refused_doctor_0123456789"})
+    bad = run_cli("doctor", "--timeout", "30", env={**env, "HF_TOKEN": "hf_refused_doctor_0123456789"})
     assert bad.code == 1, bad.out + bad.err
     line = next(ln for ln in bad.out.splitlines() if "token ($HF_TOKEN)" in ln)
     assert line.startswith("  FAIL") and "invalid or expired" in line and "HTTP 401" in line, line
     assert "hf_refused_doctor_0123456789" not in bad.out + bad.err
-    js = run_cli("doctor", "--json", env={**env, "HF_TOKEN": "hf_refused_doctor_0123456789"})
+    js = run_cli("doctor", "--json", "--timeout", "30",
+                 env={**env, "HF_TOKEN": "hf_refused_doctor_0123456789"})
     assert js.code == 1 and '"invalid or expired' not in js.out and "invalid or expired" in js.out
 
 
