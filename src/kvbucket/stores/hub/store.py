@@ -420,7 +420,7 @@ class HFBucketStore(RemoteStore):
             fetched = [(list(range(len(jobs))), [ItemResult(names[j[0]], error=closed_during(self.url))
                                                  for j in jobs])]
         for ks, rs in fetched:
-            for k, r in zip(ks, settled(rs, load, self.url), strict=True):
+            for k, r in zip(ks, settled(rs, load, self.url, [gates[k] for k in ks]), strict=True):
                 results[jobs[k][0]] = r
         return [r for r in results if r is not None]
 
