@@ -15,7 +15,8 @@ deadlines, usually shorter). A lookup or read the store cannot answer (hung, dow
 breaker open) is a miss, counted in ``lookup_failures``/``read_failures`` and logged once per
 kind, never an exception: the engine recomputes. With the breaker open, lookups and reads answer
 at once without touching the store. A put past the timeout gets a :class:`TransientStoreError`
-naming it, and nothing of that call is counted as stored.
+naming it, and nothing of that call is counted. A read into caller buffers that waited too long
+for an io thread is not started (:mod:`kvbucket.backends.late_start`).
 
 With a fleet (``fleet`` settings, :mod:`kvbucket.backends.fleet`) the tier shares one capacity
 with every other node on its prefix: a store past the fleet's write cap fails for that chunk
@@ -42,6 +43,7 @@ from kvbucket.backends._putqueue import DEFAULT_FULL_WAIT_SECS, PutQueue
 from kvbucket.backends._queued import QueuedBackend
 from kvbucket.backends.base import Chunk, Key, check_buffers, check_open, put_as_batch
 from kvbucket.backends.fleet import REFUSED, FleetWriteCapError, open_tier_fleet
+from kvbucket.backends.late_start import LateStart
 from kvbucket.backends.tier_identity import TierIdentity
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import (
@@ -121,6 +123,7 @@ class RemoteBackend(QueuedBackend):
         self.serde = get_serde(serde)
         self.save_unfull_chunk = save_unfull_chunk
         self.blocking_timeout_secs = blocking_timeout_secs if blocking_timeout_secs else None
+        self._late_start = LateStart(store, self.blocking_timeout_secs)
         self.prefix = check_prefix(prefix)
         self._owns_store = owns_store
         self._breaker = breaker_of(self.store)  # lookups and reads skip a store whose breaker is open
@@ -213,7 +216,8 @@ class RemoteBackend(QueuedBackend):
                 self._log_bad(ks[i], f"the caller's buffer is {as_view(buffers[i]).nbytes} bytes")
         if todo:
             names = [self._name(ks[i]) for i in todo]
-            results = self._call_items(self.reads.get_many, "get", names, [buffers[i] for i in todo])
+            into = self._late_start.guard(self.reads.get_many)  # into caller buffers: started in time
+            results = self._call_items(into, "get", names, [buffers[i] for i in todo])
             for i, r in zip(todo, results, strict=True):
                 if r.error is not None:
                     if isinstance(r.error, SizeMismatchError):
@@ -375,8 +379,8 @@ class RemoteBackend(QueuedBackend):
                 self._breaker.abandoned()
             raise TransientStoreError(
                 f"{what} on {self.store.url} did not finish within blocking_timeout_secs="
-                f"{self.blocking_timeout_secs:g}s; nothing of this call is counted as stored. Check the "
-                "store's reachability, or raise blocking_timeout_secs"
+                f"{self.blocking_timeout_secs:g}s; nothing of this call is counted. Check that the store "
+                "is reachable, or raise blocking_timeout_secs (or io_threads, if calls wait for each other)"
             ) from None
 
     def _apply(self, key: str, view: memoryview) -> None:

@@ -1,0 +1,101 @@
+"""A remote tier's ``get_into`` that returns False leaves the buffer to its caller: a load that
+waited too long for one of the tier's io threads is not started (kvbucket.backends.late_start).
+
+An outside tester ran loads from several threads through ``RemoteBackend`` on a slow store (Hub
+and S3, default settings, 3.5 s a chunk): callers queued behind the others got False at
+``blocking_timeout_secs``, and their loads then ran and wrote the chunk into buffers the callers
+had taken back (17 of 17).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from kvbucket.backends import RemoteBackend
+from kvbucket.backends.late_start import GRACE_SECS, LateStart, load_budget
+from kvbucket.chunks import KVLayout
+from kvbucket.errors import TransientStoreError
+from kvbucket.stores.hub.config import build_config
+from kvbucket.stores.hub.store import HFBucketStore
+from kvbucket.stores.local.memory import MemoryStore
+
+LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_size=8, dtype="float16", chunk_tokens=16)
+FULL = LAYOUT.full_chunk_bytes
+
+
+def test_loads_queued_too_long_are_refused_and_no_returned_buffer_is_written(
+    hub_bucket: Any, hub_faults: Any
+) -> None:
+    hub = hub_bucket.hub
+    store = HFBucketStore(build_config(
+        bucket_handle=f"hf://buckets/{hub_bucket.bucket_id}/late-{uuid.uuid4().hex[:6]}",
+        token=hub.write_token, token_env="", endpoint=hub.endpoint, load_timeout_secs=1.5,
+        breaker_failures=0, metadata_cache_ttl_secs=0))
+    # room for a call to wait for the one io thread: 3.0 - 1.5 - GRACE_SECS = 1.0 s
+    b = RemoteBackend(store, LAYOUT, blocking_timeout_secs=3.0, io_threads=1)
+    try:
+        chunks = {f"k{i}": np.random.default_rng(i).integers(0, 256, FULL, dtype=np.uint8) for i in range(3)}
+        for k, c in chunks.items():
+            b.put(k, c)
+        assert b.flush()
+        hub_faults.add("fetch", latency_s=1.2)  # each load takes ~1.2 s, within the store's 1.5 s
+        store._client.reset_download_group()
+        bufs = {k: np.zeros(FULL, dtype=np.uint8) for k in chunks}
+        got: dict[str, bool] = {}
+        returned: dict[str, float] = {}
+
+        def load(k: str) -> None:
+            got[k] = b.get_into(k, bufs[k])
+            returned[k] = time.monotonic()
+            if not got[k]:
+                bufs[k][:] = 0xEE  # the caller takes its buffer back at once
+
+        threads = [threading.Thread(target=load, args=(k,)) for k in chunks]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+            time.sleep(0.05)  # k0 takes the io thread; k1 and k2 queue behind it
+        for t in threads:
+            t.join(15)
+        time.sleep(3.0)  # any load still running ends by now (the store's 1.5 s deadline)
+        missed = [k for k in chunks if not got[k]]
+        assert missed, f"no load waited past its room: {got}"
+        for k in missed:  # a miss returned: its buffer is only what the caller put there
+            assert (bufs[k] == 0xEE).all(), f"{k}'s buffer was written after get_into returned False"
+            assert returned[k] - t0 < 3.0, "refused at once, not at blocking_timeout_secs"
+        for k in chunks:
+            if got[k]:
+                assert (bufs[k] == chunks[k]).all()
+        assert b.read_failures >= len(missed)
+    finally:
+        hub_faults.reset()
+        b.close()
+
+
+def test_the_room_is_the_tiers_bound_less_the_stores_load_deadline() -> None:
+    hub_cfg = build_config(bucket_handle="hf://buckets/me/x", token="t", token_env="", load_timeout_secs=5.0)
+
+    class Hub:
+        config = hub_cfg
+
+    assert load_budget(Hub()) == 5.0
+    assert load_budget(MemoryStore("m")) is None  # no load deadline named: no guard
+    assert LateStart(Hub(), 10.0).room == 10.0 - 5.0 - GRACE_SECS
+    assert LateStart(Hub(), 5.0).room is None  # the tier's bound is no longer than the store's
+    assert LateStart(Hub(), None).room is None
+    late = LateStart(Hub(), 10.0)
+    late.room = 0.05
+    call = late.guard(lambda *a: "ran")
+    assert call() == "ran"
+    call = late.guard(lambda *a: "ran")
+    time.sleep(0.1)
+    try:
+        call()
+        raise AssertionError("a call started past its room ran")
+    except TransientStoreError as e:
+        assert "io_threads" in str(e) and "untouched" in str(e)
