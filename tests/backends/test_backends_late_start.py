@@ -15,11 +15,13 @@ import uuid
 from typing import Any
 
 import numpy as np
+import pytest
 
 from kvbucket.backends import RemoteBackend
 from kvbucket.backends.late_start import GRACE_SECS, LateStart, load_budget
 from kvbucket.chunks import KVLayout
 from kvbucket.errors import TransientStoreError
+from kvbucket.stores.deadline import LOAD_START_BY
 from kvbucket.stores.hub.config import build_config
 from kvbucket.stores.hub.store import HFBucketStore
 from kvbucket.stores.local.memory import MemoryStore
@@ -99,3 +101,83 @@ def test_the_room_is_the_tiers_bound_less_the_stores_load_deadline() -> None:
         raise AssertionError("a call started past its room ran")
     except TransientStoreError as e:
         assert "io_threads" in str(e) and "untouched" in str(e)
+
+
+def _store(kind: str, request: Any) -> Any:
+    if kind == "hub":
+        hb = request.getfixturevalue("hub_bucket")
+        return HFBucketStore(build_config(
+            bucket_handle=f"hf://buckets/{hb.bucket_id}/again-{uuid.uuid4().hex[:6]}",
+            token=hb.hub.write_token, token_env="", endpoint=hb.hub.endpoint))
+    from kvbucket.stores.s3.config import S3Config
+    from kvbucket.stores.s3.store import S3Store
+
+    server, bucket = request.getfixturevalue("seaweedfs"), request.getfixturevalue("s3_bucket")
+    return S3Store(S3Config.parse(server.config(bucket)))
+
+
+@pytest.mark.parametrize("kind", ["hub", "s3"])
+def test_a_further_load_of_a_guarded_call_past_its_start_bound_is_refused(kind: str, request: Any) -> None:
+    """A guard layer's second load in one call (a read-ahead asked again after its own load
+    failed: attack41h's FAIL E, a second 5 s load past the tier's bound) is held to the instant
+    the first one was: the store refuses it without touching the buffers."""
+    store = _store(kind, request)
+    try:
+        data = bytes(range(256)) * 64
+        assert store.put_many([("n", data)])[0].ok
+        late = LateStart(store, 10.0)
+        late.room = 0.3
+
+        def call(names: list[str], bufs: list[Any]) -> list[Any]:
+            first = store.get_many(names, bufs)  # in time
+            assert first[0].ok and bytes(bufs[0]) == data
+            bufs[0][:] = b"\xee" * len(data)
+            time.sleep(0.5)  # the first load took long: a second one would end past the bound
+            return store.get_many(names, bufs)
+
+        (r,) = late.guard(call)(["n"], [bytearray(len(data))])
+        assert isinstance(r.error, TransientStoreError) and "untouched" in str(r.error), r
+        buf = bytearray(len(data))
+        token = LOAD_START_BY.set(time.monotonic() - 1.0)
+        try:
+            assert store.get_many(["n"])[0].ok  # no caller buffer: nothing to hold back
+            (r,) = store.get_many(["n"], [buf])
+            assert r.error is not None and buf == bytearray(len(data))
+        finally:
+            LOAD_START_BY.reset(token)
+        assert store.get_many(["n"], [buf])[0].ok and buf == data  # outside a guarded call: as before
+    finally:
+        store.close()
+
+
+def test_loads_waiting_for_an_io_thread_when_the_tier_closes_are_misses_not_exceptions() -> None:
+    """attack41h's FAIL F: a caller still queued at close() got a bare CancelledError out of
+    get_into, and get_into after close() a RuntimeError ("cannot schedule new futures")."""
+
+    class Slow(MemoryStore):
+        def get_many(self, names: Any, out: Any = None) -> Any:
+            time.sleep(0.5)
+            return super().get_many(names, out)
+
+    b = RemoteBackend(Slow("slow"), LAYOUT, io_threads=1)
+    chunk = np.random.default_rng(0).integers(0, 256, FULL, dtype=np.uint8)
+    b.put("k", chunk)
+    assert b.flush()
+    got: list[Any] = []
+
+    def load() -> None:
+        try:
+            got.append(b.get_into("k", np.zeros(FULL, dtype=np.uint8)))
+        except BaseException as e:
+            got.append(e)
+
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # one load runs, two wait for the io thread
+    b.close()
+    for t in threads:
+        t.join(10)
+    assert all(isinstance(g, bool) for g in got), got
+    assert got.count(False) >= 2
+    assert b.get_into("k", np.zeros(FULL, dtype=np.uint8)) is False

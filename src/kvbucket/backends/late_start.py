@@ -13,17 +13,26 @@ and S3 at default settings, a store taking 3.5 s a chunk: 17 of 17 such buffers 
 buffers starts only while the store's whole load deadline, and :data:`GRACE_SECS` for the write
 in progress at its end, fits before the tier's bound; a call that would start later is refused
 without touching the buffers (its keys are misses). Enforced by :meth:`LateStart.guard`, the one
-wrapper of those calls. Stores without a known load deadline, and a ``blocking_timeout_secs`` no
-longer than the store's, get no such guarantee (docs/reliability.md says so).
+wrapper of those calls, for the call's first load, and by the Hub and S3 stores' ``get_many``
+for every further load the guard layers make in the same call (``stores.deadline.LOAD_START_BY``,
+which the guard sets: a read-ahead asked again after its own load failed ran a second load of up
+to 5 s past the tier's bound, an outside tester's FAIL E). Stores without a known load deadline,
+and a ``blocking_timeout_secs`` no longer than the store's, get no such guarantee
+(docs/reliability.md says so).
+
+Also here: the words of a call close() ended before it ran (:func:`closed_error`), a
+``StoreError`` like every other failed read, so the tier answers it as a miss.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-from kvbucket.errors import TransientStoreError
+from kvbucket.errors import StoreError, TransientStoreError
+from kvbucket.stores.deadline import LOAD_START_BY
 
 T = TypeVar("T")
 
@@ -64,13 +73,33 @@ class LateStart:
             if waited > room:
                 raise TransientStoreError(
                     f"a load waited {waited:.1f}s for one of this tier's io threads (io_threads, busy "
-                    f"with other calls): too late to run the store's load_timeout_secs={self.budget:g}s "
+                    f"with other calls): too late to run the store's load deadline ({self.budget:g}s) "
                     "within blocking_timeout_secs, so it was not started and its buffers are untouched. "
                     "Raise io_threads, or blocking_timeout_secs"
                 )
-            return fn(*args)
+            # A further load in this call (a read-ahead asked again, an unsealed object read
+            # whole) is held to the same instant: the stores check it (deadline.LOAD_START_BY).
+            token = LOAD_START_BY.set(latest)
+            try:
+                return fn(*args)
+            finally:
+                LOAD_START_BY.reset(token)
 
         return run
 
 
-__all__ = ["GRACE_SECS", "LateStart", "load_budget"]
+def closed_error(call: str) -> StoreError:
+    """The error of a tier's ``call`` that close() ended before it ran (nothing asked of the store)."""
+    return StoreError(f"{call} was not run: the tier was closed (before an io thread took it)")
+
+
+def submit_open(pool: Executor, call: str, fn: Callable[..., T], *args: Any) -> Future[T]:
+    """``pool.submit(fn, *args)``; a pool shut by close() is :func:`closed_error` (a StoreError:
+    a read of a closed tier is a miss, as the docs say of reads), never a bare RuntimeError."""
+    try:
+        return pool.submit(fn, *args)
+    except RuntimeError:
+        raise closed_error(call) from None
+
+
+__all__ = ["GRACE_SECS", "LateStart", "closed_error", "load_budget", "submit_open"]

@@ -33,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -43,7 +43,7 @@ from kvbucket.backends._putqueue import DEFAULT_FULL_WAIT_SECS, PutQueue
 from kvbucket.backends._queued import QueuedBackend
 from kvbucket.backends.base import Chunk, Key, check_buffers, check_open, put_as_batch
 from kvbucket.backends.fleet import REFUSED, FleetWriteCapError, open_tier_fleet
-from kvbucket.backends.late_start import LateStart
+from kvbucket.backends.late_start import LateStart, closed_error, submit_open
 from kvbucket.backends.tier_identity import TierIdentity
 from kvbucket.chunks import ChunkSizeError, KVLayout, as_view, get_serde
 from kvbucket.errors import (
@@ -352,9 +352,8 @@ class RemoteBackend(QueuedBackend):
             )
 
     def _call(self, fn: Callable[..., T], what: str, *args: Any) -> T:
-        """Run a blocking store call, bounded by ``blocking_timeout_secs``."""
-        fut = self._pool.submit(fn, *args)
-        return self._wait(fut, what)
+        """Run a blocking store call, bounded by ``blocking_timeout_secs`` (closed: a StoreError)."""
+        return self._wait(submit_open(self._pool, f"{what} on {self.store.url}", fn, *args), what)
 
     def _call_items(self, fn: Callable[..., list[ItemResult]], what: str, names: list[str], *args: Any
                     ) -> list[ItemResult]:
@@ -374,6 +373,8 @@ class RemoteBackend(QueuedBackend):
         timeout = self.blocking_timeout_secs if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             return fut.result(timeout=timeout)
+        except CancelledError:  # close() cancelled it while it waited for an io thread
+            raise closed_error(f"{what} on {self.store.url}") from None
         except FutureTimeout:
             if self._breaker is not None:  # the store call runs on: its breaker learns of it now
                 self._breaker.abandoned()

@@ -23,9 +23,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from kvbucket.errors import DeadlineExceededError
+from kvbucket.errors import DeadlineExceededError, TransientStoreError
 from kvbucket.threads import in_daemon_thread
 
 T = TypeVar("T")
@@ -48,6 +49,24 @@ def exceeded(what: str, where: str, option: str, secs: float) -> DeadlineExceede
         f"{what} on {where} did not finish within {option}={secs:g}s; reported failed (nothing of it "
         f"is counted). Check that the store is reachable, or raise {option}"
     )
+
+
+#: The latest monotonic instant a load into caller buffers may start in this context: set by a
+#: caller that stops waiting at its own bound (kvbucket.backends.late_start, whose invariant it
+#: serves) and checked by the Hub and S3 stores at each ``get_many`` into buffers, so that a guard
+#: layer's further load in the same call (a read-ahead asked again, an unsealed object read whole)
+#: is held to it as the first load is.
+LOAD_START_BY: ContextVar[float | None] = ContextVar("kvbucket_load_start_by", default=None)
+
+
+def start_refusal() -> TransientStoreError | None:
+    """The error of a load into caller buffers that would start past :data:`LOAD_START_BY`."""
+    by = LOAD_START_BY.get()
+    if by is None or time.monotonic() <= by:
+        return None
+    return TransientStoreError(
+        "a further load of this call would start too late to end before its caller stops waiting "
+        "(blocking_timeout_secs less the store's load deadline): not started, its buffers untouched")
 
 
 class Abandoned(Exception):
