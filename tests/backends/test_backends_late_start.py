@@ -181,3 +181,39 @@ def test_loads_waiting_for_an_io_thread_when_the_tier_closes_are_misses_not_exce
     assert all(isinstance(g, bool) for g in got), got
     assert got.count(False) >= 2
     assert b.get_into("k", np.zeros(FULL, dtype=np.uint8)) is False
+
+
+def test_a_damaged_load_read_again_past_the_start_bound_is_a_miss_not_a_late_copy(
+    seaweedfs: Any, s3_bucket: str, fault_proxy: Any
+) -> None:
+    """attack41i's FAIL G: the sealed layer reads an object refused as damaged again and, when that
+    read is intact (damage on the wire), copies it into the caller's buffer: a copy that came
+    after the tier had returned False (a bit flipped by a proxy, 3.5 s a request). The copy is
+    made only while the call is within its start bound; later the item is a miss."""
+    import os
+
+    from kvbucket.stores.guard.sealed import seal_store
+    from kvbucket.stores.s3.config import S3Config
+    from kvbucket.stores.s3.store import S3Store
+    from kvbucket.testing.fault_proxy import FLIP
+
+    raw = S3Store(S3Config.parse(seaweedfs.config(s3_bucket, s3_endpoint_url=fault_proxy.url)))
+    data = os.urandom(64 << 10)
+    with seal_store(raw, tier="late-wire") as s:
+        s.put("n", data)
+        real = raw.get_versions
+
+        def slow_again(names: Any) -> Any:  # the re-read takes long
+            time.sleep(0.5)
+            return real(names)
+
+        raw.get_versions = slow_again  # type: ignore[method-assign]
+        late = LateStart(raw, 10.0)
+        for room, served in ((5.0, True), (0.2, False)):
+            late.room = room
+            into = bytearray(len(data))
+            fault_proxy.fail(FLIP, times=1, methods={"GET"})
+            (r,) = late.guard(s.get_many)(["n"], [into])
+            assert fault_proxy.injected >= 1
+            assert r.found is served, (room, r)
+            assert (bytes(into) == data) is served  # past the bound: no copy of the re-read bytes
