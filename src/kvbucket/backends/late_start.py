@@ -13,10 +13,11 @@ and S3 at default settings, a store taking 3.5 s a chunk: 17 of 17 such buffers 
 buffers starts only while the store's whole load deadline, and :data:`GRACE_SECS` for the write
 in progress at its end, fits before the tier's bound; a call that would start later is refused
 without touching the buffers (its keys are misses). Enforced by :meth:`LateStart.guard`, the one
-wrapper of those calls, for the call's first load, and by the Hub and S3 stores' ``get_many``
-for every further load the guard layers make in the same call (``stores.deadline.LOAD_START_BY``,
-which the guard sets: a read-ahead asked again after its own load failed ran a second load of up
-to 5 s past the tier's bound, an outside tester's FAIL E). Stores without a known load deadline,
+wrapper of those calls, for the call's first load, and at every remote store's ``get_many``
+(stores/guard/breaker.py, the one wrapper of their batch verbs) for every further load the guard
+layers make in the same call (``stores.deadline.LOAD_START_BY``, which the guard sets: a
+read-ahead asked again after its own load failed ran a second load of up to 5 s past the tier's
+bound, an outside tester's FAIL E). Stores without a known load deadline,
 and a ``blocking_timeout_secs`` no longer than the store's, get no such guarantee
 (docs/reliability.md says so).
 

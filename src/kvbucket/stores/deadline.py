@@ -53,9 +53,9 @@ def exceeded(what: str, where: str, option: str, secs: float) -> DeadlineExceede
 
 #: The latest monotonic instant a load into caller buffers may start in this context: set by a
 #: caller that stops waiting at its own bound (kvbucket.backends.late_start, whose invariant it
-#: serves) and checked by the Hub and S3 stores at each ``get_many`` into buffers, so that a guard
-#: layer's further load in the same call (a read-ahead asked again, an unsealed object read whole)
-#: is held to it as the first load is.
+#: serves) and checked at every remote store's ``get_many`` into buffers (guard/breaker.py, the
+#: one wrapper of their batch verbs), so that a guard layer's further load in the same call (a
+#: read-ahead asked again, an unsealed object read whole) is held to it as the first load is.
 LOAD_START_BY: ContextVar[float | None] = ContextVar("kvbucket_load_start_by", default=None)
 
 

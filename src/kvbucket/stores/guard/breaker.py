@@ -37,6 +37,7 @@ from typing import Any
 
 from kvbucket.errors import CircuitOpenError, TransientStoreError
 from kvbucket.stores.base import ItemResult, ObjectStore
+from kvbucket.stores.deadline import start_refusal
 
 log = logging.getLogger(__name__)
 
@@ -261,9 +262,16 @@ def call_failed(results: Sequence[ItemResult]) -> bool:
 
 def _guard(verb: str, fn: Callable[..., list[ItemResult]]) -> Callable[..., list[ItemResult]]:
     op = _OPS[verb]
+    loads = verb == "get_many"
 
     @functools.wraps(fn)
     def guarded(self: RemoteStore, *args: Any, **kwargs: Any) -> list[ItemResult]:
+        if loads and (args[1] if len(args) > 1 else kwargs.get("out")) is not None:
+            # A load into caller buffers past its caller's start bound (backends/late_start.py):
+            # refused before anything is asked, and not the store's health (the breaker is not told).
+            late = start_refusal()
+            if late is not None:
+                return [ItemResult(n, error=late) for n in (args[0] if args else kwargs["names"])]
         breaker = self.breaker
         if breaker.state is not CLOSED and not breaker.allow():
             raw = args[0] if args else kwargs.get("items", kwargs.get("names", ()))

@@ -60,7 +60,7 @@ from kvbucket.stores.base import (
     closed_during,
 )
 from kvbucket.stores.buffers import put_view
-from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, start_refusal, wait_all
+from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.guard.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.hub import versions as hub_versions
 from kvbucket.stores.hub.client import HUB_BATCH_LIMIT, HubBucketClient, RemoteFile
@@ -368,8 +368,6 @@ class HFBucketStore(RemoteStore):
                 for n, p in zip(names, paths, strict=True)]
 
     def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
-        if out is not None and (late := start_refusal()) is not None:  # backends/late_start.py
-            return [ItemResult(n, error=late) for n in names]
         return self._named(self._get_many(names, out), "a load", "load_timeout_secs")
 
     def _get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None) -> list[ItemResult]:

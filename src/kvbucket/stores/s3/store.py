@@ -56,7 +56,7 @@ from kvbucket.stores.base import (
     check_name,
     closed_during,
 )
-from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, start_refusal, wait_all
+from kvbucket.stores.deadline import Abandoned, Gate, deadline_in, exceeded, left, wait_all
 from kvbucket.stores.guard.breaker import CircuitBreaker, RemoteStore
 from kvbucket.stores.s3 import versions as s3_versions
 from kvbucket.stores.s3.client import build_client, claim_runtime, direct_reader
@@ -130,8 +130,6 @@ class S3Store(RemoteStore):
         return self._run(self._put_one, list(zip(names, views, strict=True)), deadline, "put")
 
     def get_many(self, names: Sequence[str], out: Sequence[Buffer | None] | None = None) -> list[ItemResult]:
-        if out is not None and (late := start_refusal()) is not None:  # backends/late_start.py
-            return [ItemResult(n, error=late) for n in names]
         names = self._names(names)
         if out is not None and len(out) != len(names):
             raise ValueError(f"get_many got {len(names)} names but {len(out)} buffers")
